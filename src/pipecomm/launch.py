@@ -1,0 +1,554 @@
+"""Start local ranks, keep them alive for reuse, or join a torchrun job.
+
+Foundation of every experiment (no paper equation). Three ways in:
+
+* ``spawn(fn, world_size, *args)`` starts ``world_size`` processes, runs ``fn(*args)`` on each
+  with ``torch.distributed`` initialised, returns the per-rank results in rank order and stops them.
+* ``Ranks(world_size)`` is a pool of ranks kept alive: ``ranks.run(fn, *args)`` runs again and
+  again on the same processes (sweeps, tests and notebooks pay the process start once).
+* ``init_from_env()`` joins a job started by ``torchrun`` (multi-node, NCCL on GPUs).
+
+Local ranks listen on loopback only (TCP store on 127.0.0.1, a free port found automatically; gloo
+bound to the loopback interface). Each rank sets its torch threads to cores / local ranks. When a
+rank raises or dies, the others are stopped and the caller gets :class:`RankError` with that
+rank's number and traceback; a run past ``timeout_s`` raises :class:`TimeoutError` naming the ranks
+still running. Nothing is left running afterwards.
+
+Example::
+
+    # python -c "from pipecomm import launch; import examples; print(launch.spawn(examples.f, 4))"
+    from pipecomm import launch
+    with launch.Ranks(4) as ranks:
+        for n in (1, 1024):
+            print(ranks.run(mymodule.measure, n))      # one value per rank
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import multiprocessing as mp
+from multiprocessing.connection import wait as _mp_wait
+
+__all__ = [
+    "RankError",
+    "RankInfo",
+    "Ranks",
+    "comm_group",
+    "init_from_env",
+    "local_world_size",
+    "ranks_per_node",
+    "spawn",
+]
+
+_CTX = mp.get_context("spawn")
+_STARTUP_TIMEOUT_S = 120.0
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception or died; carries the rank and its traceback."""
+
+    def __init__(self, rank: int, message: str, remote_traceback: str = "") -> None:
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        text = f"rank {rank}: {message}"
+        if remote_traceback:
+            text += f"\n\n--- traceback of rank {rank} ---\n{remote_traceback}"
+        super().__init__(text)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: str
+
+
+# --------------------------------------------------------------------------- helpers in a rank
+
+_COMM_GROUP = None  # the process group that asynchronous collectives use (one per process)
+
+
+def comm_group():
+    """The process group of pipecomm's communication thread (asynchronous collectives).
+
+    Created eagerly by :func:`spawn`, :class:`Ranks` and :func:`init_from_env`; a process that
+    initialised ``torch.distributed`` itself gets it on first use, which like any ``new_group``
+    must then happen on every rank in the same order.
+
+    Example::
+
+        g = launch.comm_group()   # a duplicate of the world group for background transfers
+    """
+    global _COMM_GROUP
+    if _COMM_GROUP is None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: start ranks with pipecomm.launch.spawn / "
+                "Ranks, or call pipecomm.launch.init_from_env() under torchrun"
+            )
+        _COMM_GROUP = dist.new_group(backend=dist.get_backend())
+    return _COMM_GROUP
+
+
+def ranks_per_node() -> int | None:
+    """Ranks per (real or emulated) node: ``LOCAL_WORLD_SIZE`` as set by torchrun or by launch.
+
+    Example::
+
+        rpn = launch.ranks_per_node()   # e.g. 2 under Ranks(8, ranks_per_node=2)
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else None
+
+
+def local_world_size() -> int:
+    """Number of ranks sharing this machine's cores (for thread settings)."""
+    value = os.environ.get("PIPECOMM_PROCS_ON_HOST") or os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else 1
+
+
+def _set_threads(procs_on_host: int) -> None:
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, procs_on_host))
+    torch.set_num_threads(threads)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans after a crash)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _to_cpu(obj: Any) -> Any:
+    """Move tensors (nested in lists, tuples, dicts) to the CPU so any caller can unpickle them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, list):
+        return [_to_cpu(x) for x in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_to_cpu(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _init_distributed(
+    *, rank: int, world_size: int, backend: str, init_method: str, timeout_s: float
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    global _COMM_GROUP
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    _COMM_GROUP = None
+    comm_group()
+
+
+def _reply(conn: Any, kind: str, rank: int, value: Any) -> None:
+    conn.send_bytes(pickle.dumps((kind, rank, value), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    network: Any,
+    net_handle: Any,
+    rpn: int | None,
+    pg_timeout_s: float,
+    conn: Any,
+) -> None:
+    """Body of one local rank: initialise, then serve ``run`` requests until told to stop."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % rpn if rpn else rank),
+        LOCAL_WORLD_SIZE=str(rpn if rpn else world_size),
+        GROUP_RANK=str(rank // rpn if rpn else 0),
+        PIPECOMM_PROCS_ON_HOST=str(world_size),
+    )
+    if os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        _set_threads(world_size)
+        _init_distributed(
+            rank=rank,
+            world_size=world_size,
+            backend=backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            timeout_s=pg_timeout_s,
+        )
+        if network is not None:
+            from pipecomm import netem
+
+            netem.activate(network, net_handle, rank=rank, world_size=world_size,
+                           ranks_per_node=rpn)
+        _reply(conn, "ready", rank, None)
+    except BaseException as exc:  # report start-up failures with their traceback
+        _reply(conn, "error", rank, (repr(exc), traceback.format_exc()))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            break
+        _, payload = message
+        try:
+            fn, args, kwargs = pickle.loads(payload)
+            _reply(conn, "ok", rank, _to_cpu(fn(*args, **kwargs)))
+        except BaseException as exc:
+            _reply(conn, "error", rank, (repr(exc), traceback.format_exc()))
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    module = getattr(fn, "__module__", None)
+    main = sys.modules.get("__main__")
+    if module == "__main__" and not getattr(main, "__file__", None):
+        raise ValueError(
+            f"fn={getattr(fn, '__qualname__', fn)!r} is defined in a notebook or interactive "
+            "session, so the rank processes cannot import it. Put it in a .py module (for example "
+            "next to the notebook) and import it from there, or use a function from pipecomm."
+        )
+    if "<locals>" in getattr(fn, "__qualname__", "") or getattr(fn, "__name__", "") == "<lambda>":
+        raise ValueError(
+            f"fn={fn!r} is a lambda or nested function, which rank processes cannot import; "
+            "define it at module level in an importable .py file."
+        )
+    try:
+        return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"cannot send fn and its arguments to the ranks (they must be picklable): {exc}"
+        ) from exc
+
+
+def _validate(world_size: int, backend: str, ranks_per_node: int | None, network: Any) -> None:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if ranks_per_node is not None and (
+        not isinstance(ranks_per_node, int) or ranks_per_node < 1 or world_size % ranks_per_node
+    ):
+        raise ValueError(
+            f"ranks_per_node={ranks_per_node!r} must be a positive int dividing "
+            f"world_size={world_size}"
+        )
+    if network is not None and backend == "nccl":
+        raise ValueError(
+            "the emulated network is a CPU-profile tool and is refused with NCCL: pass "
+            "network=None with backend='nccl', or use backend='gloo'"
+        )
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+class Ranks:
+    """A pool of ``world_size`` local ranks kept alive between :meth:`run` calls.
+
+    Args:
+        world_size: number of ranks (processes).
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        network: an emulated network (``pipecomm.netem.Network``) applied to pipecomm's
+            point-to-point transfers on every rank, or ``None`` for the real backend.
+        ranks_per_node: ranks per emulated node (sets ``LOCAL_WORLD_SIZE`` in the ranks).
+        start_timeout_s: limit for starting the ranks and joining the process group.
+
+    Example::
+
+        with Ranks(4) as ranks:
+            sums = ranks.run(mymodule.allreduce_ones, 1024)   # [1024.0 * 4] * 4
+            again = ranks.run(mymodule.allreduce_ones, 2048)  # same processes, no start cost
+
+    After a failed run (an exception, a dead rank, a timeout) all ranks are stopped; the next
+    ``run`` starts fresh ones.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: str = "gloo",
+        network: Any = None,
+        ranks_per_node: int | None = None,
+        start_timeout_s: float = _STARTUP_TIMEOUT_S,
+    ) -> None:
+        _validate(world_size, backend, ranks_per_node, network)
+        self.world_size = world_size
+        self.backend = backend
+        self.network = network
+        self.ranks_per_node = ranks_per_node
+        self.start_timeout_s = start_timeout_s
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._net_handle: Any = None
+
+    # -- lifecycle
+    def __enter__(self) -> Ranks:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._kill()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> None:
+        """Start the ranks (``run`` does so on demand); raises if any fails to join."""
+        if self.alive:
+            return
+        self._kill()
+        last_error: Exception | None = None
+        for _attempt in range(3):  # a free port can be taken between probing and binding
+            try:
+                self._start_once()
+                return
+            except RankError as exc:
+                self._kill()
+                last_error = exc
+                if "address already in use" not in str(exc).lower():
+                    raise
+        assert last_error is not None
+        raise last_error
+
+    def _start_once(self) -> None:
+        port = _free_port()
+        if self.network is not None:
+            from pipecomm import netem
+
+            self._net_handle = netem.setup(self.network, self.world_size, self.ranks_per_node)
+        pg_timeout = max(60.0, self.start_timeout_s)
+        for rank in range(self.world_size):
+            parent, child = _CTX.Pipe(duplex=True)
+            proc = _CTX.Process(
+                target=_worker,
+                args=(rank, self.world_size, port, self.backend, self.network, self._net_handle,
+                      self.ranks_per_node, pg_timeout, child),
+                name=f"pipecomm-rank{rank}",
+                daemon=True,
+            )
+            old = os.environ.get("OMP_NUM_THREADS")
+            os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.world_size))
+            try:
+                proc.start()
+            finally:
+                if old is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = old
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self._collect("ready", self.start_timeout_s, what="start")
+
+    def close(self) -> None:
+        """Stop the ranks politely, then forcibly; idempotent."""
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.send(("stop",))
+        deadline = time.monotonic() + 5.0
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + 3.0
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._procs, self._conns = [], []
+        if self._net_handle is not None:
+            from pipecomm import netem
+
+            with contextlib.suppress(Exception):
+                netem.teardown(self._net_handle)
+            self._net_handle = None
+
+    # -- work
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0,
+            **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results in rank order.
+
+        ``fn`` must be importable by the rank processes (module level in a .py file).
+        Raises :class:`RankError` (with the rank's traceback) if a rank raises or dies, and
+        :class:`TimeoutError` naming the ranks still running after ``timeout_s`` seconds.
+
+        Example::
+
+            results = ranks.run(mymodule.measure, 1 << 20, timeout_s=60)
+        """
+        if timeout_s is None or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        payload = _check_picklable(fn, args, kwargs)
+        self.start()
+        for conn in self._conns:
+            conn.send(("run", payload))
+        return self._collect("ok", timeout_s, what=getattr(fn, "__qualname__", repr(fn)))
+
+    def _collect(self, expected: str, timeout_s: float, what: str) -> list[Any]:
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        conn_rank = {id(c): r for r, c in enumerate(self._conns)}
+        sentinel_rank = {p.sentinel: r for r, p in enumerate(self._procs)}
+        try:
+            while len(results) < self.world_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    pending = sorted(set(range(self.world_size)) - set(results))
+                    raise TimeoutError(
+                        f"{what}: ranks {pending} still running after {timeout_s:.1f} s "
+                        f"(world_size={self.world_size}); all ranks were stopped"
+                    )
+                waiting = [c for r, c in enumerate(self._conns) if r not in results]
+                waiting += [p.sentinel for r, p in enumerate(self._procs) if r not in results]
+                ready = _mp_wait(waiting, timeout=min(remaining, 1.0))
+                # read messages before looking at deaths: a rank may report, then exit
+                for obj in sorted(ready, key=lambda o: isinstance(o, int)):
+                    if isinstance(obj, int):
+                        rank = sentinel_rank[obj]
+                        if rank in results:
+                            continue
+                        conn = self._conns[rank]
+                        if conn.poll(0):
+                            continue  # its last message comes first
+                        code = self._procs[rank].exitcode
+                        raise RankError(rank, f"died with exit code {code} during {what}")
+                    rank = conn_rank[id(obj)]
+                    try:
+                        message = pickle.loads(obj.recv_bytes())
+                    except (EOFError, OSError) as exc:
+                        self._procs[rank].join(2.0)
+                        code = self._procs[rank].exitcode
+                        raise RankError(rank, f"died with exit code {code} during {what}") from exc
+                    kind, msg_rank, value = message
+                    if kind == "error":
+                        raise RankError(msg_rank, f"{value[0]} during {what}", value[1])
+                    if kind != expected:
+                        raise RankError(msg_rank, f"unexpected message {kind!r} during {what}")
+                    results[msg_rank] = value
+        except BaseException:
+            self._kill()
+            raise
+        return [results[r] for r in range(self.world_size)]
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    network: Any = None,
+    ranks_per_node: int | None = None,
+) -> list[Any]:
+    """Start ``world_size`` local ranks, run ``fn(*args)`` on each, return results in rank order.
+
+    Ranks are stopped afterwards, also when one fails (:class:`RankError` with its traceback) or
+    the run exceeds ``timeout_s`` (:class:`TimeoutError`). Use :class:`Ranks` to run many times.
+
+    Example::
+
+        from pipecomm import launch
+        sums = launch.spawn(mymodule.allreduce_ones, 4, 1024)
+    """
+    _check_picklable(fn, args, {})
+    with Ranks(world_size, backend=backend, network=network, ranks_per_node=ranks_per_node) as r:
+        return r.run(fn, *args, timeout_s=timeout_s)
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankInfo:
+    """Join a job started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); NCCL when CUDA is available.
+
+    Example::
+
+        # torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 train.py
+        info = launch.init_from_env()
+        print(info.rank, info.world_size, info.backend)
+    """
+    import torch
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"init_from_env: environment variables {missing} are not set; start this program "
+            "with torchrun (for example `torchrun --nproc-per-node 4 -m pipecomm.experiments."
+            "e03_collectives_vs_ranks --out DIR`) or use pipecomm.launch.spawn for local ranks"
+        )
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    os.environ.setdefault("PIPECOMM_PROCS_ON_HOST", str(local_world))
+    _set_threads(local_world)
+    if not dist.is_initialized():
+        _init_distributed(rank=rank, world_size=world, backend=backend, init_method="env://",
+                          timeout_s=timeout_s)
+    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+    return RankInfo(rank, world, local_rank, local_world, backend, device)
