@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# pipecomm: reproduce every table and figure, or run the tests.
+#   ./run_all.sh            set up .venv, run every experiment (profile chosen automatically),
+#                           print the claims table
+#   ./run_all.sh --tests    set up .venv, then ruff and the whole test suite
+#   ./run_all.sh --help     all options (the orchestration itself is python -m pipecomm.artifact)
+# Bash only bootstraps the environment; everything else is Python.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+usage() {
+  cat <<'USAGE'
+usage: ./run_all.sh [--profile cpu|gpu] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
+                    [--list] [--tests [PYTEST ARGS...]] [--help]
+
+  --profile cpu|gpu   parameter set (default: gpu if >= 2 GPUs are visible, else cpu)
+  --only E...         run only these experiments
+  -p NAME=VALUE       override a parameter of the selected experiments (repeatable); the run is
+                      written to results/<profile>/<E>__NAME=VALUE/, never over the default
+  --force             re-run even when a result with the same commit and parameters exists
+  --list              list experiments with their budgets and parameters
+  --tests             set up, then `ruff check` and `pytest` (extra arguments go to pytest)
+  --help              this text
+
+Environment: PYTHON (interpreter used to create .venv, default python3),
+PIPECOMM_SKIP_INSTALL=1 (trust an existing .venv as it is).
+USAGE
+}
+
+mode=run
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --tests) mode=tests; shift; args+=("$@"); break ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+PYTHON=${PYTHON:-python3}
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "run_all.sh: $PYTHON not found; install Python 3.10+ or set PYTHON=/path/to/python3" >&2
+  exit 2
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "run_all.sh: Python >= 3.10 is required, $PYTHON is $("$PYTHON" -V 2>&1)" >&2
+  exit 2
+fi
+
+LOCK=artifact/requirements-lock.txt
+VENV=.venv
+VPY=$VENV/bin/python
+reuse_torch=0
+if [ ! -x "$VPY" ]; then
+  # A machine that already has a working torch (GPU images) keeps it: the venv sees it.
+  if "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
+    reuse_torch=1
+    echo "run_all.sh: reusing the torch $("$PYTHON" -c 'import torch; print(torch.__version__)') of $PYTHON"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+if [ -f "$VENV/pyvenv.cfg" ] && grep -q 'include-system-site-packages = true' "$VENV/pyvenv.cfg"; then
+  reuse_torch=1
+fi
+
+stamp=$VENV/.pipecomm-installed
+want=$(cat pyproject.toml "$LOCK" | cksum)
+if [ "${PIPECOMM_SKIP_INSTALL:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "run_all.sh: installing pinned dependencies into $VENV (once)"
+  constraints=$LOCK
+  if [ "$reuse_torch" = 1 ]; then
+    constraints=$VENV/constraints-no-torch.txt
+    grep -v -E '^(torch|nvidia-|triton)' "$LOCK" > "$constraints"
+  fi
+  "$VPY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+  "$VPY" -m pip install --quiet -c "$constraints" -e ".[all]"
+  "$VPY" -m ipykernel install --sys-prefix --name pipecomm --display-name "Python (pipecomm)" >/dev/null
+  echo "$want" > "$stamp"
+fi
+
+if [ "$mode" = tests ]; then
+  echo "run_all.sh: ruff check"
+  "$VENV/bin/ruff" check .
+  echo "run_all.sh: pytest"
+  exec "$VPY" -m pytest "${args[@]+"${args[@]}"}"
+fi
+exec "$VPY" -m pipecomm.artifact "${args[@]+"${args[@]}"}"

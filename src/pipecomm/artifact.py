@@ -1,0 +1,344 @@
+"""Orchestration behind ``run_all.sh``: profiles, papermill runs, result reuse, the claims table.
+
+Each experiment ``E<k>`` is the notebook ``notebooks/<kk>_<name>.ipynb``. Its parameters are the
+notebook's parameters cell (the quick configuration), updated by the profile
+(``artifact/profiles/<profile>.yaml``) and then by ``-p NAME=VALUE`` overrides (each parsed to the
+type of the parameter's default; unknown names are an error, since papermill would silently accept
+them). Results go to ``results/<profile>/<E>/``, or, with overrides, to
+``results/<profile>/<E>__<name>=<value>.../`` so the default result is never overwritten. A result
+is reused when its git commit and parameters match (``--force`` re-runs). Each run is assembled in
+a temporary directory and renamed into place: an interrupted run leaves nothing half-written, and
+running again resumes with the experiments still missing.
+
+Usage::
+
+    python -m pipecomm.artifact                   # every experiment, automatic profile
+    python -m pipecomm.artifact --only E0 E3 -p sizes_max=1048576
+    python -m pipecomm.artifact --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipecomm import claims, results
+from pipecomm.experiments._cli import parse_value
+
+ROOT = results.REPO_ROOT
+NOTEBOOKS = ROOT / "notebooks"
+PROFILES = ROOT / "artifact" / "profiles"
+RESULTS = ROOT / "results"
+REFERENCE = ROOT / "artifact" / "reference"
+KERNEL = "pipecomm"
+RESERVED = ("out_dir", "data_csv")  # notebook parameters the orchestrator sets itself
+
+
+class UsageError(ValueError):
+    """A bad command line: unknown option, experiment id or parameter."""
+
+
+@dataclass
+class Experiment:
+    id: str
+    notebook: Path
+    defaults: dict[str, Any]
+    budget_s: float = 60.0
+    profile_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return self.notebook.stem
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def notebook_parameters(path: Path) -> dict[str, Any]:
+    """The literal assignments of a notebook's cell tagged ``parameters``."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            params = {}
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0], ast.Name
+                ):
+                    params[node.targets[0].id] = ast.literal_eval(node.value)
+            return params
+    raise ValueError(f"{path} has no cell tagged 'parameters'")
+
+
+def discover() -> dict[str, Experiment]:
+    """Experiments E<k> from notebooks/<kk>_<name>.ipynb, in order."""
+    found = {}
+    for nb in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        eid = f"E{int(nb.name[:2])}"
+        found[eid] = Experiment(eid, nb, notebook_parameters(nb))
+    return found
+
+
+def auto_profile() -> str:
+    """``gpu`` when at least two GPUs are visible, else ``cpu``."""
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Experiment]:
+    """Attach a profile's parameters and budgets; profile names are checked like ``-p``."""
+    path = PROFILES / f"{name}.yaml"
+    if not path.exists():
+        choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
+        raise UsageError(f"unknown profile {name!r}; choose from {choices}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    for eid, entry in (spec.get("experiments") or {}).items():
+        if eid not in experiments:
+            continue  # a profile may describe experiments whose notebooks are not here yet
+        exp = experiments[eid]
+        exp.budget_s = float(entry.get("budget_s", exp.budget_s))
+        params = entry.get("params") or {}
+        unknown = sorted(set(params) - set(exp.defaults))
+        if unknown:
+            raise ValueError(f"{path}: {eid} sets unknown parameter(s) {unknown}")
+        exp.profile_params = params
+    return experiments
+
+
+def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
+    """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names are errors."""
+    per_exp: dict[str, dict[str, Any]] = {e.id: {} for e in selected}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"-p expects NAME=VALUE, got {item!r}")
+        name, text = item.split("=", 1)
+        owners = [e for e in selected if name in e.defaults and name not in RESERVED]
+        if not owners:
+            known = sorted({k for e in selected for k in e.defaults if k not in RESERVED})
+            raise UsageError(
+                f"unknown parameter {name!r} for {[e.id for e in selected]}; known: {known}"
+            )
+        for e in owners:
+            try:
+                per_exp[e.id][name] = parse_value(text, e.defaults[name], name)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from exc
+    return per_exp
+
+
+def override_dirname(eid: str, overrides: dict[str, Any]) -> str:
+    """``E0__sizes_max=1048576`` — the directory of a run with overrides."""
+    if not overrides:
+        return eid
+    parts = [f"{k}={v}" for k, v in sorted(overrides.items())]
+    name = eid + "__" + ",".join(parts)
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", "", name)[:200]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def ensure_kernel() -> None:
+    """Register the ``pipecomm`` Jupyter kernel inside this interpreter's prefix if missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve():
+            return
+    except NoSuchKernel:
+        pass
+    from ipykernel.kernelspec import install
+
+    install(kernel_name=KERNEL, display_name="Python (pipecomm)", prefix=sys.prefix)
+
+
+def is_reusable(out: Path, params: dict[str, Any], commit: str) -> bool:
+    """A finished result with the same parameters and git commit (a dirty tree's commit string
+    carries a hash of its diff, so reuse there also means the same code)."""
+    try:
+        env = results.read_json(out / "env.json")
+        old = results.read_json(out / "params.json")
+    except (OSError, ValueError):
+        return False
+    done = (out / "data.csv").exists() and (out / "notebook.ipynb").exists()
+    same = results.json_roundtrip(params) == old
+    return done and same and env.get("git_commit") == commit
+
+
+def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
+                   timeout_factor: float = 3.0) -> float:
+    """Execute the notebook into a temporary directory, then rename it to ``out``."""
+    import papermill as pm
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    limit = max(120.0, exp.budget_s * timeout_factor)
+    start = time.perf_counter()
+    try:
+        results.write_json(tmp / "env.json", {"profile": profile})
+        pm.execute_notebook(
+            str(exp.notebook),
+            str(tmp / "notebook.ipynb"),
+            parameters={**params, "out_dir": str(tmp)},
+            kernel_name=KERNEL,
+            cwd=str(NOTEBOOKS),
+            execution_timeout=int(limit),
+            progress_bar=False,
+            report_mode=False,
+        )
+        wall = time.perf_counter() - start
+        if not (tmp / "data.csv").exists():
+            raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
+        env = results.read_json(tmp / "env.json")
+        env |= {"profile": profile, "wall_time_s": wall, "budget_s": exp.budget_s,
+                "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name}
+        results.write_json(tmp / "env.json", env)
+        results.replace_dir(tmp, out)
+        return wall
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def reference_values(profile: str) -> dict[str, str] | None:
+    path = REFERENCE / profile / "claims.csv"
+    if not path.exists():
+        return None
+    import pandas as pd
+
+    ref = pd.read_csv(path, dtype=str).fillna("")
+    return dict(zip(ref["claim"], ref["measured"] + " (" + ref["verdict"] + ")"))
+
+
+def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True):
+    """Evaluate every claim on ``results/<profile>``; write claims.md and claims.csv."""
+    entries = claims.load_claims()
+    table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
+                            reference=reference_values(profile))
+    if write:
+        results.write_text(RESULTS / profile / "claims.md",
+                           f"# Claims, profile {profile}\n\n" + claims.to_markdown(table))
+        results.write_csv(RESULTS / profile / "claims.csv", table)
+    return table
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_all.sh",
+        description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
+        "and check every claim.",
+    )
+    p.add_argument("--profile", choices=["cpu", "gpu"], default=None,
+                   help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
+    p.add_argument("--only", nargs="+", metavar="E", default=None,
+                   help="run only these experiments (e.g. E0 E3)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a parameter (repeatable); written to its own directory")
+    p.add_argument("--force", action="store_true", help="re-run even if a result matches")
+    p.add_argument("--list", action="store_true", help="list experiments, budgets, parameters")
+    p.add_argument("--timeout-factor", type=float, default=3.0,
+                   help="hard limit per experiment = factor x budget (min 120 s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    profile = args.profile or auto_profile()
+    try:
+        experiments = load_profile(profile, discover())
+        if args.only:
+            bad = [e for e in args.only if e.upper() not in experiments]
+            if bad:
+                raise UsageError(f"unknown experiment id(s) {bad}; available: {list(experiments)}")
+            selected = [experiments[e.upper()] for e in args.only]
+        else:
+            selected = list(experiments.values())
+        overrides = parse_overrides(args.param, selected)
+    except UsageError as exc:
+        parser.error(str(exc))
+    if args.list:
+        for e in experiments.values():
+            params = {**e.defaults, **e.profile_params}
+            shown = {k: v for k, v in params.items() if k not in RESERVED}
+            print(f"{e.id:4} {e.title:28} budget {e.budget_s:5.0f} s  {shown}")
+        return 0
+    return run(profile, selected, overrides, force=args.force,
+               timeout_factor=args.timeout_factor)
+
+
+def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
+        force: bool = False, timeout_factor: float = 3.0) -> int:
+    from tqdm.auto import tqdm
+
+    ensure_kernel()
+    commit = results.git_commit()
+    base = RESULTS / profile
+    calibration = base / "E0" / "calibration.json"
+    failures, dirs, total = [], {}, sum(e.budget_s for e in selected)
+    print(f"profile {profile}: {len(selected)} experiment(s), budget {total / 60:.1f} min "
+          f"(commit {commit[:12]})", flush=True)
+    bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
+    for exp in bar:
+        bar.set_postfix_str(exp.id)
+        params = {**exp.defaults, **exp.profile_params, **overrides.get(exp.id, {})}
+        for key in RESERVED:
+            params.pop(key, None)
+        out = base / override_dirname(exp.id, overrides.get(exp.id, {}))
+        dirs[exp.id] = out
+        if calibration.exists():
+            os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
+        if not force and is_reusable(out, params, commit):
+            tqdm.write(f"{exp.id}: reusing {out.relative_to(ROOT)} (same commit and parameters)")
+            continue
+        try:
+            wall = run_experiment(exp, profile, params, out, timeout_factor)
+            note = "" if wall <= exp.budget_s else f"  OVER BUDGET ({exp.budget_s:.0f} s)"
+            tqdm.write(f"{exp.id}: done in {wall:.1f} s -> {out.relative_to(ROOT)}{note}")
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            failures.append(exp.id)
+            msg = str(exc).strip().splitlines()
+            tqdm.write(f"{exp.id}: FAILED: {' | '.join(msg[-6:])}")
+    bar.close()
+    default_dirs = {k: v for k, v in dirs.items() if v.name == k}
+    table = claims_table(profile, write=True)
+    print()
+    print(claims.to_markdown(table))
+    print(f"(written to {(base / 'claims.md').relative_to(ROOT)})")
+    extra = {k: v for k, v in dirs.items() if k not in default_dirs}
+    if extra:
+        sub = claims_table(profile, dirs=extra, write=False)
+        sub = sub[sub.experiment.isin(list(extra))]
+        print("\nClaims on the runs with overridden parameters:\n")
+        print(claims.to_markdown(sub))
+    if failures:
+        print(f"experiments that failed: {failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,164 @@
+"""Shared command line and notebook glue for experiment modules.
+
+Every experiment module ``pipecomm.experiments.eNN_name`` defines ``ID``, ``NOTEBOOK``,
+``DEFAULTS`` (the quick configuration, identical to its notebook's parameters cell),
+``run(**params) -> DataFrame`` and ``plot(df, **params) -> Figure``, and ends with
+``if __name__ == "__main__": main(sys.modules[__name__])`` so it runs without a notebook::
+
+    python -m pipecomm.experiments.e00_calibrate --out results/manual/E0 -p sizes_max=1048576
+    torchrun --nproc-per-node 8 -m pipecomm.experiments.e03_collectives_vs_ranks --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from pipecomm import results
+
+
+def parse_value(text: str, default: Any, name: str = "parameter") -> Any:
+    """Parse ``text`` to the type of ``default`` (bool, int, float, str, list, dict, None).
+
+    Example::
+
+        parse_value("1048576", 65536) == 1048576
+        parse_value("[2, 4]", [2, 4, 8]) == [2, 4]
+    """
+    if isinstance(default, bool):
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}={text!r}: expected a boolean (true/false)")
+    if isinstance(default, str):
+        return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as exc:
+        if default is None:
+            return text
+        raise ValueError(
+            f"{name}={text!r}: expected a {type(default).__name__} like {default!r}"
+        ) from exc
+    if default is None:
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(default, (list, tuple)) and isinstance(value, (int, float, str)):
+        value = [value]
+    if isinstance(default, (list, tuple)) and isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, type(default)):
+        raise ValueError(f"{name}={text!r}: expected a {type(default).__name__} like {default!r}")
+    return value
+
+
+def merge_params(defaults: Mapping[str, Any], overrides: Mapping[str, Any],
+                 where: str = "") -> dict[str, Any]:
+    """``defaults`` updated with ``overrides``; an unknown name is a ValueError."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown}{where}; known: {sorted(defaults)}"
+        )
+    return {**defaults, **overrides}
+
+
+def check_type(name: str, value: Any, default: Any) -> None:
+    """Raise ValueError unless ``value`` has the type of ``default`` (int is fine for float)."""
+    if default is None or value is None and default is None:
+        return
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(
+            f"parameter {name}={value!r} has the wrong type: expected a "
+            f"{type(default).__name__} like the default {default!r}"
+        )
+
+
+def notebook_params(namespace: Mapping[str, Any], module: ModuleType) -> dict[str, Any]:
+    """Collect a notebook's parameters (the names in ``module.DEFAULTS``) from its globals,
+    checking each against the type of its default.
+
+    Example (in a notebook)::
+
+        params = notebook_params(globals(), E)
+    """
+    params = {}
+    for name, default in module.DEFAULTS.items():
+        if name not in namespace:
+            raise ValueError(f"parameter {name!r} is missing from the parameters cell")
+        check_type(name, namespace[name], default)
+        params[name] = namespace[name]
+    return params
+
+
+def load_or_run(module: ModuleType, params: Mapping[str, Any], data_csv: str | None = None):
+    """A finished run's data.csv when ``data_csv`` is given, else ``module.run(**params)``.
+
+    Example::
+
+        df = load_or_run(E, params, "results/cpu/E3/data.csv")   # plot without running
+    """
+    if data_csv:
+        return results.load_csv(data_csv)
+    return module.run(**params)
+
+
+def main(module: ModuleType, argv: list[str] | None = None) -> None:
+    """``python -m pipecomm.experiments.<module> --out DIR [-p NAME=VALUE ...]``."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module.__name__}", description=(module.__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--out", required=True, help="directory for data.csv, figure, env.json")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a parameter (repeatable)")
+    parser.add_argument("--no-plot", action="store_true", help="write data.csv only")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.param:
+        if "=" not in item:
+            parser.error(f"-p expects NAME=VALUE, got {item!r}")
+        name, text = item.split("=", 1)
+        if name not in module.DEFAULTS:
+            parser.error(f"unknown parameter {name!r}; known: {sorted(module.DEFAULTS)}")
+        overrides[name] = parse_value(text, module.DEFAULTS[name], name)
+    params = merge_params(module.DEFAULTS, overrides)
+    start = time.perf_counter()
+    df = module.run(**params)
+    wall = time.perf_counter() - start
+    rank = _rank()
+    if rank == 0:  # under torchrun only rank 0 writes
+        fig = None if args.no_plot else module.plot(df, **params)
+        save = getattr(module, "save", results.save)
+        save(args.out, df, fig, params, extra={"wall_time_s": wall})
+        print(f"{module.ID}: wrote {args.out} ({len(df)} rows, {wall:.1f} s)")
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run an experiment module, e.g. python -m pipecomm.experiments.e00_calibrate --out DIR")

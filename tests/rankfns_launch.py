@@ -1,0 +1,43 @@
+"""Functions executed on ranks by test_launch.py (must be importable by the rank processes)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def identity_and_tensor(x):
+    rank = dist.get_rank()
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    return {"rank": rank, "x": x, "sum": t, "pid": os.getpid(),
+            "threads": torch.get_num_threads(), "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+            "local_rank": os.environ["LOCAL_RANK"], "world": dist.get_world_size()}
+
+
+def raise_on(rank_to_fail):
+    if dist.get_rank() == rank_to_fail:
+        raise ValueError(f"deliberate failure on rank {rank_to_fail}")
+    dist.barrier()  # the others block on the failed rank
+    return dist.get_rank()
+
+
+def die_on(rank_to_die):
+    if dist.get_rank() == rank_to_die:
+        os._exit(7)
+    dist.barrier()
+    return dist.get_rank()
+
+
+def sleep_on(rank_to_sleep, seconds):
+    if dist.get_rank() == rank_to_sleep:
+        time.sleep(seconds)
+    return dist.get_rank()
+
+
+def timed_sleep(seconds_by_rank):
+    from pipecomm import bench
+
+    s = seconds_by_rank[dist.get_rank()]
+    return bench.time_fn(lambda: time.sleep(s), warmup=0, iters=3)

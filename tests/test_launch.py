@@ -1,0 +1,144 @@
+"""pipecomm.launch: results in rank order, failures surface fast, nothing left running."""
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import rankfns_launch as fns
+import torch
+
+from pipecomm import launch
+
+
+@pytest.fixture(scope="module")
+def ranks2():
+    with launch.Ranks(2) as r:
+        yield r
+
+
+def test_results_in_rank_order_with_tensors(pool):
+    out = pool(3).run(fns.identity_and_tensor, "hello")
+    assert [o["rank"] for o in out] == [0, 1, 2]
+    assert all(o["x"] == "hello" for o in out)
+    for o in out:
+        assert torch.equal(o["sum"], torch.full((3,), 3.0))
+    assert all(o["threads"] == max(1, (os.cpu_count() or 1) // 3) for o in out)
+
+
+def test_pool_reuses_processes(pool):
+    ranks = pool(3)
+    first = [o["pid"] for o in ranks.run(fns.identity_and_tensor, 1)]
+    second = [o["pid"] for o in ranks.run(fns.identity_and_tensor, 2)]
+    assert first == second
+
+
+def test_ranks_per_node_sets_local_env():
+    out = launch.spawn(fns.identity_and_tensor, 4, 0, ranks_per_node=2)
+    assert [o["local_rank"] for o in out] == ["0", "1", "0", "1"]
+    assert {o["local_world_size"] for o in out} == {"2"}
+
+
+def test_rank_error_carries_rank_and_traceback(ranks2):
+    start = time.monotonic()
+    with pytest.raises(launch.RankError) as info:
+        ranks2.run(fns.raise_on, 1, timeout_s=60)
+    assert time.monotonic() - start < 10
+    assert info.value.rank == 1
+    assert "deliberate failure on rank 1" in str(info.value)
+    assert "rankfns_launch.py" in info.value.remote_traceback
+    assert not ranks2.alive  # all ranks were stopped
+    # the pool restarts by itself
+    assert [o["rank"] for o in ranks2.run(fns.identity_and_tensor, 0)] == [0, 1]
+
+
+def test_dead_rank_is_reported(ranks2):
+    start = time.monotonic()
+    with pytest.raises(launch.RankError, match="rank 0: died with exit code 7"):
+        ranks2.run(fns.die_on, 0, timeout_s=60)
+    assert time.monotonic() - start < 10
+
+
+def test_timeout_names_running_ranks(ranks2):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] still running"):
+        ranks2.run(fns.sleep_on, 1, 60, timeout_s=2)
+    assert time.monotonic() - start < 10
+    assert not ranks2.alive
+
+
+def test_spawn_leaves_nothing_running():
+    before = set(mp.active_children())  # other tests' pools stay alive on purpose
+    with pytest.raises(launch.RankError):
+        launch.spawn(fns.raise_on, 2, 0, timeout_s=60)
+    assert set(mp.active_children()) <= before
+
+
+def test_not_importable_functions_are_refused(monkeypatch):
+    with pytest.raises(ValueError, match="lambda or nested"):
+        launch.spawn(lambda: 1, 2)
+
+    def notebook_fn():
+        return 1
+
+    notebook_fn.__module__ = "__main__"
+    notebook_fn.__qualname__ = "notebook_fn"
+    monkeypatch.delattr(sys.modules["__main__"], "__file__", raising=False)
+    with pytest.raises(ValueError, match="defined in a notebook"):
+        launch.spawn(notebook_fn, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"world_size": 3, "ranks_per_node": 2}, "ranks_per_node"),
+        ({"world_size": 2, "backend": "mpi"}, "backend"),
+        ({"world_size": 2, "backend": "nccl", "network": object()}, "refused with NCCL"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        launch.Ranks(**kwargs)
+
+
+def test_bad_timeout(pool):
+    with pytest.raises(ValueError, match="timeout_s"):
+        pool(3).run(fns.identity_and_tensor, 0, timeout_s=0)
+
+
+def test_bench_reports_max_over_ranks(pool):
+    out = pool(3).run(fns.timed_sleep, [0.0, 0.05, 0.0])
+    for stats in out:  # every rank sees the slowest rank's time
+        assert stats["median_s"] >= 0.05
+        assert len(stats["times_s"]) == 3
+
+
+def test_init_from_env_without_torchrun(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        launch.init_from_env()
+
+
+def test_init_from_env_under_torchrun(tmp_path: Path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from pipecomm import launch\n"
+        "info = launch.init_from_env()\n"
+        "t = torch.ones(2); dist.all_reduce(t)\n"
+        "print('RESULT', info.rank, info.world_size, info.backend, int(t[0]))\n"
+        "dist.destroy_process_group()\n"
+    )
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    assert lines == ["RESULT 0 2 gloo 2", "RESULT 1 2 gloo 2"]
