@@ -1,0 +1,36 @@
+"""Decentralized training (DAdam; Wang, Zhang, Wu, Johansson, ICLR 2025).
+
+* :mod:`.topology` - which ranks average at each iteration (complete, ring, one-peer-exp,
+  alternating-exp-ring / aer, random-matching) and their mixing matrices.
+* :mod:`.optim` - AccumAdam / AccumAdamW (Algorithm 4: moments fed with window-averaged gradients).
+* :mod:`.runtime_model` - per-iteration time of AllReduce vs decentralized training.
+* ``DecentralizedDataParallel`` (:mod:`.ddp`) - gossip overlapped with the next iteration;
+  imported on first use.
+
+Example::
+
+    from pipecomm.decentralized import topology, DecentralizedDataParallel, AccumAdam, AccumAdamW
+    topo = topology.get_topology("aer", 16, ranks_per_node=4)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import topology
+from .optim import AccumAdam, AccumAdamW
+from .topology import get_topology
+
+__all__ = ["AccumAdam", "AccumAdamW", "DecentralizedDataParallel", "get_topology", "topology"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DecentralizedDataParallel":
+        from .ddp import DecentralizedDataParallel
+
+        return DecentralizedDataParallel
+    if name == "runtime_model":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.runtime_model")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
