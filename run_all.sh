@@ -66,7 +66,7 @@ if [ -f "$VENV/pyvenv.cfg" ] && grep -q 'include-system-site-packages = true' "$
 fi
 
 stamp=$VENV/.pipecomm-installed
-want=$(cat pyproject.toml "$LOCK" | cksum)
+want=$(cat pyproject.toml "$LOCK" 2>/dev/null | cksum)
 if [ "${PIPECOMM_SKIP_INSTALL:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "run_all.sh: installing pinned dependencies into $VENV (once)"
   constraints=$LOCK

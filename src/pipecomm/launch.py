@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -37,10 +38,8 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import multiprocessing as mp
 from multiprocessing.connection import wait as _mp_wait
+from typing import Any
 
 __all__ = [
     "RankError",
