@@ -1,0 +1,31 @@
+"""Every notebook runs top to bottom with its own defaults (the quick configuration), exactly as
+in JupyterLab: no injected parameters. Notebooks are stored without outputs (test_artifact)."""
+
+from pathlib import Path
+
+import papermill as pm
+import pytest
+
+from pipecomm import artifact
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    artifact.ensure_kernel()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_with_its_defaults(path, tmp_path):
+    pm.execute_notebook(str(path), str(tmp_path / path.name), kernel_name=artifact.KERNEL,
+                        cwd=str(path.parent), execution_timeout=240, progress_bar=False)
+    assert (tmp_path / path.name).exists()
+
+
+def test_invalid_parameter_fails_with_a_clear_message(tmp_path):
+    path = next(p for p in NOTEBOOKS if p.stem == "00_calibrate")
+    with pytest.raises(pm.PapermillExecutionError, match="sizes_max"):
+        pm.execute_notebook(str(path), str(tmp_path / path.name), kernel_name=artifact.KERNEL,
+                            parameters={"sizes_max": "big"}, cwd=str(path.parent),
+                            execution_timeout=120, progress_bar=False)
