@@ -1,0 +1,32 @@
+"""Collectives on point-to-point operations: linear pipelining (LP) and its baselines.
+
+LP — Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
+Networks" (arXiv 1611.04255) — against minimum-spanning-tree (``"mst"``), bidirectional-exchange
+(``"be"``) and ring (``"ring"``) schedules, and the backend's built-in (``"torch"``). Every
+algorithm but ``"torch"`` is built only on :func:`pipecomm.collectives.p2p.exchange`, so the
+emulated network (:mod:`pipecomm.netem`) sees all of their transfers. Exact schedules:
+``lp``, ``mst``, ``be``, ``ring`` modules; dispatch and argument checks: ``api``; the
+communication thread of ``async_op=True``: ``async_``.
+
+Example::
+
+    from pipecomm import collectives
+    collectives.allreduce(grad, algorithm="lp", op="avg")
+    collectives.broadcast(weights, src=0, algorithm="mst")
+    h = collectives.reduce(stats, dst=1, op="max", async_op=True); h.wait()
+"""
+
+from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
+from pipecomm.collectives.api import ALGORITHMS, COMPRESSIONS, allreduce, broadcast, reduce
+from pipecomm.collectives.async_ import Handle
+
+__all__ = [
+    "ALGORITHMS",
+    "COMPRESSIONS",
+    "OPS",
+    "SUPPORTED_DTYPES",
+    "Handle",
+    "allreduce",
+    "broadcast",
+    "reduce",
+]

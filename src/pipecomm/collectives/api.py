@@ -1,0 +1,333 @@
+"""Public entry points: ``allreduce``, ``broadcast``, ``reduce`` — validation and dispatch.
+
+Chooses the schedule (``"lp"`` — linear pipelining, Wang et al., arXiv 1611.04255; the baselines
+``"mst"``, ``"be"``, ``"ring"``; ``"torch"``, the backend's built-in), checks every argument before
+any communication, works on a flat contiguous view of the tensor (a non-contiguous tensor is
+reduced in a contiguous copy that is copied back), and runs the operation either now or, with
+``async_op=True``, on the communication thread (:mod:`.async_`).
+
+Groups: ``group`` is any process group (``None`` = the world); ``src``/``dst`` are *global* ranks
+that must be members of it. A rank that is not a member of ``group`` returns at once without
+communicating (as ``torch.distributed`` does); its tensor is unchanged. A group of one rank, and
+an empty tensor, are no-ops (``avg`` over one rank is the identity).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecomm.collectives import be, builtin, lp, mst, ring
+from pipecomm.collectives._group import make_comm, members_of
+from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
+from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, submit
+
+ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
+COMPRESSIONS: tuple[str, ...] = ("fp16", "bf16", "int8")
+_COMPRESSING_ALGORITHMS = ("lp", "ring")
+_SCHEDULES = {"lp": lp, "mst": mst, "be": be, "ring": ring}
+
+Result = torch.Tensor | Handle
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _check_tensor(fn: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: t must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{fn}: t must be a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{fn}: t has dtype {t.dtype}; supported dtypes are {names}")
+
+
+def _check_algorithm(fn: str, algorithm: Any) -> None:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
+    if not isinstance(op, str) or op not in OPS:
+        raise ValueError(f"{fn}: op must be one of {OPS}, got {op!r}")
+    if op == "avg" and not t.dtype.is_floating_point:
+        raise TypeError(
+            f"{fn}: op='avg' needs a floating-point tensor, got {t.dtype}; use op='sum' and "
+            "divide, or convert the tensor to a floating dtype"
+        )
+
+
+def _check_block_bytes(fn: str, block_bytes: Any) -> None:
+    if block_bytes is None:
+        return
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int):
+        raise TypeError(
+            f"{fn}: block_bytes must be a positive int (bytes per LP block) or None, "
+            f"got {type(block_bytes).__name__}"
+        )
+    if block_bytes <= 0:
+        raise ValueError(
+            f"{fn}: block_bytes must be a positive number of bytes or None (the cost model's "
+            f"optimum), got {block_bytes}"
+        )
+
+
+def _check_async(fn: str, async_op: Any) -> None:
+    if not isinstance(async_op, bool):
+        raise TypeError(f"{fn}: async_op must be True or False, got {async_op!r}")
+
+
+def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
+    if compression is None:
+        return None
+    if isinstance(compression, str) and compression not in COMPRESSIONS:
+        raise ValueError(
+            f"{fn}: compression must be None or one of {COMPRESSIONS}, got {compression!r}"
+        )
+    if not isinstance(compression, str) and not all(
+        hasattr(compression, a) for a in ("encode", "decode", "payload_nbytes")
+    ):
+        raise ValueError(
+            f"{fn}: compression must be None, one of {COMPRESSIONS} or a codec object, "
+            f"got {compression!r}"
+        )
+    if algorithm not in _COMPRESSING_ALGORITHMS:
+        raise ValueError(
+            f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
+            f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
+            f"got algorithm={algorithm!r}"
+        )
+    if not t.dtype.is_floating_point:
+        raise TypeError(
+            f"{fn}: compression applies to floating-point tensors only, got {t.dtype}; "
+            "pass compression=None"
+        )
+    if not isinstance(compression, str):
+        return compression
+    from pipecomm import compress
+
+    return compress.get_codec(compression)
+
+
+def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
+    try:
+        value = operator.index(root)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be an int (a global rank), got {root!r}") from None
+    if isinstance(root, bool) or value not in members:
+        raise ValueError(
+            f"{fn}: {name}={root!r} is not a member of the group (its global ranks are "
+            f"{list(members)}); {name} is a global rank, as in torch.distributed"
+        )
+    return members.index(value)
+
+
+# --------------------------------------------------------------------------- execution
+
+
+def _block_elems(kind: str, t: torch.Tensor, p: int, block_bytes: int | None, codec: Any) -> int:
+    """Elements per LP block: ``block_bytes`` rounded down to whole elements (at least one)."""
+    if block_bytes is None:
+        ratio = 1.0
+        if codec is not None and hasattr(codec, "ratio"):
+            ratio = max(1.0, float(codec.ratio(t.dtype)))
+        block_bytes = lp.default_block_bytes(kind, t.numel() * t.element_size(), p, ratio)
+    return max(1, block_bytes // t.element_size())
+
+
+def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessGroup | None:
+    """The process group the p2p operations run on: the user's, or for asynchronous operations
+    the communication thread's world-wide duplicate (p2p addresses global ranks, so it serves any
+    subgroup). Called on every rank, members of ``group`` or not: when torch.distributed was
+    initialised outside :mod:`pipecomm.launch`, the first call creates that group, a collective.
+    """
+    if not async_op:
+        return group
+    from pipecomm import launch
+
+    return launch.comm_group()
+
+
+def _execute(
+    kind: str,
+    t: torch.Tensor,
+    members: tuple[int, ...],
+    group: dist.ProcessGroup | None,
+    algorithm: str,
+    op: str,
+    root: int | None,
+    block_bytes: int | None,
+    codec: Any,
+    async_op: bool,
+    transport: dist.ProcessGroup | None,
+) -> Result:
+    p = len(members)
+    what = f"{kind}(algorithm={algorithm!r}, op={op!r}, numel={t.numel()}, group size {p})"
+    if p == 1 or t.numel() == 0:
+        return CompletedHandle(t, what) if async_op else t
+    data = t.detach()
+    contiguous = data.is_contiguous()
+
+    if algorithm == "torch":
+        buf = data if contiguous else data.contiguous()
+        root_global = None if root is None else members[root]
+        work, finish = builtin.start(kind, buf, group, op, root_global, async_op)
+        is_root = root_global == dist.get_rank()
+
+        def finalize() -> None:
+            finish(p, is_root)
+            if not contiguous:
+                data.copy_(buf)
+
+        if async_op:
+            return WorkHandle(work, finalize, t, what)
+        finalize()
+        return t
+
+    schedule = _SCHEDULES[algorithm]
+    kwargs: dict[str, Any] = {}
+    if algorithm == "lp":
+        kwargs["block_elems"] = _block_elems(kind, t, p, block_bytes, codec)
+    if codec is not None:
+        kwargs["codec"] = codec
+    comm = make_comm(members, transport)
+
+    def body() -> None:
+        flat = data.view(-1) if contiguous else data.contiguous().view(-1)
+        if kind == "allreduce":
+            schedule.allreduce(flat, comm, op, **kwargs)
+        elif kind == "broadcast":
+            schedule.broadcast(flat, comm, root, **kwargs)
+        else:
+            schedule.reduce(flat, comm, root, op, **kwargs)
+        if not contiguous:
+            data.copy_(flat.view_as(data))
+
+    if async_op:
+        return submit(body, t, what)
+    body()
+    return t
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def allreduce(
+    t: torch.Tensor,
+    *,
+    algorithm: str = "lp",
+    op: str = "sum",
+    group: dist.ProcessGroup | None = None,
+    block_bytes: int | None = None,
+    async_op: bool = False,
+    compression: str | None = None,
+) -> Result:
+    """Reduce ``t`` over the ranks of ``group`` in place; every member ends with the result.
+
+    Args:
+        t: the tensor (float16/bfloat16/float32/float64/int32/int64, any shape, may be empty).
+        algorithm: ``"lp"`` (linear pipelining), ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``.
+        op: ``"sum"``, ``"avg"`` (floating tensors only), ``"max"`` or ``"min"``.
+        group: process group (``None``: all ranks).
+        block_bytes: LP block size, rounded down to whole elements (at least one); ``None``
+            takes the cost model's optimum. Ignored by the other algorithms.
+        async_op: return a :class:`Handle` at once and run on the communication thread.
+        compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (Pipe-SGD's light
+            compression of every transfer; ``"lp"`` and ``"ring"`` only, floating tensors only).
+
+    Returns ``t`` (or a handle whose ``wait()`` returns ``t``).
+
+    Example::
+
+        g = torch.full((1000,), float(dist.get_rank()))
+        collectives.allreduce(g, op="avg")                 # every rank: (p - 1) / 2
+        h = collectives.allreduce(g, algorithm="ring", async_op=True)
+        h.wait()
+    """
+    fn = "allreduce"
+    _check_tensor(fn, t)
+    _check_algorithm(fn, algorithm)
+    _check_op(fn, op, t)
+    _check_block_bytes(fn, block_bytes)
+    _check_async(fn, async_op)
+    codec = _codec(fn, compression, algorithm, t)
+    members = members_of(group)
+    transport = _transport(group, async_op)
+    if members is None:
+        return CompletedHandle(t, fn) if async_op else t
+    return _execute(
+        fn, t, members, group, algorithm, op, None, block_bytes, codec, async_op, transport
+    )
+
+
+def broadcast(
+    t: torch.Tensor,
+    src: int = 0,
+    *,
+    algorithm: str = "lp",
+    group: dist.ProcessGroup | None = None,
+    block_bytes: int | None = None,
+    async_op: bool = False,
+) -> Result:
+    """Copy ``t`` of global rank ``src`` into ``t`` of every member of ``group``, in place.
+
+    Arguments as in :func:`allreduce`; ``src`` is a global rank and must belong to ``group``.
+
+    Example::
+
+        w = model_weights if dist.get_rank() == 0 else torch.empty_like(model_weights)
+        collectives.broadcast(w, src=0, algorithm="lp", block_bytes=1 << 16)
+    """
+    fn = "broadcast"
+    _check_tensor(fn, t)
+    _check_algorithm(fn, algorithm)
+    _check_block_bytes(fn, block_bytes)
+    _check_async(fn, async_op)
+    members = members_of(group)
+    transport = _transport(group, async_op)
+    if members is None:
+        return CompletedHandle(t, fn) if async_op else t
+    root = _root_index(fn, "src", src, members)
+    return _execute(
+        fn, t, members, group, algorithm, "sum", root, block_bytes, None, async_op, transport
+    )
+
+
+def reduce(
+    t: torch.Tensor,
+    dst: int = 0,
+    *,
+    algorithm: str = "lp",
+    op: str = "sum",
+    group: dist.ProcessGroup | None = None,
+    block_bytes: int | None = None,
+    async_op: bool = False,
+) -> Result:
+    """Reduce ``t`` over ``group`` into ``t`` of global rank ``dst``; other ranks' ``t`` is
+    left with unspecified values (it serves as the working buffer).
+
+    Arguments as in :func:`allreduce`; ``dst`` is a global rank and must belong to ``group``.
+
+    Example::
+
+        loss_sum = torch.tensor([loss])
+        collectives.reduce(loss_sum, dst=0, op="sum", algorithm="mst")   # valid on rank 0
+    """
+    fn = "reduce"
+    _check_tensor(fn, t)
+    _check_algorithm(fn, algorithm)
+    _check_op(fn, op, t)
+    _check_block_bytes(fn, block_bytes)
+    _check_async(fn, async_op)
+    members = members_of(group)
+    transport = _transport(group, async_op)
+    if members is None:
+        return CompletedHandle(t, fn) if async_op else t
+    root = _root_index(fn, "dst", dst, members)
+    return _execute(
+        fn, t, members, group, algorithm, op, root, block_bytes, None, async_op, transport
+    )

@@ -1,0 +1,168 @@
+"""Asynchronous collectives: one communication thread per process, a FIFO of operations.
+
+Pipe-SGD (Li et al., NeurIPS 2018) and layer-wise GD (Daily et al., 2017) overlap the AllReduce
+of one step with the computation of the next. pipecomm runs the point-to-point schedules of an
+asynchronous collective on a daemon thread, in the order they were issued (the same order on every
+rank, so the ranks' transfers match), on :func:`pipecomm.launch.comm_group` — a process group of
+its own — while the main thread computes (torch kernels and transfer waits release the GIL).
+
+A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
+or re-raises the error the operation hit on the thread; ``is_completed()`` polls.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+
+class Handle:
+    """The future of one asynchronous collective.
+
+    Example::
+
+        h = collectives.allreduce(grad, async_op=True)
+        loss = model(x)            # overlaps the allreduce
+        grad = h.wait()            # the reduced tensor (grad itself, in place)
+    """
+
+    def __init__(self, result: torch.Tensor, what: str = "collective") -> None:
+        self._result = result
+        self._what = what
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or with an error)."""
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> torch.Tensor:
+        """Block until done; return the result tensor or re-raise the operation's error.
+
+        Raises :class:`TimeoutError` if ``timeout_s`` seconds pass first (the operation keeps
+        running; a later ``wait`` may still succeed). Without a timeout, a lost peer surfaces as
+        the process group's own timeout error.
+        """
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(
+                f"{self._what} still running after {timeout_s} s (the operation continues; "
+                "wait again, or check that every rank of the group issued the same operations "
+                "in the same order)"
+            )
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"<pipecomm Handle {self._what}: {state}>"
+
+
+class CompletedHandle(Handle):
+    """A handle for an operation that had nothing to do (one rank, empty tensor, non-member)."""
+
+    def __init__(self, result: torch.Tensor, what: str = "collective") -> None:
+        super().__init__(result, what)
+        self._finish()
+
+
+class WorkHandle(Handle):
+    """Wraps a backend ``Work`` (``algorithm="torch"``) plus a finishing step run once after it.
+
+    The finishing step (``avg`` division, copy back into a non-contiguous tensor) runs in the
+    thread that observes completion first, through :meth:`wait` or :meth:`is_completed`.
+    """
+
+    def __init__(
+        self,
+        work: Any,
+        finalize: Callable[[], None],
+        result: torch.Tensor,
+        what: str = "collective",
+    ) -> None:
+        super().__init__(result, what)
+        self._work = work
+        self._finalize = finalize
+        self._lock = threading.Lock()
+
+    def _complete(self) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                try:
+                    self._finalize()
+                except BaseException as exc:  # surfaced by wait()
+                    self._finish(exc)
+                    return
+                self._finish()
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set() and self._work.is_completed():
+            self._complete()
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> torch.Tensor:
+        if not self._done.is_set():
+            try:
+                if timeout_s is None:
+                    self._work.wait()
+                else:
+                    self._work.wait(timedelta(seconds=timeout_s))
+            except RuntimeError as exc:
+                if timeout_s is not None and "timeout" in str(exc).lower():
+                    raise TimeoutError(f"{self._what} still running after {timeout_s} s") from exc
+                raise
+            self._complete()
+        return super().wait(0)
+
+
+class _Worker:
+    """The communication thread of this process: runs queued jobs one at a time, FIFO."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="pipecomm-comm", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, handle = self.jobs.get()
+            try:
+                fn()
+            except BaseException as exc:  # surfaced by wait()
+                handle._finish(exc)
+            else:
+                handle._finish()
+
+
+_WORKER: _Worker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def submit(fn: Callable[[], Any], result: torch.Tensor, what: str = "collective") -> Handle:
+    """Queue ``fn`` on the communication thread (started on first use); return its handle.
+
+    Jobs run in submission order. ``fn``'s errors are re-raised by ``handle.wait()``.
+
+    Example::
+
+        h = submit(lambda: lp.allreduce(flat, comm, "sum", block_elems=4096), tensor)
+        h.wait()
+    """
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None or _WORKER.pid != os.getpid() or not _WORKER.thread.is_alive():
+            _WORKER = _Worker()
+        handle = Handle(result, what)
+        _WORKER.jobs.put((fn, handle))
+    return handle

@@ -1,0 +1,431 @@
+"""pipecomm.collectives: LP, MST, BE and ring schedules (and the built-in) against oracles.
+
+Two layers:
+
+* In this process, without torch.distributed: the exact schedules run on p threads over a
+  simulated transport (per-pair FIFO mailboxes) that checks message sizes and aliasing, counts
+  dependent steps and bytes; results against float64 oracles for p = 1..16, and step counts and
+  per-rank bytes against the formulas of /work/notes/algorithms.md.
+* On one pool of 8 real ranks (gloo): every group size 1..8 through subgroups (several without
+  rank 0), every algorithm, op, dtype, odd sizes, empty tensors, roots other than 0, LP blocks that
+  do not divide the message, non-contiguous tensors, asynchronous handles interleaved with
+  computation, compression, bad arguments; and against ``algorithm="torch"``.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+
+import pytest
+import rankfns_collectives as fns
+import torch
+
+from pipecomm import collectives as C
+from pipecomm import compress
+from pipecomm.collectives import _chunks, async_, be, lp, mst, ring
+
+SCHEDULES = {"lp": lp, "mst": mst, "be": be, "ring": ring}
+
+
+# --------------------------------------------------------------------------- simulated transport
+
+
+class _SimNet:
+    def __init__(self, p: int) -> None:
+        self.p = p
+        self.boxes = {(s, d): queue.Queue() for s in range(p) for d in range(p)}
+        self.clock = [0] * p  # dependent steps (a step's messages carry its clock)
+        self.sent_bytes = [0] * p
+        self.max_msgs_per_peer = 0
+
+
+class _SimComm:
+    """Duck-typed :class:`pipecomm.collectives._group.Comm` on the simulated transport."""
+
+    def __init__(self, net: _SimNet, index: int) -> None:
+        self.net, self.index = net, index
+
+    @property
+    def size(self) -> int:
+        return self.net.p
+
+    def exchange(self, sends, recvs) -> None:
+        sends = [(t, i) for t, i in sends if t.numel() > 0]
+        recvs = [(t, i) for t, i in recvs if t.numel() > 0]
+        if not sends and not recvs:
+            return
+        me, net = self.index, self.net
+        spans = []
+        for t, peer in list(sends) + list(recvs):
+            assert t.is_contiguous() and t.dim() == 1, "exchange needs contiguous 1-D tensors"
+            assert peer != me and 0 <= peer < net.p, f"bad peer {peer}"
+            spans.append((t.data_ptr(), t.data_ptr() + t.nbytes))
+        recv_spans = spans[len(sends) :]
+        for a0, a1 in recv_spans:  # a receive buffer overlaps nothing else of the step
+            for b0, b1 in spans:
+                assert (a0, a1) == (b0, b1) and spans.count((a0, a1)) == 1 or a1 <= b0 or b1 <= a0
+        for peer in {i for _, i in sends}:
+            net.max_msgs_per_peer = max(net.max_msgs_per_peer, [i for _, i in sends].count(peer))
+        clock = net.clock[me]
+        for t, peer in sends:
+            net.boxes[(me, peer)].put((t.clone(), clock))
+            net.sent_bytes[me] += t.nbytes
+        for t, peer in recvs:
+            data, stamp = net.boxes[(peer, me)].get(timeout=20)
+            assert data.shape == t.shape and data.dtype == t.dtype, (
+                f"rank {me} expected {tuple(t.shape)} {t.dtype} from {peer}, got "
+                f"{tuple(data.shape)} {data.dtype}"
+            )
+            t.copy_(data)
+            clock = max(clock, stamp)
+        net.clock[me] = clock + 1
+
+
+def simulate(p: int, body):
+    """Run ``body(comm) -> result`` on p threads; return (results, net). Leftover messages fail."""
+    net = _SimNet(p)
+    results, errors = [None] * p, []
+
+    def target(i: int) -> None:
+        try:
+            results[i] = body(_SimComm(net, i))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(p)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    leftover = {k: q.qsize() for k, q in net.boxes.items() if q.qsize()}
+    assert not leftover, f"messages never received: {leftover}"
+    return results, net
+
+
+def _run_sim(kind, alg, p, n, dtype, op="sum", root=0, block_elems=None, codec=None, seed=0):
+    inputs = [fns.make_input(seed, r, n, dtype) for r in range(p)]
+    sched = SCHEDULES[alg]
+    kwargs = {}
+    if alg == "lp":
+        kwargs["block_elems"] = block_elems or max(1, n // 5 + 1)
+    if codec is not None:
+        kwargs["codec"] = codec
+
+    def body(comm):
+        x = inputs[comm.index].clone()
+        if kind == "allreduce":
+            sched.allreduce(x, comm, op, **kwargs)
+        elif kind == "broadcast":
+            sched.broadcast(x, comm, root, **kwargs)
+        else:
+            sched.reduce(x, comm, root, op, **kwargs)
+        return x
+
+    return simulate(p, body), inputs
+
+
+def _sim_oracle(inputs, op):
+    xs = torch.stack([x.double() for x in inputs])
+    absum = xs.abs().sum(0)
+    if op == "sum":
+        return xs.sum(0), absum
+    if op == "avg":
+        return xs.mean(0), absum / len(inputs)
+    return (xs.max(0).values if op == "max" else xs.min(0).values), absum
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("alg", ["lp", "mst", "be", "ring"])
+def test_simulated_schedules_match_oracle(alg):
+    count = 0
+    for p in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16):
+        for n in (0, 1, 7, 100, 1001):
+            for j in range(2):  # two of the four ops per (p, n), all ops over the sweep
+                op = C.OPS[(p + n + 2 * j) % 4]
+                case = p * 101 + n * 7 + j
+                dtype = fns.DTYPES[case % len(fns.DTYPES)]
+                if op == "avg" and not dtype.is_floating_point:
+                    dtype = torch.float64
+                blk = (1, 3, 16, 64, None)[case % 5]
+                if blk is not None and n > 60 * blk:
+                    blk = n // 37 + 1  # about 37 blocks, not dividing n
+                root = case % p
+                # allreduce
+                (res, _), inputs = _run_sim(
+                    "allreduce", alg, p, n, dtype, op, block_elems=blk, seed=case
+                )
+                want, absum = _sim_oracle(inputs, op)
+                for r in range(p):
+                    why = fns.mismatch(res[r], want, absum, p, op, dtype)
+                    assert why is None, f"allreduce {alg} p={p} n={n} {op} {dtype} rank {r}: {why}"
+                    assert torch.equal(res[r], res[0]), "allreduce results differ between ranks"
+                # reduce to a root other than 0
+                (res, _), inputs = _run_sim(
+                    "reduce", alg, p, n, dtype, op, root=root, block_elems=blk, seed=case
+                )
+                why = fns.mismatch(res[root], want, absum, p, op, dtype)
+                assert why is None, f"reduce {alg} p={p} n={n} {op} root {root}: {why}"
+                count += 2
+            (res, _), inputs = _run_sim(
+                "broadcast", alg, p, n, torch.float32, root=(n + p) % p, block_elems=3
+            )
+            for r in range(p):
+                assert torch.equal(res[r], inputs[(n + p) % p]), f"broadcast {alg} p={p} n={n}"
+            count += 1
+    assert count == 11 * 5 * 5
+
+
+def _steps(alg: str, kind: str, p: int, k: int) -> int:
+    """Dependent steps of each schedule, as in /work/notes/algorithms.md."""
+    L = (p - 1).bit_length()
+    pp = 1 << (p.bit_length() - 1)
+    extra = int(p > pp)
+    return {
+        ("lp", "broadcast"): k + p - 2,
+        ("lp", "reduce"): k + p - 2,
+        ("lp", "allreduce"): k + 2 * p - 3,
+        ("mst", "broadcast"): L,
+        ("mst", "reduce"): L,
+        ("mst", "allreduce"): 2 * L,
+        ("be", "broadcast"): 2 * int(math.log2(pp)) + extra,
+        ("be", "reduce"): extra + 2 * int(math.log2(pp)),
+        ("be", "allreduce"): 2 * int(math.log2(pp)) + 2 * extra,
+        ("ring", "broadcast"): L + p - 1,
+        ("ring", "reduce"): p - 1 + L,
+        ("ring", "allreduce"): 2 * (p - 1),
+    }[(alg, kind)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("alg", ["lp", "mst", "be", "ring"])
+@pytest.mark.parametrize("kind", ["broadcast", "reduce", "allreduce"])
+def test_simulated_step_counts_and_bytes(alg, kind):
+    for p in (2, 3, 4, 5, 6, 7, 8, 11, 16):
+        n, block = 48 * 16, 40  # n divisible by every p' and ring chunk sizes within one
+        k = math.ceil(n / block)
+        (_, net), _ = _run_sim(kind, alg, p, n, torch.float64, root=p // 2, block_elems=block)
+        assert max(net.clock) == _steps(alg, kind, p, k), f"{alg} {kind} p={p}: {net.clock}"
+        assert net.max_msgs_per_peer == 1  # never two messages to one peer in a step
+        nbytes, sent = n * 8, max(net.sent_bytes)
+        pp = 1 << (p.bit_length() - 1)
+        if alg == "lp":
+            assert sent == (2 if kind == "allreduce" and p > 2 else 1) * nbytes
+        elif alg == "ring" and kind == "allreduce":
+            assert sent <= 2 * (p - 1) * math.ceil(n / p) * 8
+        elif alg == "be" and kind == "allreduce" and p == pp:
+            assert sent == 2 * (p - 1) * nbytes // p
+        elif alg == "mst" and kind == "broadcast":
+            assert sent == ((p - 1).bit_length()) * nbytes
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("alg", ["lp", "ring"])
+@pytest.mark.parametrize("name", ["fp16", "bf16", "int8"])
+def test_simulated_compression(alg, name):
+    codec = compress.get_codec(name)
+    rel = {"fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254}[name]
+    for p in (2, 3, 5, 8):
+        for n in (1, 7, 1000):
+            for op in ("sum", "avg", "max"):
+                (res, net), inputs = _run_sim(
+                    "allreduce",
+                    alg,
+                    p,
+                    n,
+                    torch.float32,
+                    op,
+                    block_elems=37,
+                    codec=codec,
+                    seed=p + n,
+                )
+                want, absum = _sim_oracle(inputs, op)
+                scale = absum.max().item() if op != "max" else inputs[0].abs().max().item() * p
+                allowed = 1.05 * (p * rel + (p + 1) * 2.0**-23) * scale + 1e-30
+                for r in range(p):
+                    assert torch.equal(res[r], res[0]), "compressed results differ between ranks"
+                    err = (res[r].double() - want).abs().max().item()
+                    assert err <= allowed, f"{alg} {name} p={p} n={n} {op}: {err} > {allowed}"
+                if n == 1000:  # what travels is the codec's payload, not the float32 data
+                    assert max(net.sent_bytes) < (2 if alg == "lp" else 2 * (p - 1) / p + 0.01) * (
+                        codec.payload_nbytes(n) + 4 * 32
+                    )
+
+
+def test_chunks():
+    for n in (0, 1, 5, 7, 100):
+        for parts in (1, 2, 3, 8):
+            off = _chunks.even_offsets(n, parts)
+            sizes = [b - a for a, b in zip(off, off[1:])]
+            assert off[0] == 0 and off[-1] == n and len(sizes) == parts
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    flat = torch.arange(10)
+    assert _chunks.num_blocks(10, 3) == 4 and _chunks.num_blocks(0, 3) == 0
+    assert _chunks.block(flat, 3, 3).tolist() == [9]
+    assert _chunks.block(flat, 1, 3).data_ptr() == flat[3:].data_ptr()  # a view, no copy
+
+
+def test_default_block_bytes_from_cost_model():
+    from pipecomm import cost
+
+    link = cost.calibrated_link()
+    for kind in ("broadcast", "reduce", "allreduce"):
+        for nbytes, p in ((10, 8), (1 << 20, 8), (3 << 22, 3)):
+            b = lp.default_block_bytes(kind, nbytes, p)
+            assert b == cost.lp_optimal_block_bytes(kind, nbytes, p, link)
+            assert 1 <= b <= max(nbytes, 8)
+
+
+def test_async_handle_unit():
+    t = torch.zeros(3)
+    h = async_.submit(lambda: time.sleep(0.3), t, "slow job")
+    with pytest.raises(TimeoutError, match="slow job"):
+        h.wait(timeout_s=0.01)
+    assert h.wait(timeout_s=30) is t and h.is_completed()
+
+    def boom():
+        raise ZeroDivisionError("inside the thread")
+
+    order = []
+    h1 = async_.submit(lambda: order.append(1), t)
+    h2 = async_.submit(boom, t)
+    h3 = async_.submit(lambda: order.append(3), t)
+    assert h3.wait(timeout_s=30) is t
+    assert h1.is_completed() and h2.is_completed() and order == [1, 3]  # FIFO, keeps going
+    with pytest.raises(ZeroDivisionError, match="inside the thread"):
+        h2.wait()
+    assert "done" in repr(h1)
+
+
+def test_validation_before_any_setup():
+    # these fail before torch.distributed is even consulted
+    with pytest.raises(TypeError, match="t must be a torch.Tensor"):
+        C.allreduce([1, 2])
+    with pytest.raises(ValueError, match="algorithm"):
+        C.reduce(torch.ones(2), algorithm="bucket")
+    with pytest.raises(TypeError, match="avg"):
+        C.allreduce(torch.ones(2, dtype=torch.int32), op="avg")
+    if not torch.distributed.is_initialized():  # this process never joins a group
+        with pytest.raises(RuntimeError, match="not initialised"):
+            C.allreduce(torch.ones(2))
+    assert C.ALGORITHMS == ("lp", "mst", "be", "ring", "torch")
+    assert C.OPS == ("sum", "avg", "max", "min")
+
+
+# --------------------------------------------------------------------------- real ranks
+
+
+def _check(results):
+    failures = [f for r in results for f in (r[0] if isinstance(r, tuple) else r)]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _check_digests(results, cases):
+    for idx, case in enumerate(cases):
+        spec = case[5]
+        ranks = range(8) if spec is None else spec
+        ds = {results[r][1].get(idx) for r in ranks}
+        assert len(ds) == 1, f"allreduce results differ between ranks: {case}"
+
+
+@pytest.mark.timeout(240)
+def test_allreduce_oracle_all_groups(pool):
+    results = pool(8).run(fns.sweep, "allreduce", timeout_s=200)
+    _check(results)
+    _check_digests([r for r in results], fns.sweep_cases("allreduce"))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["broadcast", "reduce"])
+def test_rooted_oracle_all_groups(pool, kind):
+    _check(pool(8).run(fns.sweep, kind, timeout_s=200))
+
+
+@pytest.mark.timeout(240)
+def test_large_messages(pool):
+    results = pool(8).run(fns.sweep_large, timeout_s=200)
+    _check(results)
+
+
+@pytest.mark.timeout(240)
+def test_matches_builtin(pool):
+    _check(pool(8).run(fns.compare_with_builtin, timeout_s=200))
+
+
+@pytest.mark.timeout(240)
+def test_noncontiguous_and_requires_grad(pool):
+    _check(pool(8).run(fns.noncontiguous_and_grad, timeout_s=200))
+
+
+@pytest.mark.timeout(240)
+def test_async_interleaved_with_computation(pool):
+    results = pool(8).run(fns.async_interleaved, timeout_s=200)
+    _check(results)
+    for _, overlapped in results:
+        assert all(overlapped.values()), overlapped  # completed while the main thread computed
+
+
+@pytest.mark.timeout(240)
+def test_bad_arguments(pool):
+    _check(pool(8).run(fns.bad_arguments, timeout_s=200))
+
+
+@pytest.mark.timeout(240)
+def test_world_of_one(pool):
+    _check(pool(1).run(fns.world_of_one, timeout_s=200))
+
+
+@pytest.mark.timeout(240)
+def test_compressed_allreduce(pool):
+    numel, block_bytes = 1000, 120
+    results = pool(8).run(fns.compressed_allreduce, numel, block_bytes, timeout_s=200)
+    by_case = {}
+    for out, _ in results:
+        for row in out:
+            by_case.setdefault((row["alg"], row["codec"], row["dtype"], row["spec"]), []).append(
+                row
+            )
+    assert len(by_case) == 2 * 3 * 2 * 2
+    rel = {"fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254}
+    for (alg, name, dtype, spec), rows in by_case.items():
+        p = rows[0]["p"]
+        assert len(rows) == p and len({r["digest"] for r in rows}) == 1, (alg, name, spec)
+        eps = 2.0**-10 if "float16" in dtype else 2.0**-23
+        for r in rows:
+            allowed = 1.05 * (p * rel[name] + (p + 1) * eps) * r["scale"]
+            assert r["err"] <= allowed, (alg, name, dtype, spec, r["err"], allowed)
+            codec = compress.get_codec(name)
+            if alg == "lp":
+                e = block_bytes // (2 if "float16" in dtype else 4)
+                sizes = [min(e, numel - j) for j in range(0, numel, e)]
+                k = len(sizes)
+                assert r["encodes"] == k
+                middle = 0 < r["index"] < p - 1 or r["index"] == p - 1
+                assert r["decodes"] == (2 * k if middle else k)
+            else:
+                off = _chunks.even_offsets(numel, p)
+                sizes = [b - a for a, b in zip(off, off[1:])]
+                assert (r["encodes"], r["decodes"]) == (p, 2 * p - 1)
+            assert r["encoded_bytes"] == sum(codec.payload_nbytes(s) for s in sizes)
+    names = {d for _, d in results}
+    assert len(names) == 1  # compression="fp16" by name: identical on every rank
+    first = by_case[("lp", "fp16", "torch.float32", None)][0]["digest"]
+    assert names == {first}  # and identical to the same codec passed as an object
+
+
+@pytest.mark.timeout(240)
+def test_under_emulated_network(pool):
+    from pipecomm import cost, netem
+
+    net = netem.Network(5e-3, 10e6, ports="single")  # the pool test_netem.py uses as well
+    numel = 12000
+    results = pool(4, network=net).run(fns.under_emulation, numel, timeout_s=200)
+    _check(results)
+    link = cost.link_from_network(net)
+    for _, blocks in results:
+        for kind, b in blocks.items():  # the default LP block comes from the emulated link
+            assert b == cost.lp_optimal_block_bytes(kind, numel * 4, 4, link)
+    assert blocks["allreduce"] != lp.default_block_bytes("allreduce", numel * 4, 4)
