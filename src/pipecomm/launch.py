@@ -85,6 +85,9 @@ class RankInfo:
 _COMM_GROUP = None  # the process group that asynchronous collectives use (one per process)
 
 
+_PG_TIMEOUT: datetime.timedelta | None = None  # the world's timeout, reused for the comm group
+
+
 def comm_group():
     """The process group of pipecomm's communication thread (asynchronous collectives).
 
@@ -105,7 +108,7 @@ def comm_group():
                 "torch.distributed is not initialised: start ranks with pipecomm.launch.spawn / "
                 "Ranks, or call pipecomm.launch.init_from_env() under torchrun"
             )
-        _COMM_GROUP = dist.new_group(backend=dist.get_backend())
+        _COMM_GROUP = dist.new_group(backend=dist.get_backend(), timeout=_PG_TIMEOUT)
     return _COMM_GROUP
 
 
@@ -162,7 +165,8 @@ def _init_distributed(
     import torch
     import torch.distributed as dist
 
-    global _COMM_GROUP
+    global _COMM_GROUP, _PG_TIMEOUT
+    _PG_TIMEOUT = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group(
@@ -170,7 +174,7 @@ def _init_distributed(
         init_method=init_method,
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=_PG_TIMEOUT,
     )
     _COMM_GROUP = None
     comm_group()
@@ -372,7 +376,7 @@ class Ranks:
             from pipecomm import netem
 
             self._net_handle = netem.setup(self.network, self.world_size, self.ranks_per_node)
-        pg_timeout = max(60.0, self.start_timeout_s)
+        pg_timeout = max(300.0, self.start_timeout_s)  # a hung collective errors after this
         for rank in range(self.world_size):
             parent, child = _CTX.Pipe(duplex=True)
             proc = _CTX.Process(
