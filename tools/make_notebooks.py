@@ -40,7 +40,7 @@ def build(module) -> nbformat.NotebookNode:
         params,
         nbformat.v4.new_code_cell(
             f"from pipecomm.experiments import {name} as E\n"
-            "from pipecomm.experiments._cli import notebook_params, load_or_run\n\n"
+            "from pipecomm.experiments._cli import load_or_run, notebook_params\n\n"
             "params = notebook_params(globals(), E)\n"
             "df = load_or_run(E, params, data_csv)\n"
             "E.summary(df)"
