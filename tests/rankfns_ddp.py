@@ -132,6 +132,8 @@ def train(cfg: dict) -> dict:
         how = cfg.get("averages", {}).get(k)
         if how == "copy":
             averages[k] = {n: v.to(torch.float64).numpy() for n, v in ddp.global_average().items()}
+            # the model holds the average until the next forward
+            assert all(np.array_equal(averages[k][n], v) for n, v in snapshot(model).items())
         elif how == "inplace":
             ddp.global_average(inplace=True)
         elif how == "context":

@@ -38,10 +38,12 @@ Gossip uses :mod:`pipecomm.collectives` on the subgroups, so the emulated networ
 (:mod:`pipecomm.netem`) and the algorithm choice (``"lp"``, ``"mst"``, ``"be"``, ``"ring"``)
 apply; ``"torch"`` is the backend's built-in subgroup allreduce and is refused under emulation.
 
-``global_average()`` returns the average over all ranks of the parameters (and floating
-buffers) ``x^{k+1}`` held between iterations — equal to the average of the values the next
-iteration will mix, since ``W`` is doubly stochastic — without changing any training state: the
-following iterations are exactly those of a run without the call. ``global_average(inplace=True)``
+``global_average()`` averages the parameters (and floating buffers) ``x^{k+1}`` held between
+iterations over all ranks — equal to the average of the values the next iteration will mix, since
+``W`` is doubly stochastic — and loads that average into the model, so every rank can evaluate or
+checkpoint the consensus model; it also returns it as a state dict. The next step is not
+disturbed: the next ``forward`` first puts each rank's own ``x_i^{k+1}`` back, so the following
+iterations are exactly those of a run without the call. ``global_average(inplace=True)``
 also sets every rank's parameters to that average and makes the in-flight gossip carry it, so the
 run continues as the rule with ``x_i^{k+1} := mean_j x_j^{k+1}`` on every rank (optimizer states
 stay local). ``averaged()`` swaps the average in for a ``with`` block (evaluation).
@@ -285,6 +287,7 @@ class DecentralizedDataParallel(nn.Module):
         self._next_launch = 0
         self._backward_task: int | None = None  # graph task of the backward in progress
         self._closed = False
+        self._local_state: dict[str, torch.Tensor] | None = None  # put back by the next forward
         self.step_count = 0
         self.timing: dict[str, float] = {}
         self.reset_timing()
@@ -330,7 +333,15 @@ class DecentralizedDataParallel(nn.Module):
 
             loss = torch.nn.functional.mse_loss(ddp(x), y)
         """
+        self._restore_local()
         return self.module(*args, **kwargs)
+
+    @torch.no_grad()
+    def _restore_local(self) -> None:
+        """Undo a non-in-place :meth:`global_average`: each rank's own ``x_i`` comes back."""
+        if self._local_state is not None:
+            self.module.load_state_dict(self._local_state)
+            self._local_state = None
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
@@ -428,8 +439,10 @@ class DecentralizedDataParallel(nn.Module):
         mean over ranks of this rank's current values (``x^{k+1}``, which has the same mean as
         the ``W_{k+1} x^{k+1}`` the next iteration will mix); other entries are this rank's.
 
-        ``inplace=False`` changes nothing: the following iterations are exactly those of a run
-        without the call. ``inplace=True`` loads the average into every rank's model and into
+        The model holds the average afterwards (evaluate it, or save ``ddp.state_dict()``).
+        ``inplace=False`` does not disturb training: the next ``forward`` puts this rank's own
+        values back, so the following iterations are exactly those of a run without the call.
+        ``inplace=True`` keeps the average as the new training state: it is also loaded into
         the in-flight gossip, so the next iteration mixes ``W_{k+1} xbar = xbar``: the run
         continues as the rule with ``x_i^{k+1} := xbar`` for all ``i`` (optimizer states stay
         local).
@@ -439,6 +452,7 @@ class DecentralizedDataParallel(nn.Module):
             torch.save(ddp.global_average(), "checkpoint.pt")
         """
         self.finish()
+        self._restore_local()
         state = self.module.state_dict()
         by_kind: dict[tuple[torch.dtype, torch.device], list[str]] = {}
         for k, v in state.items():
@@ -457,8 +471,10 @@ class DecentralizedDataParallel(nn.Module):
             (k, out[k] if k in out else (v.clone() if torch.is_tensor(v) else v))
             for k, v in state.items()
         )
+        if not inplace:
+            self._local_state = {k: v.clone() for k, v in state.items()}
+        self.module.load_state_dict(result)
         if inplace:
-            self.module.load_state_dict(result)
             for b in self._buckets or []:
                 if b.handle is not None:  # completed: make it carry the average
                     torch._foreach_copy_(b.views, [p.detach() for p in b.params])
@@ -475,12 +491,11 @@ class DecentralizedDataParallel(nn.Module):
             with ddp.averaged() as model:
                 accuracy = evaluate(model)
         """
-        saved = {k: v.clone() for k, v in self.module.state_dict().items()}
-        self.module.load_state_dict(self.global_average())
+        self.global_average()
         try:
             yield self.module
         finally:
-            self.module.load_state_dict(saved)
+            self._restore_local()
 
     def extra_repr(self) -> str:
         return (
