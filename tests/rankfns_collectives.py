@@ -541,6 +541,12 @@ def under_emulation(numel: int):
         C.broadcast(x, src=p - 1, algorithm=alg)
         if not torch.equal(x, make_input(seed, p - 1, numel, torch.float32)):
             failures.append(f"rank {me}: emulated {alg} broadcast wrong")
+    try:  # the built-in cannot be emulated: refused before any communication
+        C.allreduce(torch.ones(3), algorithm="torch")
+        failures.append(f"rank {me}: algorithm='torch' was accepted under emulation")
+    except ValueError as exc:
+        if "cannot be emulated" not in str(exc):
+            failures.append(f"rank {me}: unclear error for 'torch' under emulation: {exc}")
     nbytes = numel * 4
     blocks = {k: lp.default_block_bytes(k, nbytes, p) for k in ("broadcast", "reduce", "allreduce")}
     return failures, blocks

@@ -49,6 +49,15 @@ def _check_tensor(fn: str, t: Any) -> None:
 def _check_algorithm(fn: str, algorithm: Any) -> None:
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "torch":
+        from pipecomm import netem
+
+        if netem.current() is not None:
+            raise ValueError(
+                f"{fn}: algorithm='torch' (the backend's built-in) cannot be emulated, and the "
+                f"emulated network is active ({netem.current().describe()}); choose one of "
+                f"{ALGORITHMS[:-1]}, or start the ranks without network="
+            )
 
 
 def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
