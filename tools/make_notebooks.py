@@ -40,12 +40,12 @@ def build(module) -> nbformat.NotebookNode:
         params,
         nbformat.v4.new_code_cell(
             f"from pipecomm.experiments import {name} as E\n"
-            "from pipecomm.experiments._cli import load_or_run, notebook_params\n\n"
+            "from pipecomm.experiments._cli import load_or_run, notebook_params, save\n\n"
             "params = notebook_params(globals(), E)\n"
             "df = load_or_run(E, params, data_csv)\n"
             "E.summary(df)"
         ),
-        nbformat.v4.new_code_cell("fig = E.plot(df, **params)\nE.save(out_dir, df, fig, params)"),
+        nbformat.v4.new_code_cell("fig = E.plot(df, **params)\nsave(E, out_dir, df, fig, params)"),
         nbformat.v4.new_markdown_cell(text["outro"].strip()),
     ]
     for i, cell in enumerate(nb.cells):

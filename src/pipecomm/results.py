@@ -31,7 +31,8 @@ import pandas as pd
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this package was installed from (editable install) — where results/ lives."""
 
-NETWORK_COLUMN = "network"  # every experiment's data.csv says which network: "real" or a netem text
+NETWORK_COLUMN = "network"
+"""Every data.csv says which network: "real", netem's "emulated, ..." text, or "analytic ..."."""
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -175,7 +176,8 @@ def describe_runs(df: pd.DataFrame) -> dict[str, Any]:
             values = sorted({v for v in df[col].dropna().tolist()}, key=str)
             out[key] = [v.item() if hasattr(v, "item") else v for v in values]
     nets = out.get("networks", [])
-    out["emulated_network"] = any(str(n) != "real" for n in nets)
+    out["emulated_network"] = any(str(n).startswith("emulated") for n in nets)
+    out["analytic_only"] = bool(nets) and all(str(n).startswith("analytic") for n in nets)
     return out
 
 

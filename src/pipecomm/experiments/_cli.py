@@ -109,6 +109,17 @@ def notebook_params(namespace: Mapping[str, Any], module: ModuleType) -> dict[st
     return params
 
 
+def save(module: ModuleType, out_dir: Any, df: Any, fig: Any = None,
+         params: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> Any:
+    """The module's own ``save`` if it has one (E0 adds calibration.json), else results.save.
+
+    Example (in a notebook)::
+
+        save(E, out_dir, df, fig, params)   # nothing is written when out_dir is None
+    """
+    return getattr(module, "save", results.save)(out_dir, df, fig, params, extra)
+
+
 def load_or_run(module: ModuleType, params: Mapping[str, Any], data_csv: str | None = None):
     """A finished run's data.csv when ``data_csv`` is given, else ``module.run(**params)``.
 
@@ -146,8 +157,7 @@ def main(module: ModuleType, argv: list[str] | None = None) -> None:
     rank = _rank()
     if rank == 0:  # under torchrun only rank 0 writes
         fig = None if args.no_plot else module.plot(df, **params)
-        save = getattr(module, "save", results.save)
-        save(args.out, df, fig, params, extra={"wall_time_s": wall})
+        save(module, args.out, df, fig, params, extra={"wall_time_s": wall})
         print(f"{module.ID}: wrote {args.out} ({len(df)} rows, {wall:.1f} s)")
 
 

@@ -1,0 +1,952 @@
+"""E2 — measured collective time vs message size: emulated network (model overlaid) and real backend.
+
+Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
+Networks" (arXiv 1611.04255): linear pipelining (LP) is faster than minimum-spanning-tree (MST)
+and bidirectional-exchange (BE) collectives for the large messages of data-parallel training, "up
+to 2x" the bandwidth of BE; its allreduce uses both directions of every link of the chain.
+
+Two sections, one tidy table (column ``section``):
+
+* ``emulated``: pipecomm's lp, mst, be and ring on ``world_size`` gloo ranks whose point-to-point
+  transfers pass through the emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s`` latency,
+  ``emu_bandwidth_Bps`` per link, one or the other port model). ``emu_cases`` maps
+  ``"ports/op"`` to the algorithms measured (one pool of ranks per port model). Every point has
+  the alpha-beta-gamma model beside it (``model_s``: :func:`pipecomm.cost.collective_time` with
+  :func:`pipecomm.cost.link_from_network` -- gamma from E0's calibration when the orchestrator
+  has one -- and the LP block size the collective really used, the model's optimum). A point
+  whose modelled time exceeds ``max_point_s`` is not measured (its model line still shows).
+  Broadcast schedules move at most one message in and one out of a rank per step, so their
+  modelled time is the same under both port models; the profile measures broadcast with single
+  ports and allreduce (where LP's two streams share or do not share a port) with both.
+* ``real``: no emulation (loopback gloo on the cpu profile, NCCL on the gpu profile): lp, mst,
+  be, ring and the backend's built-in ``torch`` at ``real_sizes_*`` for every p of
+  ``real_world_sizes`` (subgroups of ranks 0..p-1 of one pool of max(p) ranks), time and busbw
+  (nccl-tests conventions, :mod:`pipecomm.bench`) and the ratio to the built-in.
+
+Timing: :func:`pipecomm.bench.time_fn` (barrier, max over ranks, median over iterations). Under
+emulation the first untimed call of every algorithm runs at the smallest size; messages of
+``large_bytes`` or more get ``iters_large`` timed calls and no warm-up (each call costs seconds and
+is deterministic to a few percent under the emulator; a warm-up would only repeat the page faults
+of the freshly allocated transfer buffers, which every call pays anyway).
+
+Claims (artifact/claims.yaml C2.*; emulated: 2 ms, 50 MB/s, p = 8, largest message 64 MiB):
+LP is the fastest broadcast at 64 MiB with BE/LP >= 1.25 (model 1.47); the size where LP
+overtakes BE is within 2x of the modelled crossover (model: 4.1 MiB); per-neighbor LP allreduce
+beats BE at 64 MiB (model BE/LP 1.33; single-port 0.77, reported as information); model within
+25% of measurement for messages >= 1 MiB. Real backend (issue targets, not paper claims): LP
+broadcast at least as fast as the built-in at >= 16 MiB; LP and ring allreduce within 1.5x of it.
+
+Expected time of the cpu profile (from the model, :func:`expected_runtime_s`): emulated sweep
+77 s (single/broadcast 31 s, single/allreduce 32 s without the MST point at 64 MiB, which the
+model puts at 8.3 s per call, per-neighbor/allreduce lp+be 14 s), real sweep 20-28 s (rough: the
+real backend has no reliable model with 8 ranks sharing 2 cores; 28 s is the calibrated link
+scaled by ranks per core, 20 s what a loaded development machine suggested), three pool starts
+about 10 s, notebook about 5 s: 110-120 s of the 140 s budget.
+
+Run::
+
+    python -m pipecomm.experiments.e02_collectives_vs_size --out results/manual/E2
+    torchrun --nproc-per-node 8 -m pipecomm.experiments.e02_collectives_vs_size --out DIR \\
+        -p backend=nccl -p 'emu_cases={}'        # real section only, on the job's ranks
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from pipecomm import bench, claims, collectives, cost, launch
+from pipecomm.experiments._cli import main
+from pipecomm.experiments.e00_calibrate import message_sizes
+
+ID = "E2"
+NOTEBOOK = "02_collectives_vs_size"
+DEFAULTS: dict[str, Any] = {
+    "world_size": 4,
+    "emu_alpha_s": 1e-3,
+    "emu_bandwidth_Bps": 100e6,
+    "emu_cases": {
+        "single/broadcast": ["lp", "mst", "be", "ring"],
+        "single/allreduce": ["lp", "mst", "be", "ring"],
+        "per-neighbor/allreduce": ["lp", "be"],
+    },
+    "sizes_min": 16384,
+    "sizes_max": 1 << 20,
+    "size_factor": 4,
+    "iters": 3,
+    "warmup": 1,
+    "large_bytes": 16 << 20,
+    "iters_large": 2,
+    "max_point_s": 5.0,
+    "real_world_sizes": [2],
+    "real_algorithms": ["lp", "mst", "be", "ring", "torch"],
+    "real_ops": ["broadcast", "allreduce"],
+    "real_sizes_min": 1 << 20,
+    "real_sizes_max": 4 << 20,
+    "real_iters": 3,
+    "real_warmup": 1,
+    "backend": "gloo",
+    "timeout_s": 900.0,
+}
+
+ALG_COLORS = {"lp": "C0", "mst": "C1", "be": "C2", "ring": "C3", "torch": "C4"}
+OPS = ("broadcast", "reduce", "allreduce")
+PORTS = ("single", "per-neighbor")
+_POOL_START_S = 3.0  # rough start-up cost of one pool on a quiet 2-core machine
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parse_cases(cases: Any) -> list[tuple[str, str, list[str]]]:
+    """``{"ports/op": [algorithms]}`` -> ``[(ports, op, algorithms)]``, checked.
+
+    Example::
+
+        parse_cases({"single/broadcast": ["lp", "be"]})   # [("single", "broadcast", ["lp", "be"])]
+    """
+    if not isinstance(cases, dict):
+        raise ValueError(
+            f"parameter emu_cases must be a dict {{'ports/op': [algorithms]}}, got {cases!r}"
+        )
+    out = []
+    for key, algs in cases.items():
+        parts = str(key).split("/")
+        if len(parts) != 2 or parts[0] not in PORTS or parts[1] not in OPS:
+            raise ValueError(
+                f"emu_cases key {key!r} must be 'ports/op' with ports in {PORTS} and op in {OPS}"
+            )
+        if (
+            not isinstance(algs, (list, tuple))
+            or not algs
+            or any(a not in cost.ALGORITHMS for a in algs)
+        ):
+            raise ValueError(
+                f"emu_cases[{key!r}] must be a non-empty list of {cost.ALGORITHMS} "
+                f"(the built-in cannot be emulated), got {algs!r}"
+            )
+        out.append((parts[0], parts[1], list(algs)))
+    return out
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"parameter {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_params(params: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(DEFAULTS)}")
+    p = {**DEFAULTS, **params}
+    _check_int("world_size", p["world_size"], 2)
+    for name in ("iters", "iters_large", "real_iters"):
+        _check_int(name, p[name], 1)
+    for name in ("warmup", "real_warmup"):
+        _check_int(name, p[name], 0)
+    for name in ("sizes_min", "sizes_max", "real_sizes_min", "real_sizes_max", "large_bytes"):
+        _check_int(name, p[name], 4)
+    for name in ("emu_alpha_s", "max_point_s", "timeout_s"):
+        v = p[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
+    if not p["timeout_s"] > 0:
+        raise ValueError(f"parameter timeout_s must be > 0, got {p['timeout_s']!r}")
+    bw = p["emu_bandwidth_Bps"]
+    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+        raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
+    parse_cases(p["emu_cases"])
+    ws = p["real_world_sizes"]
+    if not isinstance(ws, (list, tuple)) or any(
+        isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
+    ):
+        raise ValueError(
+            f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
+        )
+    for name, allowed in (("real_algorithms", collectives.ALGORITHMS), ("real_ops", OPS)):
+        v = p[name]
+        if not isinstance(v, (list, tuple)) or any(a not in allowed for a in v):
+            raise ValueError(f"parameter {name} must list entries of {allowed}, got {v!r}")
+    if p["backend"] not in ("gloo", "nccl"):
+        raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {p['backend']!r}")
+    if p["backend"] == "nccl" and p["emu_cases"]:
+        raise ValueError(
+            "the emulated network is a gloo (cpu profile) tool: with backend='nccl' "
+            "pass emu_cases={} (real section only)"
+        )
+    return p
+
+
+def network(p: dict[str, Any], ports: str):
+    """The emulated :class:`pipecomm.netem.Network` of the parameters, with ``ports``.
+
+    Example::
+
+        network({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6}, "single").describe()
+    """
+    from pipecomm import netem
+
+    return netem.Network(
+        alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"], ports=ports
+    )
+
+
+def plan(**params: Any) -> pd.DataFrame:
+    """The emulated points ``run`` measures, in order, with modelled time and repetitions.
+
+    Columns ``ports, op, algorithm, nbytes, model_s, warmup, iters, measure`` (``measure`` is
+    False where ``model_s > max_point_s``).
+
+    Example::
+
+        plan(world_size=8, sizes_max=64 << 20).query("measure").model_s.sum()
+    """
+    p = _check_params(params)
+    sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+    rows = []
+    for ports, op, algs in parse_cases(p["emu_cases"]):
+        link = cost.link_from_network(network(p, ports))
+        for alg in algs:
+            for n in sizes:
+                t = cost.collective_time(op, alg, n, p["world_size"], link)
+                large = n >= p["large_bytes"]
+                rows.append(
+                    {
+                        "ports": ports,
+                        "op": op,
+                        "algorithm": alg,
+                        "nbytes": n,
+                        "model_s": t,
+                        "warmup": 0 if large else p["warmup"],
+                        "iters": p["iters_large"] if large else p["iters"],
+                        "measure": t <= p["max_point_s"],
+                    }
+                )
+    return pd.DataFrame(
+        rows,
+        columns=["ports", "op", "algorithm", "nbytes", "model_s", "warmup", "iters", "measure"],
+    )
+
+
+def expected_runtime_s(**params: Any) -> dict[str, float]:
+    """Model estimate of ``run``'s wall time (seconds): emulated sweep, real sweep, pool starts.
+
+    The emulated part is exact up to the emulator's overheads (a few percent); the real part
+    uses the calibrated link (``cost.calibrated_link``), scaled by ranks per core -- rough.
+
+    Example::
+
+        expected_runtime_s(world_size=8, sizes_max=64 << 20)["total_s"]
+    """
+    p = _check_params(params)
+    pl = plan(**params)
+    m = pl[pl.measure]
+    emulated = float((m.model_s * (m.warmup + m.iters)).sum())
+    emulated += float(pl.groupby(["ports", "op", "algorithm"]).model_s.min().sum())  # warm-up
+    real = 0.0
+    link = cost.calibrated_link()
+    cores = os.cpu_count() or 1
+    for pt in _real_points(p, list(p["real_world_sizes"])):
+        a = "ring" if pt["algorithm"] == "torch" else pt["algorithm"]
+        t = cost.collective_time(pt["op"], a, pt["nbytes"], pt["p"], link)
+        real += t * max(1.0, pt["p"] / cores) * (pt["warmup"] + pt["iters"])
+    pools = len({ports for ports, _, _ in parse_cases(p["emu_cases"])})
+    pools += 1 if p["real_world_sizes"] else 0
+    starts = pools * _POOL_START_S * max(1.0, p["world_size"] / 8)
+    return {
+        "emulated_s": emulated,
+        "real_s": real,
+        "starts_s": starts,
+        "total_s": emulated + real + starts,
+    }
+
+
+# --------------------------------------------------------------------------- on the ranks
+
+
+def measure_points(points: list[dict[str, Any]], device: str | None = None) -> list[dict]:
+    """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``.
+
+    Points run in the given order; a point with ``p`` < world size runs on the subgroup of global
+    ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
+    same ``p``). Rank 0 returns one row per point (median, min, max over iterations of the max
+    over ranks, and the LP block size used); the others return ``[]``.
+
+    Example::
+
+        pt = {"op": "broadcast", "algorithm": "lp", "nbytes": 1 << 20, "p": 4,
+              "warmup": 1, "iters": 3}
+        rows = ranks.run(measure_points, [pt])[0]
+    """
+    from pipecomm.collectives import lp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device) if device else torch.device("cpu")
+    sizes_p = sorted({pt["p"] for pt in points})
+    groups = {q: (None if q == world else dist.new_group(list(range(q)))) for q in sizes_p}
+    rows: list[dict] = []
+    warmed: set = set()
+    buf: dict = {}
+    prev_p = None
+    for pt in points:
+        q = pt["p"]
+        if prev_p is not None and q != prev_p:
+            dist.barrier()
+        prev_p = q
+        if rank >= q:
+            continue
+        g, n, op, alg = groups[q], pt["nbytes"], pt["op"], pt["algorithm"]
+        key = (q, n)
+        if key not in buf:
+            buf.clear()
+            buf[key] = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
+        t = buf[key]
+        if op == "broadcast":
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.broadcast(t, 0, algorithm=alg, group=g)
+        elif op == "reduce":
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.reduce(t, 0, algorithm=alg, group=g)
+        else:
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.allreduce(t, algorithm=alg, group=g)
+
+        if (q, op, alg) not in warmed and pt.get("first_warmup", False):
+            small = torch.zeros(1024, dtype=torch.float32, device=dev)
+            if op == "broadcast":
+                collectives.broadcast(small, 0, algorithm=alg, group=g)
+            elif op == "reduce":
+                collectives.reduce(small, 0, algorithm=alg, group=g)
+            else:
+                collectives.allreduce(small, algorithm=alg, group=g)
+        warmed.add((q, op, alg))
+        stats = bench.time_fn(
+            fn,
+            warmup=pt["warmup"],
+            iters=pt["iters"],
+            group=g,
+            device=dev if dev.type == "cuda" else None,
+        )
+        block = lp.default_block_bytes(op, t.numel() * 4, q) if alg == "lp" else None
+        if rank == 0:
+            rows.append(
+                {
+                    **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
+                    "world_size": q,
+                    "time_s": stats["median_s"],
+                    "min_s": stats["min_s"],
+                    "max_s": stats["max_s"],
+                    "block_bytes": block,
+                }
+            )
+    dist.barrier()
+    return rows
+
+
+def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, Any]]:
+    sizes = message_sizes(p["real_sizes_min"], p["real_sizes_max"], p["size_factor"])
+    return [
+        {
+            "op": op,
+            "algorithm": alg,
+            "nbytes": n,
+            "p": q,
+            "warmup": p["real_warmup"],
+            "iters": p["iters_large"] if n >= p["large_bytes"] else p["real_iters"],
+        }
+        for q in sorted(world_sizes)
+        for op in p["real_ops"]
+        for alg in p["real_algorithms"]
+        for n in sizes
+    ]
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+_EMULATED_COLUMNS = (
+    "ports",
+    "model_s",
+    "emu_alpha_s",
+    "emu_bandwidth_Bps",
+    "model_gamma_s_per_byte",
+)
+
+
+def _add_bandwidths(df: pd.DataFrame) -> pd.DataFrame:
+    """algbw and busbw columns; the emulated section's columns (empty) when it did not run."""
+    df["algbw_Bps"] = [bench.algbw(n, t) for n, t in zip(df.nbytes, df.time_s)]
+    df["busbw_Bps"] = [
+        bench.busbw(o, n, t, q) for o, n, t, q in zip(df.op, df.nbytes, df.time_s, df.world_size)
+    ]
+    for col in _EMULATED_COLUMNS:
+        if col not in df:
+            df[col] = np.nan
+    return df
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Measure the emulated and the real sections; one row per (section, case, algorithm, size).
+
+    Columns: ``section`` ("emulated" or "real"), ``ports`` (emulated), ``op``, ``algorithm``,
+    ``nbytes``, ``world_size``, ``time_s`` (median over iterations of the max over ranks),
+    ``min_s``, ``max_s``, ``warmup``, ``iters``, ``block_bytes`` (LP), ``algbw_Bps``,
+    ``busbw_Bps``, ``model_s`` (emulated), the emulated link (``emu_alpha_s``,
+    ``emu_bandwidth_Bps``, ``model_gamma_s_per_byte``), ``backend`` and ``network``.
+
+    Example::
+
+        df = run(world_size=4, sizes_max=1 << 20, real_world_sizes=[2])
+    """
+    p = _check_params(params)
+    frames = []
+    if _under_torchrun():  # a torchrun job: the real section on the job's own ranks
+        if p["emu_cases"]:
+            raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
+        info = launch.init_from_env(p["backend"])
+        ws = [q for q in p["real_world_sizes"] if q <= info.world_size] or [info.world_size]
+        rows = measure_points(_real_points(p, ws), info.device if info.backend == "nccl" else None)
+        if not rows:  # ranks other than 0
+            return pd.DataFrame()
+        return _add_bandwidths(
+            pd.DataFrame(rows).assign(section="real", backend=info.backend, network="real")
+        )
+
+    pl = plan(**params)
+    for ports in [q for q in PORTS if q in set(pl.ports)]:
+        net = network(p, ports)
+        link = cost.link_from_network(net)
+        todo = pl[(pl.ports == ports) & pl.measure]
+        points = [
+            {
+                "op": r.op,
+                "algorithm": r.algorithm,
+                "nbytes": int(r.nbytes),
+                "p": p["world_size"],
+                "warmup": int(r.warmup),
+                "iters": int(r.iters),
+                "first_warmup": True,
+            }
+            for r in todo.itertuples()
+        ]
+        if not points:
+            continue
+        with launch.Ranks(p["world_size"], network=net) as ranks:
+            out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+        d = pd.DataFrame(out[0])
+        d["model_s"] = [
+            cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
+            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, d.block_bytes)
+        ]
+        frames.append(
+            d.assign(
+                section="emulated",
+                ports=ports,
+                backend="gloo",
+                network=net.describe(),
+                emu_alpha_s=float(p["emu_alpha_s"]),
+                emu_bandwidth_Bps=float(p["emu_bandwidth_Bps"]),
+                model_gamma_s_per_byte=link.gamma,
+            )
+        )
+
+    ws = list(p["real_world_sizes"])
+    if ws and p["backend"] == "nccl":
+        have = torch.cuda.device_count()
+        ws = [q for q in ws if q <= have]
+    if ws and p["real_algorithms"] and p["real_ops"]:
+        device = "cuda" if p["backend"] == "nccl" else None
+        with launch.Ranks(max(ws), backend=p["backend"]) as ranks:
+            out = ranks.run(_measure_real, _real_points(p, ws), device, timeout_s=p["timeout_s"])
+        frames.append(
+            pd.DataFrame(out[0]).assign(section="real", backend=p["backend"], network="real")
+        )
+    if not frames:
+        raise ValueError(
+            "nothing to measure: emu_cases and real_world_sizes are both empty "
+            "(or no GPU for backend='nccl')"
+        )
+    return _add_bandwidths(pd.concat(frames, ignore_index=True))
+
+
+def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict]:
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    return measure_points(points, device)
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _emulated(df: pd.DataFrame, op: str, ports: str) -> pd.DataFrame:
+    claims.require_columns(df, "section", "ports", "op", "algorithm", "nbytes", "time_s")
+    d = df[(df.section == "emulated") & (df.ports == ports) & (df.op == op)]
+    if d.empty:
+        raise ValueError(f"no emulated {op} measurements with {ports!r} ports")
+    return d
+
+
+def _times_at(d: pd.DataFrame, nbytes: int, algorithms: tuple[str, ...]) -> dict[str, float]:
+    at = d[d.nbytes == nbytes].groupby("algorithm").time_s.median()
+    missing = [a for a in algorithms if a not in at.index]
+    if missing:
+        raise ValueError(f"no measurement of {missing} at {nbytes} B (the largest message)")
+    return {a: float(at[a]) for a in at.index}
+
+
+def measured_crossover_bytes(nbytes: Any, t_lp: Any, t_other: Any) -> float:
+    """Smallest message size from which LP stays faster than the other algorithm.
+
+    ``log(t_other / t_lp)`` is interpolated linearly in ``log(nbytes)`` between the last size
+    where LP is not faster and the next one. Returns the smallest size if LP is faster at every
+    size, ``inf`` if it is not faster at the largest.
+
+    Example::
+
+        measured_crossover_bytes([1, 4, 16], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0])   # 4.0
+    """
+    n = np.asarray(nbytes, dtype=float)
+    r = np.log(np.asarray(t_other, dtype=float) / np.asarray(t_lp, dtype=float))
+    order = np.argsort(n)
+    n, r = n[order], r[order]
+    if r[-1] <= 0:
+        return math.inf
+    slower = np.nonzero(r <= 0)[0]
+    if slower.size == 0:
+        return float(n[0])
+    i = int(slower[-1])
+    if r[i] == 0:
+        return float(n[i])
+    x0, x1 = np.log(n[i]), np.log(n[i + 1])
+    x = x0 + (x1 - x0) * (0 - r[i]) / (r[i + 1] - r[i])
+    return float(np.exp(x))
+
+
+def model_crossover_bytes(
+    op: str,
+    other: str,
+    p: int,
+    link: cost.LinkModel,
+    lo: float,
+    hi: float,
+    points_per_octave: int = 16,
+) -> float:
+    """Smallest size in ``[lo, hi]`` from which modelled LP stays faster than ``other``.
+
+    Evaluated on a geometric grid (``points_per_octave``) with LP's optimal block sizes and
+    refined like :func:`measured_crossover_bytes`; ``inf`` if LP is not faster at ``hi``.
+
+    Example::
+
+        link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
+        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26)   # about 3.3 MiB
+    """
+    num = max(2, int(round(np.log2(hi / lo) * points_per_octave)) + 1)
+    sizes = np.unique(np.geomspace(lo, hi, num).astype(np.int64))
+    t_lp = [cost.collective_time(op, "lp", int(n), p, link) for n in sizes]
+    t_o = [cost.collective_time(op, other, int(n), p, link) for n in sizes]
+    return measured_crossover_bytes(sizes, t_lp, t_o)
+
+
+def _link_of(d: pd.DataFrame, ports: str) -> cost.LinkModel:
+    claims.require_columns(d, "emu_alpha_s", "emu_bandwidth_Bps", "model_gamma_s_per_byte")
+    return cost.LinkModel.from_bandwidth(
+        float(d.emu_alpha_s.iloc[0]),
+        float(d.emu_bandwidth_Bps.iloc[0]),
+        gamma=float(d.model_gamma_s_per_byte.iloc[0]),
+        ports=ports,
+    )
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per section, setting, op and size (>= 1 MiB): measured time (ms) per algorithm; for the
+    emulated section also the model (ms), for the real section each algorithm's time over the
+    built-in's.
+
+    Example::
+
+        summary(run())       # measured (and model) ms per algorithm
+    """
+    df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
+    rows = []
+    emu = (
+        df[(df.section == "emulated") & (df.nbytes >= (1 << 20))]
+        if "section" in df
+        else df.iloc[:0]
+    )
+    for (ports, op, n), g in emu.groupby(["ports", "op", "nbytes"]):
+        base = {
+            "section": "emulated",
+            "setting": f"{ports} ports, p={int(g.world_size.iloc[0])}",
+            "op": op,
+            "MiB": n / 2**20,
+        }
+        rows.append(
+            base | {"metric": "measured ms"} | {a: t * 1e3 for a, t in zip(g.algorithm, g.time_s)}
+        )
+        rows.append(
+            base | {"metric": "model ms"} | {a: t * 1e3 for a, t in zip(g.algorithm, g.model_s)}
+        )
+    real = df[df.section == "real"] if "section" in df else df.iloc[:0]
+    for (q, op, n), g in real.groupby(["world_size", "op", "nbytes"]):
+        base = {
+            "section": "real",
+            "setting": f"{g.backend.iloc[0]}, p={q}",
+            "op": op,
+            "MiB": n / 2**20,
+        }
+        times = dict(zip(g.algorithm, g.time_s))
+        rows.append(base | {"metric": "measured ms"} | {a: t * 1e3 for a, t in times.items()})
+        if "torch" in times:
+            rows.append(
+                base
+                | {"metric": "time / built-in"}
+                | {a: t / times["torch"] for a, t in times.items()}
+            )
+    out = pd.DataFrame(rows)
+    cols = ["section", "setting", "op", "MiB", "metric"]
+    algs = [a for a in collectives.ALGORITHMS if a in out.columns]
+    return out[cols + algs].round(3) if len(out) else out
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Row 1: emulated time vs size per case, model lines; row 2: real busbw and ratios.
+
+    Example::
+
+        fig = plot(run()); fig.savefig("e2.png")
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
+    emu = df[df.section == "emulated"]
+    real = df[df.section == "real"]
+    if len(real) and "busbw_Bps" not in real:
+        real = _add_bandwidths(real.copy())
+    cases = [(pt, op) for pt in PORTS for op in OPS if len(emu[(emu.ports == pt) & (emu.op == op)])]
+    real_ops = [op for op in OPS if op in set(real.op)]
+    ncols = max(len(cases), len(real_ops) + (1 if len(real_ops) else 0), 1)
+    nrows = int(bool(cases)) + int(bool(real_ops))
+    fig, axes = plt.subplots(
+        max(nrows, 1), ncols, figsize=(4.6 * ncols, 4.2 * max(nrows, 1)), squeeze=False
+    )
+    row = 0
+    if cases:
+        for j, (ports, op) in enumerate(cases):
+            ax, g = axes[row, j], emu[(emu.ports == ports) & (emu.op == op)]
+            link, q = _link_of(g, ports), int(g.world_size.iloc[0])
+            xs = np.unique(np.geomspace(g.nbytes.min(), g.nbytes.max(), 60).astype(np.int64))
+            for alg, ga in g.groupby("algorithm"):
+                ax.loglog(ga.nbytes, ga.time_s, "o", color=ALG_COLORS[alg], label=f"{alg}")
+                ax.loglog(
+                    xs,
+                    [cost.collective_time(op, alg, int(n), q, link) for n in xs],
+                    "-",
+                    color=ALG_COLORS[alg],
+                    lw=1,
+                    alpha=0.7,
+                )
+            ax.set(
+                xlabel="message size (bytes)",
+                ylabel="time (s)",
+                title=f"{op}, {ports} ports, p={q}\n{g.network.iloc[0]}",
+            )
+            ax.legend(fontsize=7, title="measured (dots), model (lines)", title_fontsize=7)
+        for j in range(len(cases), ncols):
+            axes[row, j].axis("off")
+        row += 1
+    if real_ops:
+        qmax = int(real.world_size.max())
+        for j, op in enumerate(real_ops):
+            ax, g = axes[row, j], real[(real.op == op) & (real.world_size == qmax)]
+            for alg, ga in g.groupby("algorithm"):
+                ax.semilogx(
+                    ga.nbytes,
+                    ga.busbw_Bps / 1e9,
+                    "o-",
+                    color=ALG_COLORS.get(alg),
+                    label="torch (built-in)" if alg == "torch" else alg,
+                )
+            ax.set(
+                xlabel="message size (bytes)",
+                ylabel="busbw (GB/s)",
+                title=f"{op}, real {g.backend.iloc[0]} (no emulation), p={qmax}",
+            )
+            ax.legend(fontsize=7)
+        ax = axes[row, len(real_ops)]
+        nmax = real.nbytes.max()
+        at = real[real.nbytes == nmax]
+        markers = {"broadcast": "o", "reduce": "s", "allreduce": "^"}
+        for (op, alg), g in at[at.algorithm != "torch"].groupby(["op", "algorithm"]):
+            base = at[(at.op == op) & (at.algorithm == "torch")].set_index("world_size").time_s
+            if base.empty:
+                continue
+            r = base / g.set_index("world_size").time_s
+            ax.plot(
+                r.index,
+                r.values,
+                marker=markers[op],
+                color=ALG_COLORS.get(alg),
+                ls="-" if op == "broadcast" else "--",
+                label=f"{op} {alg}",
+            )
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(sorted(set(at.world_size)))
+        ax.set(
+            xlabel="ranks p",
+            ylabel="built-in time / algorithm time (>1: faster)",
+            title=f"speed relative to the built-in, {_mib(nmax)}, real "
+            f"{at.backend.iloc[0] if len(at) else ''}",
+        )
+        ax.legend(fontsize=6, ncol=2)
+        for j in range(len(real_ops) + 1, ncols):
+            axes[row, j].axis("off")
+    backend = ", ".join(sorted(set(df.backend)))
+    fig.suptitle(
+        f"E2 — collectives vs message size ({backend}); top: emulated network, "
+        "measured with the alpha-beta-gamma model overlaid; bottom: real backend",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.check("e2_lp_fastest_broadcast")
+def check_lp_fastest_broadcast(
+    df: pd.DataFrame,
+    ports: str = "single",
+    min_ratio: float = 1.25,
+    algorithms: tuple = ("lp", "mst", "be", "ring"),
+):
+    """At the largest emulated message LP is the fastest broadcast and BE/LP >= ``min_ratio``.
+
+    Example::
+
+        check_lp_fastest_broadcast(df, ports="single", min_ratio=1.25)
+    """
+    d = _emulated(df, "broadcast", ports)
+    n = int(d.nbytes.max())
+    t = _times_at(d, n, tuple(algorithms))
+    others = {a: t[a] / t["lp"] for a in algorithms if a != "lp"}
+    fastest = all(r > 1 for r in others.values())
+    text = ", ".join(f"{a.upper()}/LP {r:.2f}" for a, r in others.items())
+    return claims.Verdict(
+        f"{text} at {_mib(n)}",
+        f"LP fastest and BE/LP >= {min_ratio:g}",
+        bool(fastest and others["be"] >= min_ratio),
+    )
+
+
+@claims.check("e2_crossover_vs_model")
+def check_crossover(
+    df: pd.DataFrame, ports: str = "single", other: str = "be", factor: float = 2.0
+):
+    """The measured size where LP broadcast overtakes ``other`` is within ``factor`` of the
+    modelled one.
+
+    Example::
+
+        check_crossover(df, ports="single", other="be", factor=2.0)
+    """
+    d = _emulated(df, "broadcast", ports)
+    piv = d.pivot_table(index="nbytes", columns="algorithm", values="time_s").dropna(
+        subset=[c for c in ("lp", other) if c in d.algorithm.unique()]
+    )
+    if "lp" not in piv or other not in piv or len(piv) < 2:
+        raise ValueError(f"need emulated lp and {other} broadcasts at >= 2 sizes")
+    measured = measured_crossover_bytes(piv.index, piv["lp"], piv[other])
+    q = int(d.world_size.iloc[0])
+    modelled = model_crossover_bytes(
+        "broadcast", other, q, _link_of(d, ports), float(piv.index.min()), float(piv.index.max())
+    )
+    if not (math.isfinite(measured) and math.isfinite(modelled)):
+        ok, off = False, math.inf
+    else:
+        off = max(measured / modelled, modelled / measured)
+        ok = off <= factor
+    return claims.Verdict(
+        f"measured {_mib(measured)}, model {_mib(modelled)} (x{off:.2f})",
+        f"within x{factor:g}",
+        bool(ok),
+    )
+
+
+@claims.check("e2_allreduce_port_model")
+def check_allreduce_ports(df: pd.DataFrame, min_ratio: float = 1.0):
+    """Per-neighbor: BE/LP allreduce time > ``min_ratio`` at the largest message; the
+    single-port ratio is reported alongside (information, not part of the verdict).
+
+    Example::
+
+        check_allreduce_ports(df)   # per-neighbor BE/LP, single-port beside it
+    """
+    d = _emulated(df, "allreduce", "per-neighbor")
+    n = int(d.nbytes.max())
+    t = _times_at(d, n, ("lp", "be"))
+    r = t["be"] / t["lp"]
+    text = f"per-neighbor BE/LP {r:.2f} at {_mib(n)}"
+    s = (
+        df[
+            (df.section == "emulated")
+            & (df.ports == "single")
+            & (df.op == "allreduce")
+            & (df.nbytes == n)
+        ]
+        .groupby("algorithm")
+        .time_s.median()
+    )
+    if {"lp", "be"} <= set(s.index):
+        text += f"; single-port BE/LP {s['be'] / s['lp']:.2f} (information)"
+    return claims.Verdict(text, f"per-neighbor BE/LP > {min_ratio:g}", bool(r > min_ratio))
+
+
+@claims.check("e2_model_within")
+def check_model_within(df: pd.DataFrame, min_bytes: int = 1 << 20, tolerance: float = 0.25):
+    """|model - measured| / measured <= ``tolerance`` for every emulated point >= min_bytes.
+
+    Example::
+
+        check_model_within(df, min_bytes=1 << 20, tolerance=0.25)
+    """
+    claims.require_columns(df, "section", "nbytes", "time_s", "model_s")
+    d = df[(df.section == "emulated") & (df.nbytes >= min_bytes)]
+    if d.empty:
+        raise ValueError(f"no emulated measurements >= {min_bytes} B")
+    err = (d.model_s - d.time_s) / d.time_s
+    i = int(np.argmax(np.abs(err.to_numpy())))
+    w = d.iloc[i]
+    worst = float(err.iloc[i])
+    return claims.Verdict(
+        f"worst {worst:+.1%} ({w['op']} {w['algorithm']}, {w['ports']}, {_mib(w['nbytes'])}; "
+        f"{len(d)} points, median |err| {float(np.median(np.abs(err))):.1%})",
+        f"|error| <= {tolerance:.0%}",
+        bool(abs(worst) <= tolerance),
+    )
+
+
+def _real_ratios(df: pd.DataFrame, op: str, algs: tuple, min_bytes: int) -> pd.DataFrame:
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "time_s")
+    d = df[(df.section == "real") & (df.op == op) & (df.nbytes >= min_bytes)]
+    base = d[d.algorithm == "torch"].set_index(["world_size", "nbytes"]).time_s
+    rows = []
+    for alg in algs:
+        t = d[d.algorithm == alg].set_index(["world_size", "nbytes"]).time_s
+        r = (t / base).dropna()
+        rows += [
+            {"algorithm": alg, "world_size": q, "nbytes": n, "ratio": v} for (q, n), v in r.items()
+        ]
+    if not rows:
+        raise ValueError(
+            f"no real {op} measurements of {list(algs)} and the built-in at >= {min_bytes} B"
+        )
+    return pd.DataFrame(rows)
+
+
+@claims.check("e2_real_lp_broadcast_vs_builtin")
+def check_real_broadcast(df: pd.DataFrame, min_bytes: int = 16 << 20, max_ratio: float = 1.0):
+    """Real backend: LP broadcast time / built-in time <= ``max_ratio`` at every p and size
+    >= min_bytes (the worst case decides).
+
+    Example::
+
+        check_real_broadcast(df, min_bytes=16 << 20, max_ratio=1.0)
+    """
+    r = _real_ratios(df, "broadcast", ("lp",), min_bytes)
+    w = r.loc[r.ratio.idxmax()]
+    per_p = ", ".join(f"p={q}: {g.ratio.max():.2f}" for q, g in r.groupby("world_size"))
+    return claims.Verdict(
+        f"LP/built-in worst {w['ratio']:.2f} (p={int(w['world_size'])}, "
+        f"{_mib(w['nbytes'])}); per p: {per_p}",
+        f"<= {max_ratio:g}",
+        bool(w["ratio"] <= max_ratio),
+    )
+
+
+@claims.check("e2_real_allreduce_vs_builtin")
+def check_real_allreduce(
+    df: pd.DataFrame,
+    min_bytes: int = 16 << 20,
+    max_ratio: float = 1.5,
+    algorithms: tuple = ("lp", "ring"),
+):
+    """Real backend: LP and ring allreduce time / built-in time <= ``max_ratio`` at every p and
+    size >= min_bytes.
+
+    Example::
+
+        check_real_allreduce(df, min_bytes=16 << 20, max_ratio=1.5)
+    """
+    r = _real_ratios(df, "allreduce", tuple(algorithms), min_bytes)
+    parts = []
+    for alg, g in r.groupby("algorithm", sort=False):
+        w = g.loc[g.ratio.idxmax()]
+        parts.append(
+            f"{alg} worst {w['ratio']:.2f} (p={int(w['world_size'])}, {_mib(w['nbytes'])})"
+        )
+    return claims.Verdict(
+        "; ".join(parts) + " x built-in", f"<= {max_ratio:g}", bool(r.ratio.max() <= max_ratio)
+    )
+
+
+NOTEBOOK_TEXT = {
+    "intro": """
+# E2 — Collectives vs message size: emulated network (model overlaid) and real backend
+
+**Top row — emulated network.** pipecomm's LP (linear pipelining, Wang et al., arXiv
+1611.04255), MST (binomial tree), BE (bidirectional exchange) and ring collectives run on gloo
+ranks whose every point-to-point transfer passes through `pipecomm.netem`, an emulated network
+of fixed latency and bandwidth per link with one of two port models: **single** (one full-duplex
+port per rank) or **per-neighbor** (a link per pair of ranks). Dots are measured (median over
+iterations of the slowest rank), lines the alpha-beta-gamma model of the same schedule
+(`pipecomm.cost`) with LP's optimal block size, which the collectives use by default.
+**Bottom row — real backend, no emulation**: the same algorithms and the backend's built-in,
+bus bandwidth (nccl-tests convention) and speed relative to the built-in, for several p.
+
+Claims checked (artifact/claims.yaml): **C2.1** at the largest message LP is the fastest
+broadcast and BE/LP >= 1.25; **C2.2** the size where LP overtakes BE is within 2x of the
+model's; **C2.3** per-neighbor LP allreduce beats BE at the largest message (single-port reported
+beside it); **C2.4** the model is within 25% of every measurement >= 1 MiB; **C2.5, C2.6** (real
+backend, targets of this implementation rather than paper claims) LP broadcast at least as fast
+as the built-in, LP and ring allreduce within 1.5x of it, at >= 16 MiB.
+The defaults below are a quick configuration (4 ranks, a faster emulated network, small sizes);
+the cpu profile uses p = 8, 2 ms, 50 MB/s and messages up to 64 MiB.
+""",
+    "outro": """
+**What to see.** Small messages: latency dominates and MST (fewest messages) is fastest; LP pays
+its `p - 2` fill steps. Large messages: LP approaches one message time `n / B` however many ranks
+there are, BE and ring approach `2 n / B`, MST `log2(p) n / B`. The crossover sits where the model
+puts it. For allreduce LP sends both ways along its chain: with per-neighbor links that is free
+and LP beats BE; with one port per rank the two streams share it and LP loses to BE and ring —
+the port model, not the algorithm, decides (the LP paper's GPUs had bidirectional links).
+Bottom: on the real backend every transfer is a memory copy through loopback on the same few
+cores, so algorithms that move the same bytes perform alike, and the built-in's C++ loop has less
+per-step overhead than pipecomm's Python schedules.
+""",
+}
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

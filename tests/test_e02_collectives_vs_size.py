@@ -1,0 +1,255 @@
+"""E2 (collectives vs message size): planning, crossover helpers, the rank function on a pool
+(subgroups), one tiny end-to-end run, and the claims' synthetic PASS / FAIL cases."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipecomm import claims, cost
+from pipecomm.experiments import e02_collectives_vs_size as e2
+
+PROFILE = {  # the cpu profile's emulated configuration (the claims' synthetic data use it)
+    "world_size": 8,
+    "emu_alpha_s": 2e-3,
+    "emu_bandwidth_Bps": 50e6,
+    "sizes_min": 16384,
+    "sizes_max": 64 << 20,
+    "emu_cases": {
+        "single/broadcast": ["lp", "mst", "be", "ring"],
+        "single/allreduce": ["lp", "mst", "be", "ring"],
+        "per-neighbor/allreduce": ["lp", "be"],
+    },
+    "real_world_sizes": [2, 4, 8],
+    "real_sizes_max": 64 << 20,
+}
+CLAIM_ARGS = {
+    "e2_lp_fastest_broadcast": {"ports": "single", "min_ratio": 1.25},
+    "e2_crossover_vs_model": {"ports": "single", "other": "be", "factor": 2.0},
+    "e2_allreduce_port_model": {"min_ratio": 1.0},
+    "e2_model_within": {"min_bytes": 1 << 20, "tolerance": 0.25},
+    "e2_real_lp_broadcast_vs_builtin": {"min_bytes": 16 << 20, "max_ratio": 1.0},
+    "e2_real_allreduce_vs_builtin": {
+        "min_bytes": 16 << 20,
+        "max_ratio": 1.5,
+        "algorithms": ["lp", "ring"],
+    },
+}
+GAMMA = 1e-9
+
+
+def _synthetic(
+    lp_bcast=1.0, lp_bcast_top=1.0, pn_lp=1.0, one_off=1.0, real_lp_bcast=0.8, real_ring_ar=1.2
+) -> pd.DataFrame:
+    """The model as 'measurement' (x 1.05), with factors applied to chosen points."""
+    pl = e2.plan(**PROFILE)
+    rows = []
+    top = pl.nbytes.max()
+    for r in pl[pl.measure].itertuples():
+        link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=GAMMA, ports=r.ports)
+        block = (
+            cost.lp_optimal_block_bytes(r.op, r.nbytes, 8, link) if r.algorithm == "lp" else None
+        )
+        model = cost.collective_time(r.op, r.algorithm, r.nbytes, 8, link, block)
+        t = model * 1.05
+        if r.op == "broadcast" and r.algorithm == "lp":
+            t *= lp_bcast * (lp_bcast_top if r.nbytes == top else 1.0)
+        if r.ports == "per-neighbor" and r.algorithm == "lp":
+            t *= pn_lp
+        if r.op == "allreduce" and r.algorithm == "ring" and r.nbytes == 1 << 20:
+            t *= one_off
+        rows.append(
+            {
+                "section": "emulated",
+                "ports": r.ports,
+                "op": r.op,
+                "algorithm": r.algorithm,
+                "nbytes": r.nbytes,
+                "world_size": 8,
+                "time_s": t,
+                "model_s": model,
+                "block_bytes": block,
+                "emu_alpha_s": 2e-3,
+                "emu_bandwidth_Bps": 50e6,
+                "model_gamma_s_per_byte": GAMMA,
+                "backend": "gloo",
+                "network": "emulated, single-port, 2.0 ms / 50 MB/s",
+            }
+        )
+    factor = {
+        ("broadcast", "lp"): real_lp_bcast,
+        ("allreduce", "ring"): real_ring_ar,
+        ("allreduce", "lp"): 1.1,
+    }
+    for q in (2, 4, 8):
+        for op in ("broadcast", "allreduce"):
+            for alg in ("lp", "mst", "be", "ring", "torch"):
+                for n in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+                    rows.append(
+                        {
+                            "section": "real",
+                            "op": op,
+                            "algorithm": alg,
+                            "nbytes": n,
+                            "world_size": q,
+                            "backend": "gloo",
+                            "network": "real",
+                            "time_s": n / 1e9 * factor.get((op, alg), 1.0),
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+CLAIM_CASES = {
+    "e2_lp_fastest_broadcast": (_synthetic, lambda: _synthetic(lp_bcast_top=1.3)),
+    "e2_crossover_vs_model": (_synthetic, lambda: _synthetic(lp_bcast=1.3)),
+    "e2_allreduce_port_model": (_synthetic, lambda: _synthetic(pn_lp=1.6)),
+    "e2_model_within": (_synthetic, lambda: _synthetic(one_off=1.6)),
+    "e2_real_lp_broadcast_vs_builtin": (_synthetic, lambda: _synthetic(real_lp_bcast=1.3)),
+    "e2_real_allreduce_vs_builtin": (_synthetic, lambda: _synthetic(real_ring_ar=2.0)),
+}
+
+
+def test_claim_cases_pass_and_fail():
+    good = _synthetic()
+    for name, (_, make_bad) in CLAIM_CASES.items():
+        v = claims.CHECKS[name](good, **CLAIM_ARGS[name])
+        assert v.passed, (name, v)
+        assert not claims.CHECKS[name](make_bad(), **CLAIM_ARGS[name]).passed, name
+
+
+def test_claim_values_on_the_model():
+    v = e2.check_lp_fastest_broadcast(_synthetic(), **CLAIM_ARGS["e2_lp_fastest_broadcast"])
+    assert "BE/LP 1.47" in v.measured
+    v = e2.check_allreduce_ports(_synthetic())
+    assert "per-neighbor BE/LP 1.33" in v.measured and "single-port BE/LP 0.77" in v.measured
+
+
+def test_claims_need_their_data():
+    df = _synthetic()
+    with pytest.raises(ValueError, match="no measurement"):
+        e2.check_lp_fastest_broadcast(df[~((df.algorithm == "mst") & (df.op == "broadcast"))])
+    with pytest.raises(ValueError, match="per-neighbor"):
+        e2.check_allreduce_ports(df[df.ports != "per-neighbor"])
+    with pytest.raises(ValueError, match="built-in"):
+        e2.check_real_broadcast(df[df.algorithm != "torch"])
+
+
+def test_measured_crossover():
+    assert e2.measured_crossover_bytes([1, 4, 16], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0]) == 4.0
+    # log-linear interpolation between 4 (ratio 1/2) and 16 (ratio 2): the middle, 8
+    assert e2.measured_crossover_bytes([16, 4, 1], [1, 2, 4], [2, 1, 1]) == pytest.approx(8.0)
+    assert e2.measured_crossover_bytes([1, 4], [1.0, 1.0], [2.0, 2.0]) == 1.0
+    assert e2.measured_crossover_bytes([1, 4], [2.0, 2.0], [1.0, 1.0]) == math.inf
+    # LP faster, slower, then faster for good: the last crossing counts
+    assert e2.measured_crossover_bytes([1, 2, 4, 8], [1, 2, 2, 1], [2, 1, 2, 2]) == pytest.approx(
+        4.0
+    )
+
+
+def test_model_crossover_matches_a_brute_force_scan():
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=GAMMA)
+    x = e2.model_crossover_bytes("broadcast", "be", 8, link, 16384, 64 << 20)
+    assert 3.5 * 2**20 < x < 4.5 * 2**20
+    for n in (int(x * 1.1), int(x * 2), 64 << 20):
+        assert cost.broadcast_time("lp", n, 8, link) < cost.broadcast_time("be", n, 8, link)
+    n = int(x * 0.9)
+    assert cost.broadcast_time("lp", n, 8, link) >= cost.broadcast_time("be", n, 8, link)
+
+
+def test_plan_and_expected_runtime():
+    pl = e2.plan(**PROFILE)
+    assert len(pl) == (4 + 4 + 2) * 7
+    skipped = pl[~pl.measure]
+    assert list(zip(skipped.op, skipped.algorithm, skipped.nbytes)) == [
+        ("allreduce", "mst", 64 << 20)
+    ]  # 8.3 s > max_point_s
+    big = pl[pl.nbytes >= 16 << 20]
+    assert (big.iters == 2).all() and (big.warmup == 0).all()
+    est = e2.expected_runtime_s(**PROFILE)
+    assert 70 < est["emulated_s"] < 85
+    assert est["total_s"] < 140
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"emu_cases": {"single/gather": ["lp"]}},
+        {"emu_cases": {"both/broadcast": ["lp"]}},
+        {"emu_cases": {"single/broadcast": ["torch"]}},
+        {"emu_cases": ["single/broadcast"]},
+        {"world_size": 1},
+        {"iters": 0},
+        {"real_world_sizes": [1]},
+        {"real_algorithms": ["nccl"]},
+        {"backend": "mpi"},
+        {"emu_bandwidth_Bps": 0},
+        {"backend": "nccl"},  # emulation with NCCL is refused
+        {"unknown_parameter": 3},
+    ],
+)
+def test_bad_parameters(bad):
+    with pytest.raises(ValueError):
+        e2.plan(**bad)
+
+
+def test_measure_points_on_subgroups(pool):
+    points = [
+        {
+            "op": op,
+            "algorithm": alg,
+            "nbytes": 4096,
+            "p": q,
+            "warmup": 0,
+            "iters": 1,
+            "first_warmup": True,
+        }
+        for q in (2, 4)
+        for op in ("broadcast", "allreduce", "reduce")
+        for alg in ("lp", "be", "torch")
+    ]
+    out = pool(4).run(e2.measure_points, points, timeout_s=120)
+    assert out[1:] == [[], [], []]
+    rows = pd.DataFrame(out[0])
+    assert len(rows) == len(points)
+    assert list(rows.world_size) == [pt["p"] for pt in points]
+    assert (rows.time_s > 0).all()
+    assert rows.block_bytes[rows.algorithm == "lp"].notna().all()
+    assert rows.block_bytes[rows.algorithm != "lp"].isna().all()
+
+
+def test_run_tiny_end_to_end():
+    df = e2.run(
+        world_size=3,
+        emu_alpha_s=2e-4,
+        emu_bandwidth_Bps=1e9,
+        sizes_min=4096,
+        sizes_max=16384,
+        iters=1,
+        warmup=0,
+        emu_cases={"per-neighbor/allreduce": ["lp", "be"]},
+        real_world_sizes=[2],
+        real_algorithms=["lp", "torch"],
+        real_ops=["broadcast"],
+        real_sizes_min=4096,
+        real_sizes_max=4096,
+        real_iters=1,
+        real_warmup=0,
+        timeout_s=120.0,
+    )
+    for col in ("backend", "world_size", "network", "section", "time_s", "busbw_Bps"):
+        assert col in df.columns
+    emu, real = df[df.section == "emulated"], df[df.section == "real"]
+    assert len(emu) == 2 * 2 and len(real) == 2
+    assert emu.network.str.startswith("emulated, per-neighbor").all()
+    assert (real.network == "real").all() and set(real.world_size) == {2}
+    # the emulated time cannot beat the emulated link: at least the model's bandwidth term
+    assert (emu.time_s >= 0.5 * emu.model_s).all()
+    assert np.isfinite(df.busbw_Bps).all()
+    s = e2.summary(df)
+    assert {"section", "metric", "lp"} <= set(s.columns)
+    fig = e2.plot(df)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
