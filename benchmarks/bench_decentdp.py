@@ -1,0 +1,219 @@
+"""Benchmark: pipecomm's DecentralizedDataParallel vs the DAdam authors' decent-dp, side by side.
+
+Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
+Training" (ICLR 2025) ship their implementation as the PyPI package ``decent-dp``. This script
+trains the same model with the same topology, world size, bucket size and optimizer (torch Adam)
+under both wrappers, on the real gloo backend (no emulation; both use the backend's built-in
+subgroup allreduce: pipecomm ``algorithm="torch"``), in one pool of ranks, alternating the two
+``--repeats`` times, and prints pipecomm's per-iteration time divided by decent-dp's, each the
+best of its repeats (the target: at most 1).
+
+decent-dp is *not* a dependency: the script installs it (and its one dependency, loguru) with pip
+into a separate directory (``--target``, default under the system temporary directory) the first
+time it runs, and puts that directory on ``sys.path`` of the ranks.
+
+    python benchmarks/bench_decentdp.py                       # LM, AER, p=4 (2 per node)
+    python benchmarks/bench_decentdp.py --model mlp --topology complete --iters 50
+
+Per-iteration time: ``bench.time_fn`` over blocks of ``--iters`` iterations (barrier before each
+block, max over ranks, median over ``--blocks``) / ``--iters``, after ``--warmup`` iterations
+(decent-dp builds its buckets in its second forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_TARGET = Path(tempfile.gettempdir()) / "pipecomm-decent-dp"
+
+
+def ensure_decent_dp(target: Path) -> str:
+    """Import decent_dp, installing it with pip into ``target`` first if needed; its version."""
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    try:
+        importlib.import_module("decent_dp.ddp")
+    except ImportError:
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            "decent-dp",
+            "loguru",
+        ]
+        print("installing decent-dp:", " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"could not install decent-dp with pip (exit {done.returncode}):\n"
+                f"{done.stderr.strip()[-2000:]}"
+            ) from None
+        importlib.invalidate_caches()
+        importlib.import_module("decent_dp.ddp")
+    from importlib import metadata
+
+    try:
+        return metadata.version("decent-dp")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _adam(named, lr):
+    import torch
+
+    return torch.optim.Adam([p for _, p in named], lr=lr)
+
+
+def rank_bench(cfg: dict) -> dict:
+    """On every rank: train ``cfg["model"]`` under ``cfg["impl"]``; time blocks of iterations."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from pipecomm import bench
+    from pipecomm.experiments import _decentralized as D
+
+    if cfg["target"] not in sys.path:
+        sys.path.insert(0, cfg["target"])
+    rank = dist.get_rank()
+    model = D.build_task_model(cfg["model"], seed=0)
+    optim_fn = functools.partial(_adam, lr=cfg["lr"])
+    if cfg["impl"] == "pipecomm":
+        from pipecomm.decentralized import DecentralizedDataParallel
+
+        ddp = DecentralizedDataParallel(
+            model,
+            optim_fn,
+            topology=cfg["topology"],
+            bucket_mb=float(cfg["bucket_mb"]),
+            algorithm="torch",
+        )
+    else:
+        from loguru import logger
+
+        logger.remove()  # decent-dp logs at debug level on rank 0
+        from decent_dp.ddp import DecentralizedDataParallel as DecentDP
+
+        ddp = DecentDP(
+            model,
+            optim_fn=optim_fn,
+            topology=cfg["topology"],
+            bucket_size_in_mb=int(cfg["bucket_mb"]),
+        )
+    g = torch.Generator().manual_seed(1000 + rank)
+    if cfg["model"] == "mlp":
+        xs = [torch.randn(cfg["batch"], 1, 8, 8, generator=g) for _ in range(8)]
+        ys = [torch.randint(0, 10, (cfg["batch"],), generator=g) for _ in range(8)]
+    else:
+        corpus = D.corpus()
+        pairs = [corpus.batch(cfg["batch"], 32, g) for _ in range(8)]
+        xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
+    k = 0
+
+    def one():
+        nonlocal k
+        x, y = xs[k % 8], ys[k % 8]
+        k += 1
+        out = ddp(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+
+    for _ in range(cfg["warmup"]):
+        one()
+
+    def block():
+        for _ in range(cfg["iters"]):
+            one()
+
+    stats = bench.time_fn(block, warmup=0, iters=cfg["blocks"])
+    if cfg["impl"] == "pipecomm":
+        ddp.close()
+    else:
+        for op in ddp._comm_ops:  # let decent-dp's in-flight gossip finish before the next run
+            if op is not None:
+                op.wait()
+        for h in ddp._ddp_hooks:
+            h.remove()
+    return {"iteration_s": stats["median_s"] / cfg["iters"], "k": k}
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--model", choices=["char_transformer", "mlp"], default="char_transformer")
+    parser.add_argument(
+        "--topology",
+        default="alternating-exp-ring",
+        choices=["complete", "ring", "one-peer-exp", "alternating-exp-ring"],
+    )
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank per iteration")
+    parser.add_argument("--bucket-mb", type=int, default=25)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20, help="iterations per timed block")
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="alternations of the two wrappers")
+    parser.add_argument(
+        "--target", type=Path, default=DEFAULT_TARGET, help="directory pip installs decent-dp into"
+    )
+    args = parser.parse_args(argv)
+    if args.world_size % args.ranks_per_node:
+        parser.error("--ranks-per-node must divide --world-size")
+    version = ensure_decent_dp(args.target)
+    # spawned ranks get sys.path from this process; PYTHONPATH covers anything they start
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(args.target), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+
+    from pipecomm import launch
+
+    cfg = {
+        "model": args.model,
+        "topology": args.topology,
+        "batch": args.batch,
+        "bucket_mb": args.bucket_mb,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "blocks": args.blocks,
+        "target": str(args.target),
+    }
+    times: dict[str, list[float]] = {"pipecomm": [], "decent-dp": []}
+    start = time.perf_counter()
+    with launch.Ranks(args.world_size, ranks_per_node=args.ranks_per_node) as ranks:
+        for _ in range(args.repeats):
+            for impl in ("pipecomm", "decent-dp"):
+                res = ranks.run(rank_bench, {**cfg, "impl": impl}, timeout_s=600)
+                times[impl].append(res[0]["iteration_s"])
+    best = {k: min(v) for k, v in times.items()}
+    ratio = best["pipecomm"] / best["decent-dp"]
+    print(
+        f"decent-dp {version}; model {args.model}, topology {args.topology}, "
+        f"p={args.world_size} ({args.ranks_per_node} per node), Adam, gloo (real network), "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    for k, v in times.items():
+        print(f"  {k:9}: " + ", ".join(f"{t * 1e3:.2f}" for t in v) + " ms/iteration")
+    print(
+        f"pipecomm / decent-dp per-iteration time: {ratio:.3f} "
+        f"({'pipecomm faster or equal' if ratio <= 1 else 'decent-dp faster'})"
+    )
+    return ratio
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,512 @@
+"""E13 — AllReduce Adam vs DAdam vs AccumAdam on complete and AER (DAdam paper, Tables 2-3, Fig. 7).
+
+Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
+Training" (ICLR 2025): decentralized Adam (DAdam: each rank's own Adam step from the gossiped
+parameters) loses a little accuracy against AllReduce Adam (Table 3, ResNet-50: 76.01 vs 75.31 AER
+/ 75.27 complete); AccumAdam -- Adam whose moments see gradients averaged over a window of K
+iterations -- closes the gap or beats AllReduce (76.54 AER, 76.34 complete; Table 2, WMT14 BLEU
+27.71/27.80 vs 27.79 +- 0.16). Claim reproduced: AccumAdam's final loss is within 2 sigma of
+AllReduce Adam's, or better.
+
+Methods (betas (0.9, 0.999), no weight decay). Learning rates follow the paper's protocols
+(PAPERS.md): for the image classifier AccumAdam gets 1.5 times AllReduce's (ResNet-50: 1.5e-3 vs
+1e-3, ``digits_accum_lr_scale``), for the language model the same (Transformer: only the betas
+differ there, and ours are equal, ``lm_accum_lr_scale``); DAdam uses AllReduce's:
+
+* ``allreduce-adam``: gradients averaged over all ranks every iteration
+  (``pipecomm.pipesgd.PipeSGD``, layer-wise mode), then torch Adam -- every replica identical;
+* ``dadam-complete`` / ``dadam-aer``: ``DecentralizedDataParallel`` with torch Adam on the
+  complete / alternating-exp-ring topology;
+* ``accumadam-complete`` / ``accumadam-aer``: the same with ``AccumAdam(accum_iter=K)``.
+
+Tasks, chosen so that AllReduce Adam does not saturate within the budget (pilot, single process:
+the MLP reaches about 93% test accuracy after 150 iterations of 64 images and is still improving;
+the LM's validation loss is about 2.0 nats per character after 200 iterations and still falling):
+
+* ``digits``: scikit-learn's 8x8 digits, an MLP 64-64-10 (4.8 K parameters), 16 images per rank
+  per iteration (disjoint shards per epoch); metric: test loss and accuracy;
+* ``lm``: a character-level transformer (2 layers, 4 heads, 48 wide, context 32; 68 K parameters)
+  on CPython's pydoc topics text (offline), 8 windows of 32 characters per rank; metric:
+  validation loss (nats per character) on 64 fixed windows.
+
+p = 4 ranks, 2 per node (AER: two nodes alternating an intra- and an inter-node average). At least
+3 paired seeds: a seed fixes the initialisation and the data order, the same for every method.
+Final metrics are those of the parameters averaged over the ranks (``global_average``); curves
+show the ranks' mean training loss against iterations and against wall-clock time.
+
+Network: by default the real gloo backend (no emulation, ``algorithm="torch"``): the final loss
+does not depend on the network, and real communication keeps 30 training runs within the budget;
+the wall-clock axis then shows loopback on a 2-core machine, not the paper's cluster (E12 covers
+per-iteration time on the emulated network). ``emulated=True`` runs on the two-level emulated
+network with pipecomm's ``ring`` instead.
+
+cpu-profile runtime (estimate, quiet 2-core machine): about 80 s -- one pool of 4 ranks (about
+3 s), 15 digits runs of 150 iterations (about 0.6 s each) and 15 LM runs of 200 iterations
+(about 4 s each).
+
+Run::
+
+    python -m pipecomm.experiments.e13_dadam_convergence --out results/manual/E13
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipecomm import claims, launch
+from pipecomm.decentralized import AccumAdam, topology
+from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments._cli import main
+from pipecomm.results import save  # noqa: F401  (the notebook calls E.save)
+
+ID = "E13"
+NOTEBOOK = "13_dadam_convergence"
+METHODS = ["allreduce-adam", "dadam-complete", "dadam-aer", "accumadam-complete", "accumadam-aer"]
+LABELS = {
+    "allreduce-adam": "AllReduce Adam",
+    "dadam-complete": "DAdam (complete)",
+    "dadam-aer": "DAdam (AER)",
+    "accumadam-complete": "AccumAdam (complete)",
+    "accumadam-aer": "AccumAdam (AER)",
+}
+TASKS = {"digits": "mlp", "lm": "char_transformer"}
+DEFAULTS: dict[str, Any] = {
+    "world_size": 4,
+    "ranks_per_node": 2,
+    "tasks": ["digits", "lm"],
+    "methods": METHODS,
+    "seeds": [0, 1, 2],
+    "digits_iterations": 30,
+    "lm_iterations": 30,
+    "eval_every": 10,
+    "digits_batch": 16,
+    "lm_batch": 8,
+    "seq_len": 32,
+    "digits_lr": 1e-3,
+    "lm_lr": 3e-3,
+    "accum_iter": 4,
+    "digits_accum_lr_scale": 1.5,
+    "lm_accum_lr_scale": 1.0,
+    "emulated": False,
+    "timeout_s": 300.0,
+}
+
+
+# --------------------------------------------------------------------------- one training run
+
+
+def _split(method: str) -> tuple[str, str | None]:
+    opt, _, topo = method.partition("-")
+    if method == "allreduce-adam":
+        return "adam", None
+    return ("accumadam" if opt == "accumadam" else "adam"), (
+        "alternating-exp-ring" if topo == "aer" else topo
+    )
+
+
+def _optim(named: list, lr: float, accum: int, kind: str) -> torch.optim.Optimizer:
+    params = [p for _, p in named]
+    if kind == "accumadam":
+        return AccumAdam(params, lr=lr, accum_iter=accum)
+    return torch.optim.Adam(params, lr=lr)
+
+
+@functools.lru_cache(maxsize=2)
+def _digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from pipecomm import data
+
+    return data.load_dataset("digits", split=split, seed=0)
+
+
+@functools.lru_cache(maxsize=1)
+def _lm_eval() -> tuple[torch.Tensor, torch.Tensor]:
+    return D.corpus().batch(64, 32, torch.Generator().manual_seed(12345), split="val")
+
+
+def _evaluate(model: torch.nn.Module, task: str) -> tuple[float, float]:
+    with torch.no_grad():
+        if task == "digits":
+            X, y = _digits("test")
+            out = model(X)
+            return float(F.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
+        x, y = _lm_eval()
+        out = model(x)
+        return float(F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))), math.nan
+
+
+def _batches(task: str, cfg: dict[str, Any], rank: int, world: int):
+    """Endless minibatches for this rank: disjoint digits shards per epoch, or LM windows."""
+    from pipecomm import data
+
+    seed = cfg["seed"]
+    if task == "digits":
+        X, y = _digits("train")
+        epoch = 0
+        while True:
+            idx = data.shard(len(X), rank, world, seed, epoch)
+            yield from data.batches(X, y, idx, cfg["digits_batch"], seed, epoch)
+            epoch += 1
+    g = torch.Generator().manual_seed(1_000_003 * seed + rank)
+    while True:
+        yield D.corpus().batch(cfg["lm_batch"], cfg["seq_len"], g)
+
+
+def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: one training run of ``cfg["method"]`` on ``cfg["task"]``.
+
+    Returns the local training loss and the elapsed training time (evaluation excluded) of every
+    iteration, the local model's evaluation every ``eval_every`` iterations and, on every rank,
+    the evaluation of the parameters averaged over all ranks at the end.
+    """
+    from pipecomm.decentralized import DecentralizedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    task, method = cfg["task"], cfg["method"]
+    opt_kind, topo_name = _split(method)
+    lr = cfg["digits_lr"] if task == "digits" else cfg["lm_lr"]
+    if opt_kind == "accumadam":
+        lr *= cfg["digits_accum_lr_scale"] if task == "digits" else cfg["lm_accum_lr_scale"]
+    iterations = cfg["digits_iterations"] if task == "digits" else cfg["lm_iterations"]
+    model = D.build_task_model(TASKS[task], cfg["seed"])
+    ar = ddp = None
+    if topo_name is None:
+        ar = D.AllReduceTrainer(
+            model,
+            torch.optim.Adam(model.parameters(), lr=lr),
+            bucket_mb=D.TASK_BUCKET_MB,
+            algorithm=cfg["algorithm"],
+        )
+        net = model
+    else:
+        topo = topology.get_topology(topo_name, world, ranks_per_node=cfg["ranks_per_node"])
+        ddp = DecentralizedDataParallel(
+            model,
+            functools.partial(_optim, lr=lr, accum=cfg["accum_iter"], kind=opt_kind),
+            topology=topo,
+            bucket_mb=D.TASK_BUCKET_MB,
+            algorithm=cfg["algorithm"],
+        )
+        net = ddp
+    batches = _batches(task, cfg, rank, world)
+    losses, walls, evals = [], [], []
+    elapsed = 0.0
+    dist.barrier()
+    try:
+        for it in range(1, iterations + 1):
+            x, y = next(batches)
+            t0 = time.perf_counter()
+            if ar is not None:
+                ar.zero_grad()
+            out = net(x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            loss.backward()
+            if ar is not None:
+                ar.step()
+            elapsed += time.perf_counter() - t0
+            losses.append(float(loss.detach()))
+            walls.append(elapsed)
+            if it % cfg["eval_every"] == 0 or it == iterations:
+                evals.append((it, elapsed, *_evaluate(model, task)))
+        if ddp is not None:
+            with ddp.averaged() as avg:
+                final = _evaluate(avg, task)
+        else:
+            final = _evaluate(model, task)
+    finally:
+        if ddp is not None:
+            ddp.close()
+        if ar is not None:
+            ar.close()
+    return {"rank": rank, "loss": losses, "wall_s": walls, "evals": evals, "final": final}
+
+
+# --------------------------------------------------------------------------- the experiment
+
+
+def _validate(p: dict[str, Any]) -> None:
+    rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
+    D.check_world_sizes("world_size", [p["world_size"]], rpn)
+    for key, allowed in (("tasks", list(TASKS)), ("methods", METHODS)):
+        v = p[key]
+        if not isinstance(v, (list, tuple)) or not v or any(x not in allowed for x in v):
+            raise ValueError(f"parameter {key} must be a non-empty list from {allowed}, got {v!r}")
+    if not isinstance(p["seeds"], (list, tuple)) or not p["seeds"]:
+        raise ValueError(f"parameter seeds must be a non-empty list of ints, got {p['seeds']!r}")
+    for s in p["seeds"]:
+        D.check_positive_int("seeds", s, 0)
+    for key in (
+        "digits_iterations",
+        "lm_iterations",
+        "eval_every",
+        "digits_batch",
+        "lm_batch",
+        "seq_len",
+        "accum_iter",
+    ):
+        D.check_positive_int(key, p[key])
+    for key in ("digits_lr", "lm_lr", "digits_accum_lr_scale", "lm_accum_lr_scale"):
+        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or not p[key] > 0:
+            raise ValueError(f"parameter {key} must be a number > 0, got {p[key]!r}")
+    if not isinstance(p["emulated"], bool):
+        raise ValueError(f"parameter emulated must be True or False, got {p['emulated']!r}")
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Train every (task, seed, method) on one pool; tidy rows of curves and final metrics."""
+    p = {**DEFAULTS, **params}
+    _validate(p)
+    rpn, world = p["ranks_per_node"], p["world_size"]
+    net = D.make_network(D.DEFAULT_NETWORK) if p["emulated"] else None
+    algorithm = "ring" if p["emulated"] else "torch"
+    netname = D.network_text(net, rpn)
+    rows = []
+    with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+        for task in p["tasks"]:
+            for seed in p["seeds"]:
+                for method in p["methods"]:
+                    cfg = {
+                        **p,
+                        "task": task,
+                        "method": method,
+                        "seed": int(seed),
+                        "algorithm": algorithm,
+                    }
+                    res = ranks.run(rank_train, cfg, timeout_s=p["timeout_s"])
+                    opt_kind, topo = _split(method)
+                    common = {
+                        "task": task,
+                        "model": TASKS[task],
+                        "method": method,
+                        "label": LABELS[method],
+                        "optimizer": opt_kind,
+                        "topology": topo or "allreduce",
+                        "seed": int(seed),
+                        "world_size": world,
+                        "backend": "gloo",
+                        "network": netname,
+                        "algorithm": algorithm,
+                    }
+                    loss = np.mean([r["loss"] for r in res], axis=0)
+                    wall = np.max([r["wall_s"] for r in res], axis=0)
+                    for i, (lv, wv) in enumerate(zip(loss, wall), start=1):
+                        rows.append(
+                            {
+                                **common,
+                                "record": "train",
+                                "iteration": i,
+                                "wall_s": float(wv),
+                                "loss": float(lv),
+                                "accuracy": math.nan,
+                            }
+                        )
+                    for j, (it, _el, _l, _a) in enumerate(res[0]["evals"]):
+                        ev = [r["evals"][j] for r in res]
+                        rows.append(
+                            {
+                                **common,
+                                "record": "eval",
+                                "iteration": it,
+                                "wall_s": float(max(e[1] for e in ev)),
+                                "loss": float(np.mean([e[2] for e in ev])),
+                                "accuracy": float(np.mean([e[3] for e in ev])),
+                            }
+                        )
+                    final_loss, final_acc = res[0]["final"]
+                    rows.append(
+                        {
+                            **common,
+                            "record": "final",
+                            "iteration": len(loss),
+                            "wall_s": float(wall[-1]),
+                            "loss": float(final_loss),
+                            "accuracy": float(final_acc),
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def finals(df: pd.DataFrame) -> pd.DataFrame:
+    """The final metrics: one row per (task, method, seed)."""
+    claims.require_columns(df, "record", "task", "method", "seed", "loss")
+    return df[df.record == "final"]
+
+
+def _mean_2s(v: pd.Series) -> str:
+    v = v.dropna()
+    if v.empty:
+        return ""
+    s = float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+    return f"{v.mean():.4f} +- {2 * s:.4f}"
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task and method: final loss and accuracy (mean +- 2 sigma over seeds) and the paired
+    difference to AllReduce Adam (mean +- 2 sigma of the per-seed differences)."""
+    f = finals(df)
+    out = []
+    for task, ft in f.groupby("task", sort=False):
+        base = ft[ft.method == "allreduce-adam"].set_index("seed").loss
+        for method, g in ft.groupby("method", sort=False):
+            d = g.set_index("seed").loss - base
+            d = d.dropna()
+            out.append(
+                {
+                    "task": task,
+                    "method": LABELS.get(method, method),
+                    "seeds": len(g),
+                    "final loss (mean +- 2 sigma)": _mean_2s(g.loss),
+                    "accuracy (mean +- 2 sigma)": _mean_2s(g.accuracy),
+                    "loss - AllReduce (paired)": ""
+                    if method == "allreduce-adam" or d.empty
+                    else _mean_2s(d),
+                    "wall s": round(float(g.wall_s.mean()), 2),
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Per task: training loss (mean over ranks and seeds, smoothed) vs iterations and vs wall
+    time; the final averaged-model loss per seed as points at the end."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    tasks = list(dict.fromkeys(df.task))
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.6 * len(tasks)), squeeze=False)
+    methods = [m for m in METHODS if m in set(df.method)]
+    palette = dict(zip(methods, sns.color_palette("deep", len(methods))))
+    styles = {
+        "allreduce-adam": "-",
+        "dadam-complete": ":",
+        "dadam-aer": "--",
+        "accumadam-complete": "-.",
+        "accumadam-aer": "-",
+    }
+    for row, task in enumerate(tasks):
+        tr = df[(df.task == task) & (df.record == "train")]
+        for m in methods:
+            g = tr[tr.method == m]
+            if g.empty:
+                continue
+            curve = g.groupby("iteration").agg(loss=("loss", "mean"), wall=("wall_s", "mean"))
+            window = max(1, len(curve) // 15)
+            smooth = curve.loss.rolling(window, min_periods=1).mean()
+            for col, x in ((0, curve.index), (1, curve.wall)):
+                axes[row, col].plot(
+                    x,
+                    smooth,
+                    styles[m],
+                    color=palette[m],
+                    label=LABELS[m],
+                    lw=2 if m.startswith("accum") or m.startswith("all") else 1.3,
+                )
+        fin = df[(df.task == task) & (df.record == "final")]
+        for m in methods:
+            g = fin[fin.method == m]
+            axes[row, 0].plot(g.iteration, g.loss, "o", color=palette[m], ms=4, alpha=0.7)
+        metric = "test" if task == "digits" else "validation"
+        axes[row, 0].set(
+            xlabel="iteration",
+            ylabel="training loss (smoothed)",
+            title=f"{task}: loss vs iterations (dots: final {metric} loss, averaged model)",
+        )
+        axes[row, 1].set(
+            xlabel="wall-clock training time (s)",
+            ylabel="training loss (smoothed)",
+            title=f"{task}: loss vs wall time",
+        )
+        axes[row, 0].legend(fontsize=7)
+    net = df.network.iloc[0]
+    where = "real network (loopback, not emulated)" if net == "real" else f"emulated: {net}"
+    fig.suptitle(
+        f"E13: AllReduce Adam vs DAdam vs AccumAdam (gloo, p={int(df.world_size.iloc[0])}, "
+        f"{df.algorithm.iloc[0]} allreduce; {where}; {df.seed.nunique()} seeds)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+@claims.check("e13_accumadam_within")
+def check_accumadam_within(df: pd.DataFrame, sigmas: float = 2.0, min_seeds: int = 3):
+    """For every task and both topologies: AccumAdam's mean final loss <= AllReduce Adam's mean
+    + ``sigmas`` x its standard deviation over seeds (paired seeds)."""
+    f = finals(df)
+    parts, ok, n = [], True, 0
+    for task, ft in f.groupby("task", sort=False):
+        base = ft[ft.method == "allreduce-adam"].set_index("seed").loss
+        if len(base) < min_seeds:
+            raise ValueError(
+                f"task {task}: AllReduce Adam has {len(base)} seeds, need >= {min_seeds}"
+            )
+        limit = base.mean() + sigmas * base.std(ddof=1)
+        for method in ("accumadam-complete", "accumadam-aer"):
+            g = ft[ft.method == method].set_index("seed").loss
+            if g.empty:
+                continue
+            if set(g.index) != set(base.index):
+                raise ValueError(
+                    f"task {task}: {method} and AllReduce Adam ran different seeds "
+                    f"({sorted(g.index)} vs {sorted(base.index)}); pairs needed"
+                )
+            n += 1
+            diff = g - base
+            ok &= bool(g.mean() <= limit)
+            parts.append(
+                f"{task} {LABELS[method]}: {g.mean():.4f} vs {base.mean():.4f} "
+                f"+- {sigmas:g}x{base.std(ddof=1):.4f} (paired diff "
+                f"{diff.mean():+.4f})"
+            )
+    if n == 0:
+        raise ValueError("no AccumAdam runs to compare with AllReduce Adam")
+    return claims.Verdict(
+        "; ".join(parts),
+        f"AccumAdam mean <= AllReduce mean + {sigmas:g} sigma, every task/topology",
+        ok,
+    )
+
+
+NOTEBOOK_TEXT = {
+    "intro": """
+# E13 — AllReduce Adam vs DAdam vs AccumAdam on complete and AER (DAdam paper, Tables 2-3, Fig. 7)
+
+Decentralized Adam (DAdam) lets every rank take its own Adam step from parameters it gossips with
+its group, so its moments see only the rank's small local batch; the DAdam paper (Wang, Zhang, Wu,
+Johansson, ICLR 2025) reports a small accuracy loss against AllReduce Adam, which **AccumAdam**
+(moments fed with gradients averaged over K iterations) removes or reverses (Table 3: 76.54 AER vs
+76.01 AllReduce top-1; Table 2: BLEU within AllReduce's 2 sigma or above).
+
+Two small tasks the AllReduce baseline does not saturate within the budget: an MLP on 8x8 digits
+and a character-level transformer on CPython's pydoc text, 4 ranks (2 per node), several paired
+seeds (same initialisation and data order for every method). AccumAdam (K = 4) follows the
+paper's protocols: 1.5 times AllReduce's learning rate for the image classifier (as for ResNet-50),
+the same learning rate for the language model (as for the Transformer). Final metrics are those of
+the parameters averaged over ranks. By default the ranks talk over the real gloo backend (the final
+loss does not depend on the network; the wall-clock axis is loopback on this machine, not a
+cluster — E12 measures per-iteration time on the emulated network).
+
+Claim: **C13.1** AccumAdam's final loss is within 2 sigma of AllReduce Adam's, or better, on both
+tasks and both topologies.
+""",
+    "outro": """
+**What to see.** DAdam's curves sit slightly above AllReduce Adam's (noisier moments from local
+batches of a quarter of the global batch); AccumAdam's moments average K = 4 iterations of
+gradients and follow AllReduce Adam closely on both complete and AER. The table gives mean +- 2
+sigma over seeds and the paired difference to AllReduce Adam per seed.
+""",
+}
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,117 @@
+"""E12 (per-iteration time vs world size): summary, claims, validation, one tiny run."""
+
+import pandas as pd
+import pytest
+
+from pipecomm.decentralized import runtime_model
+from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments import e12_dadam_scaling as e12
+
+
+def _rows(aer_ms_at_8=70.0):
+    rows = []
+    for world, ar_ms, aer_ms in ((4, 130.0, 65.0), (8, 173.0, aer_ms_at_8)):
+        for kind, topo, ms in (
+            ("allreduce", None, ar_ms),
+            ("decentralized", "alternating-exp-ring", aer_ms),
+            ("decentralized", "complete", ar_ms * 0.8),
+        ):
+            rows.append(
+                {
+                    "method": e12.method_name(kind, topo),
+                    "kind": kind,
+                    "topology": topo,
+                    "iteration_s": ms / 1e3,
+                    "predicted_s": ms / 1e3,
+                    "world_size": world,
+                    "algorithm": "ring",
+                    "ranks_per_node": 2,
+                    "backend": "gloo",
+                    "network": "emulated",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+CLAIM_CASES = {
+    "e12_aer_faster": (lambda: _rows(70.0), lambda: _rows(180.0)),
+}
+
+
+def test_model_predicts_aer_faster_at_8_for_the_chosen_parameters():
+    """The profile's parameters come from the runtime model: AllReduce / AER ~ 2.5 at p = 8."""
+    net = D.make_network(D.DEFAULT_NETWORK)
+    intra, inter = D.link_models(net)
+    kw = dict(
+        bucket_bytes=[1 << 20] * 2,
+        fwd_s=0.01,
+        bwd_s=0.02,
+        p=8,
+        ranks_per_node=2,
+        intra=intra,
+        inter=inter,
+        iterations=30,
+    )
+    ar = runtime_model.simulate("allreduce", **kw)["mean_iteration_s"]
+    aer = runtime_model.simulate("decentralized", topology="alternating-exp-ring", **kw)[
+        "mean_iteration_s"
+    ]
+    assert ar / aer > 2.0
+    # ring is the cheapest allreduce algorithm of the library here (the "best" AllReduce)
+    others = {
+        a: runtime_model.simulate("allreduce", algorithm=a, **kw)["mean_iteration_s"]
+        for a in ("lp", "be", "mst")
+    }
+    assert all(ar < t for t in others.values()), others
+
+
+def test_summary_speedups():
+    s = e12.summary(_rows())
+    row = s[(s.p == 8) & (s.method == "DAdam (AER)")].iloc[0]
+    assert row.speedup_vs_AllReduce == pytest.approx(173 / 70, abs=0.01)
+    assert (s[s.method == "AllReduce"].speedup_vs_AllReduce == 1.0).all()
+
+
+def test_claim_needs_both_methods_at_the_world_size():
+    df = _rows()
+    with pytest.raises(ValueError, match="p=8"):
+        e12.check_aer_faster(df[df.world_size == 4])
+    v = e12.check_aer_faster(df)
+    assert v.passed and "2.47x" in v.measured
+    assert e12.check_aer_faster(df, world_size=4).passed  # any world size can be checked
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"world_sizes": [4, 12]}, "world_sizes"),
+        ({"topologies": ["random-matching"]}, "topologies"),
+        ({"algorithm": "torch"}, "algorithm"),
+        ({"compute_cv": -0.5}, "compute_cv"),
+        ({"warmup": 0}, "warmup"),
+    ],
+)
+def test_bad_parameters_name_the_parameter(bad, match):
+    with pytest.raises(ValueError, match=match):
+        e12.run(**bad)
+
+
+@pytest.mark.timeout(240)
+def test_tiny_end_to_end_run():
+    df = e12.run(
+        world_sizes=[2],
+        ranks_per_node=1,
+        topologies=["complete", "ring"],
+        width=64,
+        fwd_ms=2.0,
+        bwd_ms=4.0,
+        warmup=1,
+        blocks=1,
+        block_iters=2,
+        calib_iters=2,
+    )
+    assert {"backend", "world_size", "network"} <= set(df.columns)
+    assert list(df.method) == ["AllReduce", "DAdam (complete)", "DAdam (ring)"]
+    assert (df.iteration_s > 0.012).all() and (df.predicted_s > 0.012).all()
+    assert len(e12.summary(df)) == 3
+    e12.plot(df)
