@@ -208,3 +208,11 @@ def test_e0_through_papermill(tmp_path):
     verdicts = dict(zip(table.claim, table.verdict))
     assert verdicts["C0.1"] in {"PASS", "FAIL"}
     assert verdicts["C0.2"] == "ERROR"  # only p=2 was measured here; the claim needs 2 and 8
+
+
+def test_artifact_appendix_is_in_sync_with_claims_and_profiles():
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/make_artifact_md.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

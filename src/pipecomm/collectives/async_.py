@@ -8,12 +8,19 @@ its own — while the main thread computes (torch kernels and transfer waits rel
 
 A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
 or re-raises the error the operation hit on the thread; ``is_completed()`` polls.
+
+When the thread starts it lowers the interpreter's GIL switch interval from Python's 5 ms to
+0.1 ms (``PIPECOMM_SWITCH_INTERVAL_S`` overrides; ``0`` keeps Python's): otherwise every time the
+communication thread wakes up (a message arrived, a deadline passed) it may wait up to 5 ms for a
+main thread that is running Python between torch kernels, which measurably stretches an
+overlapped AllReduce (E6-E9 measured 25.3 ms instead of about 18 ms at 5 ms, 19.4 ms at 0.1 ms).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -130,6 +137,9 @@ class _Worker:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
+        interval = float(os.environ.get("PIPECOMM_SWITCH_INTERVAL_S", "1e-4"))
+        if interval > 0:
+            sys.setswitchinterval(min(sys.getswitchinterval(), interval))
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name="pipecomm-comm", daemon=True)
         self.thread.start()

@@ -1,0 +1,416 @@
+"""E9 — layer-wise and delayed gradient descent: time per batch and iterations to an accuracy.
+
+Paper: Daily, Vishnu, Siegel, "Leveraging Asynchronicity in Gradient Descent for Scalable Deep
+Learning" (ICLR 2017 submission): synchronous GD (one AllReduce of all gradients), layer-wise GD
+(each layer's AllReduce starts in a background thread as soon as backprop produces it, zero
+staleness), and delayed GD -- "AGD (1 comm)" / "AGD (2 comm)", gradients applied 1 or 2
+iterations late -- on a communication-heavy AlexNet. Figure 1: time per batch against a
+no-communication bound; the best asynchronous method is "up to 1.7x faster than the synchronous
+approach", layer-wise "did not perform as well as expected". Table 1: iterations to reach a
+fixed (early) accuracy grow with the delay (sync < 2000, AGD-1 < 3000, AGD-2 5000).
+
+How it is measured: p ranks of gloo on an emulated network (``netem``, single port) with a
+ring AllReduce (the paper used MPI's); an AlexNet-like net (``conv_channels`` 64, 256; two fully
+connected layers of 1024) whose fully connected layers hold most parameters (9.0 MB of
+gradients) while the convolutions hold most of the compute, so layer-wise overlap has something
+to hide behind, as in AlexNet. The bandwidth is chosen *before measuring* from a separate
+compute-timing run and the cost model so that the AllReduce takes ``comm_ratio`` (2) x the
+compute -- communication-heavy, as in the paper. Methods, side by side in one pool: ``nocomm``
+(each rank steps alone: the bound), ``sync``, ``layerwise`` (buckets of ``bucket_mb`` = 4 MiB in
+backward order: the last two FC layers, the first FC layer, the convolutions), ``delayed-1``,
+``delayed-2`` (``PipeSGD(mode="pipe", staleness=1|2)``). Time per batch: per step the max over
+ranks of ``iter_s``, median over steady steps; iterations to ``target_acc``: rank 0 evaluates
+parameter snapshots every ``eval_every`` iterations on the held-out split after training.
+
+The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
+default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
+communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
+see ``_training.gil_switch_interval``).
+
+Parameters chosen from the model before measuring: with backward hooks timed on one core, the
+second FC layer's gradient is ready about 40% into backward, and a simulation of the bucket
+schedule (those ready times, the ring cost model per bucket) predicts layer-wise / sync
+about 0.90 at comm_ratio 2 with 4 MiB buckets (0.97 with 1 MiB buckets, whose extra latencies
+eat the overlap; the CPU work of the communication thread during backward, which the model
+ignores, costs a few percent more). Delayed / sync: (C + U) + A over A = 1.5x.
+
+Claims (artifact/claims.yaml): C9.1 delayed-1 and delayed-2 are faster per batch than sync (the
+model predicts 1.5x at comm_ratio 2); C9.2 layer-wise is no slower than sync, with a 5%
+tolerance for timing noise (ratio <= 1.05; the model predicts about 0.90).
+
+Runtime (cpu profile: p = 2, C + U about 25-35 ms, AllReduce twice that, 60 iterations of 4
+methods and 30 of nocomm, 2 seeds): sync about 3 (C + U), layer-wise slightly less, delayed
+about 2 (C + U) per batch: 2 x 60 x 10 (C + U) + nocomm, i.e. 30-43 s of training, plus two
+pool starts, compute timing and evaluation (about 13 s): 45-57 s (57 s in a trial on a lightly
+loaded 2-core machine with C + U = 36 ms; budget 75 s). Quick defaults (20 iterations, 1 seed):
+about 20 s.
+
+Run::
+
+    python -m pipecomm.experiments.e09_layerwise_delayed --out results/manual/E9
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm import claims, netem
+from pipecomm.experiments import _training as T
+from pipecomm.experiments._cli import main
+
+ID = "E9"
+NOTEBOOK = "09_layerwise_delayed"
+DEFAULTS: dict[str, Any] = {
+    "world_size": 2,
+    "methods": ["nocomm", "sync", "layerwise", "delayed-1", "delayed-2"],
+    "seeds": [0],
+    "iterations": 20,
+    "nocomm_iterations": 10,
+    "eval_every": 5,
+    "skip": 4,
+    "model": "alexnet_like",
+    "model_kw": {"conv_channels": [64, 256], "fc_width": 1024},
+    "batch_size": 64,
+    "lr": 0.005,
+    "momentum": 0.9,
+    "alpha_s": 0.001,
+    "comm_ratio": 2.0,
+    "bandwidth_Bps": None,
+    "ports": "single",
+    "algorithm": "ring",
+    "bucket_mb": 4.0,
+    "target_acc": 70.0,
+    "calib_iters": 6,
+    "timeout_s": 600.0,
+    "switch_interval_s": 0.0001,
+}
+# Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
+# on when each bucket's gradients are ready in backward, which the calibration does not measure).
+MODEL_OF = {
+    "nocomm": "model_nocomm_s",
+    "sync": "model_sync_s",
+    "delayed-1": "model_pipe_s",
+    "delayed-2": "model_pipe_s",
+}
+
+
+def _check(params: dict[str, Any]) -> dict[str, Any]:
+    p = T.merge_checked(DEFAULTS, params)
+    T.positive_int(p, "world_size", "iterations", "nocomm_iterations", "batch_size", "calib_iters")
+    T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+    methods = list(p["methods"])
+    T.require(
+        "sync" in methods and len(set(methods)) == len(methods),
+        "methods",
+        methods,
+        "must list distinct methods including 'sync' (the baseline)",
+    )
+    for m in methods:
+        try:
+            T.parse_method(m)
+        except ValueError as exc:
+            raise ValueError(f"parameter methods={methods!r}: {exc}") from None
+    T.require(
+        len(p["seeds"]) >= 1
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
+        and len(set(p["seeds"])) == len(p["seeds"]),
+        "seeds",
+        p["seeds"],
+        "must be a non-empty list of distinct ints",
+    )
+    T.require(
+        isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
+        "eval_every",
+        p["eval_every"],
+        "must be an int in [0, iterations]",
+    )
+    for name in ("iterations", "nocomm_iterations"):
+        T.require(0 <= p["skip"] < p[name], "skip", p["skip"], f"must be below {name}={p[name]}")
+    T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
+    T.require(
+        p["bandwidth_Bps"] is None
+        or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
+        "bandwidth_Bps",
+        p["bandwidth_Bps"],
+        "must be None (chosen from comm_ratio) or > 0",
+    )
+    T.require(
+        0 < p["target_acc"] <= 100,
+        "target_acc",
+        p["target_acc"],
+        "must be a percentage in (0, 100]",
+    )
+    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+    T.require(
+        p["algorithm"] in ("lp", "mst", "be", "ring"),
+        "algorithm",
+        p["algorithm"],
+        "must be one of lp, mst, be, ring (emulated algorithms)",
+    )
+    T.check_config(_config(p, p["seeds"][0], "sync"))
+    T.check_batch_size(p["batch_size"], p["world_size"])
+    return p
+
+
+def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
+    return dict(
+        T.DEFAULT_CONFIG,
+        model=p["model"],
+        model_kw=dict(p["model_kw"]),
+        batch_size=p["batch_size"],
+        lr=p["lr"],
+        momentum=p["momentum"],
+        seed=seed,
+        iterations=p["iterations"],
+        method=method,
+        algorithm=p["algorithm"],
+        switch_interval_s=p["switch_interval_s"],
+        bucket_mb=p["bucket_mb"],
+        eval_every=p["eval_every"],
+        evaluate=method != "nocomm",
+    )
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Compute timing, network choice, then every (seed, method) run in one pool."""
+    p = _check(params)
+    df = T.calibrate_and_train(
+        p,
+        _config,
+        list(p["methods"]),
+        list(p["seeds"]),
+        iterations={"nocomm": p["nocomm_iterations"]},
+    )
+    return df.assign(target_acc=p["target_acc"])
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df.loc[df["kind"] == "iteration", "method"]))
+
+
+def batch_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: median steady time per batch T (and its parts C, M)."""
+    return T.median_times(T.steady(df, int(df["skip"].iloc[0])), ["method", "seed"])
+
+
+def iterations_to_target(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: first snapshot iteration with accuracy >= ``target_acc``."""
+    target = float(df["target_acc"].iloc[0])
+    ev = df[df["kind"] == "eval"]
+    rows = []
+    for (m, seed), g in ev.groupby(["method", "seed"], sort=False):
+        if m == "nocomm":
+            continue
+        it, wall = T.first_reach(g, target)
+        rows.append(
+            {
+                "method": m,
+                "seed": seed,
+                "target": target,
+                "iterations": it,
+                "wall_s": wall,
+                "max_iteration": int(g["iteration"].max()),
+                "final_acc": float(g.loc[T.is_true(g["final"]), "accuracy"].iloc[0]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Figure 1 and Table 1 in one table: per method, ms per batch (mean over seeds), speedup
+    over sync, efficiency against the no-communication bound, iterations and seconds to the
+    target accuracy, final accuracy."""
+    bt = batch_times(df)
+    tt = iterations_to_target(df)
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    sync = bt[bt["method"] == "sync"].set_index("seed")["T"]
+    nocomm = bt[bt["method"] == "nocomm"]["T"].mean() if "nocomm" in set(bt["method"]) else np.nan
+    rows = []
+    for m in _order(df):
+        tm = bt[bt["method"] == m].set_index("seed")["T"]
+        row = {
+            "method": m,
+            "ms_per_batch": tm.mean() * 1e3,
+            "model_ms": cal[MODEL_OF[m.split("+")[0]]] * 1e3
+            if m.split("+")[0] in MODEL_OF
+            else np.nan,
+            "speedup_vs_sync": (sync / tm).dropna().mean(),
+            "efficiency_vs_nocomm": nocomm / tm.mean(),
+        }
+        g = tt[tt["method"] == m] if len(tt) else tt
+        if len(g):
+            reached = g["iterations"].notna()
+            row.update(
+                {
+                    "target_acc_%": g["target"].iloc[0],
+                    "iters_to_target": g.loc[reached, "iterations"].mean()
+                    if reached.any()
+                    else np.nan,
+                    "reached": f"{int(reached.sum())}/{len(g)} (of {g['max_iteration'].max()})",
+                    "s_to_target": g.loc[reached, "wall_s"].mean() if reached.any() else np.nan,
+                    "final_acc_%": g["final_acc"].mean(),
+                }
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Time per batch with the no-communication bound and the model; accuracy vs iterations;
+    iterations to the target accuracy."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.3))
+    order = _order(df)
+    bt = batch_times(df)
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    sns.barplot(
+        data=bt.assign(ms=bt["T"] * 1e3),
+        x="method",
+        y="ms",
+        order=order,
+        ax=axes[0],
+        errorbar=("pi", 100),
+    )
+    xs = np.arange(len(order))
+    model = [cal[MODEL_OF[m]] * 1e3 if m in MODEL_OF else np.nan for m in order]
+    axes[0].plot(xs, model, "kD", label="timing model")
+    if "nocomm" in order:
+        axes[0].axhline(
+            bt[bt["method"] == "nocomm"]["T"].mean() * 1e3,
+            color="k",
+            ls="--",
+            lw=1,
+            label="no-communication bound",
+        )
+    axes[0].set(title="time per batch (median of steady steps)", ylabel="ms")
+    axes[0].legend(fontsize=8)
+    ev = df[(df["kind"] == "eval") & (df["method"] != "nocomm")]
+    train_order = [m for m in order if m != "nocomm"]
+    if len(ev):
+        sns.lineplot(
+            data=ev,
+            x="iteration",
+            y="accuracy",
+            hue="method",
+            hue_order=train_order,
+            ax=axes[1],
+            errorbar=("pi", 100),
+            marker="o",
+        )
+        axes[1].axhline(float(df["target_acc"].iloc[0]), color="k", ls=":", lw=1, label="target")
+    axes[1].set(title="held-out accuracy vs iterations", ylabel="accuracy (%)")
+    tt = iterations_to_target(df)
+    if len(tt):
+        sns.barplot(
+            data=tt, x="method", y="iterations", order=train_order, ax=axes[2], errorbar=("pi", 100)
+        )
+        for i, m in enumerate(train_order):
+            g = tt[tt["method"] == m]
+            missed = int(g["iterations"].isna().sum())
+            if missed:
+                axes[2].annotate(
+                    f"{missed} seed(s)\nnot reached", (i, 0), ha="center", va="bottom", fontsize=7
+                )
+    axes[2].set(
+        title=f"iterations to {float(df['target_acc'].iloc[0]):g}% held-out accuracy",
+        ylabel="iterations",
+    )
+    seeds = sorted(set(df.loc[df["kind"] == "iteration", "seed"]))
+    fig.suptitle(
+        f"E9 layer-wise and delayed GD: gloo, p={int(df['world_size'].iloc[0])}, "
+        f"{df['algorithm'].iloc[0]} AllReduce, {df['network'].iloc[0]}; AllReduce/"
+        f"compute = {cal['comm_ratio_model']:.2f} (model); {len(seeds)} seed(s)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def _ratio(df: pd.DataFrame, method: str) -> tuple[float, float, float]:
+    bt = batch_times(df)
+    sync = bt[bt["method"] == "sync"].set_index("seed")["T"]
+    other = bt[bt["method"] == method].set_index("seed")["T"]
+    r = (other / sync).dropna()
+    if r.empty:
+        raise ValueError(f"no paired seeds with both 'sync' and {method!r}")
+    return float(r.mean()), float(sync.mean()), float(other.mean())
+
+
+@claims.check("e9_delayed_faster")
+def check_delayed_faster(
+    df: pd.DataFrame, methods: tuple = ("delayed-1", "delayed-2"), max_ratio: float = 1.0
+):
+    """Each method's time per batch / sync's (mean over seeds) is below ``max_ratio``."""
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
+    parts, ok = [], True
+    for m in methods:
+        r, ts, tm = _ratio(df, m)
+        ok &= r < max_ratio
+        parts.append(f"{m} {tm * 1e3:.1f} ms = {r:.2f}x sync")
+    sync = _ratio(df, methods[0])[1]
+    return claims.Verdict(
+        "; ".join(parts) + f" (sync {sync * 1e3:.1f} ms)", f"time / sync < {max_ratio:g}", bool(ok)
+    )
+
+
+@claims.check("e9_layerwise_not_slower")
+def check_layerwise_not_slower(df: pd.DataFrame, tolerance: float = 1.05):
+    """Layer-wise time per batch / sync's (mean over seeds) <= ``tolerance``."""
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
+    r, ts, tl = _ratio(df, "layerwise")
+    return claims.Verdict(
+        f"layerwise {tl * 1e3:.1f} ms vs sync {ts * 1e3:.1f} ms = {r:.3f}x",
+        f"<= {tolerance:g}x",
+        r <= tolerance,
+    )
+
+
+NOTEBOOK_TEXT = {
+    "intro": """
+# E9 — Layer-wise and delayed gradient descent (Daily, Vishnu, Siegel)
+
+Daily et al. compare, on a communication-heavy AlexNet, **synchronous GD** (one AllReduce of
+all gradients after backprop), **layer-wise GD** (each layer's AllReduce starts as soon as
+backprop produces its gradient, in a background thread; zero staleness) and **delayed GD**
+("AGD (1 comm)", "AGD (2 comm)": the averaged gradient is applied 1 or 2 iterations late, so
+the AllReduce overlaps whole iterations), against a **no-communication** bound (Figure 1), and
+the iterations each needs to reach an early accuracy (Table 1).
+
+Here: an AlexNet-like net (convolutions hold the compute, wide fully connected layers hold
+almost all parameters), p ranks of gloo, a ring AllReduce, on an emulated network whose
+bandwidth was chosen -- before measuring, from a separate compute-timing run and the cost
+model -- so that the AllReduce takes about twice the compute. Left: time per batch, with the
+timing model's predictions and the no-communication bound; middle: held-out accuracy vs
+iterations; right: iterations to the target accuracy.
+
+Claims checked: **C9.1** delayed-1 and delayed-2 are faster per batch than sync; **C9.2**
+layer-wise is no slower than sync (within a 5% tolerance for timing noise).
+""",
+    "outro": """
+**What to see.** Delayed GD with one or two iterations in flight takes about the AllReduce's
+time per batch, since compute hides behind it (about 1.5x faster than sync at this ratio;
+1.7x in the paper). Layer-wise GD can only hide communication behind the rest of backprop --
+here the wide layers' gradients are ready early, so some of it hides -- and pays an extra
+latency per bucket, so it lands between sync and delayed: the paper's "did not perform as well
+as expected". Against iterations, the stale gradients cost little at this learning rate; the
+delayed methods may need a few more iterations to the target (the paper's Table 1), which a
+time-to-accuracy comparison has to weigh against their shorter batches.
+""",
+}
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

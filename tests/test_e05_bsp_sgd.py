@@ -1,0 +1,121 @@
+"""E5 BSP-SGD with each collective: helpers, claims' synthetic PASS / FAIL cases, a tiny run."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipecomm import claims
+from pipecomm.experiments import _training as T
+from pipecomm.experiments import e05_bsp_sgd as e5
+
+MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
+
+
+def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=8, ranks=2):
+    """Synthetic E5 data: per algorithm, rank and iteration, timings and a loss curve."""
+    comm_scale = comm_scale or {}
+    rng = np.random.default_rng(0)
+    base = 2.3 * np.exp(-0.1 * np.arange(iterations))
+    rows = []
+    for alg, model_ms in MODEL_MS.items():
+        meas = model_ms * comm_scale.get(alg, 1.05)
+        if alg == "lp" and lp_ms is not None:
+            meas = lp_ms
+        noise = 0.0 if alg == "lp" else loss_noise
+        per_rank = []
+        for _ in range(ranks):
+            timings = [
+                {
+                    "iteration": t,
+                    "updates": 1,
+                    "compute_s": 0.01,
+                    "launch_s": 0.0001,
+                    "comm_s": meas / 1e3 * (1 + 0.01 * rng.standard_normal()),
+                    "compress_s": 0.0,
+                    "update_s": 0.001,
+                    "iter_s": 0.011 + meas / 1e3,
+                }
+                for t in range(iterations)
+            ]
+            per_rank.append({"timings": timings, "losses": list(base + noise), "evals": []})
+        rows += T.iteration_rows(
+            per_rank, algorithm=alg, nbytes=1 << 20, model_comm_s=model_ms / 1e3
+        )
+    return pd.DataFrame(rows).assign(
+        backend="gloo", world_size=ranks, network="emulated", skip=2, gamma_s_per_byte=1e-9
+    )
+
+
+CLAIM_CASES = {
+    "e5_loss_curves_agree": (lambda: _fake(), lambda: _fake(loss_noise=1e-2)),
+    "e5_comm_within_model": (lambda: _fake(), lambda: _fake(comm_scale={"be": 1.4})),
+    "e5_lp_below_mst": (lambda: _fake(), lambda: _fake(lp_ms=120.0)),
+}
+
+
+def test_comm_times_and_errors():
+    ct = e5.comm_times(_fake(comm_scale={"mst": 0.8})).set_index("algorithm")
+    assert list(ct.index) == ["lp", "mst", "be", "ring"]
+    assert ct.loc["mst", "comm_s"] == pytest.approx(0.080, rel=0.03)
+    assert ct.loc["mst", "error"] == pytest.approx(-0.2, abs=0.03)
+    assert ct.loc["lp", "model_comm_s"] == pytest.approx(0.050)
+
+
+def test_loss_differences_against_first_algorithm():
+    d = e5.loss_differences(_fake(loss_noise=1e-3))
+    assert set(d["algorithm"]) == {"mst", "be", "ring"}
+    assert (d["reference"] == "lp").all()
+    assert d["abs_diff"].to_numpy() == pytest.approx(1e-3)
+    verdict = e5.check_loss_curves_agree(_fake(loss_noise=1e-3), tolerance=1e-2)
+    assert verdict.passed and "= 0.001" in verdict.measured
+
+
+def test_checks_are_registered_and_summary_has_one_row_per_algorithm():
+    for name in CLAIM_CASES:
+        assert name in claims.CHECKS
+    s = e5.summary(_fake())
+    assert list(s["algorithm"]) == ["lp", "mst", "be", "ring"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"world_size": 1},
+        {"algorithms": ["lp"]},
+        {"algorithms": ["lp", "torch"]},
+        {"skip": 10},
+        {"ports": "dual"},
+        {"bandwidth_Bps": -1.0},
+        {"nope": 1},
+        {"iterations": "5"},
+    ],
+)
+def test_bad_parameters_name_the_parameter(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        e5.run(**bad)
+
+
+def test_tiny_run_two_ranks_identical_losses():
+    # p = 2: every algorithm adds the same two numbers, so the sums are bitwise equal.
+    df = e5.run(
+        world_size=2,
+        algorithms=["lp", "mst", "ring"],
+        model="mlp",
+        model_kw={"hidden": [16]},
+        batch_size=8,
+        iterations=4,
+        skip=1,
+        alpha_s=1e-4,
+        bandwidth_Bps=1e9,
+        timeout_s=120.0,
+    )
+    assert {"backend", "world_size", "network"} <= set(df.columns)
+    assert df["network"].str.startswith("emulated").all()
+    it = df[df["kind"] == "iteration"]
+    assert set(it["algorithm"]) == {"lp", "mst", "ring"}
+    assert len(it[it["iteration"] >= 0]) == 3 * 2 * 4
+    assert (it["comm_s"] > 0).all() and (it["model_comm_s"] > 0).all()
+    assert e5.loss_differences(df)["abs_diff"].max() == 0.0
+    assert e5.check_loss_curves_agree(df, tolerance=0.0).passed
+    assert len(e5.summary(df)) == 3

@@ -1,0 +1,286 @@
+"""E7 Pipe-SGD convergence (and the shared training helpers of E5-E9): claims' synthetic PASS /
+FAIL cases, helpers against hand-computed values, a tiny run."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipecomm import cost
+from pipecomm.experiments import _training as T
+from pipecomm.experiments import e07_pipesgd_convergence as e7
+
+METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
+
+
+def fake_training(
+    ms, final_acc, seeds=(0, 1, 2), iterations=12, ranks=2, comm_frac=None, acc_curve=None
+):
+    """Synthetic E7-E9 data: per method ``ms[method]`` ms per iteration (``comm_frac`` of it
+    blocked on communication), final accuracy ``final_acc[method][seed]``."""
+    comm_frac = comm_frac or {}
+    rng = np.random.default_rng(1)
+    rows = [
+        {
+            "kind": "calibration",
+            "compute_s": 0.016,
+            "update_s": 0.0005,
+            "nbytes": 830_000,
+            "comm_ratio_model": 1.0,
+            "model_comm_s": 0.0165,
+            "model_nocomm_s": 0.0165,
+            "model_sync_s": 0.033,
+            "model_layerwise_s": 0.03,
+            "model_pipe_s": 0.0165,
+        }
+    ]
+    for seed in seeds:
+        for m, t_ms in ms.items():
+            per_rank = []
+            for r in range(ranks):
+                timings = []
+                for t in range(iterations):
+                    it = t_ms / 1e3 * (1 + 0.02 * rng.standard_normal())
+                    comm = it * comm_frac.get(m, 0.0)
+                    timings.append(
+                        {
+                            "iteration": t,
+                            "updates": 1,
+                            "compute_s": it - comm - 0.001,
+                            "launch_s": 0.0002,
+                            "comm_s": comm,
+                            "compress_s": 0.0,
+                            "update_s": 0.0008,
+                            "iter_s": it,
+                        }
+                    )
+                evals = []
+                if r == 0:
+                    acc = final_acc.get(m, {}).get(seed, 80.0)
+                    curve = acc_curve or [0.3, 0.8, 0.95, 1.0]
+                    for k, f in enumerate(curve):
+                        evals.append(
+                            {
+                                "iteration": (k + 1) * iterations // len(curve),
+                                "wall_s": (k + 1) * iterations * t_ms / 1e3 / len(curve),
+                                "accuracy": acc * f,
+                                "test_loss": 1.0,
+                                "final": k == len(curve) - 1,
+                            }
+                        )
+                per_rank.append({"timings": timings, "losses": [1.0] * iterations, "evals": evals})
+            rows += T.iteration_rows(per_rank, method=m, seed=seed)
+            rows += T.eval_rows(per_rank, method=m, seed=seed)
+    return pd.DataFrame(rows).assign(
+        backend="gloo",
+        world_size=ranks,
+        network="emulated",
+        bandwidth_Bps=60e6,
+        skip=2,
+        algorithm="ring",
+        target_fraction=0.95,
+        target_acc=70.0,
+    )
+
+
+def _e7(pipe_ms=18.0, int8_acc=None):
+    acc = {m: {0: 80.0, 1: 75.0, 2: 82.0} for m in METHODS}
+    acc["pipe"] = {0: 80.3, 1: 74.6, 2: 82.3}
+    if int8_acc is not None:
+        acc["pipe+int8"] = int8_acc
+    ms = {"sync": 33.0, "pipe": pipe_ms, "pipe+fp16": 18.5, "pipe+int8": 19.0}
+    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=[0.3, 0.8, 0.9, 1.0])
+
+
+CLAIM_CASES = {
+    "e7_pipe_speedup": (lambda: _e7(), lambda: _e7(pipe_ms=26.0)),
+    "e7_accuracy_within": (lambda: _e7(), lambda: _e7(int8_acc={0: 78.0, 1: 73.0, 2: 81.0})),
+}
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def test_parse_method():
+    assert T.parse_method("sync") == ("sync", None, None)
+    assert T.parse_method("pipe") == ("pipe", 1, None)
+    assert T.parse_method("pipe+int8") == ("pipe", 1, "int8")
+    assert T.parse_method("delayed-2") == ("pipe", 2, None)
+    assert T.parse_method("layerwise+fp16") == ("layerwise", None, "fp16")
+    assert T.parse_method("nocomm") == ("nocomm", None, None)
+    for bad in ("async", "pipe+zip", "nocomm+fp16", 3):
+        with pytest.raises(ValueError, match="method"):
+            T.parse_method(bad)
+
+
+def test_check_config_rejects_bad_settings():
+    with pytest.raises(ValueError, match="unknown"):
+        T.check_config({"speed": 1})
+    with pytest.raises(ValueError, match="batch_size"):
+        T.check_config({"batch_size": 0})
+    with pytest.raises(ValueError, match="model"):
+        T.check_config({"model": "vgg"})
+    with pytest.raises(ValueError, match="lr"):
+        T.check_config({"lr": float("nan")})
+    assert T.check_config({"method": "delayed-1"})["method"] == "delayed-1"
+
+
+@pytest.mark.parametrize(
+    "alg,p,ports", [("ring", 2, "single"), ("lp", 4, "single"), ("ring", 3, "per-neighbor")]
+)
+def test_choose_bandwidth_inverts_the_cost_model(alg, p, ports):
+    n, alpha, gamma = 830_000, 1e-3, 1e-9
+    bw = T.choose_bandwidth(0.02, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
+    link = cost.LinkModel.from_bandwidth(alpha, bw, gamma=gamma, ports=ports)
+    assert cost.allreduce_time(alg, n, p, link) == pytest.approx(0.02, rel=1e-6)
+    with pytest.raises(ValueError, match="comm_ratio"):
+        T.choose_bandwidth(1e-4, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
+
+
+def test_per_iteration_takes_the_slowest_rank():
+    rows = [
+        {
+            "kind": "iteration",
+            "m": "a",
+            "rank": 0,
+            "iteration": 0,
+            "iter_s": 0.05,
+            "comm_s": 0.03,
+            "compute_s": 0.02,
+            "launch_s": 0.0,
+            "compress_s": 0.0,
+            "update_s": 0.0,
+            "loss": 1.0,
+        },
+        {
+            "kind": "iteration",
+            "m": "a",
+            "rank": 1,
+            "iteration": 0,
+            "iter_s": 0.051,
+            "comm_s": 0.021,
+            "compute_s": 0.03,
+            "launch_s": 0.0,
+            "compress_s": 0.0,
+            "update_s": 0.0,
+            "loss": 3.0,
+        },
+        {
+            "kind": "iteration",
+            "m": "a",
+            "rank": 0,
+            "iteration": -1,
+            "iter_s": 9.0,
+            "comm_s": 0.0,
+            "compute_s": 0.0,
+            "launch_s": 0.0,
+            "compress_s": 0.0,
+            "update_s": 0.0,
+            "loss": np.nan,
+        },
+    ]
+    df = pd.DataFrame(rows)
+    st = T.steady(df, 0)
+    assert len(st) == 2  # the finish() record (iteration -1) is not a step
+    agg = T.per_iteration(st, ["m"]).iloc[0]
+    assert agg["T"] == pytest.approx(0.051)
+    assert agg["C"] == pytest.approx(0.030)  # the slower computer
+    assert agg["M"] == pytest.approx(0.021)
+    assert agg["loss"] == pytest.approx(2.0)
+
+
+def test_first_reach():
+    ev = pd.DataFrame(
+        {"iteration": [10, 20, 30], "wall_s": [1.0, 2.0, 3.0], "accuracy": [50.0, 71.0, 69.0]}
+    )
+    assert T.first_reach(ev, 70.0) == (20.0, 2.0)
+    it, wall = T.first_reach(ev, 90.0)
+    assert np.isnan(it) and np.isnan(wall)
+
+
+# --------------------------------------------------------------------------- E7
+
+
+def test_summary_time_to_accuracy_and_speedups():
+    df = _e7()
+    s = e7.summary(df).set_index("method")
+    assert list(s.index) == list(METHODS)
+    assert s.loc["pipe", "iter_speedup"] == pytest.approx(33 / 18, rel=0.05)
+    assert s.loc["sync", "iter_speedup"] == pytest.approx(1.0)
+    # the target (95% of sync's final) is first reached at the last snapshot of every method
+    assert s.loc["pipe", "time_to_acc_speedup"] == pytest.approx(33 / 18, rel=0.02)
+    assert s.loc["pipe", "vs_sync_points"] == pytest.approx(0.0667, abs=1e-3)
+    assert e7.comm_ratio_measured(df) == pytest.approx(1.0, rel=0.1)
+
+
+def test_accuracy_claim_is_symmetric():
+    better = _e7(int8_acc={0: 83.0, 1: 78.0, 2: 84.0})  # +2.7 points: not "within 1 point"
+    assert not e7.check_accuracy_within(better).passed
+    assert e7.check_accuracy_within(better, max_points=3.0).passed
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"world_size": 1},
+        {"methods": ["pipe", "sync"]},
+        {"methods": ["sync", "nocomm"]},
+        {"methods": ["sync", "pipe+gzip"]},
+        {"seeds": []},
+        {"seeds": [0, 0]},
+        {"eval_every": 1000},
+        {"comm_ratio": 0.0},
+        {"bandwidth_Bps": -5.0},
+        {"target_fraction": 1.5},
+        {"algorithm": "mst"},
+        {"batch_size": 10_000},
+    ],
+)
+def test_bad_parameters_name_the_parameter(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        e7.run(**bad)
+
+
+def test_tiny_run_fixed_bandwidth():
+    df = e7.run(
+        seeds=[0],
+        methods=["sync", "pipe", "pipe+int8"],
+        iterations=4,
+        eval_every=2,
+        skip=1,
+        model="mlp",
+        model_kw={"hidden": [16]},
+        batch_size=8,
+        lr=0.1,
+        bandwidth_Bps=1e9,
+        alpha_s=1e-4,
+        calib_iters=2,
+        timeout_s=120.0,
+    )
+    assert {"backend", "world_size", "network"} <= set(df.columns)
+    ev = df[df["kind"] == "eval"]
+    assert sorted(set(ev["method"])) == ["pipe", "pipe+int8", "sync"]
+    assert sorted(ev[ev["method"] == "sync"]["iteration"]) == [2, 4]
+    assert ev["accuracy"].between(0, 100).all()
+    fin = e7.final_accuracy(df)
+    assert len(fin) == 3
+    # pipe's last snapshot is taken after finish(): all 4 gradients applied, as in sync
+    it = df[(df["kind"] == "iteration") & (df["method"] == "pipe")]
+    assert it.loc[it["rank"] == 0, "updates"].sum() == 4
+    assert len(e7.summary(df)) == 3
+    assert e7.check_pipe_speedup(df).measured
+
+
+def test_checks_work_on_data_read_back_from_csv(tmp_path):
+    """Claims are evaluated from data.csv: booleans and seeds come back as objects / floats."""
+    from pipecomm import results
+
+    for make in (_e7, lambda: _e7(int8_acc={0: 70.0, 1: 70.0, 2: 70.0})):
+        df = make()
+        results.write_csv(tmp_path / "data.csv", df)
+        back = results.load_csv(tmp_path / "data.csv")
+        for check in (e7.check_pipe_speedup, e7.check_accuracy_within):
+            assert check(back) == check(df)
+        assert e7.summary(back)["final_acc_%"].tolist() == pytest.approx(
+            e7.summary(df)["final_acc_%"].tolist()
+        )

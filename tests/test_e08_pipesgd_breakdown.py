@@ -1,0 +1,93 @@
+"""E8 Pipe-SGD breakdown: breakdown arithmetic, the overlap bound, claims' synthetic PASS / FAIL
+cases, a tiny run with the bandwidth chosen from the model."""
+
+import pandas as pd
+import pytest
+from test_e07_pipesgd_convergence import fake_training
+
+from pipecomm.experiments import e08_pipesgd_breakdown as e8
+
+
+def _e8(pipe_ms=23.0):
+    # sync: 40 ms per iteration, half of it blocked on the AllReduce: C = M = 20 ms, bound 25 ms
+    ms = {"sync": 40.0, "sync+int8": 35.0, "layerwise": 36.0, "pipe": pipe_ms, "pipe+int8": 22.0}
+    return fake_training(
+        ms,
+        {},
+        seeds=(0,),
+        comm_frac={"sync": 0.5, "sync+int8": 0.35, "layerwise": 0.4, "pipe": 0.05},
+    )
+
+
+CLAIM_CASES = {"e8_overlap_bound": (lambda: _e8(), lambda: _e8(pipe_ms=30.0))}
+
+
+def test_overlap_bound_from_the_sync_run():
+    ob = e8.overlap_bound(_e8())
+    assert ob["C"] == pytest.approx(0.020, rel=0.05)
+    assert ob["M"] == pytest.approx(0.020, rel=0.1)
+    assert ob["bound"] == pytest.approx(max(ob["C"], ob["M"]) + 0.25 * min(ob["C"], ob["M"]))
+    assert ob["T"] == pytest.approx(0.023, rel=0.05)
+    with pytest.raises(ValueError, match="pipe"):
+        e8.overlap_bound(_e8()[lambda d: d["method"] != "pipe"])
+
+
+def test_breakdown_parts_add_up_and_codec_placement():
+    df = _e8()
+    # give the compressed runs codec time: inline for sync, on the comm thread for pipe
+    df.loc[df["method"] == "sync+int8", "compress_s"] = 0.002
+    df.loc[df["method"] == "pipe+int8", "compress_s"] = 0.002
+    b = e8.breakdown(df).set_index("method")
+    parts = b[list(e8.PARTS)].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(b["total"].to_numpy(), rel=1e-9)
+    assert b.loc["sync+int8", "compression"] == pytest.approx(0.002)
+    assert b.loc["sync+int8", "compression_background"] == 0.0
+    assert b.loc["pipe+int8", "compression"] == 0.0
+    assert b.loc["pipe+int8", "compression_background"] == pytest.approx(0.002)
+    s = e8.summary(df).set_index("method")
+    assert s.loc["pipe", "speedup_vs_sync"] == pytest.approx(40 / 23, rel=0.05)
+    assert len(e8.plot(df).axes) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"methods": ["sync", "layerwise"]},
+        {"methods": ["sync", "pipe", "nocomm"]},
+        {"methods": ["sync", "pipe", "pipe"]},
+        {"skip": 99},
+        {"bucket_mb": 0.0},
+        {"algorithm": "be"},
+        {"world_size": 0},
+    ],
+)
+def test_bad_parameters_name_the_parameter(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        e8.run(**bad)
+
+
+def test_tiny_run_bandwidth_from_the_model():
+    df = e8.run(
+        methods=["sync", "pipe", "pipe+fp16"],
+        iterations=4,
+        skip=1,
+        model="mlp",
+        model_kw={"hidden": [16]},
+        batch_size=8,
+        alpha_s=1e-4,
+        comm_ratio=4.0,
+        calib_iters=2,
+        timeout_s=120.0,
+    )
+    assert {"backend", "world_size", "network"} <= set(df.columns)
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    # the bandwidth was chosen so that the modelled AllReduce is comm_ratio x (C + U)
+    assert cal["comm_ratio_model"] == pytest.approx(4.0, rel=1e-3)
+    assert df["network"].iloc[0].startswith("emulated")
+    b = e8.breakdown(df)
+    assert list(b["method"]) == ["sync", "pipe", "pipe+fp16"]
+    assert (b["total"] > 0).all()
+    assert b.set_index("method").loc["pipe+fp16", "compression_background"] > 0
+    assert e8.check_overlap_bound(df).measured
+    assert isinstance(e8.summary(df), pd.DataFrame)

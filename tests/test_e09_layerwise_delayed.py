@@ -1,0 +1,102 @@
+"""E9 layer-wise and delayed GD: claims' synthetic PASS / FAIL cases, Table-1 helper, a tiny run."""
+
+import numpy as np
+import pytest
+from test_e07_pipesgd_convergence import fake_training
+
+from pipecomm.experiments import e09_layerwise_delayed as e9
+
+ACC = {m: {0: 80.0, 1: 78.0} for m in ("sync", "layerwise", "delayed-1", "delayed-2")}
+
+
+def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None):
+    ms = {
+        "nocomm": 30.0,
+        "sync": 90.0,
+        "layerwise": layerwise_ms,
+        "delayed-1": 60.0,
+        "delayed-2": delayed2_ms,
+    }
+    return fake_training(
+        ms, ACC, seeds=(0, 1), acc_curve=acc_curve, comm_frac={"sync": 0.65, "layerwise": 0.6}
+    )
+
+
+CLAIM_CASES = {
+    "e9_delayed_faster": (lambda: _e9(), lambda: _e9(delayed2_ms=95.0)),
+    "e9_layerwise_not_slower": (lambda: _e9(), lambda: _e9(layerwise_ms=98.0)),
+}
+
+
+def test_layerwise_tolerance_is_a_ratio():
+    assert e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0)).passed  # 1.033x <= 1.05
+    assert not e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), tolerance=1.0).passed
+
+
+def test_iterations_to_target_and_summary():
+    # accuracies 0.3, 0.8, 0.95, 1.0 x 80 (or 78) at iterations 3, 6, 9, 12; target 70%
+    df = _e9()
+    tt = e9.iterations_to_target(df)
+    assert "nocomm" not in set(tt["method"])
+    assert (tt["iterations"] == 9.0).all()
+    df.loc[df["target_acc"].notna(), "target_acc"] = 99.0
+    tt = e9.iterations_to_target(df)
+    assert tt["iterations"].isna().all()
+    s = e9.summary(_e9()).set_index("method")
+    assert s.loc["sync", "speedup_vs_sync"] == pytest.approx(1.0)
+    assert s.loc["delayed-1", "speedup_vs_sync"] == pytest.approx(1.5, rel=0.05)
+    assert s.loc["nocomm", "efficiency_vs_nocomm"] == pytest.approx(1.0)
+    assert np.isnan(s.loc["layerwise", "model_ms"])
+    assert len(e9.plot(_e9()).axes) == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"methods": ["layerwise", "delayed-1"]},
+        {"methods": ["sync", "delayed-3x"]},
+        {"nocomm_iterations": 0},
+        {"target_acc": 0.0},
+        {"comm_ratio": -1.0},
+        {"algorithm": "torch"},
+        {"seeds": ["a"]},
+    ],
+)
+def test_bad_parameters_name_the_parameter(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        e9.run(**bad)
+
+
+def test_tiny_run():
+    df = e9.run(
+        methods=["nocomm", "sync", "layerwise", "delayed-2"],
+        iterations=4,
+        nocomm_iterations=3,
+        eval_every=2,
+        skip=1,
+        model="alexnet_like",
+        model_kw={"conv_channels": [4, 8], "fc_width": 32},
+        batch_size=8,
+        bucket_mb=0.001,
+        bandwidth_Bps=1e9,
+        alpha_s=1e-4,
+        target_acc=5.0,
+        calib_iters=2,
+        timeout_s=120.0,
+    )
+    assert {"backend", "world_size", "network"} <= set(df.columns)
+    it = df[(df["kind"] == "iteration") & (df["iteration"] >= 0)]
+    assert it.groupby("method")["iteration"].max().to_dict() == {
+        "nocomm": 2,
+        "sync": 3,
+        "layerwise": 3,
+        "delayed-2": 3,
+    }
+    assert (it[it["method"] == "nocomm"]["comm_s"] == 0).all()
+    ev = df[df["kind"] == "eval"]
+    assert "nocomm" not in set(ev["method"])
+    tt = e9.iterations_to_target(df)
+    assert set(tt["method"]) == {"sync", "layerwise", "delayed-2"}
+    assert len(e9.summary(df)) == 4
+    assert e9.check_delayed_faster(df, methods=("delayed-2",)).measured

@@ -1,0 +1,78 @@
+"""Fill the generated sections of artifact/ARTIFACT.md from artifact/claims.yaml and the profiles.
+
+    .venv/bin/python tools/make_artifact_md.py          # rewrite in place
+    .venv/bin/python tools/make_artifact_md.py --check  # exit 1 if ARTIFACT.md is out of date
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "artifact" / "ARTIFACT.md"
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def claims_section() -> str:
+    claims = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
+    lines = ["| claim | paper | experiment | statement (checked) | the paper's own claim / number |",
+             "|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c['id']} | {_cell(c['paper'])} | {c['experiment']} | "
+                     f"{_cell(c['statement'])} | {_cell(c.get('paper_value', ''))} |")
+    return "\n".join(lines)
+
+
+def experiments_section() -> str:
+    sys.path.insert(0, str(ROOT / "src"))
+    from pipecomm import artifact
+
+    profiles = {}
+    for name in ("cpu", "gpu"):
+        spec = yaml.safe_load((ROOT / "artifact" / "profiles" / f"{name}.yaml").read_text())
+        profiles[name] = spec.get("experiments") or {}
+    found = artifact.discover()
+    lines = ["| id | notebook | command | cpu budget | gpu budget | outputs |",
+             "|---|---|---|---|---|---|"]
+    for eid, exp in found.items():
+        cpu = profiles["cpu"].get(eid, {}).get("budget_s", "-")
+        gpu = profiles["gpu"].get(eid, {}).get("budget_s", "-")
+        lines.append(f"| {eid} | `{exp.notebook.name}` | `./run_all.sh --only {eid}` | {cpu} s | "
+                     f"{gpu} s | `results/<profile>/{eid}/` |")
+    total = sum(v.get("budget_s", 0) for v in profiles["cpu"].values())
+    lines.append("")
+    lines.append(f"cpu-profile budgets add up to {total / 60:.1f} minutes. Each notebook's first "
+                 "markdown cell says what its figure shows and which claim it tests; its last "
+                 "cell says what to see.")
+    return "\n".join(lines)
+
+
+def render(text: str) -> str:
+    for key, body in (("claims", claims_section()), ("experiments", experiments_section())):
+        pattern = re.compile(rf"(<!-- {key}:begin[^>]*-->\n).*?(<!-- {key}:end -->)", re.S)
+        text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
+    return text
+
+
+def main() -> int:
+    old = DOC.read_text()
+    new = render(old)
+    if "--check" in sys.argv:
+        if new != old:
+            print("artifact/ARTIFACT.md is out of date: run tools/make_artifact_md.py")
+            return 1
+        return 0
+    DOC.write_text(new)
+    print("wrote", DOC.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
