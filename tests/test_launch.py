@@ -57,9 +57,9 @@ def test_rank_error_carries_rank_and_traceback(ranks2):
 
 def test_dead_rank_is_reported(ranks2):
     start = time.monotonic()
-    with pytest.raises(launch.RankError, match="rank 0: died with exit code 7"):
+    with pytest.raises(launch.RankError, match=r"rank 0: died \((exit code 7|its connection)"):
         ranks2.run(fns.die_on, 0, timeout_s=60)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 15
 
 
 def test_timeout_names_running_ranks(ranks2):

@@ -478,15 +478,17 @@ class Ranks:
                         conn = self._conns[rank]
                         if conn.poll(0):
                             continue  # its last message comes first
+                        self._procs[rank].join(5.0)  # the sentinel can fire before it is reaped
                         code = self._procs[rank].exitcode
-                        raise RankError(rank, f"died with exit code {code} during {what}")
+                        raise RankError(rank, f"died (exit code {code}) during {what}")
                     rank = conn_rank[id(obj)]
                     try:
                         message = pickle.loads(obj.recv_bytes())
                     except (EOFError, OSError) as exc:
-                        self._procs[rank].join(2.0)
+                        self._procs[rank].join(5.0)
                         code = self._procs[rank].exitcode
-                        raise RankError(rank, f"died with exit code {code} during {what}") from exc
+                        how = f"exit code {code}" if code is not None else "its connection closed"
+                        raise RankError(rank, f"died ({how}) during {what}") from exc
                     kind, msg_rank, value = message
                     if kind == "error":
                         raise RankError(msg_rank, f"{value[0]} during {what}", value[1])
