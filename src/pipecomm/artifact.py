@@ -239,6 +239,47 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
     return table
 
 
+def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
+    """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly:
+    data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
+    beside it), params.json, env.json, and the claims table (claims.md, claims.csv).
+
+    Example::
+
+        python -m pipecomm.artifact --profile cpu --save-reference
+    """
+    import gzip
+
+    import nbformat
+
+    source = source or RESULTS / profile
+    dest = dest or REFERENCE / profile
+    missing = [e for e in discover() if not (source / e / "data.csv").exists()]
+    if missing:
+        raise UsageError(f"{source} lacks results for {missing}: run them first")
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for eid in discover():
+        src, out = source / eid, tmp / eid
+        out.mkdir(parents=True)
+        with gzip.open(out / "data.csv.gz", "wb", compresslevel=9) as f:
+            f.write((src / "data.csv").read_bytes())
+        for name in ("figure.png", "params.json", "env.json", "calibration.json"):
+            if (src / name).exists():
+                shutil.copy2(src / name, out / name)
+        nb = nbformat.read(src / "notebook.ipynb", as_version=4)
+        for cell in nb.cells:
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                if "image/png" in data or "application/pdf" in data:
+                    output["data"] = {"text/plain": "[figure: see figure.png beside this notebook]"}
+        nbformat.write(nb, out / "notebook.ipynb")
+    for name in ("claims.md", "claims.csv"):
+        shutil.copy2(source / name, tmp / name)
+    results.replace_dir(tmp, dest)
+    return dest
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -256,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a parameter (repeatable); written to its own directory")
     p.add_argument("--force", action="store_true", help="re-run even if a result matches")
     p.add_argument("--list", action="store_true", help="list experiments, budgets, parameters")
+    p.add_argument("--save-reference", action="store_true",
+                   help="copy results/<profile> to artifact/reference/<profile> (maintainers)")
     p.add_argument("--timeout-factor", type=float, default=3.0,
                    help="hard limit per experiment = factor x budget (min 120 s)")
     return p
@@ -277,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_overrides(args.param, selected)
     except UsageError as exc:
         parser.error(str(exc))
+    if args.save_reference:
+        try:
+            print(f"wrote {save_reference(profile).relative_to(ROOT)}")
+        except UsageError as exc:
+            parser.error(str(exc))
+        return 0
     if args.list:
         for e in experiments.values():
             params = {**e.defaults, **e.profile_params}

@@ -221,10 +221,15 @@ def save(
 
 
 def load_csv(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a finished run's data.csv (a file, or the directory holding it)."""
+    """Read a finished run's data.csv (a file, possibly .gz, or the directory holding it).
+
+    Example::
+
+        df = results.load_csv("artifact/reference/cpu/E3")
+    """
     path = Path(path)
-    if path.is_dir():
-        path = path / "data.csv"
+    if path.is_dir():  # a result directory, or a reference one (data.csv.gz)
+        path = path / "data.csv" if (path / "data.csv").exists() else path / "data.csv.gz"
     if not path.exists():
         raise FileNotFoundError(f"no data.csv at {path}: run the experiment first")
     return pd.read_csv(path)
