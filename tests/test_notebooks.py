@@ -18,14 +18,11 @@ def kernel():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_with_its_defaults(path, tmp_path):
-    pm.execute_notebook(str(path), str(tmp_path / path.name), kernel_name=artifact.KERNEL,
-                        cwd=str(path.parent), execution_timeout=240, progress_bar=False)
+    artifact.execute_notebook(path, tmp_path / path.name, timeout_s=240)
     assert (tmp_path / path.name).exists()
 
 
 def test_invalid_parameter_fails_with_a_clear_message(tmp_path):
     path = next(p for p in NOTEBOOKS if p.stem == "00_calibrate")
     with pytest.raises(pm.PapermillExecutionError, match="sizes_max"):
-        pm.execute_notebook(str(path), str(tmp_path / path.name), kernel_name=artifact.KERNEL,
-                            parameters={"sizes_max": "big"}, cwd=str(path.parent),
-                            execution_timeout=120, progress_bar=False)
+        artifact.execute_notebook(path, tmp_path / path.name, {"sizes_max": "big"}, timeout_s=120)

@@ -169,6 +169,47 @@ def ensure_kernel() -> None:
     install(kernel_name=KERNEL, display_name="Python (pipecomm)", prefix=sys.prefix)
 
 
+def _ipc_kernel_manager():
+    """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.transport = "ipc"  # sockets are files in a private temporary directory
+            self.ip = str(Path(tempfile.mkdtemp(prefix="pipecomm-kernel-")) / "kernel")
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+
+        cleanup_resources = _async_cleanup_resources
+
+    return IPCKernelManager
+
+
+def execute_notebook(path: Path, output: Path, parameters: dict[str, Any] | None = None,
+                     timeout_s: float = 600.0) -> None:
+    """papermill on the ``pipecomm`` kernel (IPC transport), from the notebooks' directory.
+
+    Example::
+
+        execute_notebook(Path("notebooks/01_lp_cost_model.ipynb"), Path("/tmp/out.ipynb"))
+    """
+    import papermill as pm
+
+    pm.execute_notebook(
+        str(path), str(output), parameters=parameters or {}, kernel_name=KERNEL,
+        cwd=str(path.parent), execution_timeout=int(timeout_s), progress_bar=False,
+        report_mode=False, kernel_manager_class=_ipc_kernel_manager(),
+    )
+
+
 def is_reusable(out: Path, params: dict[str, Any], commit: str) -> bool:
     """A finished result with the same parameters and git commit (a dirty tree's commit string
     carries a hash of its diff, so reuse there also means the same code)."""
@@ -185,8 +226,6 @@ def is_reusable(out: Path, params: dict[str, Any], commit: str) -> bool:
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
                    timeout_factor: float = 3.0) -> float:
     """Execute the notebook into a temporary directory, then rename it to ``out``."""
-    import papermill as pm
-
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -194,16 +233,8 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
     start = time.perf_counter()
     try:
         results.write_json(tmp / "env.json", {"profile": profile})
-        pm.execute_notebook(
-            str(exp.notebook),
-            str(tmp / "notebook.ipynb"),
-            parameters={**params, "out_dir": str(tmp)},
-            kernel_name=KERNEL,
-            cwd=str(NOTEBOOKS),
-            execution_timeout=int(limit),
-            progress_bar=False,
-            report_mode=False,
-        )
+        execute_notebook(exp.notebook, tmp / "notebook.ipynb",
+                         {**params, "out_dir": str(tmp)}, timeout_s=limit)
         wall = time.perf_counter() - start
         if not (tmp / "data.csv").exists():
             raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
