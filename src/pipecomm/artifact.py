@@ -171,8 +171,6 @@ def ensure_kernel() -> None:
 
 def _ipc_kernel_manager():
     """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports."""
-    from jupyter_client.manager import AsyncKernelManager
-
     import tempfile
 
     from jupyter_client.manager import AsyncKernelManager
