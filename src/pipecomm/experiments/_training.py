@@ -97,6 +97,21 @@ def parse_method(method: str) -> tuple[str, int | None, str | None]:
     return base, None, compression
 
 
+def config(params: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """A training configuration: :data:`DEFAULT_CONFIG`, then the experiment's parameters of the
+    same names, then ``overrides`` (the per-run choices: method, seed, ...).
+
+    Example::
+
+        cfg = config(p, seed=1, method="pipe")
+    """
+    cfg = dict(DEFAULT_CONFIG)
+    cfg.update({k: params[k] for k in DEFAULT_CONFIG if k in params})
+    cfg["model_kw"] = dict(cfg["model_kw"])
+    cfg.update(overrides)
+    return cfg
+
+
 def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Validate a training configuration (unknown keys and bad values are ValueErrors).
 

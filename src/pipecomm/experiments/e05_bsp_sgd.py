@@ -88,19 +88,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
-    return dict(
-        T.DEFAULT_CONFIG,
-        model=p["model"],
-        model_kw=dict(p["model_kw"]),
-        batch_size=p["batch_size"],
-        lr=p["lr"],
-        momentum=p["momentum"],
-        seed=p["seed"],
-        iterations=p["iterations"],
-        method="sync",
-        algorithm=algorithm,
-        barrier_before_step=True,
-    )
+    return T.config(p, method="sync", algorithm=algorithm, barrier_before_step=True)
 
 
 def run(**params: Any) -> pd.DataFrame:

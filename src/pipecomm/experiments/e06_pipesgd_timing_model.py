@@ -140,18 +140,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(p: dict[str, Any], batch: int, mode: str) -> dict[str, Any]:
-    return dict(
-        T.DEFAULT_CONFIG,
-        model=p["model"],
-        model_kw=dict(p["model_kw"]),
-        batch_size=batch,
-        lr=p["lr"],
-        seed=p["seed"],
-        iterations=p["iterations"],
-        method=mode,
-        algorithm=p["algorithm"],
-        switch_interval_s=p["switch_interval_s"],
-    )
+    return T.config(p, batch_size=batch, method=mode)
 
 
 def predict(

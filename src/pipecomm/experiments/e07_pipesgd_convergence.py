@@ -147,20 +147,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return dict(
-        T.DEFAULT_CONFIG,
-        model=p["model"],
-        model_kw=dict(p["model_kw"]),
-        batch_size=p["batch_size"],
-        lr=p["lr"],
-        momentum=p["momentum"],
-        seed=seed,
-        iterations=p["iterations"],
-        method=method,
-        algorithm=p["algorithm"],
-        switch_interval_s=p["switch_interval_s"],
-        eval_every=p["eval_every"],
-    )
+    return T.config(p, seed=seed, method=method)
 
 
 def run(**params: Any) -> pd.DataFrame:

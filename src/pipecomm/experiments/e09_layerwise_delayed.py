@@ -157,22 +157,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return dict(
-        T.DEFAULT_CONFIG,
-        model=p["model"],
-        model_kw=dict(p["model_kw"]),
-        batch_size=p["batch_size"],
-        lr=p["lr"],
-        momentum=p["momentum"],
-        seed=seed,
-        iterations=p["iterations"],
-        method=method,
-        algorithm=p["algorithm"],
-        switch_interval_s=p["switch_interval_s"],
-        bucket_mb=p["bucket_mb"],
-        eval_every=p["eval_every"],
-        evaluate=method != "nocomm",
-    )
+    return T.config(p, seed=seed, method=method, evaluate=method != "nocomm")
 
 
 def run(**params: Any) -> pd.DataFrame:
