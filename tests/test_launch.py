@@ -131,7 +131,8 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
         "from pipecomm import launch\n"
         "info = launch.init_from_env()\n"
         "t = torch.ones(2); dist.all_reduce(t)\n"
-        "print('RESULT', info.rank, info.world_size, info.backend, int(t[0]))\n"
+        f"open(f'{tmp_path}/rank{{info.rank}}.txt', 'w').write(\n"
+        "    f'RESULT {info.rank} {info.world_size} {info.backend} {int(t[0])}')\n"
         "dist.destroy_process_group()\n"
     )
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -140,5 +141,5 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
     assert lines == ["RESULT 0 2 gloo 2", "RESULT 1 2 gloo 2"]
