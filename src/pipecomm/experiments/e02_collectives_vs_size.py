@@ -185,8 +185,24 @@ def _check_params(params: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def network(p: dict[str, Any], ports: str):
-    """The emulated :class:`pipecomm.netem.Network` of the parameters, with ``ports``.
+def check_link_params(p: dict[str, Any]) -> None:
+    """Validate the emulated link and time-out parameters E2, E3 and E4 share."""
+    if "ports" in p and p["ports"] not in ("single", "per-neighbor"):
+        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {p['ports']!r}")
+    for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
+        v = p[name]
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v < 0
+            or (name != "emu_alpha_s" and v == 0)
+        ):
+            raise ValueError(f"parameter {name} must be a positive number, got {v!r}")
+
+
+def network(p: dict[str, Any], ports: str | None = None):
+    """The emulated :class:`pipecomm.netem.Network` of the parameters, with ``ports`` (default:
+    the parameter ``ports``).
 
     Example::
 
@@ -195,7 +211,9 @@ def network(p: dict[str, Any], ports: str):
     from pipecomm import netem
 
     return netem.Network(
-        alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"], ports=ports
+        alpha_s=p["emu_alpha_s"],
+        bandwidth_Bps=p["emu_bandwidth_Bps"],
+        ports=ports if ports is not None else p["ports"],
     )
 
 

@@ -40,7 +40,12 @@ import pandas as pd
 
 from pipecomm import claims, cost, launch
 from pipecomm.experiments._cli import main
-from pipecomm.experiments.e02_collectives_vs_size import ALG_COLORS, measure_points
+from pipecomm.experiments.e02_collectives_vs_size import (
+    ALG_COLORS,
+    check_link_params,
+    measure_points,
+    network,
+)
 
 ID = "E3"
 NOTEBOOK = "03_collectives_vs_ranks"
@@ -87,32 +92,8 @@ def _check_params(params: dict[str, Any]) -> dict[str, Any]:
             f"parameter algorithms must list entries of {cost.ALGORITHMS} (the "
             f"built-in cannot be emulated), got {algs!r}"
         )
-    if p["ports"] not in ("single", "per-neighbor"):
-        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {p['ports']!r}")
-    for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
-        v = p[name]
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or v < 0
-            or (name != "emu_alpha_s" and v == 0)
-        ):
-            raise ValueError(f"parameter {name} must be a positive number, got {v!r}")
+    check_link_params(p)
     return p
-
-
-def network(p: dict[str, Any]):
-    """The emulated :class:`pipecomm.netem.Network` of the parameters.
-
-    Example::
-
-        network({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6, "ports": "single"})
-    """
-    from pipecomm import netem
-
-    return netem.Network(
-        alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"], ports=p["ports"]
-    )
 
 
 def expected_runtime_s(**params: Any) -> dict[str, float]:
