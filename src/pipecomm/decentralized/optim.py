@@ -178,17 +178,4 @@ class AccumAdamW(AccumAdam):
                          accum_iter=8)
     """
 
-    _decoupled = True
-
-    def __init__(
-        self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        accum_iter: int = 4,
-    ) -> None:
-        super().__init__(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, accum_iter=accum_iter
-        )
+    _decoupled = True  # same constructor and state as AccumAdam; only the decay differs
