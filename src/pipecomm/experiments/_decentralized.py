@@ -745,6 +745,30 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
+    """Validate the timing workload shared by E11 and E12: the gossip/AllReduce algorithm
+    (pipecomm's own), the layer and iteration counts, and ``fwd_ms``, ``bwd_ms`` and any other
+    ``nonnegative`` numbers."""
+    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
+        raise ValueError(
+            f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
+            f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
+        )
+    for key, lo in (
+        ("width", 1),
+        ("layers", 1),
+        ("blocks", 1),
+        ("block_iters", 1),
+        ("warmup", 1),
+        ("calib_iters", 2),
+        ("seed", 0),
+    ):
+        check_positive_int(key, p[key], lo)
+    for key in ("fwd_ms", "bwd_ms", *nonnegative):
+        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
+            raise ValueError(f"parameter {key} must be a number >= 0, got {p[key]!r}")
+
+
 def check_world_sizes(name: str, values: Any, ranks_per_node: int) -> list[int]:
     """World sizes: a non-empty list of multiples of ``ranks_per_node`` with a power-of-two
     number of nodes (what every topology here accepts)."""

@@ -141,25 +141,7 @@ def _validate(p: dict[str, Any]) -> None:
             raise ValueError(
                 f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
             )
-    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
-        raise ValueError(
-            f"parameter algorithm must be one of lp, ring, be, mst, got {p['algorithm']!r}"
-        )
-    for key, lo in (
-        ("width", 1),
-        ("layers", 1),
-        ("blocks", 1),
-        ("block_iters", 1),
-        ("warmup", 1),
-        ("calib_iters", 2),
-        ("seed", 0),
-    ):
-        D.check_positive_int(key, p[key], lo)
-    for key in ("fwd_ms", "bwd_ms"):
-        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
-            raise ValueError(
-                f"parameter {key} must be a number >= 0 (milliseconds), got {p[key]!r}"
-            )
+    D.check_timing_workload(p)
 
 
 def _spec(p: dict[str, Any], case: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -82,24 +82,7 @@ def _validate(p: dict[str, Any]) -> None:
     for t in p["topologies"]:
         if t not in TOPOLOGIES:
             raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
-        raise ValueError(
-            f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
-            f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
-        )
-    for key, lo in (
-        ("width", 1),
-        ("layers", 1),
-        ("blocks", 1),
-        ("block_iters", 1),
-        ("warmup", 1),
-        ("calib_iters", 2),
-        ("seed", 0),
-    ):
-        D.check_positive_int(key, p[key], lo)
-    for key in ("fwd_ms", "bwd_ms", "compute_cv"):
-        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
-            raise ValueError(f"parameter {key} must be a number >= 0, got {p[key]!r}")
+    D.check_timing_workload(p, "compute_cv")
     D.make_network(p)
 
 
