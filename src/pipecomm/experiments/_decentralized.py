@@ -745,6 +745,29 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def bars_with_markers(ax: Any, data: Any, *, x: str, y: str, hue: str, order: list,
+                      hue_order: list, marker: str, label: str) -> None:
+    """Seaborn bars of ``y`` (measured) with a black dash per bar at ``marker`` (the model).
+
+    Example::
+
+        bars_with_markers(ax, df, x="topology", y="measured_ms", hue="world_size",
+                          order=["complete", "AER"], hue_order=[4, 8], marker="model_ms",
+                          label="model")
+    """
+    import seaborn as sns
+
+    sns.barplot(data=data, x=x, y=y, hue=hue, order=order, hue_order=hue_order, ax=ax,
+                palette="deep")
+    width = 0.8 / len(hue_order)
+    for j, h in enumerate(hue_order):
+        for i, xv in enumerate(order):
+            sel = data[(data[hue] == h) & (data[x] == xv)]
+            if len(sel):
+                ax.plot([i - 0.4 + width * (j + 0.5)], [sel[marker].iloc[0]], "k_",
+                        markersize=14, mew=2, label=label if i == 0 and j == 0 else None)
+
+
 def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
     """Validate the timing workload shared by E11 and E12: the gossip/AllReduce algorithm
     (pipecomm's own), the layer and iteration counts, and ``fwd_ms``, ``bwd_ms`` and any other

@@ -44,7 +44,6 @@ from pipecomm import claims, launch
 from pipecomm.decentralized import topology
 from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments._cli import main
-from pipecomm.results import save  # noqa: F401  (the notebook calls E.save)
 
 ID = "E10"
 NOTEBOOK = "10_topology_comm_time"
@@ -185,30 +184,17 @@ def plot(df: pd.DataFrame, **params: Any):
     order = [SHORT[x] for x in TOPOLOGIES if SHORT[x] in set(t.topology)]
     for ax, model in zip(axes[0], models):
         sub = t[t.model == model]
-        sns.barplot(
-            data=sub.assign(ms=sub.measured_s * 1e3),
+        D.bars_with_markers(
+            ax,
+            sub.assign(ms=sub.measured_s * 1e3, model_ms=sub.model_s * 1e3),
             x="topology",
             y="ms",
             hue="world_size",
             order=order,
             hue_order=worlds,
-            ax=ax,
-            palette="deep",
+            marker="model_ms",
+            label="model",
         )
-        width = 0.8 / len(worlds)
-        for j, w in enumerate(worlds):
-            for i, topo in enumerate(order):
-                m = sub[(sub.world_size == w) & (sub.topology == topo)]
-                if len(m):
-                    x = i - 0.4 + width * (j + 0.5)
-                    ax.plot(
-                        [x],
-                        [m.model_s.iloc[0] * 1e3],
-                        "k_",
-                        markersize=14,
-                        mew=2,
-                        label="model" if (i == 0 and j == 0) else None,
-                    )
         ax.set(
             xlabel="topology",
             ylabel="communication per iteration (ms)",

@@ -51,7 +51,6 @@ import pandas as pd
 from pipecomm import claims, launch
 from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments._cli import main
-from pipecomm.results import save  # noqa: F401  (the notebook calls E.save)
 
 ID = "E11"
 NOTEBOOK = "11_runtime_model"
@@ -260,29 +259,17 @@ def plot(df: pd.DataFrame, **params: Any):
     ax0.legend(fontsize=7)
     cases_order = list(dict.fromkeys(d.case))
     methods = list(dict.fromkeys(d.method))
-    sns.barplot(
-        data=d,
+    D.bars_with_markers(
+        ax1,
+        d,
         x="case",
         y="measured_ms",
         hue="method",
         order=cases_order,
         hue_order=methods,
-        ax=ax1,
-        palette="deep",
+        marker="predicted_ms",
+        label="predicted",
     )
-    width = 0.8 / len(methods)
-    for j, m in enumerate(methods):
-        for i, c in enumerate(cases_order):
-            sel = d[(d.method == m) & (d.case == c)]
-            if len(sel):
-                ax1.plot(
-                    [i - 0.4 + width * (j + 0.5)],
-                    [sel.predicted_ms.iloc[0]],
-                    "k_",
-                    markersize=14,
-                    mew=2,
-                    label="predicted" if i == 0 and j == 0 else None,
-                )
     ax1.set(xlabel="", ylabel="ms / iteration", title="the three factors (bars: measured)")
     ax1.tick_params(axis="x", labelsize=7, rotation=15)
     ax1.legend(fontsize=7)

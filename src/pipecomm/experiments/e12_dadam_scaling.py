@@ -49,7 +49,6 @@ from pipecomm import claims, launch
 from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments._cli import main
 from pipecomm.experiments.e11_runtime_model import method_name
-from pipecomm.results import save  # noqa: F401  (the notebook calls E.save)
 
 ID = "E12"
 NOTEBOOK = "12_dadam_scaling"

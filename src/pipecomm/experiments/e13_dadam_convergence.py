@@ -67,7 +67,6 @@ from pipecomm import claims, launch
 from pipecomm.decentralized import AccumAdam, topology
 from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments._cli import main
-from pipecomm.results import save  # noqa: F401  (the notebook calls E.save)
 
 ID = "E13"
 NOTEBOOK = "13_dadam_convergence"
