@@ -428,6 +428,19 @@ def _lp_optimal_block_bytes(
 # --------------------------------------------------------------------------------------------
 
 
+def _check_args(
+    algorithm: str, link: LinkModel, nbytes: int, p: int, block_bytes: int | None
+) -> tuple[str, LinkModel, int, int, int | None]:
+    """The validated arguments every collective model takes."""
+    return (
+        _check_algorithm(algorithm),
+        _check_link(link),
+        _as_count(nbytes, "nbytes", 0),
+        _as_count(p, "p", 1),
+        _check_block(block_bytes),
+    )
+
+
 def broadcast_time(
     algorithm: str, nbytes: int, p: int, link: LinkModel, block_bytes: int | None = None
 ) -> float:
@@ -450,11 +463,7 @@ def broadcast_time(
         >>> broadcast_time("lp", 4000, 4, link, block_bytes=1000)   # k + p - 2 = 6 steps of 2 ms
         0.012
     """
-    algorithm = _check_algorithm(algorithm)
-    link = _check_link(link)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
-    b = _check_block(block_bytes)
+    algorithm, link, n, p, b = _check_args(algorithm, link, nbytes, p, block_bytes)
     if n == 0 or p == 1:
         return 0.0
     a, be = link.alpha, link.beta
@@ -491,11 +500,7 @@ def reduce_time(
         >>> round(reduce_time("mst", 1000, 4, link), 6)     # 2 rounds of (1 + 1 + 1) ms
         0.006
     """
-    algorithm = _check_algorithm(algorithm)
-    link = _check_link(link)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
-    b = _check_block(block_bytes)
+    algorithm, link, n, p, b = _check_args(algorithm, link, nbytes, p, block_bytes)
     if n == 0 or p == 1:
         return 0.0
     a, be, g = link.alpha, link.beta, link.gamma
@@ -548,11 +553,7 @@ def allreduce_time(
         >>> allreduce_time("ring", 4000, 4, link)        # 2 * 3/4 * 4000 bytes at 1 ns/byte
         6e-06
     """
-    algorithm = _check_algorithm(algorithm)
-    link = _check_link(link)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
-    b = _check_block(block_bytes)
+    algorithm, link, n, p, b = _check_args(algorithm, link, nbytes, p, block_bytes)
     ratio, codec = _check_compression(algorithm, compression_ratio, codec_s_per_byte)
     if n == 0 or p == 1:
         return 0.0
