@@ -6,14 +6,18 @@ import time
 import torch
 import torch.distributed as dist
 
+from pipecomm import launch
+
 
 def identity_and_tensor(x):
     rank = dist.get_rank()
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
     return {"rank": rank, "x": x, "sum": t, "pid": os.getpid(),
-            "threads": torch.get_num_threads(), "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
-            "local_rank": os.environ["LOCAL_RANK"], "world": dist.get_world_size()}
+            "threads": torch.get_num_threads(),
+        "device": str(launch.device()), "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+            "local_rank": os.environ["LOCAL_RANK"], "world": dist.get_world_size(),
+            "device": str(launch.device())}
 
 
 def raise_on(rank_to_fail):

@@ -165,6 +165,8 @@ def test_method_names_split_into_optimizer_and_topology():
         ({"accum_iter": 0}, "accum_iter"),
         ({"lm_accum_lr_scale": -1.0}, "lm_accum_lr_scale"),
         ({"emulated": "yes"}, "emulated"),
+        ({"backend": "mpi"}, "backend"),
+        ({"backend": "nccl", "emulated": True}, "emulated network"),
     ],
 )
 def test_bad_parameters_name_the_parameter(bad, match):
@@ -185,7 +187,7 @@ def test_tiny_end_to_end_run():
         eval_every=2,
     )
     assert {"backend", "world_size", "network"} <= set(df.columns)
-    assert (df.network == "real").all()
+    assert (df.network == "real").all() and (df.backend == "gloo").all()
     f = e13.finals(df)
     assert len(f) == 4 and f.loss.notna().all()
     assert f[f.task == "digits"].accuracy.between(0, 1).all()
@@ -199,3 +201,9 @@ def test_tiny_end_to_end_run():
     assert (train.groupby(["task", "method"]).wall_s.diff().dropna() > 0).all()
     assert len(e13.summary(df)) == 4
     e13.plot(df)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 4, reason="needs fewer than 4 visible GPUs")
+def test_nccl_without_enough_gpus_is_refused_before_starting_ranks():
+    with pytest.raises(ValueError, match="needs 4 visible GPUs"):
+        e13.run(backend="nccl")

@@ -27,6 +27,7 @@ def test_results_in_rank_order_with_tensors(pool):
     for o in out:
         assert torch.equal(o["sum"], torch.full((3,), 3.0))
     assert all(o["threads"] == max(1, (os.cpu_count() or 1) // 3) for o in out)
+    assert all(o["device"] == "cpu" for o in out)  # gloo ranks compute on the CPU
 
 
 def test_pool_reuses_processes(pool):
@@ -103,6 +104,16 @@ def test_not_importable_functions_are_refused(monkeypatch):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         launch.Ranks(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 3, reason="needs fewer than 3 visible GPUs")
+def test_nccl_needs_one_gpu_per_rank():
+    with pytest.raises(ValueError, match="needs 3 visible GPUs"):
+        launch.Ranks(3, backend="nccl")
+
+
+def test_device_without_process_group_is_cpu():
+    assert launch.device() == torch.device("cpu")
 
 
 def test_bad_timeout(pool):

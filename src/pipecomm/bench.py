@@ -53,8 +53,15 @@ def busbw(op: str, nbytes: int, seconds: float, p: int) -> float:
     return algbw(nbytes, seconds) * busbw_factor(op, p)
 
 
-def _sync(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for ``device``'s queued kernels when it is a GPU (CUDA kernels run asynchronously, so
+    a host clock read without this measures launches, not work); nothing for the CPU or None.
+
+    Example::
+
+        bench.synchronize(launch.device()); t0 = time.perf_counter()
+    """
+    if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -82,14 +89,14 @@ def time_fn(
     distributed = dist.is_available() and dist.is_initialized()
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     local = []
     for _ in range(iters):
         if distributed and barrier:
             dist.barrier(group=group)
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         local.append(time.perf_counter() - start)
     times = torch.tensor(local, dtype=torch.float64)
     if distributed and dist.get_backend(group) == "nccl":

@@ -45,7 +45,9 @@ __all__ = [
     "RankError",
     "RankInfo",
     "Ranks",
+    "check_gpus",
     "comm_group",
+    "device",
     "init_from_env",
     "local_world_size",
     "ranks_per_node",
@@ -112,6 +114,24 @@ def comm_group():
     return _COMM_GROUP
 
 
+def device():
+    """This rank's device: ``cuda:<current>`` when the default process group is NCCL (launch
+    pinned one GPU per local rank), else ``cpu`` (gloo, or no process group at all).
+
+    Experiments place models and batches with it, so one code path serves both profiles.
+
+    Example::
+
+        model = build_model().to(launch.device())
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def ranks_per_node() -> int | None:
     """Ranks per (real or emulated) node: ``LOCAL_WORLD_SIZE`` as set by torchrun or by launch.
 
@@ -160,15 +180,17 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def _init_distributed(
-    *, rank: int, world_size: int, backend: str, init_method: str, timeout_s: float
+    *, rank: int, world_size: int, backend: str, init_method: str, timeout_s: float, gpu: int
 ) -> None:
+    """Join the process group; with NCCL first pin GPU ``gpu`` (this host's rank index: every
+    local pool rank is on this host, whatever ``ranks_per_node`` emulates)."""
     import torch
     import torch.distributed as dist
 
     global _COMM_GROUP, _PG_TIMEOUT
     _PG_TIMEOUT = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(gpu % torch.cuda.device_count())
     dist.init_process_group(
         backend,
         init_method=init_method,
@@ -218,6 +240,7 @@ def _worker(
             backend=backend,
             init_method=f"tcp://127.0.0.1:{port}",
             timeout_s=pg_timeout_s,
+            gpu=rank,
         )
         if network is not None:
             from pipecomm import netem
@@ -291,6 +314,26 @@ def _validate(world_size: int, backend: str, ranks_per_node: int | None, network
         raise ValueError(
             "the emulated network is a CPU-profile tool and is refused with NCCL: pass "
             "network=None with backend='nccl', or use backend='gloo'"
+        )
+    if backend == "nccl":
+        check_gpus(world_size)
+
+
+def check_gpus(world_size: int) -> None:
+    """Raise ValueError unless ``world_size`` GPUs are visible: NCCL places one rank per GPU.
+
+    Example::
+
+        launch.check_gpus(8)   # before starting an 8-rank NCCL pool
+    """
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < world_size:
+        raise ValueError(
+            f"backend='nccl' with {world_size} local ranks needs {world_size} visible GPUs "
+            f"(NCCL cannot place two ranks on one GPU), found {have}: use fewer ranks, "
+            "backend='gloo', or torchrun across nodes"
         )
 
 
@@ -554,6 +597,6 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     _set_threads(local_world)
     if not dist.is_initialized():
         _init_distributed(rank=rank, world_size=world, backend=backend, init_method="env://",
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, gpu=local_rank)
     device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     return RankInfo(rank, world, local_rank, local_world, backend, device)

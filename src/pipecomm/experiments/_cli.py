@@ -92,6 +92,27 @@ def check_type(name: str, value: Any, default: Any) -> None:
         )
 
 
+def check_backend(backend: Any, world_size: int, *, emulated: bool) -> None:
+    """Validate an experiment's ``backend`` parameter: ``"gloo"`` (CPU ranks, cpu profile) or
+    ``"nccl"`` (one visible GPU per rank, no emulated network, gpu profile).
+
+    Example::
+
+        check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
+    """
+    from pipecomm import launch
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        if emulated:
+            raise ValueError(
+                "the emulated network is a gloo (cpu profile) tool: with backend='nccl' the "
+                "real interconnect is measured; set the emulated network off or use 'gloo'"
+            )
+        launch.check_gpus(world_size)
+
+
 def notebook_params(namespace: Mapping[str, Any], module: ModuleType) -> dict[str, Any]:
     """Collect a notebook's parameters (the names in ``module.DEFAULTS``) from its globals,
     checking each against the type of its default.

@@ -38,7 +38,9 @@ Network: by default the real gloo backend (no emulation, ``algorithm="torch"``):
 does not depend on the network, and real communication keeps 30 training runs within the budget;
 the wall-clock axis then shows loopback on a 2-core machine, not the paper's cluster (E12 covers
 per-iteration time on the emulated network). ``emulated=True`` runs on the two-level emulated
-network with pipecomm's ``ring`` instead.
+network with pipecomm's ``ring`` instead. ``backend="nccl"`` (gpu profile) trains on one GPU per
+rank over NCCL (real interconnect; emulation refused); every timed iteration then ends with a
+device synchronisation so the wall-clock axis measures GPU work, not kernel launches.
 
 cpu-profile runtime (estimate, quiet 2-core machine): about 80 s -- one pool of 4 ranks (about
 3 s), 15 digits runs of 150 iterations (about 0.6 s each) and 15 LM runs of 200 iterations
@@ -63,10 +65,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import claims, launch
+from pipecomm import bench, claims, launch
 from pipecomm.decentralized import AccumAdam, topology
 from pipecomm.experiments import _decentralized as D
-from pipecomm.experiments._cli import main
+from pipecomm.experiments._cli import check_backend, main
 
 ID = "E13"
 NOTEBOOK = "13_dadam_convergence"
@@ -97,6 +99,7 @@ DEFAULTS: dict[str, Any] = {
     "digits_accum_lr_scale": 1.5,
     "lm_accum_lr_scale": 1.0,
     "emulated": False,
+    "backend": "gloo",
     "timeout_s": 300.0,
 }
 
@@ -120,25 +123,28 @@ def _optim(named: list, lr: float, accum: int, kind: str) -> torch.optim.Optimiz
     return torch.optim.Adam(params, lr=lr)
 
 
-@functools.lru_cache(maxsize=2)
-def _digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+@functools.lru_cache(maxsize=4)
+def _digits(split: str, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     from pipecomm import data
 
-    return data.load_dataset("digits", split=split, seed=0)
+    X, y = data.load_dataset("digits", split=split, seed=0)
+    return X.to(device), y.to(device)
 
 
-@functools.lru_cache(maxsize=1)
-def _lm_eval() -> tuple[torch.Tensor, torch.Tensor]:
-    return D.corpus().batch(64, 32, torch.Generator().manual_seed(12345), split="val")
+@functools.lru_cache(maxsize=2)
+def _lm_eval(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = D.corpus().batch(64, 32, torch.Generator().manual_seed(12345), split="val")
+    return x.to(device), y.to(device)
 
 
 def _evaluate(model: torch.nn.Module, task: str) -> tuple[float, float]:
+    device = str(next(model.parameters()).device)
     with torch.no_grad():
         if task == "digits":
-            X, y = _digits("test")
+            X, y = _digits("test", device)
             out = model(X)
             return float(F.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
-        x, y = _lm_eval()
+        x, y = _lm_eval(device)
         out = model(x)
         return float(F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))), math.nan
 
@@ -176,7 +182,8 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
     if opt_kind == "accumadam":
         lr *= cfg["digits_accum_lr_scale"] if task == "digits" else cfg["lm_accum_lr_scale"]
     iterations = cfg["digits_iterations"] if task == "digits" else cfg["lm_iterations"]
-    model = D.build_task_model(TASKS[task], cfg["seed"])
+    device = launch.device()
+    model = D.build_task_model(TASKS[task], cfg["seed"]).to(device)
     ar = ddp = None
     if topo_name is None:
         ar = D.AllReduceTrainer(
@@ -202,7 +209,7 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
     dist.barrier()
     try:
         for it in range(1, iterations + 1):
-            x, y = next(batches)
+            x, y = (b.to(device) for b in next(batches))
             t0 = time.perf_counter()
             if ar is not None:
                 ar.zero_grad()
@@ -211,6 +218,7 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
             loss.backward()
             if ar is not None:
                 ar.step()
+            bench.synchronize(device)
             elapsed += time.perf_counter() - t0
             losses.append(float(loss.detach()))
             walls.append(elapsed)
@@ -258,6 +266,7 @@ def _validate(p: dict[str, Any]) -> None:
             raise ValueError(f"parameter {key} must be a number > 0, got {p[key]!r}")
     if not isinstance(p["emulated"], bool):
         raise ValueError(f"parameter emulated must be True or False, got {p['emulated']!r}")
+    check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
 
 
 def run(**params: Any) -> pd.DataFrame:
@@ -269,7 +278,7 @@ def run(**params: Any) -> pd.DataFrame:
     algorithm = "ring" if p["emulated"] else "torch"
     netname = D.network_text(net, rpn)
     rows = []
-    with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+    with launch.Ranks(world, backend=p["backend"], network=net, ranks_per_node=rpn) as ranks:
         for task in p["tasks"]:
             for seed in p["seeds"]:
                 for method in p["methods"]:
@@ -291,7 +300,7 @@ def run(**params: Any) -> pd.DataFrame:
                         "topology": topo or "allreduce",
                         "seed": int(seed),
                         "world_size": world,
-                        "backend": "gloo",
+                        "backend": p["backend"],
                         "network": netname,
                         "algorithm": algorithm,
                     }
@@ -426,10 +435,15 @@ def plot(df: pd.DataFrame, **params: Any):
             title=f"{task}: loss vs wall time",
         )
         axes[row, 0].legend(fontsize=7)
-    net = df.network.iloc[0]
-    where = "real network (loopback, not emulated)" if net == "real" else f"emulated: {net}"
+    net, backend = df.network.iloc[0], df.backend.iloc[0]
+    if net != "real":
+        where = f"emulated: {net}"
+    elif backend == "nccl":
+        where = "real NCCL interconnect, not emulated"
+    else:
+        where = "real network (loopback, not emulated)"
     fig.suptitle(
-        f"E13: AllReduce Adam vs DAdam vs AccumAdam (gloo, p={int(df.world_size.iloc[0])}, "
+        f"E13: AllReduce Adam vs DAdam vs AccumAdam ({backend}, p={int(df.world_size.iloc[0])}, "
         f"{df.algorithm.iloc[0]} allreduce; {where}; {df.seed.nunique()} seeds)",
         fontsize=9,
     )
