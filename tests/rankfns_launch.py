@@ -14,10 +14,9 @@ def identity_and_tensor(x):
     t = torch.full((3,), float(rank))
     dist.all_reduce(t)
     return {"rank": rank, "x": x, "sum": t, "pid": os.getpid(),
-            "threads": torch.get_num_threads(),
-        "device": str(launch.device()), "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
-            "local_rank": os.environ["LOCAL_RANK"], "world": dist.get_world_size(),
-            "device": str(launch.device())}
+            "threads": torch.get_num_threads(), "device": str(launch.device()),
+            "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+            "local_rank": os.environ["LOCAL_RANK"], "world": dist.get_world_size()}
 
 
 def raise_on(rank_to_fail):

@@ -1,10 +1,13 @@
 """E5 BSP-SGD with each collective: helpers, claims' synthetic PASS / FAIL cases, a tiny run."""
 
+import importlib
+
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from pipecomm import claims
+from pipecomm import claims, cost, netem
 from pipecomm.experiments import _training as T
 from pipecomm.experiments import e05_bsp_sgd as e5
 
@@ -88,6 +91,7 @@ def test_checks_are_registered_and_summary_has_one_row_per_algorithm():
         {"bandwidth_Bps": -1.0},
         {"nope": 1},
         {"iterations": "5"},
+        {"backend": "mpi"},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -119,3 +123,23 @@ def test_tiny_run_two_ranks_identical_losses():
     assert e5.loss_differences(df)["abs_diff"].max() == 0.0
     assert e5.check_loss_curves_agree(df, tolerance=0.0).passed
     assert len(e5.summary(df)) == 3
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="needs fewer than 2 visible GPUs")
+@pytest.mark.parametrize("module", ["e05_bsp_sgd", "e07_pipesgd_convergence",
+                                    "e08_pipesgd_breakdown", "e09_layerwise_delayed"])
+def test_nccl_without_gpus_is_refused_before_starting_ranks(module):
+    E = importlib.import_module(f"pipecomm.experiments.{module}")
+    with pytest.raises(ValueError, match="needs 2 visible GPUs"):
+        E.run(backend="nccl")
+
+
+def test_network_and_link_nccl_uses_the_calibrated_link(monkeypatch):
+    monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
+    net, link = T.network_and_link({"backend": "nccl"}, lambda: pytest.fail("no emulation"))
+    assert net is None and link == cost.calibrated_link()
+    assert T.network_text(net).startswith("real")
+    emulated = netem.Network(1e-3, 50e6)
+    net, link = T.network_and_link({"backend": "gloo"}, lambda: emulated)
+    assert net is emulated and link == cost.link_from_network(emulated)
+    assert T.network_text(net) == emulated.describe()

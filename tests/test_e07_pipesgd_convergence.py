@@ -233,6 +233,7 @@ def test_accuracy_claim_is_symmetric():
         {"target_fraction": 1.5},
         {"algorithm": "mst"},
         {"batch_size": 10_000},
+        {"backend": "mpi"},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):

@@ -59,6 +59,7 @@ def test_breakdown_parts_add_up_and_codec_placement():
         {"bucket_mb": 0.0},
         {"algorithm": "be"},
         {"world_size": 0},
+        {"backend": "mpi"},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):

@@ -60,6 +60,7 @@ def test_iterations_to_target_and_summary():
         {"comm_ratio": -1.0},
         {"algorithm": "torch"},
         {"seeds": ["a"]},
+        {"backend": "mpi"},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):

@@ -25,8 +25,11 @@ gradient (so SGD, momentum, Adam, ... all work, and their state advances once pe
 
 At world size 1 nothing is communicated, but the staleness is kept (gradients are held back k
 iterations). The emulated network (:mod:`pipecomm.netem`) applies to every algorithm;
-``"torch"`` (the built-in) cannot be emulated and is refused under it. Timings per iteration (compute, time blocked on communication, compression, update)
-are kept in :attr:`PipeSGD.timings` for the experiments' breakdowns.
+``"torch"`` (the built-in) cannot be emulated and is refused under it. Timings per iteration
+(compute, time blocked on communication, compression, update) are kept in
+:attr:`PipeSGD.timings` for the experiments' breakdowns; with CUDA parameters every timing point
+first synchronises the device, so they measure GPU work rather than kernel launches (at the price
+of serialising the host with the GPU there).
 
 Example::
 
@@ -55,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import bench, collectives
 
 __all__ = ["COMPRESSIONS", "MODES", "TIMING_KEYS", "PipeSGD"]
 
@@ -294,6 +297,8 @@ class PipeSGD:
         self._members = self._resolve_group(group)
         self.world_size: int = len(self._members)
         self._params = self._select_params(model, optimizer, compression)
+        cuda = [p.device for p in self._params if p.is_cuda]
+        self._timing_device: torch.device | None = cuda[0] if cuda else None
 
         if self.world_size > 1:
             self._check_replicas()
@@ -570,6 +575,8 @@ class PipeSGD:
             compression=self._codec,
         )
         if timed:
+            if not async_op:
+                self._settle()
             done = time.perf_counter()
             if async_op:
                 self._rec["launch_s"] += done - start
@@ -588,6 +595,7 @@ class PipeSGD:
             if handle is not None and not isinstance(handle, torch.Tensor):
                 start = time.perf_counter()
                 handle.wait()
+                self._settle()
                 self._rec["comm_s"] += time.perf_counter() - start
             for i, off, n in zip(unit.indices, unit.offsets, unit.numels):
                 grads[i] = flat[off : off + n].view(self._params[i].shape)
@@ -601,6 +609,7 @@ class PipeSGD:
             p.grad = g
         self.optimizer.step()
         self.updates += 1
+        self._settle()
         self._rec["update_s"] += time.perf_counter() - start
 
     def _release_grads(self) -> None:
@@ -626,6 +635,7 @@ class PipeSGD:
 
             model.zero_grad(); loss_fn(model(x), y).backward(); trainer.step()
         """
+        self._settle()  # the backward of this iteration counts as compute
         entry_t = time.perf_counter()
         rec = self._new_record(entry_t)
         k = self.staleness
@@ -816,6 +826,11 @@ class PipeSGD:
         self._updates_before = self.updates
         self._mark = time.perf_counter()
         self._codec_mark = self._codec.seconds if self._codec is not None else 0.0
+
+    def _settle(self) -> None:
+        """Before reading the clock: wait for the GPU's queued work (nothing on the CPU)."""
+        if self._timing_device is not None:
+            bench.synchronize(self._timing_device)
 
     def _new_record(self, now: float) -> dict[str, Any]:
         self._updates_before = self.updates

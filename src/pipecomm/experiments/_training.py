@@ -14,6 +14,12 @@ digits images, and measures
   evaluates on the held-out split *after* training (evaluation never sits inside a timed
   iteration; the snapshot copy does and is negligible).
 
+Devices: every rank trains on :func:`pipecomm.launch.device` -- the CPU under gloo, its own GPU
+under NCCL (``backend="nccl"`` of E5 and E7-E9, gpu profile: no emulated network, the real
+interconnect; the cost model then uses E0's calibrated link). With CUDA every timing point first
+synchronises the device (:func:`pipecomm.bench.synchronize`), so timings are GPU work, not kernel
+launches. The NCCL path has not been run on a GPU yet (artifact/ARTIFACT.md, "GPU").
+
 Methods (``method`` names used by the experiments): ``"nocomm"`` (local steps, no AllReduce: the
 no-communication bound of Daily et al.'s Figure 1), ``"sync"``, ``"layerwise"``, ``"pipe"``
 (staleness 1), ``"delayed-1"``/``"delayed-2"`` (pipe with staleness 1 / 2), each optionally with
@@ -41,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import bench, cost, data, models
+from pipecomm import bench, cost, data, launch, models
 
 #: Training configuration keys and their defaults (experiments override some).
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -251,13 +257,14 @@ def compute_timing_rank(cfg: dict[str, Any], iters: int = 10, warmup: int = 3) -
 
 def _compute_timing(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, Any]:
     rank, world = _rank_world()
-    model = build_model(cfg)
+    device = launch.device()
+    model = build_model(cfg).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     stream = batch_stream(cfg, rank, world)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def compute() -> None:
-        xb, yb = next(stream)
+        xb, yb = (b.to(device) for b in next(stream))
         model.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         torch.cat([p.grad.reshape(-1) for p in params])
@@ -265,8 +272,8 @@ def _compute_timing(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, A
     def update() -> None:
         opt.step()
 
-    c = bench.time_fn(compute, warmup=warmup, iters=iters)
-    u = bench.time_fn(update, warmup=1, iters=iters)
+    c = bench.time_fn(compute, warmup=warmup, iters=iters, device=device)
+    u = bench.time_fn(update, warmup=1, iters=iters, device=device)
     return {
         "compute_s": c["median_s"],
         "update_s": u["median_s"],
@@ -277,6 +284,8 @@ def _compute_timing(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, A
 
 def _evaluate(model: torch.nn.Module, cfg: dict[str, Any]) -> tuple[float, float]:
     Xt, yt = _dataset(cfg["dataset"], "test", cfg["data_seed"])
+    device = next(model.parameters()).device
+    Xt, yt = Xt.to(device), yt.to(device)
     with torch.no_grad():
         out = model(Xt)
         loss = F.cross_entropy(out, yt).item()
@@ -308,7 +317,8 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
 
     mode, staleness, compression = parse_method(cfg["method"])
     rank, world = _rank_world()
-    model = build_model(cfg)
+    device = launch.device()
+    model = build_model(cfg).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"])
     trainer = None
@@ -333,15 +343,17 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
         trainer.reset_timings()
     mark = time.perf_counter()
     for t in range(cfg["iterations"]):
-        xb, yb = next(stream)
+        xb, yb = (b.to(device) for b in next(stream))
         model.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         if cfg["barrier_before_step"] and world > 1:
             dist.barrier()
         if trainer is None:
+            bench.synchronize(device)
             start = time.perf_counter()
             opt.step()
+            bench.synchronize(device)
             now = time.perf_counter()
             local_timings.append(
                 {
@@ -628,8 +640,10 @@ def calibrate_and_train(
 ) -> pd.DataFrame:
     """Compute-timing run, network choice, then every (seed, method) training run (E7-E9).
 
-    ``p`` holds ``world_size``, ``bandwidth_Bps`` (None: choose from ``comm_ratio``),
-    ``alpha_s``, ``ports``, ``algorithm``, ``calib_iters``, ``skip``, ``timeout_s``;
+    ``p`` holds ``backend``, ``world_size``, ``bandwidth_Bps`` (None: choose from
+    ``comm_ratio``), ``alpha_s``, ``ports``, ``algorithm``, ``calib_iters``, ``skip``,
+    ``timeout_s``; with ``backend="nccl"`` there is no emulated network (the network parameters
+    are unused) and the model's link is E0's calibration (:func:`pipecomm.cost.calibrated_link`);
     ``config(p, seed, method)`` gives a training configuration; ``iterations`` overrides the
     number of steps per method (e.g. fewer for "nocomm", which only times). With
     ``bandwidth_Bps=None`` the compute timing runs in a pool without a network, which is then
@@ -649,14 +663,14 @@ def calibrate_and_train(
             ranks.run(compute_timing_rank, cfg0, p["calib_iters"], 3, timeout_s=p["timeout_s"])
         )
 
+    nccl = p["backend"] == "nccl"
     cal = None
-    if p["bandwidth_Bps"] is None:
+    if p["bandwidth_Bps"] is None and not nccl:
         with launch.Ranks(world) as ranks:
             cal = calibrate(ranks)
-    net = network_for(p, cal, nbytes)
-    link = cost.link_from_network(net)
+    net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
     rows: list[dict[str, Any]] = []
-    with launch.Ranks(world, network=net) as ranks:
+    with launch.Ranks(world, backend=p["backend"], network=net) as ranks:
         if cal is None:
             cal = calibrate(ranks)
         kw = dict(
@@ -690,13 +704,46 @@ def calibrate_and_train(
                 rows += iteration_rows(res, method=method, seed=seed)
                 rows += eval_rows(res, method=method, seed=seed)
     return pd.DataFrame(rows).assign(
-        backend="gloo",
+        backend=p["backend"],
         world_size=world,
-        network=net.describe(),
-        bandwidth_Bps=net.bandwidth_Bps,
+        network=network_text(net),
+        bandwidth_Bps=1.0 / link.beta,
         skip=p["skip"],
         algorithm=p["algorithm"],
     )
+
+
+def check_backend(p: dict[str, Any]) -> None:
+    """The ``backend`` parameter of E5 and E7-E9: ``"gloo"`` (emulated network on CPU ranks) or
+    ``"nccl"`` (one GPU per rank, the real interconnect; ``alpha_s``, ``bandwidth_Bps``,
+    ``ports`` and ``comm_ratio`` are then unused).
+
+    Example::
+
+        check_backend({"backend": "gloo", "world_size": 2})
+    """
+    from pipecomm.experiments._cli import check_backend as check
+
+    check(p["backend"], p["world_size"], emulated=False)
+
+
+def network_and_link(p: dict[str, Any], emulated: Any) -> tuple[Any, cost.LinkModel]:
+    """``(network, link)`` of a training experiment: ``(None, E0's calibrated link)`` under
+    NCCL, else ``(emulated(), that network's link)``.
+
+    Example::
+
+        net, link = network_and_link(p, lambda: netem.Network(1e-3, 50e6))
+    """
+    if p["backend"] == "nccl":
+        return None, cost.calibrated_link()
+    net = emulated()
+    return net, cost.link_from_network(net)
+
+
+def network_text(net: Any) -> str:
+    """The ``network`` column: the emulated network's ``describe()``, or the real one's name."""
+    return "real interconnect (not emulated)" if net is None else net.describe()
 
 
 def check_batch_size(

@@ -57,12 +57,14 @@ DEFAULTS: dict[str, Any] = {
     "bandwidth_Bps": 50e6,
     "ports": "single",
     "timeout_s": 300.0,
+    "backend": "gloo",
 }
 ALGORITHMS = ("lp", "mst", "be", "ring")
 
 
 def _check(params: dict[str, Any]) -> dict[str, Any]:
     p = T.merge_checked(DEFAULTS, params)
+    T.check_backend(p)
     T.positive_int(p, "world_size", "batch_size", "iterations")
     T.require(
         p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks to communicate"
@@ -94,20 +96,21 @@ def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
 def run(**params: Any) -> pd.DataFrame:
     """Train BSP-SGD once per algorithm on one emulated-network pool; tidy per-iteration rows."""
     p = _check(params)
-    net = netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=p["bandwidth_Bps"], ports=p["ports"])
-    link = cost.link_from_network(net)
+    net, link = T.network_and_link(
+        p, lambda: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=p["ports"])
+    )
     nbytes = T.gradient_bytes(_config(p, "lp"))
     rows: list[dict[str, Any]] = []
-    with launch.Ranks(p["world_size"], network=net) as ranks:
+    with launch.Ranks(p["world_size"], backend=p["backend"], network=net) as ranks:
         for alg in p["algorithms"]:
             model_s = cost.allreduce_time(alg, nbytes, p["world_size"], link)
             res = ranks.run(T.train_rank, _config(p, alg), timeout_s=p["timeout_s"])
             rows += T.iteration_rows(res, algorithm=alg, nbytes=nbytes, model_comm_s=model_s)
     df = pd.DataFrame(rows)
     return df.assign(
-        backend="gloo",
+        backend=p["backend"],
         world_size=p["world_size"],
-        network=net.describe(),
+        network=T.network_text(net),
         skip=p["skip"],
         gamma_s_per_byte=link.gamma,
     )
@@ -230,7 +233,7 @@ def plot(df: pd.DataFrame, **params: Any):
     axes[2].legend()
     p = int(df["world_size"].iloc[0])
     fig.suptitle(
-        f"E5 BSP-SGD, gloo, p={p}, {df['network'].iloc[0]} "
+        f"E5 BSP-SGD, {df['backend'].iloc[0]}, p={p}, {df['network'].iloc[0]} "
         f"(gradients {int(df['nbytes'].iloc[0]) / 1e6:.2f} MB)"
     )
     fig.tight_layout()

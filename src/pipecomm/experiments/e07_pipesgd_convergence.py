@@ -78,11 +78,13 @@ DEFAULTS: dict[str, Any] = {
     "calib_iters": 8,
     "timeout_s": 600.0,
     "switch_interval_s": 0.0001,
+    "backend": "gloo",
 }
 
 
 def _check(params: dict[str, Any]) -> dict[str, Any]:
     p = T.merge_checked(DEFAULTS, params)
+    T.check_backend(p)
     T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
     T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
     methods = list(p["methods"])

@@ -87,6 +87,7 @@ DEFAULTS: dict[str, Any] = {
     "calib_iters": 6,
     "timeout_s": 600.0,
     "switch_interval_s": 0.0001,
+    "backend": "gloo",
 }
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
 # on when each bucket's gradients are ready in backward, which the calibration does not measure).
@@ -100,6 +101,7 @@ MODEL_OF = {
 
 def _check(params: dict[str, Any]) -> dict[str, Any]:
     p = T.merge_checked(DEFAULTS, params)
+    T.check_backend(p)
     T.positive_int(p, "world_size", "iterations", "nocomm_iterations", "batch_size", "calib_iters")
     T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
     methods = list(p["methods"])
