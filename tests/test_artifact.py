@@ -1,5 +1,6 @@
 """Orchestrator: option and parameter parsing, atomic results, reuse and resume."""
 
+import importlib
 import json
 import subprocess
 from pathlib import Path
@@ -96,6 +97,31 @@ def test_override_dirname_is_separate_from_default():
 def test_profiles_only_use_known_parameters():
     for profile in ("cpu", "gpu"):
         artifact.load_profile(profile, artifact.discover())
+
+
+class _ReachedRanks(Exception):
+    pass
+
+
+@pytest.mark.parametrize("eid", ["E0", "E5", "E7", "E8", "E9", "E13"])
+def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
+    """The gpu profile's NCCL experiments get as far as starting their NCCL pool (GPUs assumed)."""
+    from pipecomm import launch
+
+    exp = artifact.load_profile("gpu", artifact.discover())[eid]
+    module = importlib.import_module(f"pipecomm.experiments.e{exp.notebook.stem}")
+    params = {**module.DEFAULTS, **exp.profile_params}
+    assert params["backend"] == "nccl"
+
+    def fake_ranks(world_size, backend="gloo", network=None, **kw):
+        assert backend == "nccl" and network is None
+        assert world_size == params.get("world_size", 2)
+        raise _ReachedRanks
+
+    monkeypatch.setattr(launch, "check_gpus", lambda world_size: None)
+    monkeypatch.setattr(launch, "Ranks", fake_ranks)
+    with pytest.raises(_ReachedRanks):
+        module.run(**params)
 
 
 def test_cpu_budgets_fit_17_minutes():

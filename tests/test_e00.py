@@ -54,3 +54,12 @@ def test_emulated_check_needs_both_world_sizes():
     df = _emulated()
     with pytest.raises(ValueError, match="world sizes"):
         e0.check_emulated_within(df[df.world_size == 2])
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [({"backend": "mpi"}, "backend"), ({"backend": "nccl", "emulated": True}, "emulated network")],
+)
+def test_bad_backend_is_refused_before_starting_ranks(bad, match):
+    with pytest.raises(ValueError, match=match):
+        e0.run(**bad)

@@ -13,6 +13,10 @@ With an emulated network (``pipecomm.netem``) the same ping-pong measures the *e
 bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; the emulator is
 accurate when these come back within 10% of the configured values.
 
+``backend="nccl"`` (gpu profile) ping-pongs between two GPUs over NCCL and times gamma on the GPU
+(every timed interval ends with a device synchronisation); its calibration.json then feeds the
+cost models of the NCCL experiments. Emulation is refused with NCCL.
+
 Run::
 
     python -m pipecomm.experiments.e00_calibrate --out results/manual/E0
@@ -30,9 +34,9 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from pipecomm import claims, cost, launch, results
+from pipecomm import bench, claims, cost, launch, results
 from pipecomm.collectives.p2p import exchange
-from pipecomm.experiments._cli import main
+from pipecomm.experiments._cli import check_backend, main
 
 ID = "E0"
 NOTEBOOK = "00_calibrate"
@@ -49,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "emu_alpha_s": 0.002,
     "emu_bandwidth_Bps": 50e6,
     "emu_sizes_max": 4 << 20,
+    "backend": "gloo",
     "timeout_s": 300.0,
 }
 
@@ -68,14 +73,15 @@ def message_sizes(lo: int, hi: int, factor: int) -> list[int]:
 def _pingpong(sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]:
     """On every rank: ranks (2i, 2i+1) ping-pong concurrently; the even rank reports."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = launch.device()
     peer = rank + 1 if rank % 2 == 0 else rank - 1
     rows = []
     if peer < world:  # open the connection before the first timed size
         for _ in range(3):
-            exchange([(torch.zeros(1, dtype=torch.uint8), peer)],
-                     [(torch.empty(1, dtype=torch.uint8), peer)])
+            exchange([(torch.zeros(1, dtype=torch.uint8, device=device), peer)],
+                     [(torch.empty(1, dtype=torch.uint8, device=device), peer)])
     for n in sizes:
-        buf = torch.zeros(n, dtype=torch.uint8)
+        buf = torch.zeros(n, dtype=torch.uint8, device=device)
         times = []
         for i in range(warmup + iters):
             dist.barrier()
@@ -87,6 +93,7 @@ def _pingpong(sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]
                 else:
                     exchange([], [(buf, peer)])
                     exchange([(buf, peer)], [])
+            bench.synchronize(device)
             if i >= warmup:
                 times.append((time.perf_counter() - start) / 2)
         if rank % 2 == 0 and peer < world:
@@ -99,14 +106,17 @@ def _gamma(nbytes: int, iters: int) -> list[dict[str, Any]]:
     """Time of ``a += b`` on float32 tensors of ``nbytes`` each, on rank 0."""
     rows = []
     if dist.get_rank() == 0:
-        a = torch.ones(max(1, nbytes // 4))
+        device = launch.device()
+        a = torch.ones(max(1, nbytes // 4), device=device)
         b = torch.ones_like(a)
         for _ in range(2):
             a.add_(b)
         times = []
         for _ in range(iters):
+            bench.synchronize(device)
             start = time.perf_counter()
             a.add_(b)
+            bench.synchronize(device)
             times.append(time.perf_counter() - start)
         rows.append({"nbytes": a.numel() * 4, "time_s": float(np.median(times)), "iters": iters})
     dist.barrier()
@@ -124,12 +134,13 @@ def run(**params: Any) -> pd.DataFrame:
     """Measure ping-pong on the real backend (2 ranks), gamma, and the emulated network."""
     p = {**DEFAULTS, **params}
     sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+    check_backend(p["backend"], 2, emulated=p["emulated"])
     frames = []
-    with launch.Ranks(2) as ranks:
+    with launch.Ranks(2, backend=p["backend"]) as ranks:
         per_rank = ranks.run(_measure_rank, sizes, p["iters"], p["warmup"], p["gamma_bytes"],
                              timeout_s=p["timeout_s"])
     frames.append(pd.DataFrame([r for rows in per_rank for r in rows])
-                  .assign(world_size=2, backend="gloo", network="real"))
+                  .assign(world_size=2, backend=p["backend"], network="real"))
     if p["emulated"]:
         from pipecomm import netem
 
@@ -178,10 +189,15 @@ def fit_emulated(df: pd.DataFrame, min_bytes: int = 64 << 10) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _real_link(df: pd.DataFrame) -> str:
+    backend = df[df.section == "real"].backend.iloc[0]
+    return "NCCL between two GPUs" if backend == "nccl" else "gloo over loopback"
+
+
 def summary(df: pd.DataFrame, fit_min_bytes: int = DEFAULTS["fit_min_bytes"]) -> pd.DataFrame:
     """One row per fitted link: real backend and each emulated world size."""
     f = fit(df, fit_min_bytes)
-    rows = [{"link": "gloo loopback (real)", "alpha_us": f["alpha_s"] * 1e6,
+    rows = [{"link": f"{_real_link(df)} (real)", "alpha_us": f["alpha_s"] * 1e6,
              "bandwidth_MBps": f["bandwidth_Bps"] / 1e6,
              "gamma_GBps": 1e-9 / f["gamma_s_per_byte"]}]
     for _, r in fit_emulated(df).iterrows():
@@ -210,7 +226,7 @@ def plot(df: pd.DataFrame, **params: Any):
               label=f"fit (>= {f['fit_min_bytes'] // 1024} KiB): alpha={f['alpha_s'] * 1e6:.0f} us,"
                     f" B={f['bandwidth_Bps'] / 1e9:.2f} GB/s")
     ax.set(xlabel="message size (bytes)", ylabel="one-way time (s)",
-           title="real: gloo over loopback, p=2 (not emulated)")
+           title=f"real: {_real_link(df)}, p=2 (not emulated)")
     ax.legend(fontsize=8)
     if len(emulated):
         ax = axes[0, 1]
