@@ -1,6 +1,10 @@
 """E13 (AllReduce Adam vs DAdam vs AccumAdam): the AllReduce baseline against a single-process
 oracle, summary statistics, claims, validation, one tiny run."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -207,3 +211,23 @@ def test_tiny_end_to_end_run():
 def test_nccl_without_enough_gpus_is_refused_before_starting_ranks():
     with pytest.raises(ValueError, match="needs 4 visible GPUs"):
         e13.run(backend="nccl")
+
+
+@pytest.mark.timeout(240)
+def test_under_torchrun_matches_a_local_pool(tmp_path):
+    """The multi-node path (torchrun, launch.pool -> TorchrunJob) gives the local pool's numbers."""
+    params = dict(world_size=2, ranks_per_node=1, tasks=["digits"],
+                  methods=["allreduce-adam", "dadam-complete"], seeds=[0],
+                  digits_iterations=3, eval_every=2)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", e13.__name__,
+           "--out", str(tmp_path / "E13"), "--no-plot"]
+    for k, v in params.items():
+        cmd += ["-p", f"{k}={v!r}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = pd.read_csv(tmp_path / "E13" / "data.csv")
+    local = e13.run(**params)
+    a, b = e13.finals(job).sort_values("method"), e13.finals(local).sort_values("method")
+    assert list(a.method) == list(b.method) == ["allreduce-adam", "dadam-complete"]
+    np.testing.assert_allclose(a.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)

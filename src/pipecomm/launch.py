@@ -45,13 +45,16 @@ __all__ = [
     "RankError",
     "RankInfo",
     "Ranks",
+    "TorchrunJob",
     "check_gpus",
     "comm_group",
     "device",
     "init_from_env",
     "local_world_size",
+    "pool",
     "ranks_per_node",
     "spawn",
+    "under_torchrun",
 ]
 
 _CTX = mp.get_context("spawn")
@@ -544,6 +547,89 @@ class Ranks:
         return [results[r] for r in range(self.world_size)]
 
 
+class TorchrunJob:
+    """The ranks of a torchrun job used like a :class:`Ranks` pool: :meth:`run` runs ``fn`` in
+    this process (every rank of the job does the same) and returns every rank's result, in rank
+    order, on every rank. So an experiment written for a local pool also runs multi-node.
+
+    Example::
+
+        # torchrun --nnodes 2 --nproc-per-node 4 ... -m pipecomm.experiments.e13_dadam_convergence
+        with launch.pool(8, backend="nccl") as ranks:     # a TorchrunJob under torchrun
+            per_rank = ranks.run(mymodule.train, cfg)
+    """
+
+    def __init__(self, world_size: int, backend: str | None = None, network: Any = None) -> None:
+        if network is not None:
+            raise ValueError(
+                "the emulated network needs local ranks that share memory (launch.Ranks); under "
+                "torchrun the real network is measured: pass network=None"
+            )
+        self.info = init_from_env(backend)
+        if world_size != self.info.world_size:
+            raise ValueError(
+                f"this run needs world_size={world_size} ranks but the torchrun job has "
+                f"{self.info.world_size}: start torchrun with {world_size} processes in all, or "
+                f"set the experiment's world size to {self.info.world_size}"
+            )
+        self.world_size = world_size
+
+    def __enter__(self) -> TorchrunJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def close(self) -> None:
+        """Nothing to stop: torchrun owns the processes."""
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0,
+            **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` here; every rank's result (or :class:`RankError` naming the
+        first rank that raised). ``timeout_s`` is the process group's own timeout here."""
+        import torch.distributed as dist
+
+        try:
+            mine: tuple[str, Any] = ("ok", _to_cpu(fn(*args, **kwargs)))
+        except Exception as exc:
+            mine = ("error", (repr(exc), traceback.format_exc()))
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        for rank, (kind, value) in enumerate(gathered):
+            if kind == "error":
+                raise RankError(rank, value[0], value[1])
+        return [value for _, value in gathered]
+
+
+def under_torchrun() -> bool:
+    """True in a process that torchrun started (``TORCHELASTIC_RUN_ID`` is set).
+
+    Example::
+
+        if launch.under_torchrun(): info = launch.init_from_env()
+    """
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def pool(
+    world_size: int,
+    backend: str = "gloo",
+    network: Any = None,
+    ranks_per_node: int | None = None,
+) -> Ranks | TorchrunJob:
+    """The ranks an experiment runs on: the torchrun job when started by torchrun (with
+    ``backend``; ``ranks_per_node`` is then torchrun's), else a local :class:`Ranks` pool.
+
+    Example::
+
+        with launch.pool(4, network=net) as ranks:
+            per_rank = ranks.run(mymodule.measure, 1 << 20)
+    """
+    if under_torchrun():
+        return TorchrunJob(world_size, backend, network)
+    return Ranks(world_size, backend=backend, network=network, ranks_per_node=ranks_per_node)
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -586,7 +672,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
         raise RuntimeError(
             f"init_from_env: environment variables {missing} are not set; start this program "
             "with torchrun (for example `torchrun --nproc-per-node 4 -m pipecomm.experiments."
-            "e03_collectives_vs_ranks --out DIR`) or use pipecomm.launch.spawn for local ranks"
+            "e13_dadam_convergence --out DIR`) or use pipecomm.launch.spawn for local ranks"
         )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"

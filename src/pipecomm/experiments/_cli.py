@@ -6,13 +6,19 @@ Every experiment module ``pipecomm.experiments.eNN_name`` defines ``ID``, ``NOTE
 ``if __name__ == "__main__": main(sys.modules[__name__])`` so it runs without a notebook::
 
     python -m pipecomm.experiments.e00_calibrate --out results/manual/E0 -p sizes_max=1048576
-    torchrun --nproc-per-node 8 -m pipecomm.experiments.e03_collectives_vs_ranks --out DIR
+    torchrun --nproc-per-node 8 -m pipecomm.experiments.e13_dadam_convergence --out DIR \
+        -p backend=nccl -p world_size=8
+
+Under torchrun the experiments that measure the real network (E0, E2, E5, E7-E9, E13) run on the
+job's ranks (:func:`pipecomm.launch.pool`); the others need the emulated network of local ranks
+and say so.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -110,7 +116,8 @@ def check_backend(backend: Any, world_size: int, *, emulated: bool) -> None:
                 "the emulated network is a gloo (cpu profile) tool: with backend='nccl' the "
                 "real interconnect is measured; set the emulated network off or use 'gloo'"
             )
-        launch.check_gpus(world_size)
+        if not launch.under_torchrun():  # torchrun places its ranks on the nodes' GPUs
+            launch.check_gpus(world_size)
 
 
 def notebook_params(namespace: Mapping[str, Any], module: ModuleType) -> dict[str, Any]:
@@ -180,6 +187,24 @@ def main(module: ModuleType, argv: list[str] | None = None) -> None:
         fig = None if args.no_plot else module.plot(df, **params)
         save(module, args.out, df, fig, params, extra={"wall_time_s": wall})
         print(f"{module.ID}: wrote {args.out} ({len(df)} rows, {wall:.1f} s)")
+    _leave_job()
+
+
+def _leave_job() -> None:
+    """Under torchrun: wait until rank 0 has written its files, then exit at once. Exiting through
+    the interpreter's shutdown (with or without ``destroy_process_group``) aborted a rank in about
+    one run of ten here ("terminate called without an active exception" in a backend thread's
+    destructor); local pool ranks leave the same way (:mod:`pipecomm.launch`)."""
+    from pipecomm import launch
+
+    if launch.under_torchrun():
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _rank() -> int:

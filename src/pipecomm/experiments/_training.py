@@ -670,7 +670,7 @@ def calibrate_and_train(
             cal = calibrate(ranks)
     net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
     rows: list[dict[str, Any]] = []
-    with launch.Ranks(world, backend=p["backend"], network=net) as ranks:
+    with launch.pool(world, backend=p["backend"], network=net) as ranks:
         if cal is None:
             cal = calibrate(ranks)
         kw = dict(
@@ -725,6 +725,11 @@ def check_backend(p: dict[str, Any]) -> None:
     from pipecomm.experiments._cli import check_backend as check
 
     check(p["backend"], p["world_size"], emulated=False)
+    if launch.under_torchrun() and p["backend"] != "nccl":
+        raise ValueError(
+            "under torchrun this experiment runs with backend='nccl' (the real network); its "
+            "gloo design needs the emulated network of local ranks: run it without torchrun"
+        )
 
 
 def network_and_link(p: dict[str, Any], emulated: Any) -> tuple[Any, cost.LinkModel]:

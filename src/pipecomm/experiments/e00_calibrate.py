@@ -135,8 +135,10 @@ def run(**params: Any) -> pd.DataFrame:
     p = {**DEFAULTS, **params}
     sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
     check_backend(p["backend"], 2, emulated=p["emulated"])
+    if p["emulated"] and launch.under_torchrun():
+        raise ValueError("under torchrun only the real section runs: pass -p emulated=false")
     frames = []
-    with launch.Ranks(2, backend=p["backend"]) as ranks:
+    with launch.pool(2, backend=p["backend"]) as ranks:
         per_rank = ranks.run(_measure_rank, sizes, p["iters"], p["warmup"], p["gamma_bytes"],
                              timeout_s=p["timeout_s"])
     frames.append(pd.DataFrame([r for rows in per_rank for r in rows])

@@ -101,7 +101,7 @@ def run(**params: Any) -> pd.DataFrame:
     )
     nbytes = T.gradient_bytes(_config(p, "lp"))
     rows: list[dict[str, Any]] = []
-    with launch.Ranks(p["world_size"], backend=p["backend"], network=net) as ranks:
+    with launch.pool(p["world_size"], backend=p["backend"], network=net) as ranks:
         for alg in p["algorithms"]:
             model_s = cost.allreduce_time(alg, nbytes, p["world_size"], link)
             res = ranks.run(T.train_rank, _config(p, alg), timeout_s=p["timeout_s"])

@@ -278,7 +278,7 @@ def run(**params: Any) -> pd.DataFrame:
     algorithm = "ring" if p["emulated"] else "torch"
     netname = D.network_text(net, rpn)
     rows = []
-    with launch.Ranks(world, backend=p["backend"], network=net, ranks_per_node=rpn) as ranks:
+    with launch.pool(world, backend=p["backend"], network=net, ranks_per_node=rpn) as ranks:
         for task in p["tasks"]:
             for seed in p["seeds"]:
                 for method in p["methods"]:
