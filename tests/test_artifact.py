@@ -106,7 +106,7 @@ class _ReachedRanks(Exception):
 @pytest.mark.parametrize("eid", ["E0", "E5", "E7", "E8", "E9", "E13"])
 def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     """The gpu profile's NCCL experiments get as far as starting their NCCL pool (GPUs assumed)."""
-    from pipecomm import launch
+    from pipecomm import data, launch
 
     exp = artifact.load_profile("gpu", artifact.discover())[eid]
     module = importlib.import_module(f"pipecomm.experiments.e{exp.notebook.stem}")
@@ -119,9 +119,13 @@ def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
         raise _ReachedRanks
 
     monkeypatch.setattr(launch, "check_gpus", lambda world_size: None)
+    fetched = []
+    monkeypatch.setattr(data, "fetch", lambda name, root: fetched.append((name, root)))
     monkeypatch.setattr(launch, "Ranks", fake_ranks)
     with pytest.raises(_ReachedRanks):
         module.run(**params)
+    if params.get("dataset", "digits") != "digits":  # fetched (checksums) before ranks start
+        assert fetched == [(params["dataset"], params["data_root"])]
 
 
 def test_cpu_budgets_fit_17_minutes():

@@ -233,6 +233,8 @@ def test_accuracy_claim_is_symmetric():
         {"target_fraction": 1.5},
         {"algorithm": "mst"},
         {"batch_size": 10_000},
+        {"dataset": "imagenet"},
+        {"dataset": "cifar10"},  # needs data_root
         {"backend": "mpi"},
     ],
 )

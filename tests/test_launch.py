@@ -154,3 +154,17 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
     assert lines == ["RESULT 0 2 gloo 2", "RESULT 1 2 gloo 2"]
+
+
+def test_pool_is_a_local_pool_outside_torchrun(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    ranks = launch.pool(2)
+    try:
+        assert isinstance(ranks, launch.Ranks) and ranks.world_size == 2
+    finally:
+        ranks.close()
+
+
+def test_torchrun_job_refuses_the_emulated_network():
+    with pytest.raises(ValueError, match="network=None"):
+        launch.TorchrunJob(2, "gloo", network=object())

@@ -54,6 +54,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "model": "cnn",
     "model_kw": {"channels": [64, 128], "hidden": 256},
     "dataset": "digits",
+    "data_root": None,
     "batch_size": 64,
     "lr": 0.01,
     "momentum": 0.0,
@@ -158,9 +159,12 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"model_kw must be a dict of constructor arguments, got {cfg['model_kw']!r}"
         )
-    if cfg["dataset"] != "digits":
+    if cfg["dataset"] not in data.DATASETS:
+        raise ValueError(f"dataset must be one of {data.DATASETS}, got {cfg['dataset']!r}")
+    if cfg["dataset"] != "digits" and not isinstance(cfg["data_root"], str):
         raise ValueError(
-            f"dataset must be 'digits' (the cpu profile's offline images), got {cfg['dataset']!r}"
+            f"dataset={cfg['dataset']!r} needs data_root, the folder for the official files "
+            "(fetched there once, checksums verified; 'digits' ships with scikit-learn)"
         )
     return cfg
 
@@ -169,8 +173,15 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(name: str, split: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return data.load_dataset(name, split=split, seed=seed)
+def _dataset(
+    name: str, split: str, seed: int, root: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return data.load_dataset(name, split=split, seed=seed, root=root)
+
+
+# Official training-split sizes and image shapes (channels, side), known without the files.
+_TRAIN_SIZES = {"mnist": 60_000, "cifar10": 50_000}
+_IMAGE_SHAPES = {"mnist": (1, 28), "cifar10": (3, 32)}
 
 
 def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
@@ -182,8 +193,12 @@ def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
     """
     torch.manual_seed(cfg["seed"])
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg["model_kw"].items()}
-    x, _ = _dataset(cfg["dataset"], "train", cfg["data_seed"])
-    return models.get_model(cfg["model"], in_channels=x.shape[1], image_size=x.shape[2], **kw)
+    if cfg["dataset"] in _IMAGE_SHAPES:
+        channels, size = _IMAGE_SHAPES[cfg["dataset"]]
+    else:
+        x, _ = _dataset(cfg["dataset"], "train", cfg["data_seed"], cfg["data_root"])
+        channels, size = x.shape[1], x.shape[2]
+    return models.get_model(cfg["model"], in_channels=channels, image_size=size, **kw)
 
 
 def gradient_bytes(cfg: dict[str, Any]) -> int:
@@ -198,7 +213,7 @@ def gradient_bytes(cfg: dict[str, Any]) -> int:
 
 def batch_stream(cfg: dict[str, Any], rank: int, world: int) -> Iterator[tuple]:
     """Endless minibatches of this rank's shard, epoch after epoch (deterministic per seed)."""
-    X, y = _dataset(cfg["dataset"], "train", cfg["data_seed"])
+    X, y = _dataset(cfg["dataset"], "train", cfg["data_seed"], cfg["data_root"])
     epoch = 0
     while True:
         idx = data.shard(len(X), rank, world, cfg["seed"], epoch)
@@ -283,7 +298,7 @@ def _compute_timing(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, A
 
 
 def _evaluate(model: torch.nn.Module, cfg: dict[str, Any]) -> tuple[float, float]:
-    Xt, yt = _dataset(cfg["dataset"], "test", cfg["data_seed"])
+    Xt, yt = _dataset(cfg["dataset"], "test", cfg["data_seed"], cfg["data_root"])
     device = next(model.parameters()).device
     Xt, yt = Xt.to(device), yt.to(device)
     with torch.no_grad():
@@ -655,6 +670,7 @@ def calibrate_and_train(
     from pipecomm import launch, timing_model
 
     world = p["world_size"]
+    fetch_data(p)
     cfg0 = config(p, seeds[0], "sync")
     nbytes = gradient_bytes(cfg0)
 
@@ -751,6 +767,21 @@ def network_text(net: Any) -> str:
     return "real interconnect (not emulated)" if net is None else net.describe()
 
 
+
+
+def fetch_data(p: dict[str, Any]) -> None:
+    """Before any rank starts: fetch ``p["dataset"]`` into ``p["data_root"]`` unless it is there
+    with the right checksums (:func:`pipecomm.data.fetch`; network needed once). Nothing for
+    "digits", which ships with scikit-learn.
+
+    Example::
+
+        fetch_data({"dataset": "cifar10", "data_root": "data"})   # gpu profile
+    """
+    if p.get("dataset", "digits") != "digits":
+        data.fetch(p["dataset"], p["data_root"])
+
+
 def check_batch_size(
     batch_size: int, world_size: int, dataset: str = "digits", name: str = "batch_size"
 ) -> None:
@@ -760,8 +791,8 @@ def check_batch_size(
 
         check_batch_size(64, 4)        # digits: 1438 // 4 = 359 samples per rank: fine
     """
-    X, _ = _dataset(dataset, "train", 0)
-    per_rank = len(X) // world_size
+    n = _TRAIN_SIZES.get(dataset) or len(_dataset(dataset, "train", 0)[0])
+    per_rank = n // world_size
     require(
         batch_size <= per_rank,
         name,

@@ -58,6 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "ports": "single",
     "timeout_s": 300.0,
     "backend": "gloo",
+    "dataset": "digits",
+    "data_root": None,
 }
 ALGORITHMS = ("lp", "mst", "be", "ring")
 
@@ -85,7 +87,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
     T.positive_float(p, "alpha_s", "bandwidth_Bps", "timeout_s")
     T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
     T.check_config(_config(p, algs[0]))
-    T.check_batch_size(p["batch_size"], p["world_size"])
+    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
     return p
 
 
@@ -99,6 +101,7 @@ def run(**params: Any) -> pd.DataFrame:
     net, link = T.network_and_link(
         p, lambda: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=p["ports"])
     )
+    T.fetch_data(p)
     nbytes = T.gradient_bytes(_config(p, "lp"))
     rows: list[dict[str, Any]] = []
     with launch.pool(p["world_size"], backend=p["backend"], network=net) as ranks:

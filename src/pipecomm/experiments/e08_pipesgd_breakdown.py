@@ -75,6 +75,8 @@ DEFAULTS: dict[str, Any] = {
     "timeout_s": 600.0,
     "switch_interval_s": 0.0001,
     "backend": "gloo",
+    "dataset": "digits",
+    "data_root": None,
 }
 PARTS = ("compute", "update", "communication", "compression", "other")
 
@@ -122,7 +124,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
         "must be 'lp' or 'ring' (the algorithms that compress)",
     )
     T.check_config(_config(p, p["seed"], "sync"))
-    T.check_batch_size(p["batch_size"], p["world_size"])
+    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
     return p
 
 

@@ -88,6 +88,8 @@ DEFAULTS: dict[str, Any] = {
     "timeout_s": 600.0,
     "switch_interval_s": 0.0001,
     "backend": "gloo",
+    "dataset": "digits",
+    "data_root": None,
 }
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
 # on when each bucket's gradients are ready in backward, which the calibration does not measure).
@@ -154,7 +156,7 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
         "must be one of lp, mst, be, ring (emulated algorithms)",
     )
     T.check_config(_config(p, p["seeds"][0], "sync"))
-    T.check_batch_size(p["batch_size"], p["world_size"])
+    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
     return p
 
 
