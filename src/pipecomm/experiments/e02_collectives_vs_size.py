@@ -390,10 +390,6 @@ def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, An
     ]
 
 
-def _under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ
-
-
 _EMULATED_COLUMNS = (
     "ports",
     "model_s",
@@ -433,7 +429,7 @@ def run(**params: Any) -> pd.DataFrame:
     """
     p = _check_params(params)
     frames = []
-    if _under_torchrun():  # a torchrun job: the real section on the job's own ranks
+    if launch.under_torchrun():  # a torchrun job: the real section on the job's own ranks
         if p["emu_cases"]:
             raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
         info = launch.init_from_env(p["backend"])
