@@ -137,3 +137,10 @@ def test_bucket_bytes():
     for bad in (True, None, "25"):
         with pytest.raises(TypeError, match="bucket_mb"):
             bucket_bytes(bad)
+
+
+def test_one_bucket_per_kind_in_first_seen_order():
+    f32, f64, f16 = torch.float32, torch.float64, torch.float16
+    ps = [_t(3, f64), _t(5, f32), _t(4, f64), _t(2, f16), _t(6, f32)]
+    got = sorted(bucket_indices(ps, None, order="forward", kinds="interleaved"))
+    assert got == [[0, 2], [1, 4], [3]]

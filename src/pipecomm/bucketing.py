@@ -26,6 +26,8 @@ Example::
     bucket_indices(params, 2048)                     # [[2], [1, 0]]
     bucket_indices(params, 2048, order="forward")    # [[0, 1], [2]]
     bucket_nbytes(params, [[2], [1, 0]])             # [2048, 2048]
+    # one bucket per kind, kinds in order of first appearance (PipeSGD's unbucketed modes)
+    sorted(bucket_indices(params, None, order="forward", kinds="interleaved"))
 """
 
 from __future__ import annotations
