@@ -8,7 +8,7 @@ One concept: the predicted time of a collective on a link described by three num
 
 and a port model (``"single"``: one full-duplex port per rank, a rank's messages of one step
 serialise; ``"per-neighbor"``: one link per ordered pair of ranks). The formulas are those of the
-schedules pipecomm implements (``notes/algorithms.md``), which follow
+schedules pipecomm implements (``docs/algorithms.md``), which follow
 
 * LP -- Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
   Networks", arXiv 1611.04255: linear pipelining over a chain, ``(p + k - 2)(alpha + b beta)`` for

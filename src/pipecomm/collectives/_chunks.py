@@ -1,6 +1,6 @@
 """How messages are cut: LP blocks of ``b`` bytes and p near-equal chunks (scatter, ring).
 
-Implements the "Chunks" rule of ``/work/notes/algorithms.md``: element counts split as evenly as
+Implements the "Chunks and blocks" rule of ``docs/algorithms.md``: element counts split as evenly as
 possible, the first ``n % p`` chunks one element longer; any ``n``, including 0 and ``n < p``.
 All pieces are slices (views) of the flat buffer, so cutting copies nothing.
 """

@@ -1,6 +1,6 @@
 """The group a collective runs over: its members (global ranks) and the transport for p2p ops.
 
-No paper equation: this is the bookkeeping every schedule of ``/work/notes/algorithms.md`` needs.
+No paper equation: this is the bookkeeping every schedule of ``docs/algorithms.md`` needs.
 Schedules address peers by *group index* (0..p-1, the order of
 ``dist.get_process_group_ranks(group)``); :meth:`Comm.exchange` maps them to global ranks and hands
 the step to :func:`pipecomm.collectives.p2p.exchange`, the only transport pipecomm's own

@@ -2,7 +2,7 @@
 
 Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication Operations in MPICH"
 (2005), the BE baseline of the LP paper (arXiv 1611.04255). Schedules exactly as in
-``/work/notes/algorithms.md`` ("be"): ``p'`` = the largest power of two <= p, ``r = p - p'``.
+``docs/algorithms.md`` ("BE"): ``p'`` = the largest power of two <= p, ``r = p - p'``.
 
 * allreduce: of the first ``2r`` group ranks each even one sends its vector to the next odd one,
   which combines (pre-step); the ``p'`` remaining "core" ranks run a recursive-halving

@@ -1,7 +1,7 @@
 """Linear Pipelining (LP) collectives: a chain of ranks, the message cut into blocks.
 
 Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural Networks"
-(arXiv 1611.04255). The schedules are exactly those of ``/work/notes/algorithms.md`` ("lp"), with
+(arXiv 1611.04255). The schedules are exactly those of ``docs/algorithms.md`` ("LP"), with
 ``k = ceil(n / b)`` blocks of ``b`` bytes:
 
 * broadcast: chain ``c_i = src + i (mod p)``; in step ``s`` position ``i`` sends block ``s - i``

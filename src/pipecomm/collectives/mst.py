@@ -1,7 +1,7 @@
 """Minimum-spanning-tree (binomial tree) collectives: the baseline of the LP paper.
 
 Wang et al., arXiv 1611.04255, Sec. 2 (MST collectives as in MPICH); schedules exactly as in
-``/work/notes/algorithms.md`` ("mst"). With relative rank ``r = (rank - root) mod p`` and
+``docs/algorithms.md`` ("MST"). With relative rank ``r = (rank - root) mod p`` and
 ``L = ceil(log2 p)`` rounds, the whole message moves in every round:
 
 * broadcast: round ``j`` — each ``r < 2^j`` sends to ``r + 2^j``. ``T = L (alpha + n beta)``.

@@ -2,7 +2,7 @@
 
 Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations" (2009),
 the ring baseline next to the LP paper (arXiv 1611.04255). Schedules exactly as in
-``/work/notes/algorithms.md`` ("ring"), chunks split as evenly as possible:
+``docs/algorithms.md`` ("Ring"), chunks split as evenly as possible:
 
 * allreduce: ring reduce-scatter (``p - 1`` steps: send one chunk right, receive one from the
   left, combine) then ring allgather (``p - 1`` steps).
