@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from pipecomm import vocab
+
 __all__ = [
     "CODECS",
     "BF16Codec",
@@ -48,7 +50,7 @@ __all__ = [
     "relative_error",
 ]
 
-CODECS = ("fp16", "bf16", "int8")
+CODECS: tuple[str, ...] = vocab.CODECS
 
 
 def _check_input(x: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from pipecomm import vocab
+
 __all__ = [
     "ALGORITHMS",
     "DEFAULT_ALPHA_S",
@@ -71,7 +73,7 @@ __all__ = [
     "reduce_time",
 ]
 
-ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
+ALGORITHMS: tuple[str, ...] = vocab.MODELLED_ALGORITHMS
 OPS: tuple[str, ...] = ("broadcast", "reduce", "allreduce")
 PORTS: tuple[str, ...] = ("single", "per-neighbor")
 DEFAULT_MIN_BLOCK_BYTES = 4096

@@ -51,12 +51,12 @@ import math
 import numbers
 from typing import Any
 
-from pipecomm import cost
+from pipecomm import cost, vocab
 
 __all__ = ["CODECS", "MODES", "breakdown", "compression_ratio", "iteration_time", "speedup"]
 
-MODES: tuple[str, ...] = ("nocomm", "sync", "layerwise", "pipe", "delayed")
-CODECS: tuple[str, ...] = ("fp16", "bf16", "int8")
+MODES: tuple[str, ...] = vocab.TIMING_MODES
+CODECS: tuple[str, ...] = vocab.CODECS
 
 
 def compression_ratio(
@@ -163,7 +163,9 @@ def breakdown(
     and ``hidden`` (the part of ``M + E`` overlapped with compute or update). ``compression`` is
     a codec name (see :func:`compression_ratio`, ``chunk`` passed on) or a ratio;
     ``codec_s_per_byte`` only counts with compression. ``algorithm`` and ``block_bytes`` go to
-    :func:`pipecomm.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``).
+    :func:`pipecomm.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``). The default
+    algorithm is ``"ring"``, not pipecomm's default ``"lp"``: this models Pipe-SGD as its paper
+    analyses it (ring AllReduce, Li et al. 2018), and the E6 experiment compares against that.
 
     Example::
 

@@ -20,14 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecomm import vocab
 from pipecomm.collectives import be, builtin, lp, mst, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, submit
 
-ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
-COMPRESSIONS: tuple[str, ...] = ("fp16", "bf16", "int8")
-_COMPRESSING_ALGORITHMS = ("lp", "ring")
+ALGORITHMS: tuple[str, ...] = vocab.ALGORITHMS
+COMPRESSIONS: tuple[str, ...] = vocab.CODECS
+_COMPRESSING_ALGORITHMS = vocab.COMPRESSING_ALGORITHMS
 _SCHEDULES = {"lp": lp, "mst": mst, "be": be, "ring": ring}
 
 Result = torch.Tensor | Handle

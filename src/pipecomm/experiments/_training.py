@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import bench, cost, data, launch, models
+from pipecomm import bench, cost, data, launch, models, vocab
 
 #: Training configuration keys and their defaults (experiments override some).
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -70,7 +70,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "switch_interval_s": 0.005,
 }
 
-COMPRESSIONS = ("fp16", "bf16", "int8")
+COMPRESSIONS = vocab.CODECS
 BASE_METHODS = ("nocomm", "sync", "layerwise", "pipe", "delayed-1", "delayed-2")
 TIMING_COLUMNS = ("compute_s", "launch_s", "comm_s", "compress_s", "update_s", "iter_s")
 
@@ -287,8 +287,8 @@ def _compute_timing(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, A
     def update() -> None:
         opt.step()
 
-    c = bench.time_fn(compute, warmup=warmup, iters=iters, device=device)
-    u = bench.time_fn(update, warmup=1, iters=iters, device=device)
+    c = bench.time_fn(compute, warmup=warmup, repeats=iters, device=device)
+    u = bench.time_fn(update, warmup=1, repeats=iters, device=device)
     return {
         "compute_s": c["median_s"],
         "update_s": u["median_s"],

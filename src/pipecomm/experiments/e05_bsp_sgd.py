@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, netem
+from pipecomm import claims, cost, launch, netem, vocab
 from pipecomm.experiments import _training as T
 from pipecomm.experiments._cli import main
 
@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "dataset": "digits",
     "data_root": None,
 }
-ALGORITHMS = ("lp", "mst", "be", "ring")
+ALGORITHMS = vocab.MODELLED_ALGORITHMS  # the algorithms that run over the emulated network
 
 
 def _check(params: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, netem, timing_model
+from pipecomm import claims, cost, launch, netem, timing_model, vocab
 from pipecomm.experiments import _training as T
 from pipecomm.experiments._cli import main
 
@@ -80,7 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "timeout_s": 300.0,
     "switch_interval_s": 0.0001,
 }
-MODES = ("sync", "pipe")
+MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
 
 
 def _check(params: dict[str, Any]) -> dict[str, Any]:
