@@ -17,7 +17,7 @@ One concept: data-parallel training in which the gradient averaged over all rank
   width 2; k = 2 keeps two reductions in flight). Pipe-SGD's light compression (``"fp16"``,
   ``"bf16"``, ``"int8"``) is applied inside the AllReduce (:mod:`pipecomm.collectives`).
 
-Exact rule (``/work/shared/DESIGN.md``, "Pipelined SGD with staleness k"): with ``g(w)`` the
+Exact rule (``docs/update_rules.md``, "Pipelined SGD with staleness k"): with ``g(w)`` the
 gradient averaged over all ranks, ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k`` and
 ``w_{t+1} = w_t`` for ``t < k``; after ``step()`` of iteration t returns, the parameters are
 ``w_{t+1}``. ``step`` is the wrapped optimizer's ``step()`` with ``p.grad`` set to the averaged

@@ -4,7 +4,7 @@ One concept: *which ranks average their parameters at iteration k*. A topology h
 every iteration ``step``, a partition of the ranks into groups; each group averages exactly (every
 member gets weight ``1/|g|``), so the mixing matrix ``W_k`` of the paper is block diagonal (after a
 permutation) with blocks ``J/|g|`` and is symmetric and doubly stochastic. Decentralized training
-mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` (see DESIGN.md, "Decentralized").
+mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` (see ``docs/update_rules.md``, "Decentralized training").
 
 Registered topologies (``available_topologies()``):
 
