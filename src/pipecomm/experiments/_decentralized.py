@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipecomm import bench, collectives, cost, netem
+from pipecomm.bucketing import bucket_indices, bucket_nbytes
 from pipecomm.decentralized import runtime_model, topology
 
 __all__ = [
@@ -265,18 +266,7 @@ def bucket_layout(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list
     """
     if not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
-    cap = bucket_mb * 2**20
-    chunks: list[list[int]] = []
-    size = 0.0
-    for i in reversed(range(len(params))):
-        nbytes = params[i].numel() * params[i].element_size()
-        if chunks and size < cap:
-            chunks[-1].append(i)
-            size += nbytes
-        else:
-            chunks.append([i])
-            size = nbytes
-    return chunks
+    return bucket_indices(params, bucket_mb * 2**20, order="reverse")
 
 
 def bucket_bytes_forward(params: Sequence[torch.Tensor], bucket_mb: float) -> list[int]:
@@ -286,8 +276,7 @@ def bucket_bytes_forward(params: Sequence[torch.Tensor], bucket_mb: float) -> li
 
         bucket_bytes_forward(list(TimingNet(512, 2, 0, 0).parameters()), 1.0)   # [1 MiB, 1 MiB]
     """
-    layout = bucket_layout(params, bucket_mb)
-    return [sum(params[i].numel() * params[i].element_size() for i in b) for b in layout][::-1]
+    return bucket_nbytes(params, bucket_layout(params, bucket_mb))[::-1]
 
 
 #: The models E13 trains (and E10 times the gossip of): name -> (pipecomm.models name, keywords).
