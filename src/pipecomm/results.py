@@ -1,4 +1,4 @@
-"""Results on disk: atomic writes, environment records, the results layout (``docs/results_layout.md``).
+"""Results on disk: atomic writes, environment records, the layout of ``docs/results_layout.md``.
 
 ``results/<profile>/<E>/`` holds ``data.csv`` (tidy, one row per measurement), ``figure.png`` and
 ``figure.pdf``, the executed ``notebook.ipynb``, ``params.json`` and ``env.json``. Every file is

@@ -25,9 +25,9 @@ of bucket i's layers; backward runs the buckets in reverse. One communication st
 its operations in launch order. A collective over a group starts when every member has launched
 it and every member's stream is free, and lasts the closed-form time of
 :func:`group_allreduce_time`; a group of one costs nothing. The gossip launched in iteration k
-averages over ``topology.groups(k + 1)`` (it is mixed with ``W_{k+1}``, see ``docs/update_rules.md``). The first
-``warmup`` iterations are dropped; ``mean_iteration_s`` is the mean gap between the moments the last
-rank finishes consecutive iterations.
+averages over ``topology.groups(k + 1)`` (it is mixed with ``W_{k+1}``, see
+``docs/update_rules.md``). The first ``warmup`` iterations are dropped; ``mean_iteration_s`` is the
+mean gap between the moments the last rank finishes consecutive iterations.
 
 Closed form of a group allreduce on the two-level network (``group_allreduce_time``), for a group
 of m ranks holding nbytes each:
