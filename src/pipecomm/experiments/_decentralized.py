@@ -69,7 +69,7 @@ __all__ = [
     "timing_spec",
 ]
 
-#: The cpu profile's two-level network (DESIGN.md's example): nodes of 2 ranks, intra-node links
+#: The cpu profile's two-level network (docs/network_model.md): nodes of 2 ranks, intra-node links
 #: of 1 ms / 400 MB/s, one inter-node uplink/downlink per node of 2 ms / 50 MB/s, single port.
 DEFAULT_NETWORK: dict[str, Any] = {
     "intra_alpha_s": 1e-3,

@@ -2,7 +2,7 @@
 
 Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
 Training" (ICLR 2025) tabulate the communication time of one iteration for each topology (the
-table's numbers could not be recovered; PAPERS.md). This experiment measures it for the models in
+table's numbers could not be recovered; docs/papers.md). This experiment measures it for the models in
 use in this artifact -- E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and E13's
 character-level transformer (one bucket each) -- and compares it with the cost model.
 
@@ -21,7 +21,7 @@ number of streams sharing the busiest node uplink) for groups spanning nodes; al
 the emulated network's configured values, gamma E0's calibration (or its fallback).
 
 Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
-50 MB/s, single port (DESIGN.md's example); gloo underneath. Claims: C10.1 every measured time is
+50 MB/s, single port (docs/network_model.md); gloo underneath. Claims: C10.1 every measured time is
 within 25% of the model; C10.2 AER's time is below complete's for every model and world size.
 
 cpu-profile runtime (estimate, quiet 2-core machine): about 30 s (pools of 4 and 8 ranks, about
