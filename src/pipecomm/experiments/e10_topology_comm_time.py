@@ -2,8 +2,8 @@
 
 Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
 Training" (ICLR 2025) tabulate the communication time of one iteration for each topology (the
-table's numbers could not be recovered; docs/papers.md). This experiment measures it for the models in
-use in this artifact -- E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and E13's
+table's numbers could not be recovered; docs/papers.md). This experiment measures it for the models
+in use in this artifact -- E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and E13's
 character-level transformer (one bucket each) -- and compares it with the cost model.
 
 How it is measured. For every step of one period of a topology (complete, ring, one-peer-exp,

@@ -9,8 +9,8 @@ iterations -- closes the gap or beats AllReduce (76.54 AER, 76.34 complete; Tabl
 AllReduce Adam's, or better.
 
 Methods (betas (0.9, 0.999), no weight decay). Learning rates follow the paper's protocols
-(docs/papers.md): for the image classifier AccumAdam gets 1.5 times AllReduce's (ResNet-50: 1.5e-3 vs
-1e-3, ``digits_accum_lr_scale``), for the language model the same (Transformer: only the betas
+(docs/papers.md): for the image classifier AccumAdam gets 1.5 times AllReduce's (ResNet-50: 1.5e-3
+vs 1e-3, ``digits_accum_lr_scale``), for the language model the same (Transformer: only the betas
 differ there, and ours are equal, ``lm_accum_lr_scale``); DAdam uses AllReduce's:
 
 * ``allreduce-adam``: gradients averaged over all ranks every iteration
