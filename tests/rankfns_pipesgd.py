@@ -1,8 +1,8 @@
 """Functions executed on ranks by test_pipesgd.py (importable by the rank processes).
 
 Models, optimizers and data are built deterministically from a config dict, so the test process
-can rebuild them and simulate the rule of DESIGN.md ("Pipelined SGD with staleness k") in float64
-(the oracle). Each rank's batch of iteration t depends only on (seed, rank, t).
+can rebuild them and simulate the rule of docs/update_rules.md ("Pipelined SGD with staleness k")
+in float64 (the oracle). Each rank's batch of iteration t depends only on (seed, rank, t).
 """
 
 from __future__ import annotations

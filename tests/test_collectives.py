@@ -5,7 +5,7 @@ Two layers:
 * In this process, without torch.distributed: the exact schedules run on p threads over a
   simulated transport (per-pair FIFO mailboxes) that checks message sizes and aliasing, counts
   dependent steps and bytes; results against float64 oracles for p = 1..16, and step counts and
-  per-rank bytes against the formulas of /work/notes/algorithms.md.
+  per-rank bytes against the formulas of docs/algorithms.md.
 * On one pool of 8 real ranks (gloo): every group size 1..8 through subgroups (several without
   rank 0), every algorithm, op, dtype, odd sizes, empty tensors, roots other than 0, LP blocks that
   do not divide the message, non-contiguous tensors, asynchronous handles interleaved with
@@ -180,7 +180,7 @@ def test_simulated_schedules_match_oracle(alg):
 
 
 def _steps(alg: str, kind: str, p: int, k: int) -> int:
-    """Dependent steps of each schedule, as in /work/notes/algorithms.md."""
+    """Dependent steps of each schedule, as in docs/algorithms.md."""
     L = (p - 1).bit_length()
     pp = 1 << (p.bit_length() - 1)
     extra = int(p > pp)

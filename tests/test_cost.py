@@ -21,7 +21,7 @@ LINK_PN = LINK.with_ports("per-neighbor")
 
 
 # ------------------------------------------------------------------------------------------
-# Oracle: explicit schedules of notes/algorithms.md, costed step by step in lock-step.
+# Oracle: explicit schedules of docs/algorithms.md, costed step by step in lock-step.
 # A message is (src, dst, nbytes, reduced_at_dst). A step costs alpha + beta V + gamma R with
 # V = most bytes through one port of one rank (single: max(out sum, in sum); per-neighbor:
 # largest message) and R = most bytes reduced by one rank in that step.

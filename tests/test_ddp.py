@@ -1,4 +1,4 @@
-"""DecentralizedDataParallel against a float64 single-process simulation of the DESIGN.md rule.
+"""DecentralizedDataParallel against a float64 single-process simulation of docs/update_rules.md.
 
 Every rank returns its parameter trajectory; ``rankfns_ddp.simulate`` computes all ranks from
 ``y_i^k = sum_j (W_k)_ij x_j^k`` (``W_k = topology.mixing_matrix(k)``) and a local optimizer step
