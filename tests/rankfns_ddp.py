@@ -2,8 +2,8 @@
 
 ``train(cfg)`` runs on every rank and returns its parameter trajectory; ``simulate(cfg)`` runs in
 the test process and computes all ranks' trajectories from the rule of docs/update_rules.md
-("Decentralized training") with ``topology.mixing_matrix``: ``y_i^k = sum_j (W_k)_ij x_j^k``, local step
-from ``y_i^k`` with the gradient at ``x_i^k`` (zero for parameters without a gradient).
+("Decentralized training") with ``topology.mixing_matrix``: ``y_i^k = sum_j (W_k)_ij x_j^k``,
+local step from ``y_i^k`` with the gradient at ``x_i^k`` (zero for parameters without a gradient).
 
 A configuration is a dict with keys: ``world``, ``topology`` (a name, or ``("aer", rpn)``,
 ``("random-matching", seed)``, ``("singletons",)``), ``optim`` (``("sgd", lr, momentum)`` or

@@ -16,7 +16,7 @@ SHAPES = [(3, 4), (7,), (), (0,), (2, 0, 3), (5, 1)]
 
 
 class Reference:
-    """Algorithm 4 as stated in docs/update_rules.md, in float64 numpy, one parameter array at a time."""
+    """Algorithm 4 of docs/update_rules.md in float64 numpy, one parameter array at a time."""
 
     def __init__(self, x, lr, betas, eps, wd, k, decoupled):
         self.x = np.array(x, dtype=np.float64)
