@@ -2,10 +2,10 @@
 
 The oracle is a single-process float64 simulation of the rule in docs/update_rules.md: with g(w)
 the gradient averaged over all ranks, ``w_{t+1} = step(w_t, g(w_{t-k}))`` for t >= k and
-``w_{t+1} = w_t`` for t < k, checked after *every* step, on 1 (in this process), 2, 3 and 4 ranks, with SGD+momentum
-and Adam, several collective algorithms, finish(), resume from a checkpoint taken with reductions
-in flight, compression (within a derived error bound), real overlap under an emulated network,
-and bad arguments.
+``w_{t+1} = w_t`` for t < k, checked after *every* step, on 1 (in this process), 2, 3 and 4
+ranks, with SGD+momentum and Adam, several collective algorithms, finish(), resume from a
+checkpoint taken with reductions in flight, compression (within a derived error bound), real
+overlap under an emulated network, and bad arguments.
 """
 
 from __future__ import annotations
