@@ -13,7 +13,7 @@ When the thread starts it lowers the interpreter's GIL switch interval from Pyth
 0.1 ms (``PIPECOMM_SWITCH_INTERVAL_S`` overrides; ``0`` keeps Python's): otherwise every time the
 communication thread wakes up (a message arrived, a deadline passed) it may wait up to 5 ms for a
 main thread that is running Python between torch kernels, which measurably stretches an
-overlapped AllReduce (E6-E9 measured 25.3 ms instead of about 18 ms at 5 ms, 19.4 ms at 0.1 ms).
+overlapped AllReduce (experiments E6-E9 run with the lowered interval).
 
 CUDA tensors: a job runs with its tensor's device current (CUDA's current device is per thread),
 and on the thread's current stream, which is the device's default stream that the main thread's
