@@ -36,12 +36,9 @@ beats BE at 64 MiB (model BE/LP 1.33; single-port 0.77, reported as information)
 25% of measurement for messages >= 1 MiB. Real backend (issue targets, not paper claims): LP
 broadcast at least as fast as the built-in at >= 16 MiB; LP and ring allreduce within 1.5x of it.
 
-Expected time of the cpu profile (from the model, :func:`expected_runtime_s`): emulated sweep
-77 s (single/broadcast 31 s, single/allreduce 32 s without the MST point at 64 MiB, which the
-model puts at 8.3 s per call, per-neighbor/allreduce lp+be 14 s), real sweep 20-28 s (rough: the
-real backend has no reliable model with 8 ranks sharing 2 cores; 28 s is the calibrated link
-scaled by ranks per core, 20 s what a loaded development machine suggested), three pool starts
-about 10 s, notebook about 5 s: 110-120 s of the 140 s budget.
+Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
+each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
+``env.json``.
 
 Run::
 

@@ -21,9 +21,9 @@ Claim (artifact/claims.yaml C3.1; cpu profile: 2 ms, 50 MB/s, single-port, 64 Mi
 LP broadcast time at p = 8 is at most 1.35x its p = 2 time (model 1.20x), while MST broadcast
 grows at least 2x (model 3.0x).
 
-Expected time of the cpu profile (model, :func:`expected_runtime_s`): p in {2, 4, 6, 8}, lp, mst
-and be, 2 timed calls each: 55 s of emulated transfers, plus one 8-rank pool start, the small
-warm-up calls and the notebook, about 65 s of the 90 s budget (adding ring would cost 16 s more).
+Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
+each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
+``env.json``.
 
 Run::
 

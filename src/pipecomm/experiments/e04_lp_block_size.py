@@ -20,9 +20,9 @@ the model puts b* at 256 KiB, k = 16): the measured best block size is within a 
 modelled optimum (model: blocks 2x off cost 10% more); blocks 8x smaller and 8x larger cost at
 least 15% more than the optimum (model: +123% and +121% for broadcast).
 
-Expected time of the cpu profile (model, :func:`expected_runtime_s`): broadcast and allreduce,
-13 block sizes from b*/8 to 8 b* (half-octave steps), 1 warm-up + 3 timed calls each: 32 s of
-emulated transfers + one 8-rank pool start and the notebook, about 42 s of the 60 s budget.
+Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
+each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
+``env.json``.
 
 Run::
 

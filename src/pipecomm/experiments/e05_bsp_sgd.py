@@ -18,10 +18,8 @@ Claims (artifact/claims.yaml): C5.1 the loss curves of all algorithms agree to f
 C5.2 each algorithm's measured communication time per iteration is within 25% of the model;
 C5.3 LP's AllReduce takes less time than MST's.
 
-Runtime (cpu profile: p = 4, MLP 512-512 = 1.2 MB of gradients, 50 MB/s single-port, 1 ms,
-50 iterations): the model predicts lp 74, mst 102, be 41, ring 43 ms per AllReduce, so about
-0.26 s per iteration of all four plus compute, i.e. about 15 s of training plus 5 s to start the
-ranks: about 25 s (budget 60 s). Quick defaults (p = 2, 10 iterations): about 8 s.
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

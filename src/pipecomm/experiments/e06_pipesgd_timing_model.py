@@ -38,11 +38,8 @@ descheduled, so pipelined points at p = 4 measure up to about 30% above the mode
 a partly loaded 2-core machine: p = 2 points within 10%, p = 4 pipe points 21-30% slow). The
 gpu profile's host (16 cores) measures p = 4 and 8 without oversubscription.
 
-Runtime (cpu profile: pools (2, 10 MB/s), (2, 30 MB/s), (4, 10 MB/s), (4, 30 MB/s), batch 64
-and 192, sync and pipe, 14 iterations): the model gives 0.54 s (p = 2) and 0.94 s (p = 4) per
-iteration of all eight runs of a pool pair, i.e. about 21 s of training, plus compute timing
-(about 5 s) and four pool starts (about 16 s): about 45 s (budget 60 s). Quick defaults (one
-pool, one batch size): about 10 s.
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

@@ -32,11 +32,8 @@ over seeds of the per-seed ratio; at comm_ratio 1 the model predicts 2x, about 1
 2-3 ms per iteration that waking the communication thread cost in trials); C7.2 pipe,
 pipe+fp16 and pipe+int8 end within 1 accuracy point of sync (mean over seeds).
 
-Runtime (cpu profile: p = 2, CNN with 0.83 MB of gradients, batch 128 per rank, C + U about
-20 ms on a quiet 2-core machine, 150 iterations, 4 seeds): sync about 41 ms and the pipelined
-methods about 23-25 ms per iteration, so 150 x 0.11 s x 4 seeds = 67 s of training, plus two
-pool starts, compute timing and evaluation (about 12 s): about 80 s (budget 120 s). Quick
-defaults (30 iterations, 1 seed): about 15 s.
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

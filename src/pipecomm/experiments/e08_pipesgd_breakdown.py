@@ -31,10 +31,8 @@ The batch (192 per rank, C + U about 29 ms) is chosen so that 0.25 min(C, M) (ab
 well above what waking the communication thread costs per iteration (2-3 ms in trials), so
 the claim tests overlap, not that overhead; at batch 64 (C about 10 ms) the two are equal.
 
-Runtime (cpu profile: p = 2, CNN with 0.83 MB of gradients, C + U about 29 ms, AllReduce chosen
-equal, 50 iterations x 7 methods): sync-like methods about 60 ms, pipelined about 33 ms per
-iteration: about 17 s of training, plus two pool starts and compute timing (about 10 s): about
-27 s (budget 45 s). Quick defaults (20 iterations): about 17 s.
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

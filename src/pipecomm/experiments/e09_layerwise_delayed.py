@@ -38,12 +38,8 @@ Claims (artifact/claims.yaml): C9.1 delayed-1 and delayed-2 are faster per batch
 model predicts 1.5x at comm_ratio 2); C9.2 layer-wise is no slower than sync, with a 5%
 tolerance for timing noise (ratio <= 1.05; the model predicts about 0.90).
 
-Runtime (cpu profile: p = 2, C + U about 25-35 ms, AllReduce twice that, 60 iterations of 4
-methods and 30 of nocomm, 2 seeds): sync about 3 (C + U), layer-wise slightly less, delayed
-about 2 (C + U) per batch: 2 x 60 x 10 (C + U) + nocomm, i.e. 30-43 s of training, plus two
-pool starts, compute timing and evaluation (about 13 s): 45-57 s (57 s in a trial on a lightly
-loaded 2-core machine with C + U = 36 ms; budget 75 s). Quick defaults (20 iterations, 1 seed):
-about 20 s.
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

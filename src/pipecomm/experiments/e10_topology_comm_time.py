@@ -24,9 +24,8 @@ Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, in
 50 MB/s, single port (docs/network_model.md); gloo underneath. Claims: C10.1 every measured time is
 within 25% of the model; C10.2 AER's time is below complete's for every model and world size.
 
-cpu-profile runtime (estimate, quiet 2-core machine): about 30 s (pools of 4 and 8 ranks, about
-6 and 10 s to start and import; 3 models x 4 topologies, 7 steps at p=4 and 10 at p=8, 4 timed
-gossips each of 3-140 ms; about 40 process groups created).
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

@@ -31,9 +31,8 @@ log-normal factors the measured run injects (same seed), summarised the same way
 Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
 50 MB/s, single port; gloo underneath. Claim C11.1: every prediction within 20% of measurement.
 
-cpu-profile runtime (estimate, quiet 2-core machine): about 45 s -- two pools of 8 ranks (about
-10 s each to start and import), 3 compute calibrations (about 1 s each), 10 measured
-configurations of 15 iterations of 60-215 ms (about 20 s).
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 

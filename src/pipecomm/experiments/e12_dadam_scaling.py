@@ -29,9 +29,9 @@ Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, in
 AER 65; p = 8: AllReduce 173, complete 131, ring 67, one-peer-exp 75, AER 70 (AllReduce / AER
 about 2.5 at p = 8). Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration than AllReduce.
 
-cpu-profile runtime (estimate, quiet 2-core machine): about 40 s -- pools of 4 and 8 ranks (about
-6 and 10 s to start and import), one compute calibration each, 5 methods x 18 iterations of
-65-175 ms per world size (about 17 s). The quick defaults use nodes of one rank (p = 2, 4).
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``. The quick defaults use
+nodes of one rank (p = 2, 4).
 
 Run::
 

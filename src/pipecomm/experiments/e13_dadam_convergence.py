@@ -42,9 +42,8 @@ network with pipecomm's ``ring`` instead. ``backend="nccl"`` (gpu profile) train
 rank over NCCL (real interconnect; emulation refused); every timed iteration then ends with a
 device synchronisation so the wall-clock axis measures GPU work, not kernel launches.
 
-cpu-profile runtime (estimate, quiet 2-core machine): about 80 s -- one pool of 4 ranks (about
-3 s), 15 digits runs of 150 iterations (about 0.6 s each) and 15 LM runs of 200 iterations
-(about 4 s each).
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
 
 Run::
 
