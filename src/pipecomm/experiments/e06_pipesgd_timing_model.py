@@ -23,20 +23,18 @@ see ``_training.gil_switch_interval``).
 Claims (artifact/claims.yaml): C6.1 the model is within 25% of every measured iteration time
 for p <= 4; C6.2 the same for p = 2 (each rank has a core of its own on a 2-core machine).
 
-Parameters were chosen from the model before measuring: with the CNN (0.83 MB of gradients),
-C is about 10 ms (batch 64) and 29 ms (batch 192) per rank at p = 2 on a 2-core machine (about
-twice that at p = 4, four ranks sharing two cores), and the ring AllReduce takes about 85 ms at
-10 MB/s and 30 ms at 30 MB/s (p = 2; 130 and 48 ms at p = 4), so the points cover
-communication-bound, balanced (p = 2, 30 MB/s, batch 192) and compute-bound (p = 4, 30 MB/s,
-batch 192) pipelines. Slow links keep every ring step at several ms, well above the
-per-wake-up cost of the emulation and of thread scheduling (about 0.5-3 ms).
+Parameters were chosen from the model before measuring so that the points cover
+communication-bound, balanced and compute-bound pipelines (the compute times C and U of each
+batch size and the modelled AllReduce are columns of the result's data.csv). Slow links keep
+every ring step at several ms, well above the per-wake-up cost of the emulation and of thread
+scheduling.
 
 Known limit: at p = 4 on a 2-core machine four ranks and their communication threads share two
 cores; the model assumes the AllReduce progresses in parallel with compute, but a
 communication thread that needs the GIL waits while its process's compute thread is
-descheduled, so pipelined points at p = 4 measure up to about 30% above the model (a trial on
-a partly loaded 2-core machine: p = 2 points within 10%, p = 4 pipe points 21-30% slow). The
-gpu profile's host (16 cores) measures p = 4 and 8 without oversubscription.
+descheduled, so pipelined points at p = 4 measure above the model (the reference run's errors
+are in artifact/ARTIFACT.md). The gpu profile's host (16 cores) measures p = 4 and 8 without
+oversubscription.
 
 The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
 is in its ``env.json``.

@@ -27,9 +27,9 @@ thread's time per iteration (everything but the AllReduce) and M the AllReduce o
 path (per step: C = max over ranks of ``iter_s - comm_s``, M = max over ranks of ``iter_s`` - C;
 medians over steady steps). Without overlap pipe would take C + M, 1.6x the bound at C = M.
 
-The batch (192 per rank, C + U about 29 ms) is chosen so that 0.25 min(C, M) (about 7 ms) is
-well above what waking the communication thread costs per iteration (2-3 ms in trials), so
-the claim tests overlap, not that overhead; at batch 64 (C about 10 ms) the two are equal.
+The batch (192 per rank) is chosen so that 0.25 min(C, M) is well above what waking the
+communication thread costs per iteration, so the claim tests overlap, not that overhead; at
+batch 64 the two are comparable.
 
 The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
 is in its ``env.json``.

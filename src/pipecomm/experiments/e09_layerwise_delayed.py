@@ -27,12 +27,12 @@ default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time th
 communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
 see ``_training.gil_switch_interval``).
 
-Parameters chosen from the model before measuring: with backward hooks timed on one core, the
-second FC layer's gradient is ready about 40% into backward, and a simulation of the bucket
-schedule (those ready times, the ring cost model per bucket) predicts layer-wise / sync
-about 0.90 at comm_ratio 2 with 4 MiB buckets (0.97 with 1 MiB buckets, whose extra latencies
-eat the overlap; the CPU work of the communication thread during backward, which the model
-ignores, costs a few percent more). Delayed / sync: (C + U) + A over A = 1.5x.
+Parameters chosen from the model before measuring: with backward hooks timed on one core, a
+simulation of the bucket schedule (the layers' gradient-ready times, the ring cost model per
+bucket) predicts layer-wise faster than sync at comm_ratio 2 with 4 MiB buckets, and less so
+with 1 MiB buckets, whose extra latencies eat the overlap; the CPU work of the communication
+thread during backward, which the model ignores, costs a few percent more. Delayed / sync:
+(C + U) + A over A = 1.5x.
 
 Claims (artifact/claims.yaml): C9.1 delayed-1 and delayed-2 are faster per batch than sync (the
 model predicts 1.5x at comm_ratio 2); C9.2 layer-wise is no slower than sync, with a 5%

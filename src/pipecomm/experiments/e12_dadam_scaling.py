@@ -30,8 +30,7 @@ AER 65; p = 8: AllReduce 173, complete 131, ring 67, one-peer-exp 75, AER 70 (Al
 about 2.5 at p = 8). Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration than AllReduce.
 
 The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``. The quick defaults use
-nodes of one rank (p = 2, 4).
+is in its ``env.json``. The quick defaults use nodes of one rank (p = 2, 4).
 
 Run::
 
