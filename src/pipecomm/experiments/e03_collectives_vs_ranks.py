@@ -275,7 +275,7 @@ def check_lp_flat(
 
     Example::
 
-        check_lp_flat(df, p_lo=2, p_hi=8)   # measured "p=2->8 at 64 MiB: LP x1.2, MST x3"
+        check_lp_flat(df, p_lo=2, p_hi=8)   # Verdict: LP's and MST's growth, PASS or FAIL
     """
     claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "time_s")
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max())]
