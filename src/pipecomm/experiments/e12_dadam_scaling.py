@@ -13,8 +13,7 @@ Measured, on the same emulated network and the same workload for every method:
   DecentralizedDataParallel's) all-reduced with pipecomm's ``ring`` algorithm asynchronously as
   soon as backward produces them, then Adam. This is the best overlapped AllReduce of this
   library: it overlaps with backward like PyTorch DDP, and the runtime model prices ring below lp,
-  be and mst for these buckets on this network (171 ms per iteration at p = 8; be 213, lp 390,
-  mst 574).
+  be and mst for these buckets on this network.
 * DAdam (``DecentralizedDataParallel`` + Adam, ``ring`` gossip) on complete, ring, one-peer-exp and
   AER.
 
@@ -25,9 +24,9 @@ cannot compute in parallel). Iteration time: median over blocks of ``block_iters
 (``runtime_model.simulate``) from a separate compute-only calibration and the configured links.
 
 Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
-50 MB/s, single port; gloo underneath. The model predicts (ms per iteration) p = 4: AllReduce 130,
-AER 65; p = 8: AllReduce 173, complete 131, ring 67, one-peer-exp 75, AER 70 (AllReduce / AER
-about 2.5 at p = 8). Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration than AllReduce.
+50 MB/s, single port; gloo underneath. The model's prediction for every method and world size is
+a column of the result's data.csv. Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration
+than AllReduce.
 
 The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
 is in its ``env.json``. The quick defaults use nodes of one rank (p = 2, 4).
