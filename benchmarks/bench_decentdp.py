@@ -138,7 +138,7 @@ def rank_bench(cfg: dict) -> dict:
         for _ in range(cfg["iters"]):
             one()
 
-    stats = bench.time_fn(block, warmup=0, iters=cfg["blocks"])
+    stats = bench.time_fn(block, warmup=0, repeats=cfg["blocks"])
     if cfg["impl"] == "pipecomm":
         ddp.close()
     else:

@@ -43,4 +43,4 @@ def timed_sleep(seconds_by_rank):
     from pipecomm import bench
 
     s = seconds_by_rank[dist.get_rank()]
-    return bench.time_fn(lambda: time.sleep(s), warmup=0, iters=3)
+    return bench.time_fn(lambda: time.sleep(s), warmup=0, repeats=3)

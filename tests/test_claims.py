@@ -1,15 +1,21 @@
-"""Every claim's check must be able to FAIL as well as PASS (a check that cannot fail is a
-defect). Synthetic cases live beside each experiment's tests as ``CLAIM_CASES = {check: (make
-passing DataFrame, make failing DataFrame, args)}`` in tests/test_e*.py; this module collects them."""
+"""Every claim's check must be able to FAIL as well as PASS, and a timed check must say
+INCONCLUSIVE when its interval straddles the threshold (a check that cannot fail is a defect).
+Synthetic cases live beside each experiment's tests as ``CLAIM_CASES = {check: (make passing
+DataFrame, make failing DataFrame[, make inconclusive DataFrame])}`` in tests/test_e*.py; only
+the checks in ``EXACT`` (no timed quantity, nothing to be uncertain about) may omit the third."""
 
 import importlib
+import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 
 from pipecomm import claims
 
 HERE = Path(__file__).resolve().parent
+EXACT: set[str] = set()
 
 
 def _cases():
@@ -22,26 +28,101 @@ def _cases():
 
 CASES = _cases()
 ENTRIES = claims.load_claims()
+CHECKED = [e for e in ENTRIES if e["kind"] == "claim"]
 
 
 def test_claims_file_is_valid():
     assert ENTRIES, "artifact/claims.yaml lists no claims"
     assert len({e["id"] for e in ENTRIES}) == len(ENTRIES)
+    for e in CHECKED:
+        assert e["prediction"].strip() and e["threshold_reason"].strip(), e["id"]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e["id"])
-def test_every_claim_can_pass_and_fail(entry):
+@pytest.mark.parametrize("entry", CHECKED, ids=lambda e: e["id"])
+def test_every_claim_can_pass_fail_and_be_undecided(entry):
     assert entry["check"] in CASES, f"no synthetic PASS/FAIL case for check {entry['check']!r}"
-    make_pass, make_fail = CASES[entry["check"]]
-    good = claims.run_check(entry, make_pass())
-    bad = claims.run_check(entry, make_fail())
-    assert good.passed, f"{entry['id']} should PASS on its passing case: {good}"
-    assert not bad.passed, f"{entry['id']} should FAIL on its failing case: {bad}"
+    makers = CASES[entry["check"]]
+    good = claims.run_check(entry, makers[0]())
+    bad = claims.run_check(entry, makers[1]())
+    assert good.verdict == claims.PASS, f"{entry['id']} should PASS on its passing case: {good}"
+    assert bad.verdict == claims.FAIL, f"{entry['id']} should FAIL on its failing case: {bad}"
     assert good.measured and good.threshold
+    if entry["check"] in EXACT:
+        return
+    assert len(makers) == 3, f"{entry['check']}: no synthetic INCONCLUSIVE case"
+    unsure = claims.run_check(entry, makers[2]())
+    assert unsure.verdict == claims.INCONCLUSIVE, f"{entry['id']}: {unsure}"
 
 
 def test_markdown_table_counts_verdicts(tmp_path):
     table = claims.evaluate(ENTRIES, tmp_path)  # nothing has run
-    assert set(table.verdict) == {claims.NOT_RUN}
+    n_model = sum(e["kind"] == "illustration" for e in ENTRIES)
+    assert set(table.verdict) <= {claims.NOT_RUN, claims.MODEL}
     text = claims.to_markdown(table)
-    assert f"{len(ENTRIES)} NOT RUN" in text
+    assert f"{len(CHECKED)} NOT RUN" in text and f"{n_model} {claims.MODEL}" in text
+
+
+@pytest.mark.parametrize(
+    "fn, lo, hi, t, want",
+    [
+        (claims.at_most, 0.9, 0.99, 1.0, claims.PASS),
+        (claims.at_most, 1.01, 1.2, 1.0, claims.FAIL),
+        (claims.at_most, 0.95, 1.05, 1.0, claims.INCONCLUSIVE),
+        (claims.at_least, 1.3, 1.6, 1.2, claims.PASS),
+        (claims.at_least, 1.0, 1.1, 1.2, claims.FAIL),
+        (claims.at_least, 1.1, 1.3, 1.2, claims.INCONCLUSIVE),
+        (claims.within, -0.1, 0.2, 0.25, claims.PASS),
+        (claims.within, 0.3, 0.4, 0.25, claims.FAIL),
+        (claims.within, -0.5, -0.3, 0.25, claims.FAIL),
+        (claims.within, 0.2, 0.3, 0.25, claims.INCONCLUSIVE),
+    ],
+)
+def test_interval_decisions(fn, lo, hi, t, want):
+    assert fn(lo, hi, t) == want
+
+
+def test_combine_and_few_repeats():
+    assert claims.combine([claims.PASS, claims.PASS]) == claims.PASS
+    assert claims.combine([claims.PASS, claims.INCONCLUSIVE]) == claims.INCONCLUSIVE
+    assert claims.combine([claims.INCONCLUSIVE, claims.FAIL]) == claims.FAIL
+    with pytest.raises(ValueError):
+        claims.combine([])
+    m, lo, hi = claims.interval([1.0, 1.1, 0.9])  # 3 repeats: too few to decide
+    assert m == 1.0 and lo == -math.inf and hi == math.inf
+    assert claims.model_points([[1.5] * 3], [1.0], ["x"], 0.1).verdict == claims.INCONCLUSIVE
+    assert claims.model_points([[1.5] * 5], [1.0], ["x"], 0.1).verdict == claims.FAIL
+
+
+def test_model_points_reports_signed_bias():
+    v = claims.model_points([[1.2] * 5, [1.1] * 5, [0.95] * 5], [1.0] * 3, ["a", "b", "c"], 0.25)
+    assert v.verdict == claims.PASS
+    assert "worst +20.0%" in v.measured and "bias +11.7%" in v.measured
+    assert "2/3 same sign" in v.measured
+
+
+def test_verdict_refuses_unknown_outcome():
+    with pytest.raises(ValueError, match="verdict"):
+        claims.Verdict("1", "<= 2", "MAYBE")
+    assert claims.Verdict("1", "<= 2", True).verdict == claims.PASS
+
+
+def test_thresholds_live_only_in_claims_yaml(tmp_path):
+    """A check with a default threshold, or an entry that omits an argument, is refused."""
+    @claims.check("test_only_with_default")
+    def _with_default(df: pd.DataFrame, tolerance: float = 0.2) -> claims.Verdict:
+        return claims.Verdict("", "", True)
+
+    entry = {"id": "X", "paper": "p", "experiment": "E0", "statement": "s", "prediction": "p",
+             "threshold_reason": "r", "check": "test_only_with_default",
+             "args": {"tolerance": 0.2}}
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump([entry]))
+    try:
+        with pytest.raises(ValueError, match="defaults"):
+            claims.load_claims(path)
+        good = dict(entry, check="e0_emulated_within", args={"min_bytes": 1})
+        path.write_text(yaml.safe_dump([good]))
+        with pytest.raises(ValueError, match="args lack"):
+            claims.load_claims(path)
+    finally:
+        del claims.CHECKS["test_only_with_default"]

@@ -3,7 +3,9 @@
 import numpy as np
 import pandas as pd
 import pytest
+from claimdata import with_repeats
 
+from pipecomm import claims
 from pipecomm.experiments import e00_calibrate as e0
 
 SIZES = e0.message_sizes(4, 64 << 20, 4)
@@ -19,20 +21,36 @@ def _real(alpha=150e-6, beta=1 / 2.5e9, bump=0.0):
     return pd.concat([real, red], ignore_index=True)
 
 
-def _emulated(bw_error=0.0):
+def _emulated(bw_error=0.0, spread=0.01):
     rows = []
     for world in (2, 8):
         for n in e0.message_sizes(4, 4 << 20, 4):
-            rows.append({"section": "emulated", "world_size": world, "nbytes": n,
+            rows.append({"section": "emulated", "world_size": world, "nbytes": n, "pair": "0-1",
                          "time_s": 0.002 + n / (50e6 * (1 + bw_error)),
                          "emu_alpha_s": 0.002, "emu_bandwidth_Bps": 50e6})
-    return pd.DataFrame(rows)
+    return with_repeats(pd.DataFrame(rows), spread)
 
 
+ARGS = {"min_bytes": 65536, "tolerance": 0.1, "abs_tolerance_s": 0.0005, "world_sizes": [2, 8]}
 CLAIM_CASES = {
-    "e0_fit_within": (lambda: _real(), lambda: _real(bump=1.0)),
-    "e0_emulated_within": (lambda: _emulated(), lambda: _emulated(bw_error=-0.3)),
+    # slower than configured by 30%: FAIL; 10% slower with +-25% repeats: cannot decide
+    "e0_emulated_within": (lambda: _emulated(), lambda: _emulated(bw_error=-0.23),
+                           lambda: _emulated(bw_error=-0.09, spread=0.25)),
 }
+
+
+def test_calibration_record_keeps_every_size():
+    rec = e0.fit(_real())["per_size"]
+    assert rec["nbytes"] == SIZES
+    assert rec["one_way_s"][-1] == pytest.approx(150e-6 + SIZES[-1] / 2.5e9)
+
+
+def test_emulated_check_absolute_bound_covers_small_messages():
+    df = _emulated()
+    df.loc[df.nbytes == 65536, "time_s"] += 0.0004  # +12% at 64 KiB, but 0.4 ms < 0.5 ms
+    df = with_repeats(df)
+    assert e0.check_emulated_within(df, **ARGS).verdict == claims.PASS
+    assert e0.check_emulated_within(df, **{**ARGS, "abs_tolerance_s": 0.0}).verdict == claims.FAIL
 
 
 def test_message_sizes():
@@ -53,7 +71,7 @@ def test_fit_recovers_alpha_beta():
 def test_emulated_check_needs_both_world_sizes():
     df = _emulated()
     with pytest.raises(ValueError, match="world sizes"):
-        e0.check_emulated_within(df[df.world_size == 2])
+        e0.check_emulated_within(df[df.world_size == 2], **ARGS)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,17 @@
 """Timing harness for collectives and training steps (nccl-tests conventions).
 
-Each measurement: ``warmup`` untimed calls, then ``iters`` timed calls, each started after a
-barrier; a call's time is the maximum over ranks (the collective is done when the slowest rank is);
-the reported time is the median over iterations. Bandwidths as nccl-tests defines them:
+Every timed number of the artifact comes from :func:`time_fn`: ``warmup`` untimed calls, then
+``repeats`` timed calls (more when ``min_time_s`` asks for it). Each repeat starts on every rank
+at one common instant: the ranks agree on a start a little in the future (the maximum of their
+clocks plus ``margin_s``, one small allreduce) and sleep until it, so the ranks really start
+together; the repeat's time is the last rank's end minus the last rank's start, so the
+barrier-exit skew of 8 processes on 2 cores is not measured. This needs one clock for all ranks:
+``CLOCK_MONOTONIC`` is shared by every process of one host (checked once per group by comparing
+the kernel's boot id, which also holds for ranks in network namespaces of one host). Ranks on
+several hosts fall back to a barrier and the maximum of per-rank durations (``clock`` says which).
+
+The result carries every repeat and the median with a bootstrap 95% interval
+(:func:`pipecomm.stats.median_ci`). Bandwidths as nccl-tests defines them:
 ``algbw = bytes / time`` and ``busbw = algbw * factor`` with factor ``2(p-1)/p`` for allreduce and
 ``1`` for broadcast and reduce.
 
@@ -10,19 +19,21 @@ Example (inside a rank)::
 
     from pipecomm import bench, collectives
     t = torch.ones(1 << 20)
-    stats = bench.time_fn(lambda: collectives.allreduce(t), warmup=2, iters=10)
-    stats["median_s"], bench.busbw("allreduce", t.nbytes, stats["median_s"], world_size)
+    r = bench.time_fn(lambda: collectives.allreduce(t), warmup=2, repeats=10)
+    r["median_s"], r["ci_lo_s"], r["ci_hi_s"], len(r["times_s"])
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pipecomm import stats
 
 BUSBW_FACTOR = {
     "allreduce": lambda p: 2.0 * (p - 1) / p if p > 1 else 1.0,
@@ -65,48 +76,129 @@ def synchronize(device: torch.device | str | None) -> None:
         torch.cuda.synchronize(device)
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # not Linux: no way to prove a shared clock
+        return ""
+
+
+_SHARED: dict[int, bool] = {}
+
+
+def shared_clock(group: dist.ProcessGroup | None = None) -> bool:
+    """True when every rank of ``group`` runs on this host's kernel (one ``CLOCK_MONOTONIC``).
+
+    Computed once per group (an ``all_gather_object`` of the kernel boot id).
+
+    Example::
+
+        bench.shared_clock()   # True for a local pool and for the virtual cluster
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    key = id(group) if group is not None else 0
+    if key not in _SHARED:
+        ids: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(ids, _boot_id(), group=group)
+        _SHARED[key] = bool(ids[0]) and all(i == ids[0] for i in ids)
+    return _SHARED[key]
+
+
+def _max_over_ranks(values: list[float], group, device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":
+        t = t.to(device if device is not None else torch.device("cuda"))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.cpu().tolist()
+
+
+def _sleep_until(deadline: float) -> None:
+    now = time.monotonic()
+    while now < deadline:
+        time.sleep(deadline - now)
+        now = time.monotonic()
+
+
 def time_fn(
     fn: Callable[[], Any],
     *,
     warmup: int = 2,
-    iters: int = 10,
+    repeats: int = 10,
+    min_time_s: float = 0.0,
+    max_repeats: int = 1000,
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
-    barrier: bool = True,
+    margin_s: float = 0.002,
 ) -> dict[str, Any]:
-    """Time ``fn()`` on every rank of ``group``: median over iterations of the max over ranks.
+    """Time ``fn()`` on every rank of ``group`` from a common start instant (module docstring).
 
-    Call it on every rank of ``group`` (it uses barriers and an allreduce of the times).
-    Without torch.distributed initialised it times locally. Returns ``median_s``, ``min_s``,
-    ``max_s`` and the per-iteration ``times_s`` (each the max over ranks).
+    Call it on every rank of ``group``. ``repeats`` timed calls follow ``warmup`` untimed ones;
+    when ``min_time_s`` > 0 the count grows to cover about that much time (judged from the
+    slowest rank's warm-up, so all ranks agree; at most ``max_repeats``). Without
+    torch.distributed initialised it times locally.
+
+    Returns ``median_s``, ``ci_lo_s``, ``ci_hi_s`` (bootstrap 95% interval of the median),
+    ``min_s``, ``max_s``, ``times_s`` (every repeat) and ``clock`` (``"common-start"`` or
+    ``"per-rank"``).
 
     Example::
 
-        stats = time_fn(lambda: collectives.broadcast(t, 0), warmup=1, iters=5)
+        r = time_fn(lambda: collectives.broadcast(t, 0), warmup=1, repeats=10)
     """
-    if iters < 1 or warmup < 0:
-        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    if repeats < 1 or warmup < 0 or max_repeats < repeats:
+        raise ValueError(f"need repeats >= 1, warmup >= 0 and max_repeats >= repeats, got "
+                         f"repeats={repeats}, warmup={warmup}, max_repeats={max_repeats}")
+    if min_time_s < 0 or margin_s < 0:
+        raise ValueError(f"min_time_s and margin_s must be >= 0, got {min_time_s}, {margin_s}")
     distributed = dist.is_available() and dist.is_initialized()
+    shared = shared_clock(group) if distributed else True
+    t0 = time.monotonic()
     for _ in range(warmup):
         fn()
     synchronize(device)
-    local = []
-    for _ in range(iters):
-        if distributed and barrier:
+    n = repeats
+    if min_time_s > 0:
+        per_call = (time.monotonic() - t0) / warmup if warmup else 0.0
+        if distributed:
+            per_call = _max_over_ranks([per_call], group, device)[0]
+        if per_call > 0:
+            n = min(max_repeats, max(repeats, math.ceil(min_time_s / per_call)))
+    starts, ends = [], []
+    for _ in range(n):
+        if distributed and shared:
+            at = _max_over_ranks([time.monotonic() + margin_s], group, device)[0]
+            _sleep_until(at)
+        elif distributed:
             dist.barrier(group=group)
-        start = time.perf_counter()
+        start = time.monotonic()
         fn()
         synchronize(device)
-        local.append(time.perf_counter() - start)
-    times = torch.tensor(local, dtype=torch.float64)
-    if distributed and dist.get_backend(group) == "nccl":
-        times = times.to(device if device is not None else torch.device("cuda"))
-    if distributed:
-        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-    per_iter = times.tolist()
-    return {
-        "median_s": statistics.median(per_iter),
-        "min_s": min(per_iter),
-        "max_s": max(per_iter),
-        "times_s": per_iter,
-    }
+        starts.append(start)
+        ends.append(time.monotonic())
+    if distributed and shared:  # last end minus last start, on the one clock
+        last = _max_over_ranks(starts + ends, group, device)
+        times = [e - s for s, e in zip(last[:n], last[n:])]
+    elif distributed:
+        times = _max_over_ranks([e - s for s, e in zip(starts, ends)], group, device)
+    else:
+        times = [e - s for s, e in zip(starts, ends)]
+    med, lo, hi = stats.median_ci(times)
+    return {"median_s": med, "ci_lo_s": lo, "ci_hi_s": hi, "min_s": min(times),
+            "max_s": max(times), "times_s": times,
+            "clock": "common-start" if shared or not distributed else "per-rank"}
+
+
+def columns(result: dict[str, Any]) -> dict[str, Any]:
+    """The data.csv columns of one timed point from a :func:`time_fn` result: ``time_s``
+    (median), ``ci_lo_s``, ``ci_hi_s``, ``min_s``, ``max_s``, ``repeats`` and ``times_s`` (every
+    repeat, ``"t1;t2;..."``, read back with :func:`pipecomm.stats.repeats`).
+
+    Example::
+
+        rows.append({"algorithm": "lp", "nbytes": n, **bench.columns(time_fn(call))})
+    """
+    return {"time_s": result["median_s"], "ci_lo_s": result["ci_lo_s"],
+            "ci_hi_s": result["ci_hi_s"], "min_s": result["min_s"], "max_s": result["max_s"],
+            "repeats": len(result["times_s"]), "times_s": stats.join_repeats(result["times_s"])}

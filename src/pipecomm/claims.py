@@ -1,10 +1,21 @@
 """Claims: machine-readable statements of the papers, checked against a run's data.csv.
 
 ``artifact/claims.yaml`` lists every claim (id, paper, the paper's statement and number where
-known, experiment, check name and arguments). A *check* is a function registered here by name
-(experiment modules register theirs with :func:`check`) that reads an experiment's tidy DataFrame
-and returns a :class:`Verdict`: the measured value, the threshold, PASS or FAIL. A check that
-cannot fail is a defect: tests feed every check synthetic data that must make it FAIL and PASS.
+known, experiment, what the model predicts, the threshold and why it was chosen before the run,
+the check name and its arguments). Thresholds live only there: a check function takes every
+threshold as an argument without a default.
+
+A *check* is a function registered here by name that reads an experiment's tidy DataFrame and
+returns a :class:`Verdict`: the measured value with its interval, the threshold, and one of PASS,
+FAIL or INCONCLUSIVE. Timed quantities are decided on their 95% confidence intervals
+(:mod:`pipecomm.stats`): a claim "x <= t" passes only when the whole interval is at or below t,
+fails when the whole interval is above it, and is INCONCLUSIVE otherwise (:func:`at_most`,
+:func:`at_least`, :func:`within`). A point with fewer than :data:`MIN_REPEATS` repeats cannot be
+decided. Claims of several points combine with :func:`combine` (any FAIL fails; all PASS pass).
+Entries with ``kind: illustration`` are analytic model statements shown without a verdict.
+
+A check that cannot fail is a defect: tests feed every check synthetic data that must PASS, data
+that must FAIL and, for interval checks, data that must be INCONCLUSIVE.
 
 Example::
 
@@ -16,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import pkgutil
 from collections.abc import Callable
@@ -23,22 +35,126 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
+from pipecomm import stats
 from pipecomm.results import REPO_ROOT
 
 CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
-PASS, FAIL, NOT_RUN, ERROR = "PASS", "FAIL", "NOT RUN", "ERROR"
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+NOT_RUN, ERROR, MODEL = "NOT RUN", "ERROR", "MODEL (no verdict)"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, NOT_RUN, MODEL)
+MIN_REPEATS = 5  # fewer repeats than this cannot decide a timed claim
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of one check: what was measured, against what, and whether it holds."""
+    """Outcome of one check: what was measured (with its interval), against what, and the
+    verdict (PASS, FAIL or INCONCLUSIVE; a bool is read as PASS / FAIL)."""
 
     measured: str
     threshold: str
-    passed: bool
+    verdict: str | bool
+
+    def __post_init__(self) -> None:
+        v = self.verdict
+        if isinstance(v, (bool, np.bool_)):
+            object.__setattr__(self, "verdict", PASS if v else FAIL)
+        elif v not in (PASS, FAIL, INCONCLUSIVE):
+            raise ValueError(f"verdict must be PASS, FAIL, INCONCLUSIVE or a bool, got {v!r}")
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+
+def at_most(lo: float, hi: float, threshold: float) -> str:
+    """Decide "x <= threshold" from x's interval ``[lo, hi]``.
+
+    Example::
+
+        at_most(0.93, 0.98, 1.0)   # PASS;  at_most(0.97, 1.04, 1.0) -> INCONCLUSIVE
+    """
+    if hi <= threshold:
+        return PASS
+    return FAIL if lo > threshold else INCONCLUSIVE
+
+
+def at_least(lo: float, hi: float, threshold: float) -> str:
+    """Decide "x >= threshold" from x's interval ``[lo, hi]``.
+
+    Example::
+
+        at_least(1.3, 1.5, 1.2)   # PASS
+    """
+    if lo >= threshold:
+        return PASS
+    return FAIL if hi < threshold else INCONCLUSIVE
+
+
+def within(lo: float, hi: float, tolerance: float) -> str:
+    """Decide "|x| <= tolerance" from x's interval ``[lo, hi]`` (x a signed error).
+
+    Example::
+
+        within(-0.05, 0.12, 0.25)   # PASS;  within(0.2, 0.3, 0.25) -> INCONCLUSIVE
+    """
+    if -tolerance <= lo and hi <= tolerance:
+        return PASS
+    return FAIL if hi < -tolerance or lo > tolerance else INCONCLUSIVE
+
+
+def combine(verdicts: list[str]) -> str:
+    """All of several points: FAIL if any fails, PASS if all pass, else INCONCLUSIVE.
+
+    Example::
+
+        combine([PASS, INCONCLUSIVE])   # INCONCLUSIVE
+    """
+    if not verdicts:
+        raise ValueError("no points to decide")
+    if FAIL in verdicts:
+        return FAIL
+    return PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Median of a timed point's repeats with its 95% interval; fewer than
+    :data:`MIN_REPEATS` repeats give an unbounded interval (cannot decide).
+
+    Example::
+
+        m, lo, hi = interval(stats.repeats(row.times_s))
+    """
+    m, lo, hi = stats.median_ci(values)
+    if len(values) < MIN_REPEATS:
+        return m, -math.inf, math.inf
+    return m, lo, hi
+
+
+def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """``median(a) / median(b)`` with its 95% interval (unbounded with too few repeats).
+
+    Example::
+
+        r, lo, hi = ratio(lp_times, builtin_times)
+    """
+    r, lo, hi = stats.ratio_ci(a, b)
+    if min(len(a), len(b)) < MIN_REPEATS:
+        return r, 0.0, math.inf
+    return r, lo, hi
+
+
+def fmt_ci(x: float, lo: float, hi: float, spec: str = ".3g") -> str:
+    """``"1.23 [1.20, 1.27]"``: an estimate with its 95% interval.
+
+    Example::
+
+        fmt_ci(1.234, 1.2, 1.27)   # '1.23 [1.2, 1.27]'
+    """
+    return f"{x:{spec}} [{lo:{spec}}, {hi:{spec}}]"
 
 
 CheckFn = Callable[..., Verdict]
@@ -75,23 +191,54 @@ def load_checks() -> dict[str, CheckFn]:
     return CHECKS
 
 
+def _check_signature(entry: dict[str, Any], fn: CheckFn, path: Any) -> None:
+    """Every threshold comes from claims.yaml: the check's parameters (after the DataFrame) have
+    no defaults, and ``args`` gives each of them."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    with_default = [q.name for q in params if q.default is not inspect.Parameter.empty]
+    if with_default:
+        raise ValueError(f"claim check {entry['check']!r} has defaults for {with_default}: "
+                         f"thresholds and arguments belong in {path} only")
+    names = {q.name for q in params}
+    missing, unknown = sorted(names - set(entry["args"])), sorted(set(entry["args"]) - names)
+    if missing or unknown:
+        raise ValueError(f"claim {entry['id']} in {path}: args lack {missing} / have unknown "
+                         f"{unknown} for check {entry['check']!r}")
+
+
 def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
-    """Read artifact/claims.yaml and validate each entry (ids unique, checks known)."""
+    """Read artifact/claims.yaml and validate each entry: ids unique; a checked claim names a
+    known check, gives every argument of it, and states its ``prediction`` and the
+    ``threshold_reason`` (why this threshold, chosen before the run); an entry with
+    ``kind: illustration`` is an analytic statement shown without a verdict.
+
+    Example::
+
+        [e["id"] for e in load_claims()]
+    """
     entries = yaml.safe_load(Path(path).read_text()) or []
     checks = load_checks()
-    required = {"id", "paper", "experiment", "statement", "check"}
     seen = set()
     for entry in entries:
+        kind = entry.setdefault("kind", "claim")
+        if kind not in ("claim", "illustration"):
+            raise ValueError(f"claim {entry.get('id', '?')}: kind must be claim or illustration")
+        required = {"id", "paper", "experiment", "statement"}
+        if kind == "claim":
+            required |= {"check", "prediction", "threshold_reason"}
         missing = required - set(entry)
         if missing:
             raise ValueError(f"claim {entry.get('id', '?')} in {path} lacks {sorted(missing)}")
         if entry["id"] in seen:
             raise ValueError(f"claim id {entry['id']} appears twice in {path}")
         seen.add(entry["id"])
-        if entry["check"] not in checks:
-            raise ValueError(f"claim {entry['id']}: unknown check {entry['check']!r}")
         entry.setdefault("args", {})
         entry.setdefault("paper_value", "")
+        entry.setdefault("prediction", "")
+        if kind == "claim":
+            if entry["check"] not in checks:
+                raise ValueError(f"claim {entry['id']}: unknown check {entry['check']!r}")
+            _check_signature(entry, checks[entry["check"]], path)
     return entries
 
 
@@ -109,7 +256,12 @@ def evaluate(
     """Evaluate every claim whose experiment has a data.csv under ``results_dir/<E>/``.
 
     ``dirs`` overrides the directory per experiment id; ``reference`` maps claim id to the
-    measured value of the reference run (shown beside the new value).
+    measured value of the reference run (shown beside the new value). Illustrations get the
+    verdict :data:`MODEL` without running anything.
+
+    Example::
+
+        evaluate(load_claims(), "results/cpu")[["claim", "measured", "verdict"]]
     """
     rows = []
     for entry in entries:
@@ -120,16 +272,19 @@ def evaluate(
             "experiment": exp,
             "statement": entry["statement"],
             "paper_value": entry.get("paper_value", ""),
+            "prediction": entry.get("prediction", ""),
             "measured": "",
             "threshold": "",
             "verdict": NOT_RUN,
         }
         csv = d / "data.csv"
-        if csv.exists():
+        if entry["kind"] == "illustration":
+            row["verdict"] = MODEL
+        elif csv.exists():
             try:
                 verdict = run_check(entry, pd.read_csv(csv))
                 row.update(measured=verdict.measured, threshold=verdict.threshold,
-                           verdict=PASS if verdict.passed else FAIL)
+                           verdict=verdict.verdict)
             except Exception as exc:  # a broken check must show, not vanish
                 row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
         if reference is not None:
@@ -139,8 +294,9 @@ def evaluate(
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """Render a claims table as GitHub markdown."""
-    cols = ["claim", "experiment", "statement", "paper_value", "measured"]
+    """Render a claims table as GitHub markdown, with the count of each verdict."""
+    cols = ["claim", "experiment", "statement", "paper_value", "prediction", "measured"]
+    cols = [c for c in cols if c in table.columns]
     if "reference" in table.columns:
         cols.append("reference")
     cols += ["threshold", "verdict"]
@@ -149,7 +305,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         cells = [str(row[c]).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     counts = table["verdict"].value_counts().to_dict()
-    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in (PASS, FAIL, ERROR, NOT_RUN))
+    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
     return "\n".join(lines) + f"\n\n{summary}\n"
 
 
@@ -168,3 +324,44 @@ def require_columns(df: pd.DataFrame, *cols: str) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise ValueError(f"data.csv lacks columns {missing}; has {list(df.columns)}")
+
+
+def model_points(
+    samples: list[list[float]],
+    models: list[float],
+    labels: list[str],
+    tolerance: float,
+    abs_tolerance_s: float = 0.0,
+) -> Verdict:
+    """The one model-error claim: every point's signed error ``(measured - model) / model``
+    (:func:`pipecomm.stats.model_error`) lies within ``tolerance`` (or within
+    ``abs_tolerance_s`` seconds, when that is the larger bound for the point), decided on the
+    interval of the measured median. Reports the worst error with its interval, the mean signed
+    bias, how many errors share the bias' sign, and the count of each point verdict.
+
+    Example::
+
+        model_points([[0.11, 0.12, 0.11, 0.12, 0.11]], [0.1], ["lp 1 MiB"], tolerance=0.25)
+    """
+    if not (len(samples) == len(models) == len(labels)) or not samples:
+        raise ValueError("need one sample, model value and label per point (and >= 1 point)")
+    errs, verdicts, spans = [], [], []
+    for xs, model in zip(samples, models):
+        m, lo, hi = interval(xs)
+        tol = max(tolerance, abs_tolerance_s / model)
+        e, elo, ehi = (stats.model_error(v, model) for v in (m, lo, hi))
+        errs.append(e)
+        spans.append((elo, ehi))
+        verdicts.append(within(elo, ehi, tol))
+    summ = stats.error_summary(errs)
+    i = int(np.argmax(np.abs(errs)))
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (PASS, INCONCLUSIVE, FAIL)
+                       if verdicts.count(v))
+    lo, hi = spans[i]
+    text = (f"worst {errs[i]:+.1%} [{lo:+.1%}, {hi:+.1%}] ({labels[i]}); bias "
+            f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(errs))}/{len(errs)} same sign; "
+            f"points: {counts}")
+    bound = f"|error| <= {tolerance:.0%}"
+    if abs_tolerance_s:
+        bound += f" or <= {abs_tolerance_s * 1e3:g} ms"
+    return Verdict(text, bound + " at every point (95% interval)", combine(verdicts))

@@ -193,14 +193,12 @@ def measure_blocks(
             def fn(b=b):
                 collectives.allreduce(t, algorithm="lp", block_bytes=b)
 
-        stats = bench.time_fn(fn, warmup=warmup, iters=iters)
+        stats = bench.time_fn(fn, warmup=warmup, repeats=iters)
         if dist.get_rank() == 0:
             rows.append(
                 {
                     **pt,
-                    "time_s": stats["median_s"],
-                    "min_s": stats["min_s"],
-                    "max_s": stats["max_s"],
+                    **bench.columns(stats),
                 }
             )
     return rows
