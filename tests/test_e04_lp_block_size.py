@@ -4,13 +4,14 @@ emulated network, and the claims' synthetic PASS / FAIL cases."""
 import numpy as np
 import pandas as pd
 import pytest
+from claimdata import with_repeats
 
 from pipecomm import claims, cost
 from pipecomm.experiments import e04_lp_block_size as e4
 
 CLAIM_ARGS = {
     "e4_best_block_near_model": {"op": "broadcast", "factor": 2.0},
-    "e4_off_optimum_penalty": {"op": "broadcast", "min_penalty": 0.15},
+    "e4_off_optimum_penalty": {"op": "broadcast", "tolerance": 0.25},
 }
 PROFILE = {
     "world_size": 8,
@@ -22,7 +23,7 @@ PROFILE = {
 }
 
 
-def _synthetic(best_at=None, flat=False) -> pd.DataFrame:
+def _synthetic(best_at=None, flat=False, off_cost=1.05, spread=0.01) -> pd.DataFrame:
     """The cpu profile's plan with the model as 'measurement' (x 1.05)."""
     df = e4.plan(**PROFILE)
     df["time_s"] = df.model_s * 1.05
@@ -33,7 +34,8 @@ def _synthetic(best_at=None, flat=False) -> pd.DataFrame:
         for f in (0.125, 8.0):
             for op in set(df.op):
                 at1 = df[(df.op == op) & np.isclose(df.block_factor, 1.0)].time_s.iloc[0]
-                df.loc[(df.op == op) & np.isclose(df.block_factor, f), "time_s"] = at1 * 1.05
+                df.loc[(df.op == op) & np.isclose(df.block_factor, f), "time_s"] = at1 * off_cost
+    df = with_repeats(df, spread)
     return df.assign(
         algorithm="lp",
         nbytes=4 << 20,
@@ -48,18 +50,21 @@ def _synthetic(best_at=None, flat=False) -> pd.DataFrame:
 
 
 CLAIM_CASES = {
-    "e4_best_block_near_model": (_synthetic, lambda: _synthetic(best_at=4.0)),
-    "e4_off_optimum_penalty": (_synthetic, lambda: _synthetic(flat=True)),
+    "e4_best_block_near_model": (_synthetic, lambda: _synthetic(best_at=4.0),
+                                 lambda: _synthetic(spread=0.5)),
+    "e4_off_optimum_penalty": (_synthetic, lambda: _synthetic(flat=True),
+                               lambda: _synthetic(flat=True, off_cost=1.34, spread=0.2)),
 }
 
 
 def test_claim_cases():
-    for name, (good, bad) in CLAIM_CASES.items():
-        v = claims.CHECKS[name](good(), **CLAIM_ARGS[name])
-        assert v.passed, v
-        assert not claims.CHECKS[name](bad(), **CLAIM_ARGS[name]).passed
+    want = (claims.PASS, claims.FAIL, claims.INCONCLUSIVE)
+    for name, makers in CLAIM_CASES.items():
+        for make, verdict in zip(makers, want):
+            v = claims.CHECKS[name](make(), **CLAIM_ARGS[name])
+            assert v.verdict == verdict, (name, verdict, v)
     v = e4.check_penalty(_synthetic(), **CLAIM_ARGS["e4_off_optimum_penalty"])
-    assert v.measured == "broadcast: 8x smaller +123%, 8x larger +121%"
+    assert "8x smaller x2.23" in v.measured and "(model x2.23, bound x1.34)" in v.measured
 
 
 def test_block_grid():

@@ -14,7 +14,8 @@ from pipecomm.experiments import e05_bsp_sgd as e5
 MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
 
 
-def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=8, ranks=2):
+def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=12, ranks=2,
+          noise=0.01):
     """Synthetic E5 data: per algorithm, rank and iteration, timings and a loss curve."""
     comm_scale = comm_scale or {}
     rng = np.random.default_rng(0)
@@ -33,7 +34,7 @@ def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=8, ranks=2):
                     "updates": 1,
                     "compute_s": 0.01,
                     "launch_s": 0.0001,
-                    "comm_s": meas / 1e3 * (1 + 0.01 * rng.standard_normal()),
+                    "comm_s": meas / 1e3 * (1 + noise * rng.standard_normal()),
                     "compress_s": 0.0,
                     "update_s": 0.001,
                     "iter_s": 0.011 + meas / 1e3,
@@ -50,9 +51,10 @@ def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=8, ranks=2):
 
 
 CLAIM_CASES = {
-    "e5_loss_curves_agree": (lambda: _fake(), lambda: _fake(loss_noise=1e-2)),
-    "e5_comm_within_model": (lambda: _fake(), lambda: _fake(comm_scale={"be": 1.4})),
-    "e5_lp_below_mst": (lambda: _fake(), lambda: _fake(lp_ms=120.0)),
+    "e5_comm_within_model": (lambda: _fake(), lambda: _fake(comm_scale={"be": 1.4}),
+                             lambda: _fake(comm_scale={"be": 1.25}, noise=0.15)),
+    "e5_lp_below_mst": (lambda: _fake(), lambda: _fake(lp_ms=120.0),
+                        lambda: _fake(lp_ms=105.0, noise=0.2)),
 }
 
 
@@ -69,8 +71,6 @@ def test_loss_differences_against_first_algorithm():
     assert set(d["algorithm"]) == {"mst", "be", "ring"}
     assert (d["reference"] == "lp").all()
     assert d["abs_diff"].to_numpy() == pytest.approx(1e-3)
-    verdict = e5.check_loss_curves_agree(_fake(loss_noise=1e-3), tolerance=1e-2)
-    assert verdict.passed and "= 0.001" in verdict.measured
 
 
 def test_checks_are_registered_and_summary_has_one_row_per_algorithm():
@@ -121,7 +121,6 @@ def test_tiny_run_two_ranks_identical_losses():
     assert len(it[it["iteration"] >= 0]) == 3 * 2 * 4
     assert (it["comm_s"] > 0).all() and (it["model_comm_s"] > 0).all()
     assert e5.loss_differences(df)["abs_diff"].max() == 0.0
-    assert e5.check_loss_curves_agree(df, tolerance=0.0).passed
     assert len(e5.summary(df)) == 3
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch
+from pipecomm import claims, cost, launch, stats
 from pipecomm.experiments._cli import main
 from pipecomm.experiments.e02_collectives_vs_size import (
     ALG_COLORS,
@@ -262,37 +262,40 @@ def plot(df: pd.DataFrame, **params: Any):
 
 
 @claims.check("e3_lp_flat_mst_grows")
-def check_lp_flat(
-    df: pd.DataFrame,
-    p_lo: int = 2,
-    p_hi: int = 8,
-    lp_max_growth: float = 1.35,
-    mst_min_growth: float = 2.0,
-    op: str = "broadcast",
-):
-    """At the largest message, LP ``op`` time grows at most ``lp_max_growth`` from p_lo to p_hi
-    while MST grows at least ``mst_min_growth``.
+def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
+                  tolerance: float) -> claims.Verdict:
+    """At the largest message, the growth of LP's and of MST's ``op`` time from ``p_lo`` to
+    ``p_hi`` ranks each agree with the model's growth: signed error of the measured growth
+    ratio (with its interval) within ``tolerance``. The model has LP nearly flat and MST
+    growing like ``ceil(log2 p)``, so a flat MST or a growing LP fails.
 
     Example::
 
-        check_lp_flat(df, p_lo=2, p_hi=8)   # Verdict: LP's and MST's growth, PASS or FAIL
+        check_lp_flat(df, 2, 8, "broadcast", 0.15)   # "LP x1.23 [..] (model x1.20) ..."
     """
-    claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "time_s")
+    claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s", "model_s")
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max())]
 
-    def t(alg: str, q: int) -> float:
-        v = d[(d.algorithm == alg) & (d.world_size == q)].time_s
+    def at(alg: str, q: int) -> pd.DataFrame:
+        v = d[(d.algorithm == alg) & (d.world_size == q)]
         if v.empty:
             raise ValueError(f"no {alg} {op} measured at p={q}")
-        return float(v.median())
+        return v
 
-    lp = t("lp", p_hi) / t("lp", p_lo)
-    mst = t("mst", p_hi) / t("mst", p_lo)
+    parts, verdicts = [], []
+    for alg in ("lp", "mst"):
+        hi_rows, lo_rows = at(alg, p_hi), at(alg, p_lo)
+        r = claims.ratio([t for c in hi_rows.times_s for t in stats.repeats(c)],
+                         [t for c in lo_rows.times_s for t in stats.repeats(c)])
+        model = float(hi_rows.model_s.median() / lo_rows.model_s.median())
+        e = [stats.model_error(v, model) for v in r]
+        verdicts.append(claims.within(e[1], e[2], tolerance))
+        parts.append(f"{alg.upper()} x{claims.fmt_ci(*r)} (model x{model:.2f}, {e[0]:+.1%})")
     n = int(d.nbytes.max())
     return claims.Verdict(
-        f"p={p_lo}->{p_hi} at {n / 2**20:g} MiB: LP x{lp:.3f}, MST x{mst:.2f}",
-        f"LP <= x{lp_max_growth:g} and MST >= x{mst_min_growth:g}",
-        bool(lp <= lp_max_growth and mst >= mst_min_growth),
+        f"p={p_lo}->{p_hi} at {n / 2**20:g} MiB: " + "; ".join(parts),
+        f"growth within {tolerance:.0%} of the model's, LP and MST",
+        claims.combine(verdicts),
     )
 
 
