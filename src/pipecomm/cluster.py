@@ -66,7 +66,9 @@ __all__ = [
     "cleanup_stale",
     "link_bandwidth",
     "measure_bandwidth",
+    "experiment_module",
     "profile_args",
+    "program_args",
 ]
 
 SUBNET = "10.77.0"  # /24, exists only inside the run's namespaces
@@ -360,8 +362,8 @@ class VirtualCluster:
         for i in range(self.nodes):
             ns, port = self.netns(i), f"v{i}"
             self._add_ns(ns)
-            _cmd(["ip", "-n", ns, "link", "add", "name", IFNAME, "type", "veth", "peer", "name", port,
-                  "netns", br])
+            _cmd(["ip", "-n", ns, "link", "add", "name", IFNAME, "type", "veth", "peer", "name",
+                  port, "netns", br])
             _cmd(["ip", "-n", br, "link", "set", port, "master", "br0"])
             _cmd(["ip", "-n", br, "link", "set", port, "up"])
             _cmd(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", IFNAME])
@@ -493,29 +495,28 @@ class VirtualCluster:
         assert self._tmp is not None
         run_dir = Path(tempfile.mkdtemp(prefix="run", dir=self._tmp.name))
         procs, files = [], []
-        try:
-            for i in range(self.nodes):
-                cmd = list(argv(i) if callable(argv) else argv)
-                out, err = open(run_dir / f"{i}.out", "w+"), open(run_dir / f"{i}.err", "w+")
-                files.append((out, err))
-                proc = subprocess.Popen(
-                    self.exec_argv(i, cmd), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                    env={**self.node_env(i), **(env or {})}, cwd=cwd, start_new_session=True,
-                )
-                with self._lock:
-                    self._procs.append(proc)
-                procs.append(proc)
-            self._wait(procs, files, limit)
-            return [NodeResult(i, p.returncode, *_read(f)) for i, (p, f) in
-                    enumerate(zip(procs, files))]
-        finally:
-            for proc in procs:
-                _stop(proc)
-                with self._lock, contextlib.suppress(ValueError):
-                    self._procs.remove(proc)
-            for out, err in files:
-                out.close()
-                err.close()
+        with contextlib.ExitStack() as stack:
+            try:
+                for i in range(self.nodes):
+                    cmd = list(argv(i) if callable(argv) else argv)
+                    out = stack.enter_context(open(run_dir / f"{i}.out", "w+"))
+                    err = stack.enter_context(open(run_dir / f"{i}.err", "w+"))
+                    files.append((out, err))
+                    proc = subprocess.Popen(
+                        self.exec_argv(i, cmd), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                        env={**self.node_env(i), **(env or {})}, cwd=cwd, start_new_session=True,
+                    )
+                    with self._lock:
+                        self._procs.append(proc)
+                    procs.append(proc)
+                self._wait(procs, files, limit)
+                return [NodeResult(i, p.returncode, *_read(f)) for i, (p, f) in
+                        enumerate(zip(procs, files))]
+            finally:
+                for proc in procs:
+                    _stop(proc)
+                    with self._lock, contextlib.suppress(ValueError):
+                        self._procs.remove(proc)
 
     def _wait(self, procs: list[subprocess.Popen], files: list, limit: float) -> None:
         deadline = time.monotonic() + limit
@@ -579,8 +580,11 @@ class VirtualCluster:
             raise ClusterError("the cluster is not started (use `with VirtualCluster(...)`)")
         call_dir = Path(tempfile.mkdtemp(prefix="call", dir=self._tmp.name))
         (call_dir / "call.pkl").write_bytes(pickle.dumps((backend, payload)))
+        # the ranks import fn's module as this process does (e.g. a module next to a notebook)
+        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         try:
-            self.torchrun(["-m", "pipecomm.cluster", "call", str(call_dir)], timeout_s=timeout_s)
+            self.torchrun(["-m", "pipecomm.cluster", "call", str(call_dir)], timeout_s=timeout_s,
+                          env={"PYTHONPATH": path})
         except ClusterError:
             _raise_rank_error(call_dir, self.world_size)
             raise
@@ -713,12 +717,27 @@ def measure_bandwidth(
     return [dict(r, configured_Bps=float(bandwidth_Bps)) for r in rows]
 
 
+def experiment_module(experiment: str) -> str:
+    """Module name of an experiment id (``"E13"`` -> ``pipecomm.experiments.e13_...``).
+
+    Example::
+
+        cluster.experiment_module("E0")   # 'pipecomm.experiments.e00_calibrate'
+    """
+    m = re.fullmatch(r"E(\d+)", str(experiment))
+    found = sorted((Path(__file__).parent / "experiments").glob(
+        f"e{int(m.group(1)):02d}_*.py")) if m else []
+    if not found:
+        raise ValueError(f"experiment={experiment!r} is not an experiment id like 'E13'")
+    return f"pipecomm.experiments.{found[0].stem}"
+
+
 def profile_args(profile: str, experiment: str) -> list[str]:
     """``-p NAME=VALUE`` arguments of ``experiment`` in ``artifact/profiles/<profile>.yaml``.
 
     Example::
 
-        cluster.profile_args("gpu", "E13")   # ['-p', 'backend=nccl', ...]
+        cluster.profile_args("gpu", "E13")   # ['-p', 'backend=nccl', '-p', 'world_size=4', ...]
     """
     import yaml
 
@@ -730,8 +749,35 @@ def profile_args(profile: str, experiment: str) -> list[str]:
         raise ValueError(f"experiment={experiment!r} is not in profile {profile!r}: {sorted(exps)}")
     out = []
     for name, value in (exps[experiment].get("params") or {}).items():
-        out += ["-p", f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"]
+        out += ["-p", f"{name}={value if isinstance(value, str) else repr(value)}"]
     return out
+
+
+def program_args(
+    profile: str,
+    experiment: str,
+    out: str,
+    world_size: int | None = None,
+    ranks_per_node: int | None = None,
+    overrides: Sequence[str] = (),
+) -> list[str]:
+    """torchrun's program for one experiment of a profile: ``-m <module> --out <out>``, the
+    profile's parameters, the job's ``world_size`` / ``ranks_per_node`` where the experiment
+    has them, then ``overrides`` (``-p NAME=VALUE`` items; the last value of a name wins).
+
+    Example::
+
+        cluster.program_args("gpu", "E13", "results/gpu/E13", world_size=8, ranks_per_node=4)
+    """
+    import importlib
+
+    module = experiment_module(experiment)
+    defaults = importlib.import_module(module).DEFAULTS
+    args = ["-m", module, "--out", str(out), *profile_args(profile, experiment)]
+    for name, value in (("world_size", world_size), ("ranks_per_node", ranks_per_node)):
+        if value is not None and name in defaults:
+            args += ["-p", f"{name}={int(value)}"]
+    return args + list(overrides)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -742,10 +788,16 @@ def _main(argv: list[str] | None = None) -> int:
     sub.add_parser("cleanup", help="remove namespaces left by killed runs")
     c = sub.add_parser("call", help="(internal) rank side of VirtualCluster.run")
     c.add_argument("dir")
-    pa = sub.add_parser("profile-args", help="-p arguments of a profile's experiment, one a line")
+    pa = sub.add_parser("program", help="torchrun program of a profile's experiment, one "
+                        "argument a line")
     pa.add_argument("profile")
     pa.add_argument("experiment")
-    args = parser.parse_args(argv)
+    pa.add_argument("--out", required=True)
+    pa.add_argument("--world-size", type=int, default=None)
+    pa.add_argument("--ranks-per-node", type=int, default=None)
+    args, extra = parser.parse_known_args(argv)  # extra: the program's -p NAME=VALUE items
+    if extra and args.cmd != "program":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd == "available":
         ok, reason = available()
         print(f"{'yes' if ok else 'no'}: {reason}")
@@ -756,7 +808,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.cmd == "call":
         _call_main(args.dir)
         return 0
-    print("\n".join(profile_args(args.profile, args.experiment)))
+    print("\n".join(program_args(args.profile, args.experiment, args.out, args.world_size,
+                                  args.ranks_per_node, extra)))
     return 0
 
 

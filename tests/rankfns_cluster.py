@@ -1,0 +1,35 @@
+"""Functions run on the ranks of a virtual cluster by tests/test_cluster.py (importable)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def where() -> dict:
+    """Where this rank runs: its rank, node address, gloo interface and network namespace."""
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "node_addr": os.environ.get("NODE_ADDR"),
+        "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "netns": os.readlink("/proc/self/ns/net"),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+    }
+
+
+def allreduce_sum(n: int) -> list[float]:
+    """Allreduce (built-in, gloo) of ``rank + arange(n)``; the result as a list."""
+    t = torch.arange(n, dtype=torch.float64) + dist.get_rank()
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def fail_on(rank: int) -> int:
+    """Raise on ``rank``; the others return their rank."""
+    if dist.get_rank() == rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    return dist.get_rank()

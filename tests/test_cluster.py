@@ -1,0 +1,232 @@
+"""The virtual cluster (pipecomm.cluster): namespaces, shaped links, torchrun per node, clean-up.
+
+Tests that build namespaces need root, iproute2 and the tbf qdisc; without them they skip with
+``cluster.available()``'s reason. Oracles: the built-in gloo allreduce, the configured link rate,
+E13 on a local pool, and the host's own list of namespaces and interfaces (nothing left behind).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import rankfns_cluster as rf
+
+from pipecomm import cluster, launch
+from pipecomm.cluster import VirtualCluster
+from pipecomm.experiments import e13_dadam_convergence as e13
+
+ROOT = Path(__file__).resolve().parents[1]
+OK, REASON = cluster.available()
+needs_ns = pytest.mark.skipif(not OK, reason=f"no virtual cluster: {REASON}")
+
+
+def _ours() -> list[str]:
+    """Namespaces of this process's clusters."""
+    return [ns for ns in cluster._namespaces() if ns.startswith(f"pc{os.getpid()}-")]
+
+
+def _host_links() -> str:
+    return subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
+
+
+# --------------------------------------------------------------------------- no namespaces needed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(nodes=1), "nodes"),
+        (dict(nodes=2.0), "nodes"),
+        (dict(nodes=True), "nodes"),
+        (dict(nodes=cluster.MAX_NODES + 1), "nodes"),
+        (dict(nodes=2, ranks_per_node=0), "ranks_per_node"),
+        (dict(nodes=2, bandwidth_Bps=0), "bandwidth_Bps"),
+        (dict(nodes=2, bandwidth_Bps="50MB"), "bandwidth_Bps"),
+        (dict(nodes=2, burst_bytes=100), "burst_bytes"),
+        (dict(nodes=2, timeout_s=0), "timeout_s"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_built(kwargs, name):
+    before = cluster._namespaces() if OK else []
+    with pytest.raises(ValueError, match=name):
+        VirtualCluster(**kwargs)
+    if OK:
+        assert cluster._namespaces() == before
+
+
+def test_names_commands_and_description():
+    c = VirtualCluster(3, ranks_per_node=2, bandwidth_Bps=25e6)
+    assert c.world_size == 6
+    assert (c.addr(0), c.addr(2)) == ("10.77.0.1", "10.77.0.3")
+    assert c.netns(1).startswith(f"pc{os.getpid()}-") and c.netns(1).endswith("n1")
+    with pytest.raises(ValueError, match="node"):
+        c.addr(3)
+    argv = c.torchrun_argv(1, ["-m", "x"], port=29555)
+    text = " ".join(argv)
+    for part in ("--nnodes 3", "--nproc-per-node 2", "--node-rank 1", "--rdzv-backend c10d",
+                 "--rdzv-endpoint 10.77.0.1:29555", "--local-addr 10.77.0.2", "is_host=0"):
+        assert part in text
+    assert argv[-2:] == ["-m", "x"] and "is_host=1" in " ".join(c.torchrun_argv(0, ["x"]))
+    env = c.node_env(2)
+    assert (env["GLOO_SOCKET_IFNAME"], env["PIPECOMM_PROCS_ON_HOST"], env["NODE_RANK"]) == (
+        "eth0", "6", "2")
+    assert c.describe() == ("shaped: Linux tc tbf, real TCP; 3 nodes x 2 ranks, 25 MB/s per node "
+                            "link each way")
+    assert c.to_dict()["network"] == "shaped"
+    with pytest.raises(cluster.ClusterError, match="not started"):
+        c.per_node(["true"])
+    with pytest.raises(ValueError, match="program"):
+        c.torchrun("python -m x")
+
+
+def test_available_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("PIPECOMM_NO_CLUSTER", "1")
+    ok, reason = cluster.available()
+    assert not ok and reason == "disabled by PIPECOMM_NO_CLUSTER" and "\n" not in reason
+    with pytest.raises(cluster.ClusterError, match="PIPECOMM_NO_CLUSTER"):
+        VirtualCluster(2).start()
+    monkeypatch.delenv("PIPECOMM_NO_CLUSTER")
+    assert cluster.available() == (OK, REASON) and "\n" not in REASON
+
+
+def test_program_args_of_a_profile():
+    args = cluster.program_args("gpu", "E13", "out/E13", world_size=8, ranks_per_node=4,
+                                overrides=["-p", "backend=gloo"])
+    assert args[:4] == ["-m", "pipecomm.experiments.e13_dadam_convergence", "--out", "out/E13"]
+    assert "backend=nccl" in args and args[-6:] == ["-p", "world_size=8", "-p",
+                                                     "ranks_per_node=4", "-p", "backend=gloo"]
+    e0 = cluster.program_args("gpu", "E0", "o", world_size=2, ranks_per_node=1)
+    assert "-p" in e0 and not any(a.startswith(("world_size", "ranks_per_node")) for a in e0)
+    with pytest.raises(ValueError, match="experiment"):
+        cluster.program_args("gpu", "E99", "o")
+    with pytest.raises(ValueError, match="profile"):
+        cluster.profile_args("tpu", "E0")
+
+
+# --------------------------------------------------------------------------- namespaces
+
+
+@needs_ns
+@pytest.mark.timeout(240)
+def test_two_level_cluster_runs_ranks_in_their_node_namespaces():
+    before = _host_links()
+    with VirtualCluster(2, ranks_per_node=2, bandwidth_Bps=100e6) as c:
+        assert sorted(_ours()) == sorted([c.bridge_ns, c.netns(0), c.netns(1)])
+        for ns, dev in ((c.netns(0), "eth0"), (c.bridge_ns, "v0"), (c.bridge_ns, "v1")):
+            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                                   capture_output=True, text=True, timeout=10).stdout
+            assert "tbf" in qdisc and "800Mbit" in qdisc, qdisc
+        assert _host_links() == before  # nothing configured in the host's namespace
+        info = c.run(rf.where)
+        assert [i["rank"] for i in info] == [0, 1, 2, 3]
+        assert {i["world_size"] for i in info} == {4} and {i["ifname"] for i in info} == {"eth0"}
+        assert [i["node_addr"] for i in info] == ["10.77.0.1"] * 2 + ["10.77.0.2"] * 2
+        assert [i["local_rank"] for i in info] == [0, 1, 0, 1]
+        assert {i["master_addr"] for i in info} == {"10.77.0.1"}
+        assert info[0]["netns"] == info[1]["netns"] != info[2]["netns"] == info[3]["netns"]
+        assert info[0]["netns"] != os.readlink("/proc/self/ns/net")
+        want = (np.arange(1001) * 4 + 6).tolist()  # sum over ranks of rank + arange(n)
+        assert c.run(rf.allreduce_sum, 1001) == [want] * 4
+        with pytest.raises(launch.RankError, match="on purpose") as err:
+            c.run(rf.fail_on, 3, timeout_s=120)
+        assert err.value.rank == 3
+        assert c.run(rf.allreduce_sum, 0) == [[]] * 4  # usable after a failed run
+    assert _ours() == [] and _host_links() == before
+
+
+@needs_ns
+@pytest.mark.timeout(120)
+def test_shaped_link_carries_the_configured_bandwidth():
+    rows = cluster.measure_bandwidth(50e6, [4 << 20], iters=3)
+    achieved = rows[0]["bandwidth_Bps"] / rows[0]["configured_Bps"]
+    print(f"4 MiB over a 50 MB/s shaped link: {achieved:.3f} of the configured rate")
+    # TCP/IP headers take about 3.5 % of the shaped rate; the burst is 1 ms of traffic
+    assert 0.85 <= achieved <= 1.02, rows
+    assert _ours() == []
+
+
+_ORCHESTRATOR = """
+import sys, time
+from pipecomm import cluster
+c = cluster.VirtualCluster(2, bandwidth_Bps=50e6)
+with c:
+    print(c.prefix, flush=True)
+    if sys.argv[1] == "torchrun":
+        c.per_node(["sleep", "60"], timeout_s=90)
+    time.sleep(90)
+"""
+
+
+@needs_ns
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("sig", "busy"), [(signal.SIGTERM, "torchrun"), (signal.SIGINT, "idle"),
+                                           (signal.SIGKILL, "torchrun")])
+def test_nothing_survives_a_signalled_orchestrator(sig, busy):
+    proc = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, busy], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    try:
+        prefix = proc.stdout.readline().strip()
+        assert prefix.startswith(f"pc{proc.pid}-")
+        deadline = time.monotonic() + 30
+        while busy == "torchrun" and time.monotonic() < deadline:  # programs running in nodes
+            pids = cluster._cmd(["ip", "netns", "pids", f"{prefix}n1"], check=False).split()
+            if pids:
+                break
+            time.sleep(0.2)
+        assert any(ns.startswith(prefix) for ns in cluster._namespaces())
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        if sig == signal.SIGKILL:  # left behind, found by the next run
+            stale = [ns for ns in cluster._namespaces() if ns.startswith(prefix)]
+            assert len(stale) == 3
+            assert sorted(cluster.cleanup_stale()) == sorted(stale)
+        assert not any(ns.startswith(prefix) for ns in cluster._namespaces())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+_E13 = dict(world_size=2, ranks_per_node=1, tasks=["digits"],
+            methods=["allreduce-adam", "dadam-complete"], seeds=[0], digits_iterations=3,
+            eval_every=2)
+
+
+@needs_ns
+@pytest.mark.timeout(400)
+def test_e13_through_torchrun_on_two_nodes_matches_a_local_pool(tmp_path):
+    """E13's module, one torchrun agent per node (c10d rendezvous at node 0), gloo on the
+    nodes' shaped interfaces; the SLURM script's per-node command on the same cluster."""
+    program = ["-m", e13.__name__, "--out", str(tmp_path / "E13"), "--no-plot"]
+    for k, v in _E13.items():
+        program += ["-p", f"{k}={v!r}"]
+    with VirtualCluster(2, ranks_per_node=1, bandwidth_Bps=50e6) as c:
+        out = c.torchrun(program, timeout_s=240)
+        assert [r.returncode for r in out] == [0, 0]
+        # artifact/slurm/node.sh: the per-node command of run_gpu_profile.sbatch, gpu profile
+        # parameters with a CPU backend and a short run
+        slurm = ["bash", str(ROOT / "artifact/slurm/node.sh"), "E13", "-p", "backend=gloo",
+                 "-p", "seeds=[0]", "-p", "tasks=['digits']", "-p", "digits_iterations=3",
+                 "-p", "eval_every=2", "-p", "methods=['allreduce-adam', 'dadam-complete']",
+                 "--no-plot"]
+        env = {"PYTHON": sys.executable, "OUT": str(tmp_path / "slurm"), "RDZV_PORT": "29411",
+               "TORCHRUN_EXTRA": ""}
+        c.per_node(lambda i: ["env", f"TORCHRUN_EXTRA=--local-addr {c.addr(i)} --rdzv-conf "
+                              f"is_host={int(i == 0)}", *slurm], env=env, timeout_s=240, cwd=ROOT)
+    assert _ours() == []
+    job = pd.read_csv(tmp_path / "E13" / "data.csv")
+    via_slurm = pd.read_csv(tmp_path / "slurm" / "E13" / "data.csv")
+    local = e13.run(**_E13)
+    a, b, s = (e13.finals(d).sort_values("method") for d in (job, local, via_slurm))
+    assert list(a.method) == list(b.method) == list(s.method) == ["allreduce-adam",
+                                                                    "dadam-complete"]
+    np.testing.assert_allclose(a.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)
+    np.testing.assert_allclose(s.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)
