@@ -8,7 +8,7 @@ from test_e07_pipesgd_convergence import fake_training
 from pipecomm.experiments import e08_pipesgd_breakdown as e8
 
 
-def _e8(pipe_ms=23.0):
+def _e8(pipe_ms=23.0, noise=0.02):
     # sync: 40 ms per iteration, half of it blocked on the AllReduce: C = M = 20 ms, bound 25 ms
     ms = {"sync": 40.0, "sync+int8": 35.0, "layerwise": 36.0, "pipe": pipe_ms, "pipe+int8": 22.0}
     return fake_training(
@@ -16,10 +16,12 @@ def _e8(pipe_ms=23.0):
         {},
         seeds=(0,),
         comm_frac={"sync": 0.5, "sync+int8": 0.35, "layerwise": 0.4, "pipe": 0.05},
+        noise=noise,
     )
 
 
-CLAIM_CASES = {"e8_overlap_bound": (lambda: _e8(), lambda: _e8(pipe_ms=30.0))}
+CLAIM_CASES = {"e8_overlap_bound": (lambda: _e8(), lambda: _e8(pipe_ms=30.0),
+                                    lambda: _e8(pipe_ms=25.0, noise=0.15))}
 
 
 def test_overlap_bound_from_the_sync_run():
@@ -90,5 +92,5 @@ def test_tiny_run_bandwidth_from_the_model():
     assert list(b["method"]) == ["sync", "pipe", "pipe+fp16"]
     assert (b["total"] > 0).all()
     assert b.set_index("method").loc["pipe+fp16", "compression_background"] > 0
-    assert e8.check_overlap_bound(df).measured
+    assert e8.check_overlap_bound(df, tolerance=0.25, method="pipe").measured
     assert isinstance(e8.summary(df), pd.DataFrame)

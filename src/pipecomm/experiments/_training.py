@@ -494,6 +494,23 @@ def per_iteration(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return agg
 
 
+def step_samples(df: pd.DataFrame, method: str) -> list[float]:
+    """Every steady iteration time ``T`` of ``method`` (all seeds pooled): the repeats behind a
+    per-iteration median, for :func:`pipecomm.claims.ratio`.
+
+    Example::
+
+        claims.ratio(step_samples(df, "sync"), step_samples(df, "pipe"))   # speedup
+    """
+    skip = int(df["skip"].iloc[0]) if "skip" in df else 0
+    st = steady(df, skip)
+    st = st[st["method"] == method]
+    if st.empty:
+        raise ValueError(f"no steady iterations of {method!r} in the data")
+    keys = ["method", "seed"] if "seed" in st else ["method"]
+    return per_iteration(st, keys)["T"].tolist()
+
+
 def median_times(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Median over steady iterations of :func:`per_iteration`'s columns, per ``keys``."""
     cols = ["T", "C", "M", "compute_s", "launch_s", "comm_s", "compress_s", "update_s"]

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem
+from pipecomm import claims, netem, stats
 from pipecomm.experiments import _training as T
 from pipecomm.experiments._cli import main
 
@@ -312,45 +312,56 @@ def plot(df: pd.DataFrame, **params: Any):
 
 
 @claims.check("e7_pipe_speedup")
-def check_pipe_speedup(df: pd.DataFrame, min_speedup: float = 1.4, method: str = "pipe"):
-    """Mean over seeds of sync's / ``method``'s per-iteration time >= ``min_speedup``."""
-    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
-    it = iteration_times(df)
-    sync = it[it["method"] == "sync"].set_index("seed")["T"]
-    other = it[it["method"] == method].set_index("seed")["T"]
-    ratio = (sync / other).dropna()
-    if ratio.empty:
-        raise ValueError(f"no paired seeds with both 'sync' and {method!r}")
-    mean = float(ratio.mean())
+def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claims.Verdict:
+    """sync's / ``method``'s per-iteration time (medians over every steady iteration of every
+    seed, with a bootstrap interval) is at least the timing model's speedup discounted by the
+    model's accuracy ``tolerance``: ``model * (1 - tolerance) / (1 + tolerance)``.
+
+    Example::
+
+        check_pipe_speedup(df, "pipe", 0.25)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s",
+                           "model_sync_s", "model_pipe_s")
+    r, lo, hi = claims.ratio(T.step_samples(df, "sync"), T.step_samples(df, method))
+    cal = df[df["kind"] == "calibration"]
+    model = float((cal["model_sync_s"] / cal["model_pipe_s"]).median())
+    bound = model * (1 - tolerance) / (1 + tolerance)
     return claims.Verdict(
-        f"{mean:.2f}x (seeds: {', '.join(f'{r:.2f}' for r in ratio)}; sync "
-        f"{sync.mean() * 1e3:.1f} ms, {method} {other.mean() * 1e3:.1f} ms)",
-        f">= {min_speedup}x",
-        mean >= min_speedup,
+        f"{claims.fmt_ci(r, lo, hi)}x (model {model:.2f}x, bound {bound:.2f}x; "
+        f"{df[df.method == method].seed.nunique()} seeds)",
+        f">= model x (1 - {tolerance:g}) / (1 + {tolerance:g})",
+        claims.at_least(lo, hi, bound),
     )
 
 
 @claims.check("e7_accuracy_within")
-def check_accuracy_within(
-    df: pd.DataFrame, max_points: float = 1.0, methods: tuple = ("pipe", "pipe+fp16", "pipe+int8")
-):
-    """For each method, |mean over seeds of (final accuracy - sync's)| <= ``max_points``."""
+def check_accuracy_within(df: pd.DataFrame, max_points: float,
+                          methods: list[str]) -> claims.Verdict:
+    """For each method: the mean paired difference (same seed) of final accuracy to sync, with
+    its 95% Student-t interval, lies within ``+- max_points`` (PASS), entirely outside (FAIL),
+    or straddles the bound (INCONCLUSIVE: the seeds cannot tell).
+
+    Example::
+
+        check_accuracy_within(df, 1.0, ["pipe", "pipe+fp16", "pipe+int8"])
+    """
     claims.require_columns(df, "kind", "method", "seed", "accuracy", "final")
     fin = final_accuracy(df)
     sync = fin[fin["method"] == "sync"].set_index("seed")["accuracy"]
-    parts, ok = [], True
+    parts, verdicts = [], []
     for m in methods:
         other = fin[fin["method"] == m].set_index("seed")["accuracy"]
-        diff = (other - sync).dropna()
-        if diff.empty:
+        seeds = sorted(set(sync.index) & set(other.index))
+        if not seeds:
             raise ValueError(f"no paired seeds with both 'sync' and {m!r}")
-        d = float(diff.mean())
-        ok &= bool(abs(d) <= max_points)
-        parts.append(f"{m} {d:+.2f}")
+        d, lo, hi = stats.paired_diff_ci(other.loc[seeds].to_numpy(), sync.loc[seeds].to_numpy())
+        verdicts.append(claims.within(lo, hi, max_points))
+        parts.append(f"{m} {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
     return claims.Verdict(
-        f"mean over {len(sync)} seeds, points vs sync ({sync.mean():.1f}%): " + ", ".join(parts),
-        f"|difference| <= {max_points:g} point",
-        ok,
+        f"paired over {len(sync)} seeds, points vs sync ({sync.mean():.1f}%): " + ", ".join(parts),
+        f"|difference| <= {max_points:g} point (95% interval)",
+        claims.combine(verdicts),
     )
 
 
