@@ -1,0 +1,578 @@
+"""A ``torch.distributed`` process group whose AllReduce, Broadcast and Reduce are pipecomm's.
+
+Linear pipelining (``"lp"``, Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training
+Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"mst"``, ``"be"``,
+``"ring"``) become usable by any code that talks to ``torch.distributed``: torch's
+``DistributedDataParallel``, ``dist.all_reduce``, communication hooks.
+
+:class:`PipecommProcessGroup` is a Python subclass of ``torch.distributed.ProcessGroup``:
+
+* ``allreduce`` / ``broadcast`` / ``reduce`` run :func:`pipecomm.collectives.allreduce` /
+  ``broadcast`` / ``reduce`` with the group's algorithm (and codec for SUM/AVG AllReduce of
+  floating tensors), asynchronously on pipecomm's communication thread. ReduceOp SUM, AVG
+  (floating and complex tensors), MAX, MIN of float16/bfloat16/float32/float64/int32/int64 and
+  complex tensors (through ``view_as_real``; SUM and AVG only) take that path;
+* everything else runs on the group's *inner* backend — a gloo backend for CPU tensors (and NCCL
+  for CUDA tensors when CUDA is available) built on the same store, registered under the group
+  so that torch dispatches every operation this class does not define (allgather, barrier,
+  reduce_scatter, alltoall, gather, scatter, send/recv, ...) to it, and raises that backend's
+  error for an operation it does not support: ReduceOp PRODUCT, BAND, BOR, BXOR and other dtypes
+  (bool, int8, uint8, ...) go there too, as does every operation under ``algorithm="torch"``.
+  AVG of an integer tensor is refused (gloo has no AVG, pipecomm averages floating tensors);
+* the ``Work`` objects it returns complete when the communication thread has finished: their
+  ``get_future()`` is a ``torch.futures.Future`` resolved (with the list of result tensors) by
+  this module's completion thread as soon as pipecomm's handle is done, ``wait()`` blocks on it
+  (up to the group's timeout) and re-raises the collective's error.
+
+Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
+
+* :func:`new_group` — called on every rank like ``dist.new_group``, on a job initialised with any
+  backend (gloo, NCCL);
+* ``import pipecomm.backend`` registers the backend name ``"pipecomm"``, so
+  ``dist.init_process_group(backend="pipecomm")`` (under torchrun) and
+  ``dist.new_group(ranks, backend="pipecomm")`` work; their options come from the environment:
+  ``PIPECOMM_ALGORITHM`` (default ``"lp"``), ``PIPECOMM_COMPRESSION`` (default none),
+  ``PIPECOMM_BLOCK_BYTES`` (default: the cost model's optimum).
+
+Asynchronous pipecomm collectives travel on :func:`pipecomm.launch.comm_group`, a world-wide
+group that must be created on every rank: :func:`new_group` creates it; a world group made by
+``init_process_group(backend="pipecomm")`` creates it at its first pipecomm operation (every rank
+takes part in those); a subgroup made by ``dist.new_group`` before either refuses to run with an
+error rather than hang.
+
+Example::
+
+    import pipecomm.backend
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pg = pipecomm.backend.new_group(algorithm="lp")              # every rank
+    model = DDP(model, process_group=pg)                         # trains as on gloo
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pg)           # LP AllReduce
+    dist.all_gather(out, t, group=pg)                            # the inner gloo group
+
+    # torchrun --nproc-per-node 2 train.py, with PIPECOMM_ALGORITHM=ring:
+    dist.init_process_group(backend="pipecomm")
+"""
+
+from __future__ import annotations
+
+import datetime
+import operator
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecomm import collectives, vocab
+
+__all__ = [
+    "BACKEND_NAME",
+    "ENV_ALGORITHM",
+    "ENV_BLOCK_BYTES",
+    "ENV_COMPRESSION",
+    "Options",
+    "PipecommProcessGroup",
+    "future_of",
+    "new_group",
+    "options_from_env",
+]
+
+#: The name ``import pipecomm.backend`` registers with ``torch.distributed.Backend``.
+BACKEND_NAME = "pipecomm"
+ENV_ALGORITHM = "PIPECOMM_ALGORITHM"
+ENV_COMPRESSION = "PIPECOMM_COMPRESSION"
+ENV_BLOCK_BYTES = "PIPECOMM_BLOCK_BYTES"
+
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default process group timeout
+_RED = dist.ReduceOp.RedOpType
+#: ReduceOps that pipecomm's algorithms implement, by pipecomm's name.
+_PIPECOMM_OPS = {_RED.SUM: "sum", _RED.AVG: "avg", _RED.MAX: "max", _RED.MIN: "min"}
+_COMPLEX_OPS = ("sum", "avg")  # elementwise on (real, imag); MAX/MIN/PRODUCT are undefined
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a pipecomm group runs: its algorithm, codec and LP block size (checked on creation).
+
+    Also the ``pg_options`` that ``dist.new_group(ranks, backend="pipecomm", pg_options=...)``
+    accepts.
+
+    Example::
+
+        Options("ring", compression="fp16")
+        Options("mst", compression="fp16")        # ValueError naming compression
+    """
+
+    algorithm: str = vocab.DEFAULT_ALGORITHM
+    compression: str | None = None
+    block_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        where = "pipecomm.backend"
+        vocab.check_algorithm(self.algorithm, where=where)
+        vocab.check_compression(self.compression, algorithm=self.algorithm, where=where)
+        b = self.block_bytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
+            raise ValueError(
+                f"{where}: block_bytes must be a positive int (bytes per LP block) or None, "
+                f"got {b!r}"
+            )
+
+
+def options_from_env(environ: dict[str, str] | None = None) -> Options:
+    """The :class:`Options` of ``PIPECOMM_ALGORITHM`` / ``PIPECOMM_COMPRESSION`` /
+    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"lp"``, no codec, the cost model's block).
+
+    Example::
+
+        options_from_env({"PIPECOMM_ALGORITHM": "ring", "PIPECOMM_COMPRESSION": "bf16"})
+    """
+    env = os.environ if environ is None else environ
+    algorithm = env.get(ENV_ALGORITHM) or vocab.DEFAULT_ALGORITHM
+    compression = env.get(ENV_COMPRESSION) or None
+    if compression is not None and compression.lower() == "none":
+        compression = None
+    raw = env.get(ENV_BLOCK_BYTES) or None
+    try:
+        block_bytes = None if raw is None else int(raw)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_BLOCK_BYTES} must be a positive integer number of bytes, got {raw!r}"
+        ) from None
+    return Options(algorithm, compression, block_bytes)
+
+
+# --------------------------------------------------------------------------- futures
+
+
+class _Completer:
+    """A daemon thread that resolves futures when pipecomm handles finish, in issue order.
+
+    Handles finish in issue order on the communication thread (its queue is FIFO), so waiting
+    for them in that order delays no future.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="pipecomm-futures", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            settle = self.jobs.get()
+            settle()
+
+
+_COMPLETER: _Completer | None = None
+_COMPLETER_LOCK = threading.Lock()
+
+
+def _enqueue(settle: Callable[[], None]) -> None:
+    global _COMPLETER
+    with _COMPLETER_LOCK:
+        if (
+            _COMPLETER is None
+            or _COMPLETER.pid != os.getpid()
+            or not _COMPLETER.thread.is_alive()
+        ):
+            _COMPLETER = _Completer()
+        _COMPLETER.jobs.put(settle)
+
+
+def future_of(
+    handles: collectives.Handle | Sequence[collectives.Handle],
+    value: Callable[[], Any],
+    *,
+    timeout_s: float,
+    on_done: Callable[[BaseException | None], None] | None = None,
+) -> torch.futures.Future:
+    """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
+
+    The future is resolved on this module's completion thread (at once if the handles are
+    already done); a handle's error, or a handle still running after ``timeout_s``, becomes the
+    future's exception. ``on_done(error)`` runs just after the future is settled.
+
+    Example::
+
+        h = collectives.allreduce(t, op="avg", async_op=True)
+        fut = future_of(h, lambda: t, timeout_s=60)
+        fut.then(lambda f: print(f.value()))
+    """
+    hs = [handles] if isinstance(handles, collectives.Handle) else list(handles)
+    fut: torch.futures.Future = torch.futures.Future()
+
+    def settle() -> None:
+        error: BaseException | None = None
+        try:
+            for h in hs:
+                h.wait(timeout_s)
+            result = value()
+        except BaseException as exc:  # handed to the future's waiters
+            error = exc
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+        if on_done is not None:
+            on_done(error)
+
+    if all(h.is_completed() for h in hs):
+        settle()
+    else:
+        _enqueue(settle)
+    return fut
+
+
+class _Work(dist.Work):
+    """The ``Work`` of a pipecomm collective: ``wait()`` blocks until its future is resolved."""
+
+    def __init__(
+        self,
+        handle: collectives.Handle,
+        result: list[torch.Tensor],
+        what: str,
+        timeout: datetime.timedelta,
+    ) -> None:
+        super().__init__()
+        self._what = what
+        self._timeout = timeout
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future = future_of(
+            handle, lambda: result, timeout_s=timeout.total_seconds(), on_done=self._finish
+        )
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Block until done (at most ``timeout``, default the group's); re-raise its error."""
+        limit = self._timeout if not timeout else timeout
+        if not self._done.wait(limit.total_seconds()):
+            raise TimeoutError(
+                f"pipecomm {self._what} still running after {limit.total_seconds():g} s (check "
+                "that every rank of the group issued the same operations in the same order)"
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """The future, resolved with the list of result tensors on completion."""
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._future.value()
+
+    def __repr__(self) -> str:
+        return f"<pipecomm Work {self._what}: {'done' if self.is_completed() else 'pending'}>"
+
+
+# --------------------------------------------------------------------------- the process group
+
+
+def _red_op(op: Any) -> Any:
+    """The ``RedOpType`` of a ``ReduceOp`` / ``RedOpType`` (PREMUL_SUM keeps its own type)."""
+    return op.op if isinstance(op, dist.ReduceOp) else op
+
+
+def _comm_group_ready() -> bool:
+    from pipecomm import launch
+
+    return getattr(launch, "_COMM_GROUP", None) is not None
+
+
+class PipecommProcessGroup(dist.ProcessGroup):
+    """A process group that runs AllReduce, Broadcast and Reduce with pipecomm's algorithms.
+
+    Made by :func:`new_group` or by ``torch.distributed`` itself for ``backend="pipecomm"``;
+    every other operation runs on the inner backends (gloo for CPU, NCCL for CUDA tensors).
+
+    Example::
+
+        pg = pipecomm.backend.new_group(algorithm="mst")
+        w = dist.all_reduce(t, group=pg, async_op=True)     # on the communication thread
+        w.get_future().then(lambda f: f.value()[0] / 2)
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        options: Options,
+        inner: dict[str, Any],
+        timeout: datetime.timedelta,
+    ) -> None:
+        super().__init__(rank, size)
+        self.options = options
+        self._inner = dict(inner)
+        self._timeout = timeout
+        self._members: tuple[int, ...] | None = None
+        for device, (backend_type, backend) in inner.items():
+            self._register_backend(torch.device(device), backend_type, backend)
+        self._set_default_backend(inner["cpu"][0])
+
+    # ----------------------------------------------------------------- identity
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's C++ name)
+        return BACKEND_NAME
+
+    @property
+    def algorithm(self) -> str:
+        """The group's algorithm (``"lp"``, ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``)."""
+        return self.options.algorithm
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"PipecommProcessGroup(rank={self.rank()}, size={self.size()}, "
+            f"algorithm={o.algorithm!r}, compression={o.compression!r}, "
+            f"block_bytes={o.block_bytes!r})"
+        )
+
+    # ----------------------------------------------------------------- helpers
+
+    def _backend_of(self, t: torch.Tensor) -> Any:
+        kind = "cuda" if t.is_cuda else "cpu"
+        if kind not in self._inner:
+            raise RuntimeError(
+                f"pipecomm group has no inner backend for {t.device} tensors (it has "
+                f"{sorted(self._inner)})"
+            )
+        return self._inner[kind][1]
+
+    def _global(self, group_rank: int) -> int:
+        if self._members is None:
+            self._members = tuple(dist.get_process_group_ranks(self))
+        return self._members[group_rank]
+
+    def _pipecomm_tensor(
+        self, what: str, tensors: list[torch.Tensor], op: str | None
+    ) -> torch.Tensor | None:
+        """The tensor pipecomm reduces (a real view for complex), or None: use the inner group."""
+        if self.options.algorithm == "torch" or len(tensors) != 1:
+            return None
+        t = tensors[0]
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return None
+        if t.is_complex():
+            if op is not None and op not in _COMPLEX_OPS:
+                raise ValueError(
+                    f"pipecomm {what}: ReduceOp.{op.upper()} is not defined for complex tensors "
+                    f"(got {t.dtype}); use SUM or AVG"
+                )
+            t = torch.view_as_real(t)
+        if op == "avg" and not t.dtype.is_floating_point:
+            raise TypeError(
+                f"pipecomm {what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
+                f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide"
+            )
+        if t.dtype not in collectives.SUPPORTED_DTYPES:
+            return None
+        return t
+
+    def _ready(self, what: str) -> None:
+        if _comm_group_ready():
+            return
+        if self is not dist.group.WORLD:
+            raise RuntimeError(
+                f"pipecomm {what}: the communication thread's process group does not exist yet, "
+                "and creating it needs every rank, but this is a subgroup. Make subgroups with "
+                "pipecomm.backend.new_group (called on every rank), or call "
+                "pipecomm.launch.comm_group() on every rank before using this group"
+            )
+        from pipecomm import launch
+
+        launch.comm_group()
+
+    def _work(self, what: str, handle: collectives.Handle, tensors: list[torch.Tensor]) -> _Work:
+        return _Work(handle, tensors, f"{what}({self.options.algorithm})", self._timeout)
+
+    # ----------------------------------------------------------------- collectives
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+        """``dist.all_reduce`` on this group: pipecomm's AllReduce for SUM/AVG/MAX/MIN."""
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        if opts is None or not isinstance(opts, dist.AllreduceOptions):
+            red = dist.ReduceOp.SUM if opts is None else opts
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = red
+        op = _PIPECOMM_OPS.get(_red_op(opts.reduceOp))
+        t = self._pipecomm_tensor("allreduce", tensors, op)
+        if t is None or op is None:
+            return self._backend_of(tensors[0]).allreduce(tensors, opts)
+        self._ready("allreduce")
+        codec = self.options.compression if op in ("sum", "avg") else None
+        handle = collectives.allreduce(
+            t,
+            algorithm=self.options.algorithm,
+            op=op,
+            group=self,
+            block_bytes=self.options.block_bytes,
+            async_op=True,
+            compression=codec if t.dtype.is_floating_point else None,
+        )
+        return self._work("allreduce", handle, tensors)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
+        """``dist.broadcast`` on this group (``opts.rootRank`` is a group rank)."""
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        if opts is None or not isinstance(opts, dist.BroadcastOptions):
+            root = 0 if opts is None else operator.index(opts)
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = root, 0
+        t = self._pipecomm_tensor("broadcast", tensors, None)
+        if t is None:
+            return self._backend_of(tensors[0]).broadcast(tensors, opts)
+        self._ready("broadcast")
+        handle = collectives.broadcast(
+            t,
+            src=self._global(opts.rootRank),
+            algorithm=self.options.algorithm,
+            group=self,
+            block_bytes=self.options.block_bytes,
+            async_op=True,
+        )
+        return self._work("broadcast", handle, tensors)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+        """``dist.reduce`` on this group; ranks other than the root keep unspecified values."""
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        if opts is None:
+            opts = dist.ReduceOptions()
+        op = _PIPECOMM_OPS.get(_red_op(opts.reduceOp))
+        t = self._pipecomm_tensor("reduce", tensors, op)
+        if t is None or op is None:
+            return self._backend_of(tensors[0]).reduce(tensors, opts)
+        self._ready("reduce")
+        handle = collectives.reduce(
+            t,
+            dst=self._global(opts.rootRank),
+            algorithm=self.options.algorithm,
+            op=op,
+            group=self,
+            block_bytes=self.options.block_bytes,
+            async_op=True,
+        )
+        return self._work("reduce", handle, tensors)
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def _inner_backends(
+    store: Any, rank: int, size: int, timeout: datetime.timedelta, ranks: list[int], name: str
+) -> dict[str, Any]:
+    """gloo for CPU tensors (and NCCL for CUDA tensors when available), on ``store``."""
+    store = dist.PrefixStore("pipecomm-inner/", store)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+    gloo.options.global_ranks_in_group = ranks
+    gloo.options.group_name = name
+    inner = {"cpu": (dist.ProcessGroup.BackendType.GLOO, gloo)}
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        opts.global_ranks_in_group = ranks
+        opts.group_name = name
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, size, opts)
+        inner["cuda"] = (dist.ProcessGroup.BackendType.NCCL, nccl)
+    return inner
+
+
+def _create(backend_opts: Any, pg_options: Any) -> PipecommProcessGroup:
+    """The creator torch calls for ``backend="pipecomm"`` (``extended_api=True``)."""
+    if pg_options is None:
+        options = options_from_env()
+    elif isinstance(pg_options, Options):
+        options = pg_options
+    else:
+        raise TypeError(
+            f"pg_options for backend 'pipecomm' must be a pipecomm.backend.Options or None, got "
+            f"{type(pg_options).__name__}"
+        )
+    timeout = backend_opts.timeout or _DEFAULT_TIMEOUT
+    rank, size = backend_opts.group_rank, backend_opts.group_size
+    ranks = list(backend_opts.global_ranks_in_group)
+    inner = _inner_backends(backend_opts.store, rank, size, timeout, ranks, backend_opts.group_id)
+    return PipecommProcessGroup(rank, size, options, inner, timeout)
+
+
+def _register() -> None:
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
+    )
+
+
+_register()
+
+
+def new_group(
+    ranks: Sequence[int] | None = None,
+    *,
+    algorithm: str = vocab.DEFAULT_ALGORITHM,
+    compression: str | None = None,
+    block_bytes: int | None = None,
+) -> dist.ProcessGroup:
+    """A pipecomm process group over ``ranks`` (global ranks; ``None``: all), made on every rank.
+
+    Like ``dist.new_group`` it must be called by every rank of the job, members or not, in the
+    same order as the other group creations; non-members get ``GroupMember.NON_GROUP_MEMBER``.
+    AllReduce / Broadcast / Reduce run ``algorithm`` (LP: Wang et al., arXiv 1611.04255; or
+    ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
+    AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
+    ``block_bytes`` per block (``None``: the cost model's optimum). Arguments are checked before
+    any communication.
+
+    Example::
+
+        pg = pipecomm.backend.new_group(algorithm="ring", compression="bf16")
+        ddp = DistributedDataParallel(model, process_group=pg)
+        evens = pipecomm.backend.new_group([0, 2], algorithm="mst")    # on every rank
+    """
+    options = Options(algorithm, compression, block_bytes)
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "pipecomm.backend.new_group: torch.distributed is not initialised; call "
+            "dist.init_process_group (or start ranks with pipecomm.launch) first"
+        )
+    world = dist.get_world_size()
+    if ranks is not None:
+        ranks = list(ranks)
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)]
+        if bad or not ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(
+                f"pipecomm.backend.new_group: ranks must be distinct ints, got {ranks!r}"
+            )
+        outside = [r for r in ranks if not 0 <= r < world]
+        if outside:
+            raise ValueError(
+                f"pipecomm.backend.new_group: ranks {outside} are outside the world "
+                f"(0..{world - 1})"
+            )
+    if options.algorithm != "torch":
+        from pipecomm import launch
+
+        launch.comm_group()  # a collective of every rank, so subgroups can run asynchronously
+    return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options)
