@@ -1,0 +1,151 @@
+"""The design in docs/ stays true of the code, and the code cites only files in the repository.
+
+* every ``pipecomm.x.y`` name that docs/equations.md (and the other docs/ pages) name in backticks
+  imports or resolves as an attribute;
+* every claim id named in docs/experiments.md exists in artifact/claims.yaml;
+* every docs/ page the index links to exists, and every relative link between pages resolves;
+* no file under src/ mentions a design or notes file outside the repository (``DESIGN.md``,
+  ``PAPERS.md``, a "notes file", ``notes/``, ``../shared`` or ``/work/`` paths), and every
+  ``docs/<page>.md`` a source file cites exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SRC = ROOT / "src"
+
+_NAME = re.compile(r"`(pipecomm(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
+# the project's design contract and paper notes live outside the repository under these names;
+# docs/papers.md (lower case, inside docs/) is the repository's own page
+_FORBIDDEN = re.compile(
+    r"(?<![\w/])(?:DESIGN|PAPERS)\.md|(?i:notes file|\bnotes/|\.\./shared|/work/|/shared/)"
+)
+
+
+def resolve(dotted: str) -> object:
+    """Import the longest importable module prefix of ``dotted``, then walk the attributes.
+
+    Example::
+
+        resolve("pipecomm.pipesgd.PipeSGD.step")   # the function object
+    """
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)  # AttributeError names the missing piece
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def doc_names(page: Path) -> list[str]:
+    """The backticked ``pipecomm....`` names of one docs page, in order of appearance."""
+    return list(dict.fromkeys(_NAME.findall(page.read_text(encoding="utf-8"))))
+
+
+def test_equations_index_names_functions():
+    names = doc_names(DOCS / "equations.md")
+    assert len(names) > 50, "docs/equations.md lost its index"
+    missing = []
+    for name in names:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{name}: {type(exc).__name__}: {exc}")
+    assert not missing, "docs/equations.md names what does not exist:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize(
+    "page", sorted(p.name for p in DOCS.glob("*.md") if p.name != "equations.md")
+)
+def test_other_pages_name_existing_code(page):
+    missing = []
+    for name in doc_names(DOCS / page):
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{name}: {type(exc).__name__}: {exc}")
+    assert not missing, f"docs/{page} names what does not exist:\n" + "\n".join(missing)
+
+
+def test_resolve_reports_what_is_missing():
+    assert resolve("pipecomm.cost.allreduce_time") is importlib.import_module(
+        "pipecomm.cost"
+    ).allreduce_time
+    with pytest.raises(AttributeError):
+        resolve("pipecomm.cost.no_such_function")
+    with pytest.raises(ModuleNotFoundError):
+        resolve("nosuchpackage.x")
+
+
+def test_experiments_page_names_existing_claims():
+    entries = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text(encoding="utf-8"))
+    ids = {str(e["id"]) for e in entries}
+    named = set(re.findall(r"\bC\d+\.\d+\b", (DOCS / "experiments.md").read_text("utf-8")))
+    assert named, "docs/experiments.md names no claim"
+    assert not named - ids, f"docs/experiments.md names unknown claims {sorted(named - ids)}"
+
+
+def test_experiments_page_has_no_thresholds():
+    # thresholds live only in artifact/claims.yaml: no "within 25%", "at least 1.4x", "<= 1.05"
+    text = (DOCS / "experiments.md").read_text(encoding="utf-8")
+    text = text.replace("95%", "")  # the confidence level of every interval, not a threshold
+    hits = re.findall(r"\d+(?:\.\d+)?\s*%|\d+\.\d+\s*x\b|[<>]=\s*\d", text)
+    assert not hits, f"docs/experiments.md states thresholds {hits}; cite artifact/claims.yaml"
+
+
+def test_links_between_pages_resolve():
+    broken = []
+    for page in DOCS.glob("*.md"):
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.name} -> {target}")
+    assert not broken, f"broken links in docs/: {broken}"
+    index = (DOCS / "README.md").read_text(encoding="utf-8")
+    for page in DOCS.glob("*.md"):
+        if page.name != "README.md":
+            assert f"({page.name})" in index, f"docs/README.md does not list {page.name}"
+
+
+def test_source_cites_only_files_in_the_repository():
+    offenders, dangling = [], []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if _FORBIDDEN.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+            for cited in re.findall(r"docs/[A-Za-z0-9_]+\.md", line):
+                if not (ROOT / cited).exists():
+                    dangling.append(f"{path.relative_to(ROOT)}:{lineno}: {cited}")
+    assert not offenders, "src/ cites files outside the repository:\n" + "\n".join(offenders)
+    assert not dangling, "src/ cites docs pages that do not exist:\n" + "\n".join(dangling)
+
+
+@pytest.mark.parametrize(
+    ("line", "flagged"),
+    [
+        ("the rule of DESIGN.md", True),
+        ("(PAPERS.md)", True),
+        ("schedules of /work/notes/algorithms.md", True),
+        ("``notes/algorithms.md``", True),
+        ("a notes file", True),
+        ("../shared/DESIGN.md", True),
+        ("docs/papers.md and docs/update_rules.md", False),
+        ("the network/ports of a rank", False),
+    ],
+)
+def test_forbidden_pattern(line, flagged):
+    assert bool(_FORBIDDEN.search(line)) is flagged
