@@ -25,7 +25,7 @@ for p <= 4; C6.2 the same for p = 2 (each rank has a core of its own on a 2-core
 
 Parameters were chosen from the model before measuring so that the points cover
 communication-bound, balanced and compute-bound pipelines (the compute times C and U of each
-batch size and the modelled AllReduce are columns of the result's data.csv). Slow links keep
+batch size and the model's predictions are columns of the result's data.csv). Slow links keep
 every ring step at several ms, well above the per-wake-up cost of the emulation and of thread
 scheduling.
 
