@@ -786,6 +786,10 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("available", help="print whether a virtual cluster can be built")
     sub.add_parser("cleanup", help="remove namespaces left by killed runs")
+    bw = sub.add_parser("bandwidth", help="achieved vs configured rate of a shaped link")
+    bw.add_argument("--rate", type=float, default=50e6, help="configured B/s (50e6)")
+    bw.add_argument("--sizes", type=int, nargs="+", default=[1 << 20, 4 << 20, 16 << 20, 64 << 20])
+    bw.add_argument("--iters", type=int, default=3)
     c = sub.add_parser("call", help="(internal) rank side of VirtualCluster.run")
     c.add_argument("dir")
     pa = sub.add_parser("program", help="torchrun program of a profile's experiment, one "
@@ -804,6 +808,12 @@ def _main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.cmd == "cleanup":
         print("\n".join(cleanup_stale()))
+        return 0
+    if args.cmd == "bandwidth":
+        print("bytes,time_s,achieved_Bps,configured_Bps,ratio")
+        for r in measure_bandwidth(args.rate, args.sizes, args.iters):
+            print(f"{r['nbytes']},{r['time_s']:.4f},{r['bandwidth_Bps']:.4g},"
+                  f"{r['configured_Bps']:.4g},{r['bandwidth_Bps'] / r['configured_Bps']:.3f}")
         return 0
     if args.cmd == "call":
         _call_main(args.dir)
