@@ -550,3 +550,44 @@ def under_emulation(numel: int):
     nbytes = numel * 4
     blocks = {k: lp.default_block_bytes(k, nbytes, p) for k in ("broadcast", "reduce", "allreduce")}
     return failures, blocks
+
+
+# --------------------------------------------------------------------------- bit-identity fixture
+
+
+def bitwise_cases() -> list[tuple]:
+    """``(kind, alg, op, dtype name, p, numel, root, block_elems, codec name, seed)`` cases whose
+    outputs the lock-step implementation recorded in ``tests/data/collectives_bits.json``.
+
+    Deterministic (the same list every call): every schedule, kind and p in 2..5 and 8, sizes
+    that divide nothing, several dtypes and ops, LP blocks that do not divide the message, and
+    compressed lp / ring allreduce.
+    """
+    cases = []
+    dtypes = ("float32", "float16", "bfloat16", "float64", "int32")
+    for a, alg in enumerate(("lp", "ring", "mst", "be")):
+        for p in (2, 3, 4, 5, 8):
+            for n in (1, 7, 1000, 4099):
+                for k, kind in enumerate(("allreduce", "reduce", "broadcast")):
+                    idx = a * 97 + p * 13 + n + k * 5
+                    dtype = dtypes[idx % len(dtypes)]
+                    op = "sum" if kind == "broadcast" else OPS_CYCLE[idx % len(OPS_CYCLE)]
+                    if op == "avg" and dtype == "int32":
+                        op = "sum"
+                    block = (3, 64, 1000, 37)[idx % 4] if alg == "lp" else None
+                    if block == 3 and n > 1000:
+                        block = 41  # at most ~100 blocks: the simulated transport stays fast
+                    root = idx % p if kind != "allreduce" else None
+                    cases.append((kind, alg, op, dtype, p, n, root, block, None, idx))
+    for alg in ("lp", "ring"):
+        for codec in ("fp16", "bf16", "int8"):
+            for p in (2, 3, 5):
+                for n in (7, 1000):
+                    for op in ("sum", "avg", "max"):
+                        idx = len(cases)
+                        block = 37 if alg == "lp" else None
+                        cases.append(("allreduce", alg, op, "float32", p, n, None, block, codec, idx))
+    return cases
+
+
+OPS_CYCLE = ("sum", "avg", "max", "min")

@@ -3,14 +3,24 @@
 No paper equation: this is the bookkeeping every schedule of ``docs/algorithms.md`` needs.
 Schedules address peers by *group index* (0..p-1, the order of
 ``dist.get_process_group_ranks(group)``); :meth:`Comm.exchange` maps them to global ranks and hands
-the step to :func:`pipecomm.collectives.p2p.exchange`, the only transport pipecomm's own
-algorithms use.
+the step to :func:`pipecomm.collectives.p2p.exchange`; :meth:`Comm.isend` / :meth:`Comm.irecv`
+post single messages for the progress engine (:mod:`._engine`) through
+:func:`pipecomm.collectives.p2p.post_send` / ``post_recv``. These are the only transports
+pipecomm's own algorithms use.
+
+NCCL: a lone ``isend`` can wait for its matching receive on the GPU stream, so two ranks that
+each post a send before the receive from the other could deadlock. On an NCCL group the posts
+are therefore collected and go out together as one ``batch_isend_irecv`` when the rank first
+waits for any of them (everything posted before a wait is one batch, as in the lock-step
+schedules). This path has not been run: there is no multi-GPU machine here.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,6 +57,66 @@ class Comm:
         r = [(t, self.members[i]) for t, i in recvs if t.numel() > 0]
         if s or r:
             p2p.exchange(s, r, self.transport)
+
+    def isend(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
+        """Post the send of ``t`` to group index ``peer``; ``.wait()`` on the result."""
+        if _is_nccl(self.transport):
+            return _batch(self.transport).add(dist.isend, t, self.members[peer])
+        return p2p.post_send(t, self.members[peer], self.transport)
+
+    def irecv(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
+        """Post a receive into ``t`` from group index ``peer``; ``.wait()`` on the result."""
+        if _is_nccl(self.transport):
+            return _batch(self.transport).add(dist.irecv, t, self.members[peer])
+        return p2p.post_recv(t, self.members[peer], self.transport)
+
+
+def _is_nccl(group: dist.ProcessGroup | None) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
+class _Batch:
+    """NCCL posts not yet issued; the first wait issues them all as one batch."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self.ops: list[dist.P2POp] = []
+        self.pending: list[_Batched] = []
+
+    def add(self, fn: Any, t: torch.Tensor, peer: int) -> _Batched:
+        self.ops.append(dist.P2POp(fn, t, peer, self.group))
+        item = _Batched(self)
+        self.pending.append(item)
+        return item
+
+    def flush(self) -> None:
+        if self.ops:
+            works = dist.batch_isend_irecv(self.ops)
+            for item, work in zip(self.pending, works):
+                item.work = work
+            self.ops, self.pending = [], []
+
+
+class _Batched:
+    """One NCCL post of a :class:`_Batch`."""
+
+    def __init__(self, batch: _Batch) -> None:
+        self.batch, self.work = batch, None
+
+    def wait(self) -> None:
+        if self.work is None:
+            self.batch.flush()
+        self.work.wait()
+
+
+_BATCHES: dict[tuple[int, int], _Batch] = {}
+
+
+def _batch(group: dist.ProcessGroup | None) -> _Batch:
+    key = (threading.get_ident(), id(group))
+    if key not in _BATCHES:
+        _BATCHES[key] = _Batch(group)
+    return _BATCHES[key]
 
 
 def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:

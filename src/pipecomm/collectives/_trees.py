@@ -6,6 +6,9 @@ reduce-scatter-gather reduce. ``m`` virtual ranks ``v = 0..m-1`` (``v = 0`` the 
 indices through ``to_group``; chunk ``v`` (``offsets``, see :mod:`._chunks`) ends at (scatter) or
 starts from (gather) virtual rank ``v``. ``ceil(log2 m)`` steps, ``(m - 1)/m n`` bytes out of the
 root. Data lands directly in the flat buffer (no copies).
+
+On the progress engine (:mod:`._engine`): a rank waits only for the message it needs and posts
+all its sends of a phase at once (a scatter's forwards, a gather's upward send).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from pipecomm.collectives._chunks import span
-from pipecomm.collectives._group import Comm
+from pipecomm.collectives._engine import Engine
 
 
 def _rounds(m: int) -> int:
@@ -24,7 +27,7 @@ def _rounds(m: int) -> int:
 
 def binomial_scatter(
     flat: torch.Tensor,
-    comm: Comm,
+    eng: Engine,
     offsets: list[int],
     v: int,
     m: int,
@@ -33,24 +36,26 @@ def binomial_scatter(
     """Virtual rank 0 holds all chunks; afterwards virtual rank ``v`` holds chunk ``v``.
 
     Round with distance ``d`` (``2^(L-1)`` down to 1): ``v % 2d == 0`` sends chunks
-    ``[v + d, v + 2d)`` to ``v + d``.
+    ``[v + d, v + 2d)`` to ``v + d``. Sends are left in flight (``eng.finish`` waits).
 
     Example::
 
-        binomial_scatter(flat, comm, even_offsets(n, p), v, p, lambda u: (root + u) % p)
+        binomial_scatter(flat, eng, even_offsets(n, p), v, p, lambda u: (root + u) % p)
     """
     rounds = _rounds(m)
     for j in range(rounds):
         d = 1 << (rounds - 1 - j)
         if v % (2 * d) == 0 and v + d < m:
-            comm.exchange([(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d))], [])
+            eng.send(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d))
         elif v % (2 * d) == d:
-            comm.exchange([], [(span(flat, offsets, v, min(v + d, m)), to_group(v - d))])
+            got = eng.recv(span(flat, offsets, v, min(v + d, m)), to_group(v - d))
+            if got is not None:
+                got.wait()
 
 
 def binomial_gather(
     flat: torch.Tensor,
-    comm: Comm,
+    eng: Engine,
     offsets: list[int],
     v: int,
     m: int,
@@ -58,16 +63,24 @@ def binomial_gather(
 ) -> None:
     """Virtual rank ``v`` holds chunk ``v``; afterwards virtual rank 0 holds all chunks.
 
-    The mirror image of :func:`binomial_scatter` (distances 1, 2, 4, ...).
+    The mirror image of :func:`binomial_scatter` (distances 1, 2, 4, ...): the receives from
+    all children are posted at once, then the rank's whole range goes up in one send.
 
     Example::
 
-        binomial_gather(flat, comm, even_offsets(n, p), v, p, lambda u: (root + u) % p)
+        binomial_gather(flat, eng, even_offsets(n, p), v, p, lambda u: (root + u) % p)
     """
+    pending = []
     for j in range(_rounds(m)):
         d = 1 << j
         if v % (2 * d) == d:
-            comm.exchange([(span(flat, offsets, v, min(v + d, m)), to_group(v - d))], [])
+            for got in pending:
+                got.wait()
+            eng.send(span(flat, offsets, v, min(v + d, m)), to_group(v - d))
             return
         if v % (2 * d) == 0 and v + d < m:
-            comm.exchange([], [(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d))])
+            got = eng.recv(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d))
+            if got is not None:
+                pending.append(got)
+    for got in pending:
+        got.wait()

@@ -13,6 +13,10 @@ Thakur, Rabenseifner, Gropp, "Optimization of Collective Communication Operation
   core, recursive-doubling allgather, then core rank ``i`` sends everything to extra ``p' + i``.
 * reduce: relative to the root, extra ``p' + i`` first sends its vector to core rank ``i`` (the
   fold), recursive-halving reduce-scatter over the core, binomial gather to the root.
+
+On the progress engine (:mod:`._engine`): each exchange posts its receive before its send and
+waits only for the receive; sends complete in the background until their buffer is written
+again or the collective ends.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from pipecomm.collectives._chunks import even_offsets, span
+from pipecomm.collectives._engine import Engine, scratch
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
@@ -32,9 +37,16 @@ def _split(p: int) -> tuple[int, int]:
     return core, p - core
 
 
+def _fold_in(flat: torch.Tensor, eng: Engine, peer: int, op: str) -> None:
+    """Receive ``peer``'s whole vector and combine it into ``flat``."""
+    incoming = scratch(flat.numel(), flat)
+    eng.recv(incoming, peer).wait()
+    combine(op, flat, incoming)
+
+
 def recursive_halving_reduce_scatter(
     flat: torch.Tensor,
-    comm: Comm,
+    eng: Engine,
     offsets: list[int],
     v: int,
     m: int,
@@ -48,29 +60,30 @@ def recursive_halving_reduce_scatter(
 
     Example::
 
-        recursive_halving_reduce_scatter(flat, comm, even_offsets(n, 4), v, 4, core_rank, "sum")
+        recursive_halving_reduce_scatter(flat, eng, even_offsets(n, 4), v, 4, core_rank, "sum")
     """
     lo, hi = 0, m
-    scratch = None
+    buf = None
     d = m // 2
     while d >= 1:
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if v & d == 0 else ((mid, hi), (lo, mid))
         kept = span(flat, offsets, *keep)
-        if scratch is None:
-            scratch = torch.empty(kept.numel(), dtype=flat.dtype, device=flat.device)
-        incoming = scratch[: kept.numel()]
-        comm.exchange(
-            [(span(flat, offsets, *give), to_group(v ^ d))], [(incoming, to_group(v ^ d))]
-        )
-        combine(op, kept, incoming)
+        if buf is None:
+            buf = scratch(kept.numel(), flat)
+        incoming = buf[: kept.numel()]
+        got = eng.recv(incoming, to_group(v ^ d))
+        eng.send(span(flat, offsets, *give), to_group(v ^ d))
+        if got is not None:
+            got.wait()
+            combine(op, kept, incoming)
         lo, hi = keep
         d //= 2
 
 
 def recursive_doubling_allgather(
     flat: torch.Tensor,
-    comm: Comm,
+    eng: Engine,
     offsets: list[int],
     v: int,
     m: int,
@@ -80,16 +93,16 @@ def recursive_doubling_allgather(
 
     Example::
 
-        recursive_doubling_allgather(flat, comm, even_offsets(n, 4), v, 4, core_rank)
+        recursive_doubling_allgather(flat, eng, even_offsets(n, 4), v, 4, core_rank)
     """
     lo, hi = v, v + 1
     d = 1
     while d < m:
         theirs = (lo - d, lo) if v & d else (hi, hi + d)
-        comm.exchange(
-            [(span(flat, offsets, lo, hi), to_group(v ^ d))],
-            [(span(flat, offsets, *theirs), to_group(v ^ d))],
-        )
+        got = eng.recv(span(flat, offsets, *theirs), to_group(v ^ d))
+        eng.send(span(flat, offsets, lo, hi), to_group(v ^ d))
+        if got is not None:
+            got.wait()
         lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
         d *= 2
 
@@ -106,26 +119,26 @@ def allreduce(flat: torch.Tensor, comm: Comm, op: str) -> None:
         return
     m, r = _split(p)
     g = comm.index
+    eng = Engine(comm)
     if g < 2 * r and g % 2 == 0:  # extra: fold into g + 1, get the result back
-        comm.exchange([(flat, g + 1)], [])
-        comm.exchange([], [(flat, g + 1)])
+        eng.send(flat, g + 1)
+        eng.recv(flat, g + 1).wait()
+        eng.finish()
         return
     if g < 2 * r:
-        scratch = torch.empty_like(flat)
-        comm.exchange([], [(scratch, g - 1)])
-        combine(op, flat, scratch)
-        del scratch
+        _fold_in(flat, eng, g - 1, op)
     v = g // 2 if g < 2 * r else g - r
 
     def to_group(u: int) -> int:
         return 2 * u + 1 if u < r else u + r
 
     offsets = even_offsets(n, m)
-    recursive_halving_reduce_scatter(flat, comm, offsets, v, m, to_group, op)
+    recursive_halving_reduce_scatter(flat, eng, offsets, v, m, to_group, op)
     finish(op, span(flat, offsets, v, v + 1), p)
-    recursive_doubling_allgather(flat, comm, offsets, v, m, to_group)
+    recursive_doubling_allgather(flat, eng, offsets, v, m, to_group)
     if g < 2 * r:
-        comm.exchange([(flat, g - 1)], [])
+        eng.send(flat, g - 1)
+    eng.finish()
 
 
 def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
@@ -144,14 +157,16 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
     def to_group(u: int) -> int:
         return (root + u) % p
 
+    eng = Engine(comm)
     if v >= m:
-        comm.exchange([], [(flat, to_group(v - m))])
+        eng.recv(flat, to_group(v - m)).wait()
         return
     offsets = even_offsets(n, m)
-    binomial_scatter(flat, comm, offsets, v, m, to_group)
-    recursive_doubling_allgather(flat, comm, offsets, v, m, to_group)
+    binomial_scatter(flat, eng, offsets, v, m, to_group)
+    recursive_doubling_allgather(flat, eng, offsets, v, m, to_group)
     if v < r:
-        comm.exchange([(flat, to_group(v + m))], [])
+        eng.send(flat, to_group(v + m))
+    eng.finish()
 
 
 def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
@@ -170,16 +185,16 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
     def to_group(u: int) -> int:
         return (root + u) % p
 
+    eng = Engine(comm)
     if v >= m:
-        comm.exchange([(flat, to_group(v - m))], [])
+        eng.send(flat, to_group(v - m))
+        eng.finish()
         return
     if v < r:
-        scratch = torch.empty_like(flat)
-        comm.exchange([], [(scratch, to_group(v + m))])
-        combine(op, flat, scratch)
-        del scratch
+        _fold_in(flat, eng, to_group(v + m), op)
     offsets = even_offsets(n, m)
-    recursive_halving_reduce_scatter(flat, comm, offsets, v, m, to_group, op)
-    binomial_gather(flat, comm, offsets, v, m, to_group)
+    recursive_halving_reduce_scatter(flat, eng, offsets, v, m, to_group, op)
+    binomial_gather(flat, eng, offsets, v, m, to_group)
+    eng.finish()
     if v == 0:
         finish(op, flat, p)

@@ -18,6 +18,12 @@ With a codec (Pipe-SGD's light compression, allreduce only) a block travels enco
 decodes the received partial sum, adds its own block and re-encodes it; the finished blocks
 travel back encoded once and are decoded once by each rank (the last rank of the chain keeps
 ``decode(encode(block))`` too, so every rank holds identical bits).
+
+The steps above are the dependency structure; they run on the progress engine
+(:mod:`._engine`): receives posted two blocks ahead, each block forwarded the moment it has
+arrived and been combined, sends waited for only before their buffer is written again or at the
+end. The combines happen in the order of the steps, so the bits are those of the lock-step
+schedule.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import block, num_blocks
+from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 
@@ -75,13 +82,15 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) ->
     k = num_blocks(n, block_elems)
     i = (comm.index - root) % p
     nxt, prev = (root + i + 1) % p, (root + i - 1) % p
-    for s in range(k + p - 2):
-        sends, recvs = [], []
-        if i < p - 1 and 0 <= s - i < k:
-            sends.append((block(flat, s - i, block_elems), nxt))
-        if i > 0 and 0 <= s - i + 1 < k:
-            recvs.append((block(flat, s - i + 1, block_elems), prev))
-        comm.exchange(sends, recvs)
+    eng = Engine(comm)
+    blocks = [block(flat, j, block_elems) for j in range(k)]
+    q = eng.queue(prev, k, blocks.__getitem__) if i > 0 else None
+    for j in range(k):
+        if q is not None:
+            q.wait(j)
+        if i < p - 1:
+            eng.send(blocks[j], nxt)
+    eng.finish()
 
 
 def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: int) -> None:
@@ -97,18 +106,18 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: i
     k = num_blocks(n, block_elems)
     i = (comm.index - root - 1) % p  # c_i = root + 1 + i, c_{p-1} = root
     nxt, prev = (root + i + 2) % p, (root + i) % p
-    scratch = torch.empty(min(block_elems, n), dtype=flat.dtype, device=flat.device)
-    for s in range(k + p - 2):
-        sends, recvs = [], []
-        if i < p - 1 and 0 <= s - i < k:
-            sends.append((block(flat, s - i, block_elems), nxt))
-        got = None
-        if i > 0 and 0 <= s - i + 1 < k:
-            got = block(flat, s - i + 1, block_elems)
-            recvs.append((scratch[: got.numel()], prev))
-        comm.exchange(sends, recvs)
-        if got is not None:
-            combine(op, got, scratch[: got.numel()])
+    eng = Engine(comm)
+    blocks = [block(flat, j, block_elems) for j in range(k)]
+    q = None
+    if i > 0:
+        slots = scratch_slots(min(block_elems, n), flat)
+        q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
+    for j in range(k):
+        if q is not None:
+            combine(op, blocks[j], q.wait(j))
+        if i < p - 1:
+            eng.send(blocks[j], nxt)
+    eng.finish()
     if i == p - 1:
         finish(op, flat, p)
 
@@ -130,28 +139,40 @@ def allreduce(
         return
     k = num_blocks(n, block_elems)
     i = comm.index
-    scratch = torch.empty(min(block_elems, n), dtype=flat.dtype, device=flat.device)
+    eng = Engine(comm)
+    blocks = [block(flat, j, block_elems) for j in range(k)]
+    up = down = None
+    if i > 0:  # partial sums from the left
+        slots = scratch_slots(min(block_elems, n), flat)
+        up = eng.queue(i - 1, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
+    if i < p - 1:  # finished blocks from the right, into blocks already sent right
+        down = eng.queue(i + 1, k, blocks.__getitem__, _down_depth(p, i), lazy=True)
+    if i == 0:
+        for j in range(k):
+            eng.send(blocks[j], 1)
     for s in range(k + 2 * p - 3):
-        a = s - i  # partial block sent right
-        b = s - i + 1  # partial block received from the left
-        c = s - (2 * p - 3 - i)  # finished block received from the right
-        d = s - (2 * p - 2 - i)  # finished block sent left
-        sends, recvs = [], []
-        if i < p - 1 and 0 <= a < k:
-            sends.append((block(flat, a, block_elems), i + 1))
-        if i > 0 and 0 <= d < k:
-            sends.append((block(flat, d, block_elems), i - 1))
-        got = None
-        if i > 0 and 0 <= b < k:
-            got = block(flat, b, block_elems)
-            recvs.append((scratch[: got.numel()], i - 1))
-        if i < p - 1 and 0 <= c < k:
-            recvs.append((block(flat, c, block_elems), i + 1))
-        comm.exchange(sends, recvs)
-        if got is not None:
-            combine(op, got, scratch[: got.numel()])
-            if i == p - 1:
-                finish(op, got, p)
+        b = s - i + 1  # partial block received from the left, forwarded right at once
+        c = s - (2 * p - 3 - i)  # finished block received from the right, forwarded left
+        if up is not None and 0 <= b < k:
+            combine(op, blocks[b], up.wait(b))
+            if i < p - 1:
+                eng.send(blocks[b], i + 1)
+            else:
+                finish(op, blocks[b], p)
+                eng.send(blocks[b], i - 1)
+        if down is not None and 0 <= c < k:
+            down.wait(c)
+            if i > 0:
+                eng.send(blocks[c], i - 1)
+    eng.finish()
+
+
+def _down_depth(p: int, i: int) -> int:
+    """Receives of finished blocks posted ahead at chain position ``i`` (from the first one's
+    step on): such a receive reuses the block's buffer, so it may be posted only after the
+    block's partial sum went right, which happens ``2(p - 1 - i) - 1`` steps ahead of the
+    finished block's arrival (one step at ``i = p - 2``)."""
+    return max(1, min(DEPTH, 2 * (p - 1 - i) - 1))
 
 
 def _allreduce_encoded(
@@ -161,43 +182,35 @@ def _allreduce_encoded(
     p, n = comm.size, flat.numel()
     k = num_blocks(n, block_elems)
     i = comm.index
+    eng = Engine(comm)
+    blocks = [block(flat, j, block_elems) for j in range(k)]
 
     def wire(j: int) -> torch.Tensor:
-        size = codec.payload_nbytes(block(flat, j, block_elems).numel())
+        size = codec.payload_nbytes(blocks[j].numel())
         return torch.empty(size, dtype=torch.uint8, device=flat.device)
 
     def decoded(payload: torch.Tensor, j: int) -> torch.Tensor:
-        return codec.decode(payload, block(flat, j, block_elems).numel(), flat.dtype)
+        return codec.decode(payload, blocks[j].numel(), flat.dtype)
 
-    pending_right = None  # encoded partial sum to forward right in the next step
-    pending_left = None  # encoded finished block to forward left in the next step
+    up = eng.queue(i - 1, k, wire) if i > 0 else None
+    down = eng.queue(i + 1, k, wire) if i < p - 1 else None
     for s in range(k + 2 * p - 3):
-        a, b = s - i, s - i + 1
-        c, d = s - (2 * p - 3 - i), s - (2 * p - 2 - i)
-        sends, recvs = [], []
-        if i < p - 1 and 0 <= a < k:
-            if i == 0:
-                pending_right = codec.encode(block(flat, a, block_elems))
-            sends.append((pending_right, i + 1))
-        if i > 0 and 0 <= d < k:
-            sends.append((pending_left, i - 1))
-        got_b = got_c = None
-        if i > 0 and 0 <= b < k:
-            got_b = wire(b)
-            recvs.append((got_b, i - 1))
-        if i < p - 1 and 0 <= c < k:
-            got_c = wire(c)
-            recvs.append((got_c, i + 1))
-        comm.exchange(sends, recvs)
-        if got_b is not None:
-            mine = block(flat, b, block_elems)
-            combine(op, mine, decoded(got_b, b))
+        b, c = s - i + 1, s - (2 * p - 3 - i)
+        if i == 0 and s < k:
+            eng.send(codec.encode(blocks[s]), 1)
+        if up is not None and 0 <= b < k:
+            mine = blocks[b]
+            combine(op, mine, decoded(up.wait(b), b))
             if i < p - 1:
-                pending_right = codec.encode(mine)
+                eng.send(codec.encode(mine), i + 1)
             else:
                 finish(op, mine, p)
-                pending_left = codec.encode(mine)
-                mine.copy_(decoded(pending_left, b))
-        if got_c is not None:
-            block(flat, c, block_elems).copy_(decoded(got_c, c))
-            pending_left = got_c
+                encoded = codec.encode(mine)
+                eng.send(encoded, i - 1)
+                mine.copy_(decoded(encoded, b))
+        if down is not None and 0 <= c < k:
+            got = down.wait(c)
+            blocks[c].copy_(decoded(got, c))
+            if i > 0:
+                eng.send(got, i - 1)
+    eng.finish()

@@ -1,14 +1,17 @@
 """Point-to-point transport shared by every pipecomm collective.
 
-One primitive, :func:`exchange`: post a set of sends and receives at once, return when all are
-done. Batching keeps NCCL free of deadlocks (``batch_isend_irecv``) and is where the emulated
-network (:mod:`pipecomm.netem`) applies its per-link deadlines.
+Two forms. :func:`exchange` posts a set of sends and receives at once and returns when all are
+done (one lock-step step; batching keeps NCCL free of deadlocks). :func:`post_send` and
+:func:`post_recv` post one message and return a :class:`Transfer` to wait for later: what the
+progress engine (:mod:`pipecomm.collectives._engine`) builds on. Both are where the emulated
+network (:mod:`pipecomm.netem`) applies its per-link deadlines, with the same rules.
 
 Under emulation every message carries its delivery deadline (``CLOCK_MONOTONIC`` seconds, a
 float64 reserved by the sender when it posts): a payload under 64 KiB travels as a uint8 copy
 behind an 8-byte header, a larger one as the 8-byte header followed by the tensor itself (no copy;
-both sides decide from the byte count, which they share). ``exchange`` returns when the real transfers are done *and* every deadline of its messages
-(sends included: a send completes when it is delivered) has passed; the wait sleeps.
+both sides decide from the byte count, which they share). ``exchange`` returns when the real
+transfers are done *and* every deadline of its messages (sends included: a send completes when it
+is delivered) has passed; :meth:`Transfer.wait` does the same for one message. Waits sleep.
 """
 
 from __future__ import annotations
@@ -128,3 +131,105 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
         len(targets),
         waited,
     )
+
+
+# --------------------------------------------------------------------------- one message at a time
+
+
+class Transfer:
+    """One posted message: :meth:`wait` returns when it is complete.
+
+    Complete means: the backend's operations are done and, under emulation, the message's
+    delivery deadline has passed (for a receive, the deadline the sender shipped in the header;
+    for a send, the one it reserved). A transfer is waited at most once; later calls return at
+    once.
+
+    Example::
+
+        t = post_recv(buf, src=0)
+        ...                      # other work while the message travels
+        t.wait()
+    """
+
+    __slots__ = ("_works", "_deadline", "_head", "_target", "_sent", "_received", "_done")
+
+    def __init__(self, works, deadline=None, head=None, target=None, sent=0, received=0) -> None:
+        self._works = works
+        self._deadline = deadline
+        self._head = head  # receive under emulation: where the deadline arrives
+        self._target = target  # framed receive: the payload is copied out of ``head``
+        self._sent, self._received = sent, received
+        self._done = False
+
+    def wait(self) -> None:
+        """Block until the message is complete (see the class docstring)."""
+        if self._done:
+            return
+        for work in self._works:
+            work.wait()
+        self._done = True
+        deadline, waited = self._deadline, 0.0
+        if self._head is not None:
+            if self._target is None:
+                deadline = float(self._head[0])
+            else:
+                deadline = float(self._head[:_HEADER].view(torch.float64)[0])
+                self._target.copy_(self._head[_HEADER:])
+        if deadline is not None:
+            waited = _sleep_until(deadline)
+        netem._record(
+            self._sent, int(self._sent > 0), self._received, int(self._received > 0), waited
+        )
+
+
+def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None) -> Transfer:
+    """Post the send of a contiguous tensor to global rank ``dst`` now; wait on the result.
+
+    The tensor must not change until the transfer has been waited. Under emulation the message
+    is reserved on the emulated ports now (its deadline travels in front of it), as
+    :func:`exchange` does. Messages between two ranks arrive in the order they were posted.
+
+    Example::
+
+        pending = post_send(block, dst=1)
+        ...
+        pending.wait()           # before block is written again
+    """
+    payload = _as_bytes(t, "sends", 0)
+    emu = netem._emulator()
+    if emu is None:
+        return Transfer([dist.isend(t.detach(), dst, group)], sent=payload.numel())
+    (deadline,) = emu.post([(int(dst), payload.numel())])
+    if payload.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
+        buf[_HEADER:].copy_(payload)
+        buf[:_HEADER].view(torch.float64)[0] = deadline
+        works = [dist.isend(buf, dst, group)]
+    else:
+        head = torch.tensor([deadline], dtype=torch.float64, device=payload.device)
+        works = [dist.isend(head, dst, group), dist.isend(payload, dst, group)]
+    return Transfer(works, deadline=deadline, sent=payload.numel())
+
+
+def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> Transfer:
+    """Post the receive of global rank ``src``'s next message into a contiguous tensor.
+
+    The tensor holds the message once the transfer has been waited (under emulation, no earlier
+    than the deadline the sender shipped).
+
+    Example::
+
+        pending = post_recv(buf, src=0)
+        pending.wait()           # buf now holds the message
+    """
+    target = _as_bytes(t, "recvs", 0)
+    if netem._emulator() is None:
+        return Transfer([dist.irecv(t.detach(), src, group)], received=target.numel())
+    if target.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
+        return Transfer(
+            [dist.irecv(buf, src, group)], head=buf, target=target, received=target.numel()
+        )
+    head = torch.empty(1, dtype=torch.float64, device=target.device)
+    works = [dist.irecv(head, src, group), dist.irecv(target, src, group)]
+    return Transfer(works, head=head, received=target.numel())

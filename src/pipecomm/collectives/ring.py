@@ -14,6 +14,12 @@ With a codec (Pipe-SGD's light compression, allreduce only) chunks travel encode
 reduce-scatter hop decodes, adds its own chunk and re-encodes; the owner of a finished chunk
 encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather forwards those
 bytes unchanged, decoded once by each rank.
+
+On the progress engine (:mod:`._engine`): without a codec every chunk travels as segments of at
+most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined, with the
+receives of the next segments posted ahead into a few scratch segments reused across calls (the
+whole-chunk scratch buffer is gone). Elementwise combines in the same order: the same bits as
+whole chunks. Encoded chunks stay whole (a codec's scale is per payload).
 """
 
 from __future__ import annotations
@@ -23,23 +29,44 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import even_offsets, span
+from pipecomm.collectives._engine import Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
+
+SEGMENT_BYTES = 1 << 20  # largest piece of a chunk on the wire (uncompressed)
 
 
 def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
     return span(flat, offsets, c, c + 1)
 
 
+class _Segments:
+    """Chunk ``c`` of ``flat`` as ``per_chunk`` segments of at most ``elems`` elements (views;
+    trailing ones may be empty, the same on every rank)."""
+
+    def __init__(self, flat: torch.Tensor, offsets: list[int], segment_bytes: int | None) -> None:
+        if segment_bytes is None:
+            segment_bytes = SEGMENT_BYTES
+        self.flat, self.offsets = flat, offsets
+        biggest = max(b - a for a, b in zip(offsets, offsets[1:]))
+        self.elems = max(1, min(biggest, segment_bytes // flat.element_size()))
+        self.per_chunk = max(1, -(-biggest // self.elems))
+
+    def of(self, c: int, q: int) -> torch.Tensor:
+        lo = self.offsets[c] + q * self.elems
+        return self.flat[min(lo, self.offsets[c + 1]) : min(lo + self.elems, self.offsets[c + 1])]
+
+
 def reduce_scatter(
     flat: torch.Tensor,
-    comm: Comm,
+    eng: Engine,
     offsets: list[int],
     v: int,
     shift: int,
     op: str,
     to_group: Any,
+    segment_bytes: int | None = None,
 ) -> int:
     """Ring reduce-scatter over all ``p`` ranks in virtual order ``v`` (right = ``v + 1``).
 
@@ -48,43 +75,83 @@ def reduce_scatter(
 
     Example::
 
-        owned = reduce_scatter(flat, comm, even_offsets(n, p), comm.index, 0, "sum", lambda u: u)
+        owned = reduce_scatter(flat, eng, even_offsets(n, p), comm.index, 0, "sum", lambda u: u)
     """
-    p = comm.size
-    scratch = torch.empty(offsets[1] - offsets[0], dtype=flat.dtype, device=flat.device)
+    p = eng.comm.size
+    seg = _Segments(flat, offsets, segment_bytes)
     right, left = to_group((v + 1) % p), to_group((v - 1) % p)
-    for s in range(p - 1):
-        out = _chunk(flat, offsets, (v + shift - s) % p)
-        acc = _chunk(flat, offsets, (v + shift - s - 1) % p)
-        incoming = scratch[: acc.numel()]
-        comm.exchange([(out, right)], [(incoming, left)])
-        combine(op, acc, incoming)
+    _reduce_scatter(seg, eng, v + shift, op, right, left, p, None)
     return (v + shift + 1) % p
 
 
+def _reduce_scatter(seg, eng, first, op, right, left, p, finish_p) -> None:
+    """Send chunk ``first``, then per step and segment: receive, combine, forward; at the last
+    step ``finish_p`` (allreduce) finishes the owned segment and sends it as the allgather's
+    first message."""
+    nq = seg.per_chunk
+    for q in range(nq):
+        eng.send(seg.of(first % p, q), right)
+    slots = scratch_slots(seg.elems, seg.flat)
+    stream = eng.queue(
+        left,
+        (p - 1) * nq,
+        lambda j: slots[j % len(slots)][: seg.of((first - j // nq - 1) % p, j % nq).numel()],
+    )
+    for j in range((p - 1) * nq):
+        s, q = divmod(j, nq)
+        acc = seg.of((first - s - 1) % p, q)
+        combine(op, acc, stream.wait(j))
+        if s < p - 2:
+            eng.send(acc, right)
+        elif finish_p is not None:
+            finish(op, acc, finish_p)
+            eng.send(acc, right)
+
+
 def allgather(
-    flat: torch.Tensor, comm: Comm, offsets: list[int], v: int, owned: int, to_group: Any
+    flat: torch.Tensor,
+    eng: Engine,
+    offsets: list[int],
+    v: int,
+    owned: int,
+    to_group: Any,
+    segment_bytes: int | None = None,
+    sent: bool = False,
 ) -> None:
     """Ring allgather: rank ``v`` holds chunk ``owned``; step ``s`` forwards chunk ``owned - s``.
 
+    ``sent``: the owned chunk already went right (the allreduce sends it as it finishes).
+
     Example::
 
-        allgather(flat, comm, even_offsets(n, p), comm.index, owned, lambda u: u)
+        allgather(flat, eng, even_offsets(n, p), comm.index, owned, lambda u: u)
     """
-    p = comm.size
+    p = eng.comm.size
+    seg = _Segments(flat, offsets, segment_bytes)
+    nq = seg.per_chunk
     right, left = to_group((v + 1) % p), to_group((v - 1) % p)
-    for s in range(p - 1):
-        comm.exchange(
-            [(_chunk(flat, offsets, (owned - s) % p), right)],
-            [(_chunk(flat, offsets, (owned - s - 1) % p), left)],
-        )
+    if not sent:
+        for q in range(nq):
+            eng.send(seg.of(owned, q), right)
+    stream = eng.queue(left, (p - 1) * nq, lambda j: seg.of((owned - j // nq - 1) % p, j % nq))
+    for j in range((p - 1) * nq):
+        got = stream.wait(j)
+        if j // nq < p - 2:
+            eng.send(got, right)
 
 
 def _identity(u: int) -> int:
     return u
 
 
-def allreduce(flat: torch.Tensor, comm: Comm, op: str, *, codec: Any = None) -> None:
+def allreduce(
+    flat: torch.Tensor,
+    comm: Comm,
+    op: str,
+    *,
+    codec: Any = None,
+    segment_bytes: int | None = None,
+) -> None:
     """Ring allreduce in group order (optionally with encoded chunks).
 
     Example::
@@ -95,46 +162,53 @@ def allreduce(flat: torch.Tensor, comm: Comm, op: str, *, codec: Any = None) -> 
     if p == 1 or n == 0:
         return
     offsets = even_offsets(n, p)
+    eng = Engine(comm)
     if codec is not None:
-        _allreduce_encoded(flat, comm, offsets, op, codec)
+        _allreduce_encoded(flat, eng, offsets, op, codec)
+        eng.finish()
         return
-    owned = reduce_scatter(flat, comm, offsets, comm.index, 0, op, _identity)
-    finish(op, _chunk(flat, offsets, owned), p)
-    allgather(flat, comm, offsets, comm.index, owned, _identity)
+    g = comm.index
+    seg = _Segments(flat, offsets, segment_bytes)
+    _reduce_scatter(seg, eng, g, op, (g + 1) % p, (g - 1) % p, p, p)
+    allgather(flat, eng, offsets, g, (g + 1) % p, _identity, segment_bytes, sent=True)
+    eng.finish()
 
 
 def _allreduce_encoded(
-    flat: torch.Tensor, comm: Comm, offsets: list[int], op: str, codec: Any
+    flat: torch.Tensor, eng: Engine, offsets: list[int], op: str, codec: Any
 ) -> None:
-    p, g = comm.size, comm.index
+    p, g = eng.comm.size, eng.comm.index
     right, left = (g + 1) % p, (g - 1) % p
 
-    def wire(c: int) -> torch.Tensor:
-        size = codec.payload_nbytes(_chunk(flat, offsets, c).numel())
+    def chunk_of(j: int) -> int:  # message j from the left: reduce-scatter, then allgather
+        return (g - j - 1) % p if j < p - 1 else (g - (j - p + 1)) % p
+
+    def wire(j: int) -> torch.Tensor:
+        size = codec.payload_nbytes(_chunk(flat, offsets, chunk_of(j)).numel())
         return torch.empty(size, dtype=torch.uint8, device=flat.device)
 
     def decoded(payload: torch.Tensor, c: int) -> torch.Tensor:
         return codec.decode(payload, _chunk(flat, offsets, c).numel(), flat.dtype)
 
-    pending = codec.encode(_chunk(flat, offsets, g))
+    stream = eng.queue(left, 2 * (p - 1), wire)
+    eng.send(codec.encode(_chunk(flat, offsets, g)), right)
     for s in range(p - 1):
-        c = (g - s - 1) % p
-        incoming = wire(c)
-        comm.exchange([(pending, right)], [(incoming, left)])
+        c = chunk_of(s)
         acc = _chunk(flat, offsets, c)
-        combine(op, acc, decoded(incoming, c))
+        combine(op, acc, decoded(stream.wait(s), c))
         if s == p - 2:
             finish(op, acc, p)
         pending = codec.encode(acc)
+        eng.send(pending, right)
         if s == p - 2:
             acc.copy_(decoded(pending, c))
     # allgather of the encoded finished chunks; rank g owns chunk g + 1
     for s in range(p - 1):
-        c = (g - s) % p
-        incoming = wire(c)
-        comm.exchange([(pending, right)], [(incoming, left)])
+        c = chunk_of(p - 1 + s)
+        incoming = stream.wait(p - 1 + s)
         _chunk(flat, offsets, c).copy_(decoded(incoming, c))
-        pending = incoming
+        if s < p - 2:
+            eng.send(incoming, right)
 
 
 def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
@@ -153,8 +227,10 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
         return (root + u) % p
 
     offsets = even_offsets(n, p)
-    binomial_scatter(flat, comm, offsets, v, p, to_group)
-    allgather(flat, comm, offsets, v, v, to_group)
+    eng = Engine(comm)
+    binomial_scatter(flat, eng, offsets, v, p, to_group)
+    allgather(flat, eng, offsets, v, v, to_group)
+    eng.finish()
 
 
 def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
@@ -173,7 +249,9 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
         return (root + u) % p
 
     offsets = even_offsets(n, p)
-    reduce_scatter(flat, comm, offsets, v, -1, op, to_group)
-    binomial_gather(flat, comm, offsets, v, p, to_group)
+    eng = Engine(comm)
+    reduce_scatter(flat, eng, offsets, v, -1, op, to_group)
+    binomial_gather(flat, eng, offsets, v, p, to_group)
+    eng.finish()
     if v == 0:
         finish(op, flat, p)

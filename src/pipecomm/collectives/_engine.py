@@ -1,0 +1,206 @@
+"""The progress engine: receives posted ahead, blocks forwarded on arrival, sends waited lazily.
+
+The schedules of ``docs/algorithms.md`` (LP, Wang et al., arXiv 1611.04255; MST, BE and ring)
+were first written as lock-step steps: post a step's sends and receives, wait for all of them,
+next step. That makes every step a barrier between neighbours. Here a rank instead
+
+* keeps ``depth`` (at least two) receives of a stream posted ahead (:class:`RecvQueue`),
+* posts a send the moment its data is ready (a block arrived and, for reductions, was combined),
+* waits for a send only when its buffer is about to be written again (:meth:`Engine.release`,
+  called by every receive post and before every local write into a buffer) or at the end
+  (:meth:`Engine.finish`),
+
+so a step waits only for the neighbour whose data it needs. The order of the combines, and so the
+bits of the result, is that of the lock-step schedule. Messages between two ranks are matched in
+posting order, so both sides of every stream post in the same block order.
+
+Example::
+
+    eng = Engine(comm)
+    q = eng.queue(prev, k, lambda j: block(flat, j, b))       # blocks 0, 1 posted now
+    for j in range(k):
+        eng.send(q.wait(j), nxt)                              # forward as soon as it is here
+    eng.finish()
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+DEPTH = 2  # receives posted ahead per stream
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+class Engine:
+    """One rank's outstanding sends of one collective, over ``comm`` (group indices).
+
+    ``comm`` provides ``isend(t, peer)`` and ``irecv(t, peer)`` returning objects with
+    ``wait()`` (:class:`pipecomm.collectives._group.Comm`, or a simulated transport in tests).
+
+    Example::
+
+        eng = Engine(comm)
+        eng.send(flat, 1)
+        eng.finish()
+    """
+
+    def __init__(self, comm: Any, depth: int = DEPTH) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 receive posted ahead, got {depth}")
+        self.comm = comm
+        self.depth = depth
+        self._starts: list[int] = []  # sorted start addresses of outstanding sends
+        # start -> [(end, transfer, tensor)]; the tensor is kept alive until its send is waited
+        self._sends: dict[int, list[tuple[int, Any, torch.Tensor]]] = {}
+        self._longest = 0
+
+    def send(self, t: torch.Tensor, peer: int) -> None:
+        """Post the send of ``t`` to group index ``peer`` now (empty tensors are skipped)."""
+        if t.numel() == 0:
+            return
+        transfer = self.comm.isend(t, peer)
+        start, end = _span(t)
+        if start not in self._sends:
+            bisect.insort(self._starts, start)
+            self._sends[start] = []
+        self._sends[start].append((end, transfer, t))
+        self._longest = max(self._longest, end - start)
+
+    def recv(self, t: torch.Tensor, peer: int) -> Any:
+        """Post a receive into ``t`` from group index ``peer`` (after :meth:`release` of ``t``)."""
+        self.release(t)
+        return self.comm.irecv(t, peer) if t.numel() > 0 else None
+
+    def release(self, t: torch.Tensor) -> None:
+        """Wait for every outstanding send whose buffer overlaps ``t`` (before ``t`` is written)."""
+        if not self._starts or t.numel() == 0:
+            return
+        lo, hi = _span(t)
+        i = bisect.bisect_left(self._starts, hi)  # sends starting before hi may overlap
+        while i > 0 and self._starts[i - 1] + self._longest > lo:
+            i -= 1
+            start = self._starts[i]
+            keep = []
+            for item in self._sends[start]:
+                if item[0] > lo:
+                    item[1].wait()
+                else:
+                    keep.append(item)
+            if keep:
+                self._sends[start] = keep
+            else:
+                del self._sends[start]
+                del self._starts[i]
+
+    def finish(self) -> None:
+        """Wait for every outstanding send (the collective is complete on this rank after it)."""
+        for start in self._starts:
+            for _, transfer, _ in self._sends[start]:
+                transfer.wait()
+        self._starts.clear()
+        self._sends.clear()
+        self._longest = 0
+
+    def queue(
+        self,
+        peer: int,
+        count: int,
+        buffer: Callable[[int], torch.Tensor],
+        depth: int | None = None,
+        lazy: bool = False,
+    ) -> RecvQueue:
+        """A stream of ``count`` messages from ``peer``; message ``j`` lands in ``buffer(j)``.
+
+        ``lazy``: post nothing until the first :meth:`RecvQueue.wait` (for buffers that are still
+        to be sent from before the stream's first message is due).
+        """
+        depth = self.depth if depth is None else depth
+        return RecvQueue(self, peer, count, buffer, depth, lazy)
+
+
+class RecvQueue:
+    """Messages ``0..count-1`` from one peer, ``depth`` receives posted ahead of the consumer.
+
+    ``wait(j)`` (called for ``j = 0, 1, ...`` in order) first posts the receives up to
+    ``j + depth`` — by then the caller is done with message ``j - 1``, so ``buffer`` may hand out
+    ``depth + 1`` rotating scratch slots — then waits for message ``j`` and returns its buffer.
+
+    Example::
+
+        q = eng.queue(peer, k, lambda j: scratch[j % 3])     # depth 2: three slots
+        for j in range(k):
+            combine(op, mine(j), q.wait(j))
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        peer: int,
+        count: int,
+        buffer: Callable[[int], torch.Tensor],
+        depth: int,
+        lazy: bool = False,
+    ) -> None:
+        self.engine, self.peer, self.count, self.buffer = engine, peer, count, buffer
+        self.depth = max(1, depth)
+        self._posted: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._next = 0  # first message not yet posted
+        if not lazy:
+            self._post_until(self.depth)
+
+    def _post_until(self, stop: int) -> None:
+        while self._next < min(stop, self.count):
+            buf = self.buffer(self._next)
+            self._posted[self._next] = (buf, self.engine.recv(buf, self.peer))
+            self._next += 1
+
+    def wait(self, j: int) -> torch.Tensor:
+        """Message ``j``'s buffer, once it has arrived (messages are consumed in order)."""
+        self._post_until(j + 1 + self.depth)
+        buf, transfer = self._posted.pop(j)
+        if transfer is not None:
+            transfer.wait()
+        return buf
+
+
+def scratch_slots(n: int, like: torch.Tensor, depth: int = DEPTH) -> list[torch.Tensor]:
+    """``depth + 1`` scratch buffers of ``n`` elements for a :class:`RecvQueue` of partial sums
+    (views of the reusable :func:`scratch`).
+
+    Example::
+
+        slots = scratch_slots(block_elems, flat)
+        q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: size(j)])
+    """
+    return list(scratch((depth + 1) * n, like).view(depth + 1, n).unbind(0))
+
+
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A reusable scratch buffer of ``numel`` elements of ``like``'s dtype and device.
+
+    Kept across calls (one per thread, dtype and device; it grows to the largest request), so a
+    collective does not fault in fresh pages every call. Only one user at a time per thread: a
+    schedule finishes with it (all its receives waited) before it asks again.
+
+    Example::
+
+        buf = scratch(1 << 20, flat)[: 1000]
+    """
+    key = (threading.get_ident(), like.dtype, like.device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+        _SCRATCH[key] = buf
+    return buf[:numel]
