@@ -57,6 +57,19 @@ def make_optimizer(cfg: dict, model: nn.Module) -> torch.optim.Optimizer:
     raise ValueError(name)
 
 
+def make_scheduler(cfg: dict, opt: torch.optim.Optimizer) -> object | None:
+    """``cfg["sched"]``: None, ``"step"`` (StepLR, halves every 2 steps) or ``"lambda"``
+    (LambdaLR, a linear warm-up over 3 steps); attached to ``opt`` (a PipeSGD or the bare one)."""
+    name = cfg.get("sched")
+    if name is None:
+        return None
+    if name == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    if name == "lambda":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 3))
+    raise ValueError(name)
+
+
 def batch(cfg: dict, rank: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s batch of iteration ``t`` (float32 values, cast to the run's dtype)."""
     g = torch.Generator().manual_seed(cfg.get("seed", 0) * 1_000_003 + rank * 10_007 + t)
@@ -84,18 +97,34 @@ def _trainer(cfg: dict, model: nn.Module, opt: torch.optim.Optimizer) -> PipeSGD
         compression=cfg.get("compression"),
         bucket_mb=cfg.get("bucket_mb", 25.0),
         block_bytes=cfg.get("block_bytes"),
+        timing=cfg.get("timing", True),
     )
 
 
-def _iterate(cfg: dict, model, trainer, t: int, out: dict) -> None:
+def _iterate(cfg: dict, model, trainer, t: int, out: dict, sched=None) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     x, y = batch(cfg, rank, t)
-    model.zero_grad(set_to_none=cfg.get("set_to_none", True))
-    loss_fn(model, x, y).backward()
-    out["gmax"].append(
-        max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
-    )
-    trainer.step()
+
+    def closure() -> torch.Tensor:
+        if cfg.get("zero_grad", "opt") == "model":
+            model.zero_grad(set_to_none=cfg.get("set_to_none", True))
+        else:
+            trainer.zero_grad(set_to_none=cfg.get("set_to_none", True))
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        out["gmax"].append(
+            max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
+        )
+        return loss
+
+    if cfg.get("closure"):
+        loss = trainer.step(closure)
+        assert loss is not None and loss.requires_grad
+    else:
+        closure()
+        assert trainer.step() is None
+    if sched is not None:
+        sched.step()
     out["traj"].append(flat_params(model))
     out["in_flight"].append(trainer.in_flight)
 
@@ -105,20 +134,22 @@ def train(cfg: dict) -> dict:
     model = make_model(cfg)
     opt = make_optimizer(cfg, model)
     trainer = _trainer(cfg, model, opt)
+    sched = make_scheduler(cfg, trainer)
     out: dict = {"traj": [], "gmax": [], "in_flight": []}
     for t in range(cfg["steps"]):
-        _iterate(cfg, model, trainer, t, out)
+        _iterate(cfg, model, trainer, t, out, sched)
     trainer.finish()
     out["finished"] = flat_params(model)
     out["in_flight_after_finish"] = trainer.in_flight
     # a second pipeline after finish(): the first k steps of it apply nothing again
     for t in range(cfg["steps"], cfg["steps"] + cfg.get("extra_steps", 0)):
-        _iterate(cfg, model, trainer, t, out)
+        _iterate(cfg, model, trainer, t, out, sched)
     trainer.finish()
     out["final"] = flat_params(model)
     out["updates"] = trainer.updates
-    out["timings"] = list(trainer.timings)
-    out["totals"] = dict(trainer.timing_totals)
+    out["timings"] = list(trainer.timings) if trainer.timing else []
+    out["totals"] = dict(trainer.timing_totals) if trainer.timing else {}
+    out["lrs"] = [g["lr"] for g in trainer.param_groups]
     trainer.remove_hooks()
     return out
 
@@ -134,12 +165,15 @@ def resume(cfg: dict) -> dict:
     model = make_model(cfg)
     opt = make_optimizer(cfg, model)
     trainer = _trainer(cfg, model, opt)
+    sched = make_scheduler(cfg, trainer)
     out: dict = {"traj": [], "gmax": [], "in_flight": []}
     blob = snapshot = None
     for t in range(steps):
-        _iterate(cfg, model, trainer, t, out)
+        _iterate(cfg, model, trainer, t, out, sched)
         if t == m - 1:
             snapshot = {"model": model.state_dict(), "trainer": trainer.state_dict()}
+            if sched is not None:
+                snapshot["sched"] = sched.state_dict()
             if cfg.get("serialize", True):
                 buf = io.BytesIO()
                 torch.save(snapshot, buf)
@@ -153,13 +187,16 @@ def resume(cfg: dict) -> dict:
     model2 = make_model(cfg, seed=cfg.get("seed", 0) + 101)  # different values before loading
     opt2 = make_optimizer(cfg, model2)
     trainer2 = _trainer(cfg, model2, opt2)
+    sched2 = make_scheduler(cfg, trainer2)
     ckpt = torch.load(io.BytesIO(blob)) if blob is not None else snapshot  # weights_only works
     model2.load_state_dict(ckpt["model"])
     trainer2.load_state_dict(ckpt["trainer"])
+    if sched2 is not None:
+        sched2.load_state_dict(ckpt["sched"])
     out2: dict = {"traj": [], "gmax": [], "in_flight": []}
     loaded_iteration = trainer2.iteration
     for t in range(m, steps):
-        _iterate(cfg, model2, trainer2, t, out2)
+        _iterate(cfg, model2, trainer2, t, out2, sched2)
     trainer2.finish()
     return {
         "first": first,
@@ -233,6 +270,7 @@ def overlap(cfg: dict) -> dict:
             mode=mode,
             algorithm=cfg.get("algorithm", "lp"),
             block_bytes=cfg.get("block_bytes"),
+            timing=True,
         )
         x, y = batch(cfg, dist.get_rank(), 0)
         for t in range(cfg["warmup"] + cfg["steps"]):

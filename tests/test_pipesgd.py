@@ -5,13 +5,15 @@ the gradient averaged over all ranks, ``w_{t+1} = step(w_t, g(w_{t-k}))`` for t 
 ``w_{t+1} = w_t`` for t < k, checked after *every* step, on 1 (in this process), 2, 3 and 4
 ranks, with SGD+momentum and Adam, several collective algorithms, finish(), resume from a
 checkpoint taken with reductions in flight, compression (within a derived error bound), real
-overlap under an emulated network, and bad arguments.
+overlap under an emulated network, bad arguments, and the torch Optimizer interface (lr schedulers attached to the PipeSGD,
+zero_grad, step(closure), state_dict, timing off by default).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import pytest
 import rankfns_pipesgd as fns
@@ -33,6 +35,7 @@ def simulate(cfg: dict, p: int) -> dict:
     c = dict(cfg, dtype="float64")
     model = fns.make_model(c)
     opt = fns.make_optimizer(c, model)
+    sched = fns.make_scheduler(c, opt)
     k = cfg.get("staleness")
     k = (1 if cfg["mode"] == "pipe" else 0) if k is None else k
     params = list(model.parameters())
@@ -57,6 +60,10 @@ def simulate(cfg: dict, p: int) -> dict:
         queue.append([None if g is None else g / p for g in total])
         if len(queue) > k:
             apply(queue.pop(0))
+        if sched is not None:
+            with warnings.catch_warnings():  # the bare optimizer is not stepped while t < k
+                warnings.simplefilter("ignore", UserWarning)
+                sched.step()
         out["traj"].append(fns.flat_params(model))
         out["in_flight"].append(len(queue))
 
@@ -119,6 +126,10 @@ CASES = {
     2: [
         dict(BASE, mode="pipe", staleness=1, algorithm="torch", opt="sgdm", extra_steps=3),
         dict(BASE, mode="layerwise", algorithm="torch", opt="adam", bucket_mb=1e-4),
+        dict(
+            BASE, mode="pipe", staleness=2, algorithm="lp", opt="sgdm", sched="step", timing=False
+        ),
+        dict(BASE, mode="layerwise", algorithm="lp", opt="adam", sched="lambda", closure=True),
         dict(BASE, mode="sync", algorithm="lp", opt="adam", dtype="float32"),
         dict(
             BASE,
@@ -147,6 +158,10 @@ CASES = {
             set_to_none=False,
         ),
         dict(BASE, mode="pipe", staleness=0, algorithm="lp", opt="sgdm"),
+        dict(BASE, mode="sync", algorithm="ring", opt="adam", sched="step", zero_grad="model"),
+        dict(
+            BASE, mode="pipe", staleness=1, algorithm="lp", opt="sgdm", sched="lambda", closure=True
+        ),
     ],
     4: [
         dict(BASE, mode="pipe", staleness=2, algorithm="lp", opt="adam", extra_steps=3),
@@ -165,7 +180,8 @@ def test_trajectories_match_float64_simulation(pool, p):
         per_rank = [results[r][cfg_index] for r in range(p)]
         for r, got in enumerate(per_rank):
             assert_matches(got, want, cfg, r)
-            check_timings(got, cfg, p)
+            if cfg.get("timing", True):
+                check_timings(got, cfg, p)
         # replicas stay bitwise identical
         for got in per_rank[1:]:
             assert all(torch.equal(a, b) for a, b in zip(got["traj"], per_rank[0]["traj"]))
@@ -205,6 +221,20 @@ def test_sync_changes_parameters(pool):
         (3, dict(BASE, mode="pipe", staleness=2, algorithm="lp", opt="adam", steps=9, ckpt_at=4)),
         (2, dict(BASE, mode="pipe", staleness=1, algorithm="ring", opt="sgdm", steps=8, ckpt_at=5)),
         (
+            2,
+            dict(
+                BASE,
+                mode="pipe",
+                staleness=2,
+                algorithm="lp",
+                opt="adam",
+                steps=8,
+                ckpt_at=3,
+                sched="step",
+                timing=False,
+            ),
+        ),
+        (
             3,
             dict(
                 BASE,
@@ -234,9 +264,18 @@ def test_resume_with_reductions_in_flight(pool, p, cfg):
             assert (a - b).abs().max().item() <= 1e-10
 
 
-@pytest.mark.parametrize("serialize", [True, False])
-def test_resume_world_size_one(serialize):
-    cfg = dict(BASE, mode="pipe", staleness=2, opt="adam", steps=8, ckpt_at=3, serialize=serialize)
+@pytest.mark.parametrize(("serialize", "sched"), [(True, None), (False, None), (True, "lambda")])
+def test_resume_world_size_one(serialize, sched):
+    cfg = dict(
+        BASE,
+        mode="pipe",
+        staleness=2,
+        opt="adam",
+        steps=8,
+        ckpt_at=3,
+        serialize=serialize,
+        sched=sched,
+    )
     res = fns.resume(cfg)
     assert res["in_flight_at_ckpt"] == 2
     for a, b in zip(res["first"]["traj"], res["second"]["traj"]):
@@ -406,7 +445,7 @@ def test_sync_world_size_one_equals_plain_loop():
 def test_grads_after_step_and_reset_timings():
     cfg = dict(BASE, mode="pipe", staleness=1, opt="sgd")
     model = fns.make_model(cfg)
-    trainer = PipeSGD(model, fns.make_optimizer(cfg, model), mode="pipe")
+    trainer = PipeSGD(model, fns.make_optimizer(cfg, model), mode="pipe", timing=True)
     x, y = fns.batch(cfg, 0, 0)
     fns.loss_fn(model, x, y).backward()
     g0 = [p.grad.clone() for p in model.parameters()]
@@ -455,6 +494,10 @@ def _model_opt():
         (dict(bucket_mb="25"), ValueError, "bucket_mb"),
         (dict(block_bytes=0), ValueError, "block_bytes"),
         (dict(max_timings=-1), ValueError, "max_timings"),
+        (dict(mode=None), ValueError, "mode must be one of"),
+        (dict(algorithm="LP"), ValueError, "algorithm must be one of"),
+        (dict(compression="none"), ValueError, "compression must be one of"),
+        (dict(timing="yes"), TypeError, "timing"),
     ],
 )
 def test_bad_arguments(kwargs, exc, words):
@@ -515,3 +558,123 @@ def test_bad_state_dicts():
         PipeSGD(small, torch.optim.SGD(small.parameters(), lr=0.1)).load_state_dict(state)
     with pytest.raises(RuntimeError, match="fresh"):
         trainer.load_state_dict(state)  # this one has a gradient in flight
+
+
+# --------------------------------------------------------------------------- the Optimizer interface
+
+
+def test_is_a_torch_optimizer_sharing_the_wrapped_state():
+    model, inner = _model_opt()
+    opt = PipeSGD(model, inner, mode="pipe")
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is inner.param_groups
+    assert opt.state is inner.state and opt.defaults is inner.defaults
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)  # reads defaults
+    with pytest.raises(NotImplementedError, match="add_param_group"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+    with pytest.raises(TypeError, match="not a PipeSGD"):
+        PipeSGD(model, opt)
+
+
+@pytest.mark.parametrize("sched", ["step", "lambda"])
+@pytest.mark.parametrize(("mode", "closure"), [("sync", False), ("layerwise", True)])
+def test_scheduler_changes_lr_as_with_the_bare_optimizer(sched, mode, closure):
+    cfg = dict(BASE, mode=mode, opt="sgdm", sched=sched, closure=closure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
+        got = fns.train(cfg)
+    model = fns.make_model(cfg)
+    opt = fns.make_optimizer(cfg, model)
+    scheduler = fns.make_scheduler(cfg, opt)
+    lrs = []
+    for t in range(cfg["steps"]):
+        x, y = fns.batch(cfg, 0, t)
+        opt.zero_grad()
+        fns.loss_fn(model, x, y).backward()
+        opt.step()
+        scheduler.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        assert torch.equal(fns.flat_params(model), got["traj"][t])
+    assert got["lrs"] == [g["lr"] for g in opt.param_groups]
+    assert len(set(lrs)) > 1  # the schedule really changed the learning rate
+
+
+def test_scheduler_with_staleness_applies_the_current_lr():
+    """k = 2: the update applied at step t uses the learning rate in force at step t."""
+    cfg = dict(BASE, mode="pipe", staleness=2, opt="sgd", sched="step", extra_steps=2)
+    got = fns.train(cfg)
+    want = simulate(cfg, 1)
+    for a, b in zip(got["traj"], want["traj"]):
+        assert torch.equal(a, b)
+    assert torch.equal(got["final"], want["final"])
+
+
+def test_zero_grad():
+    model, inner = _model_opt()
+    opt = PipeSGD(model, inner, mode="sync")
+    x, y = fns.batch(dict(BASE), 0, 0)
+    fns.loss_fn(model, x, y).backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    fns.loss_fn(model, x, y).backward()
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_step_with_closure():
+    cfg = dict(BASE, mode="pipe", staleness=1, opt="adam", extra_steps=2)
+    plain, with_closure = fns.train(cfg), fns.train(dict(cfg, closure=True))
+    for a, b in zip(plain["traj"], with_closure["traj"]):
+        assert torch.equal(a, b)
+    model, inner = _model_opt()
+    start = fns.make_model(dict(BASE))
+    opt = PipeSGD(model, inner, mode="sync")
+    x, y = fns.batch(dict(BASE), 0, 0)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = fns.loss_fn(model, x, y)
+        loss.backward()
+        return loss
+
+    with torch.no_grad():  # the closure still gets gradients
+        loss = opt.step(closure)
+    assert loss.item() == fns.loss_fn(start, x, y).item()
+    assert not torch.equal(fns.flat_params(model), fns.flat_params(start))
+
+
+def test_timing_is_opt_in(monkeypatch):
+    from pipecomm.pipesgd import timing
+
+    cfg = dict(BASE, mode="pipe", staleness=1, opt="sgdm", extra_steps=2)
+    assert torch.equal(fns.train(cfg)["final"], fns.train(dict(cfg, timing=False))["final"])
+    model, inner = _model_opt()
+    opt = PipeSGD(model, inner, mode="pipe")
+    assert opt.timing is False
+    with pytest.raises(RuntimeError, match="timing=True"):
+        opt.timings  # noqa: B018
+    with pytest.raises(RuntimeError, match="timing=True"):
+        opt.timing_totals  # noqa: B018
+    calls = []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: calls.append(1) or 0.0)
+    monkeypatch.setattr(timing.bench, "synchronize", lambda d: calls.append(d))
+    x, y = fns.batch(dict(BASE), 0, 0)
+    for _ in range(3):
+        opt.zero_grad()
+        fns.loss_fn(model, x, y).backward()
+        opt.step()
+    opt.reset_timings()
+    opt.finish()
+    assert calls == []  # no clock read, no device synchronisation
+
+
+def test_context_manager_drains_the_pipeline():
+    model, inner = _model_opt()
+    x, y = fns.batch(dict(BASE), 0, 0)
+    with PipeSGD(model, inner, mode="pipe", staleness=2) as opt:
+        for _ in range(3):
+            opt.zero_grad()
+            fns.loss_fn(model, x, y).backward()
+            opt.step()
+        assert opt.in_flight == 2 and opt.updates == 1
+    assert opt.in_flight == 0 and opt.updates == 3

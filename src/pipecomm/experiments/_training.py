@@ -346,6 +346,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
             algorithm=cfg["algorithm"],
             compression=compression,
             bucket_mb=float(cfg["bucket_mb"]),
+            timing=True,
         )
     stream = batch_stream(cfg, rank, world)
     every = cfg["eval_every"]

@@ -1,0 +1,595 @@
+"""PipeSGD: the optimizer wrapper (arguments, replicas, the Optimizer interface, checkpoints).
+
+The algorithms and the exact update rule are described in :mod:`pipecomm.pipesgd`; the schedules
+live in :mod:`pipecomm.pipesgd.strategies`, the gradient exchange in
+:mod:`pipecomm.pipesgd.exchange`, the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
+
+Example::
+
+    opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipecomm import collectives, vocab
+from pipecomm.pipesgd.exchange import Exchange, Ready
+from pipecomm.pipesgd.strategies import Layerwise, Local, Pipelined, Strategy, Sync
+from pipecomm.pipesgd.timing import NullTimer, StepTimer, TimedCodec
+
+__all__ = ["PipeSGD"]
+
+_PARAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_BUFFER_DTYPES = tuple(collectives.SUPPORTED_DTYPES)
+_STATE_KEYS = (
+    "mode",
+    "staleness",
+    "iteration",
+    "updates",
+    "param_shapes",
+    "in_flight",
+    "optimizer",
+)
+
+
+class PipeSGD(torch.optim.Optimizer):
+    """Data-parallel training with the AllReduce of the averaged gradient ``k`` steps behind.
+
+    A wrapper around a ``torch.optim.Optimizer`` in the manner of torch's
+    ``PostLocalSGDOptimizer``: it shares the wrapped optimizer's ``param_groups``, ``state`` and
+    ``defaults``, so learning-rate schedulers attach to it directly, and ``zero_grad``,
+    ``step(closure=None)``, ``state_dict``/``load_state_dict`` work as for any optimizer.
+
+    Args:
+        model: the local replica (every rank builds the same architecture; rank 0's parameters
+            and buffers are broadcast at construction, so all replicas start equal).
+        optimizer: any ``torch.optim.Optimizer`` over (a subset of) ``model``'s parameters.
+        mode: ``"sync"`` (BSP-SGD), ``"layerwise"`` (per-bucket AllReduce from backward hooks)
+            or ``"pipe"`` (Pipe-SGD / delayed GD); :data:`pipecomm.vocab.MODES`.
+        staleness: k; ``None`` means 0 for ``"sync"``/``"layerwise"`` (which accept only 0) and
+            1 for ``"pipe"`` (any k >= 0; k = 0 is sync through the communication thread).
+        algorithm: AllReduce algorithm of :func:`pipecomm.collectives.allreduce`
+            (:data:`pipecomm.vocab.ALGORITHMS`; default ``"lp"``).
+        compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"int8"``; ``"lp"``/``"ring"`` only.
+        bucket_mb: bucket size of ``"layerwise"`` in MiB (DDP's default 25); a bucket closes once
+            it holds at least this much (:mod:`pipecomm.bucketing`). Unused by the other modes
+            (one AllReduce per dtype and device).
+        group: process group (``None``: all ranks; without ``torch.distributed`` initialised,
+            a single local rank).
+        block_bytes: LP block size passed to the AllReduce (``None``: the cost model's optimum).
+        broadcast_init: broadcast the first rank's parameters and buffers at construction.
+        timing: keep per-iteration timing records (:attr:`timings`, :attr:`timing_totals`;
+            with CUDA parameters every timing point synchronises the device). Off by default:
+            no timer and no synchronisation in the training loop.
+        max_timings: how many records :attr:`timings` keeps (the running sums count all).
+
+    Construction is collective: every rank of ``group`` builds its PipeSGD (the replicas' shapes
+    and arguments are compared, and must agree). Per iteration:
+    ``opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()``. After ``step()`` of
+    iteration t the parameters are ``w_{t+1}`` and ``p.grad`` holds the averaged gradient that was
+    applied (``None`` while the pipeline fills). A parameter without a gradient on a rank
+    contributes zeros to the average. The learning rate (and every other hyper-parameter in
+    ``param_groups``) in force when an update is *applied* is used, as with the bare optimizer.
+
+    :meth:`finish` applies the ``k`` gradients still in flight; it matters only for
+    ``mode="pipe"`` with k >= 1 (elsewhere it is a no-op) and is optional: without it the last
+    ``k`` gradients are simply not applied (``w_T`` of the rule), and :meth:`state_dict`
+    checkpoints them in flight. ``with PipeSGD(...) as opt:`` calls it (and :meth:`remove_hooks`)
+    on leaving the block.
+
+    Example::
+
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = PipeSGD(model, torch.optim.Adam(model.parameters(), lr=1e-3), mode="pipe",
+                      staleness=1, algorithm="lp", compression="fp16")
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            sched.step()
+        opt.finish()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        mode: str = "pipe",
+        staleness: int | None = None,
+        algorithm: str = vocab.DEFAULT_ALGORITHM,
+        compression: str | None = None,
+        bucket_mb: float = 25.0,
+        group: dist.ProcessGroup | None = None,
+        *,
+        block_bytes: int | None = None,
+        broadcast_init: bool = True,
+        timing: bool = False,
+        max_timings: int | None = 100_000,
+    ) -> None:
+        # torch.optim.Optimizer.__init__ is not called (as in torch's PostLocalSGDOptimizer):
+        # param_groups, state and defaults are the wrapped optimizer's own.
+        _check_arguments(model, optimizer, bucket_mb, block_bytes, timing, max_timings)
+        self.mode: str = vocab.check_mode(mode)
+        self.staleness: int = _check_staleness(mode, staleness)
+        self.algorithm: str = vocab.check_algorithm(algorithm)
+        self.compression: str | None = vocab.check_compression(compression, algorithm=algorithm)
+        self.bucket_mb = float(bucket_mb)
+        self.block_bytes = block_bytes
+        self.timing: bool = timing
+        self.model = model
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+        self.group = group
+        self._members = _resolve_group(group)
+        self.world_size: int = len(self._members)
+        self._params = _select_params(model, optimizer, compression)
+
+        if self.world_size > 1:
+            self._check_replicas()
+            if broadcast_init:
+                self._broadcast_state()
+
+        codec = None
+        if compression is not None and self.world_size > 1:
+            from pipecomm import compress
+
+            codec = compress.get_codec(compression)
+            if timing:
+                codec = TimedCodec(codec)
+        if timing:
+            cuda = [p.device for p in self._params if p.is_cuda]
+            self._timer: StepTimer | NullTimer = StepTimer(
+                max_timings, cuda[0] if cuda else None, codec
+            )
+        else:
+            self._timer = NullTimer()
+        layerwise = mode == "layerwise" and self.world_size > 1
+        self._exchange = Exchange(
+            self._params,
+            self.bucket_mb * 2**20 if layerwise else None,
+            "reverse" if layerwise else "forward",
+            algorithm,
+            group,
+            block_bytes,
+            codec,
+            self._timer,
+        )
+        self.iteration: int = 0  # step() calls so far (t of the next step)
+        self.updates: int = 0  # optimizer steps applied so far
+        self._strategy: Strategy = self._make_strategy()
+
+    def _make_strategy(self) -> Strategy:
+        ex, apply = self._exchange, self._apply
+        if self.world_size == 1:
+            return Local(ex, apply, self.staleness)
+        if self.mode == "sync":
+            return Sync(ex, apply)
+        if self.mode == "layerwise":
+            return Layerwise(ex, apply)
+        return Pipelined(ex, apply, self.staleness)
+
+    # ------------------------------------------------------------------ the Optimizer interface
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's defaults (read by some schedulers, e.g. OneCycleLR)."""
+        return self.optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad`` (held-back gradients are never touched).
+
+        Example::
+
+            opt.zero_grad(); loss.backward(); opt.step()
+        """
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """End iteration t: launch the AllReduce of this gradient, apply the one of t - k.
+
+        ``closure`` (optional) is called once, with gradients enabled, before that (it should
+        zero the gradients, run forward and backward, and return the loss, which is returned).
+        Optimizers that re-evaluate the closure (L-BFGS) are not supported.
+
+        Example::
+
+            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+            loss = opt.step(lambda: (opt.zero_grad(), (l := loss_fn(model(x), y)).backward(), l)[2])
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        timer, before = self._timer, self.updates
+        timer.open(self.iteration)  # the backward of this iteration counts as compute
+        with torch.no_grad():
+            self._strategy.step()
+        self.iteration += 1
+        timer.close(self.updates - before)
+        return loss
+
+    def _apply(self, entry: Any) -> None:
+        """Install ``entry``'s averaged gradients as ``p.grad`` and take the optimizer's step."""
+        grads = self._exchange.gradients(entry)
+        timer = self._timer
+        start = timer.clock()
+        for p, g in zip(self._params, grads):
+            p.grad = g
+        self.optimizer.step()
+        self.updates += 1
+        timer.add("update_s", timer.settled() - start)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Not supported: PipeSGD's buckets are fixed at construction; build a new PipeSGD."""
+        raise NotImplementedError(
+            "PipeSGD.add_param_group: the gradient buckets are fixed at construction; add the "
+            "group to the wrapped optimizer before building PipeSGD"
+        )
+
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registered on the wrapped optimizer: runs before every *applied* update."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registered on the wrapped optimizer: runs after every *applied* update."""
+        return self.optimizer.register_step_post_hook(hook)
+
+    # ------------------------------------------------------------------ the pipeline
+
+    @property
+    def in_flight(self) -> int:
+        """Number of gradients launched but not yet applied (at most ``staleness`` after a step).
+
+        Example::
+
+            opt.step(); assert opt.in_flight == min(opt.iteration, opt.staleness)
+        """
+        return len(self._strategy.pending)
+
+    def finish(self) -> None:
+        """Wait for the reductions in flight and apply them in order (drains the pipeline).
+
+        Optional (see the class docstring); a no-op when nothing is in flight. A later
+        ``step()`` starts a new pipeline: its first k iterations apply nothing again.
+
+        Example::
+
+            for batch in batches: ...; opt.step()
+            opt.finish()           # parameters now include every computed gradient
+        """
+        self._strategy.check_between_steps("finish")
+        if not self._strategy.pending:
+            return
+        timer, before = self._timer, self.updates
+        timer.open(None)
+        with torch.no_grad():
+            self._strategy.drain()
+        timer.close(self.updates - before)
+
+    def remove_hooks(self) -> None:
+        """Detach the backward hooks of ``"layerwise"`` (the optimizer is unusable afterwards).
+
+        Example::
+
+            opt.remove_hooks()     # before building another PipeSGD on the same model
+        """
+        self._strategy.close()
+
+    def __enter__(self) -> PipeSGD:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        try:
+            if exc_type is None:
+                self.finish()
+        finally:
+            self.remove_hooks()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.remove_hooks()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: step counters, the gradients in flight (averaged; waits
+        for their reductions without applying them) and the wrapped optimizer's state (a deep
+        copy, under ``"optimizer"``). The model's own ``state_dict()`` is saved separately.
+
+        Example::
+
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+        """
+        self._strategy.check_between_steps("state_dict")
+        in_flight = []
+        with torch.no_grad():
+            for entry in self._strategy.pending:
+                grads = self._exchange.gradients(entry)
+                in_flight.append([None if g is None else g.detach().clone() for g in grads])
+        return {
+            "mode": self.mode,
+            "staleness": self.staleness,
+            "iteration": self.iteration,
+            "updates": self.updates,
+            "param_shapes": [tuple(p.shape) for p in self._params],
+            "in_flight": in_flight,
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a fresh PipeSGD (same mode and staleness); loads the
+        wrapped optimizer's state too. Load the model's parameters with ``model.load_state_dict``.
+
+        Example::
+
+            ckpt = torch.load(path)
+            model.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["opt"])
+        """
+        state = state_dict
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"state must be a dict from PipeSGD.state_dict(), got {type(state).__name__}"
+            )
+        missing = set(_STATE_KEYS) - set(state)
+        if missing:
+            raise ValueError(f"state is missing {sorted(missing)}; pass PipeSGD.state_dict()")
+        if state["mode"] != self.mode or state["staleness"] != self.staleness:
+            raise ValueError(
+                f"state was saved with mode={state['mode']!r}, staleness={state['staleness']}; "
+                f"this PipeSGD has mode={self.mode!r}, staleness={self.staleness}"
+            )
+        shapes = [tuple(p.shape) for p in self._params]
+        if [tuple(s) for s in state["param_shapes"]] != shapes:
+            raise ValueError("state was saved for a model with different parameter shapes")
+        if len(state["in_flight"]) > self.staleness:
+            raise ValueError(
+                f"state holds {len(state['in_flight'])} gradients in flight, more than "
+                f"staleness={self.staleness}"
+            )
+        if self._strategy.pending:
+            raise RuntimeError(
+                "load_state_dict needs a PipeSGD with nothing in flight (a fresh one)"
+            )
+        self._strategy.check_between_steps("load_state_dict")
+        for grads in state["in_flight"]:
+            if len(grads) != len(self._params):
+                raise ValueError("an in-flight gradient list does not match the parameters")
+        self.optimizer.load_state_dict(state["optimizer"])
+        for grads in state["in_flight"]:
+            own = [
+                None if g is None else g.detach().to(device=p.device, dtype=p.dtype).clone()
+                for p, g in zip(self._params, grads)
+            ]
+            self._strategy.pending.append(Ready(own))
+        self.iteration = int(state["iteration"])
+        self.updates = int(state["updates"])
+
+    # ------------------------------------------------------------------ timings
+
+    @property
+    def timings(self) -> Any:
+        """Per-iteration records (:data:`pipecomm.pipesgd.TIMING_KEYS`), newest last.
+
+        Example::
+
+            PipeSGD(model, opt, timing=True).timings     # deque of dicts
+        """
+        return self._timer_on("timings").records
+
+    @property
+    def timing_totals(self) -> dict[str, float]:
+        """Running sums of the records' seconds, ``iterations`` and ``updates``.
+
+        Example::
+
+            opt.timing_totals["comm_s"]
+        """
+        return self._timer_on("timing_totals").totals
+
+    def reset_timings(self) -> None:
+        """Clear :attr:`timings` and :attr:`timing_totals`; the next compute phase starts now
+        (nothing to do with ``timing=False``).
+
+        Example::
+
+            for _ in range(warmup): ...; opt.step()
+            opt.reset_timings()      # measure from here
+        """
+        self._timer.reset()
+
+    def _timer_on(self, what: str) -> StepTimer:
+        if not self._timer.enabled:
+            raise RuntimeError(
+                f"PipeSGD.{what}: this PipeSGD keeps no timings; build it with timing=True"
+            )
+        return self._timer  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ replicas
+
+    def _check_replicas(self) -> None:
+        """All ranks must train the same architecture with the same settings (else hangs)."""
+        device = self._params[0].device
+        fingerprint = 17
+        for p in self._params:
+            for v in (p.numel(), p.dim(), _PARAM_DTYPES.index(p.dtype), *p.shape):
+                fingerprint = (fingerprint * 1_000_003 + int(v) + 1) % (2**61 - 1)
+        settings = (
+            vocab.MODES.index(self.mode),
+            self.staleness,
+            vocab.ALGORITHMS.index(self.algorithm),
+            vocab.COMPRESSIONS.index(self.compression),
+            int(self.bucket_mb * 1024),
+        )
+        local = torch.tensor(
+            [len(self._params), sum(p.numel() for p in self._params), fingerprint, *settings],
+            dtype=torch.int64,
+            device=device,
+        )
+        both = torch.cat([local, -local])
+        collectives.allreduce(both, algorithm=self.algorithm, op="max", group=self.group)
+        hi, lo = both[: local.numel()], -both[local.numel() :]
+        if not torch.equal(hi, lo):
+            names = [
+                "parameter count",
+                "parameter elements",
+                "parameter shapes/dtypes",
+                "mode",
+                "staleness",
+                "algorithm",
+                "compression",
+                "bucket_mb",
+            ]
+            bad = [nm for nm, a, b in zip(names, hi.tolist(), lo.tolist()) if a != b]
+            raise ValueError(
+                f"the ranks' PipeSGD replicas differ in {', '.join(bad)}; every rank must build "
+                "the same model and pass the same PipeSGD arguments"
+            )
+
+    @torch.no_grad()
+    def _broadcast_state(self) -> None:
+        """Copy the first member's parameters and buffers to every rank (equal replicas)."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors = [t for t in tensors if t.dtype in _BUFFER_DTYPES and t.numel() > 0]
+        by_key: dict[tuple, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_key.setdefault((t.device, t.dtype), []).append(t)
+        for group in by_key.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            collectives.broadcast(
+                flat, self._members[0], algorithm=self.algorithm, group=self.group
+            )
+            offset = 0
+            for t in group:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    def __repr__(self) -> str:
+        return (
+            f"PipeSGD(mode={self.mode!r}, staleness={self.staleness}, algorithm={self.algorithm!r}, "
+            f"compression={self.compression!r}, world_size={self.world_size}, "
+            f"iteration={self.iteration}, in_flight={self.in_flight}, optimizer={self.optimizer!r})"
+        )
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _check_arguments(
+    model: Any, optimizer: Any, bucket_mb: Any, block_bytes: Any, timing: Any, max_timings: Any
+) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, PipeSGD):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer (not a PipeSGD), got "
+            f"{type(optimizer).__name__}"
+        )
+    if (
+        isinstance(bucket_mb, bool)
+        or not isinstance(bucket_mb, (int, float))
+        or not math.isfinite(bucket_mb)
+        or bucket_mb <= 0
+    ):
+        raise ValueError(f"bucket_mb must be a positive finite number of MiB, got {bucket_mb!r}")
+    if block_bytes is not None and (
+        isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0
+    ):
+        raise ValueError(f"block_bytes must be a positive int or None, got {block_bytes!r}")
+    if not isinstance(timing, bool):
+        raise TypeError(f"timing must be True or False, got {timing!r}")
+    if max_timings is not None and (
+        isinstance(max_timings, bool) or not isinstance(max_timings, int) or max_timings < 0
+    ):
+        raise ValueError(f"max_timings must be a non-negative int or None, got {max_timings!r}")
+
+
+def _check_staleness(mode: str, staleness: Any) -> int:
+    if staleness is None:
+        return 1 if mode == "pipe" else 0
+    if isinstance(staleness, bool):
+        raise TypeError(f"staleness must be an int or None, got {staleness!r}")
+    try:
+        k = operator.index(staleness)
+    except TypeError:
+        raise TypeError(
+            f"staleness must be an int or None, got {type(staleness).__name__}"
+        ) from None
+    if k < 0:
+        raise ValueError(f"staleness must be >= 0 (iterations of delay), got {k}")
+    if mode != "pipe" and k != 0:
+        raise ValueError(
+            f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' for "
+            "delayed updates (staleness >= 1), or staleness=None/0"
+        )
+    return k
+
+
+def _resolve_group(group: Any) -> tuple[int, ...]:
+    initialized = dist.is_available() and dist.is_initialized()
+    if not initialized:
+        if group is not None:
+            raise ValueError(
+                "group was given but torch.distributed is not initialised; start ranks with "
+                "pipecomm.launch, or pass group=None for single-process training"
+            )
+        return (0,)
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
+        )
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this rank is not a member of group; create PipeSGD on members only")
+    members = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+    if dist.get_rank() not in members:
+        raise ValueError(
+            f"this rank ({dist.get_rank()}) is not a member of group {list(members)}; "
+            "create PipeSGD on members only"
+        )
+    return members
+
+
+def _select_params(
+    model: nn.Module, optimizer: torch.optim.Optimizer, compression: str | None
+) -> list[nn.Parameter]:
+    in_model = {id(p) for p in model.parameters()}
+    in_opt = set()
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if id(p) not in in_model:
+                raise ValueError(
+                    f"optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
+                    "parameter of model; build the optimizer from model.parameters()"
+                )
+            in_opt.add(id(p))
+    params = [p for p in model.parameters() if p.requires_grad and id(p) in in_opt]
+    if not params:
+        raise ValueError(
+            "model has no trainable parameter that optimizer updates; nothing to train"
+        )
+    for p in params:
+        if p.dtype not in _PARAM_DTYPES:
+            what = "compression" if compression is not None else "PipeSGD"
+            raise TypeError(
+                f"{what} needs floating-point parameters (float16, bfloat16, float32, "
+                f"float64); got a parameter of dtype {p.dtype} and shape {tuple(p.shape)}"
+            )
+        if p.layout != torch.strided:
+            raise TypeError(f"parameters must be dense (strided), got layout {p.layout}")
+    return params
