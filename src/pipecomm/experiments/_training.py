@@ -532,7 +532,9 @@ def choose_bandwidth(
     ``p`` ranks takes ``target_s`` seconds (bisection; the model is decreasing in bandwidth).
 
     ``gamma`` defaults to the calibrated reduction cost (:func:`pipecomm.cost.calibrated_link`).
-    A target at or below the latency-and-reduction floor is a ValueError.
+    A target at or below the latency-and-reduction floor is a ValueError. ``algorithm`` defaults
+    to ``"ring"`` rather than pipecomm's ``"lp"``: the Pipe-SGD experiments train with a ring
+    AllReduce, as the Pipe-SGD paper does (their ``DEFAULTS``).
 
     Example::
 
