@@ -15,7 +15,7 @@ MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
 
 
 def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=12, ranks=2,
-          noise=0.01):
+          time_noise=0.01):
     """Synthetic E5 data: per algorithm, rank and iteration, timings and a loss curve."""
     comm_scale = comm_scale or {}
     rng = np.random.default_rng(0)
@@ -34,7 +34,7 @@ def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=12, ranks=2,
                     "updates": 1,
                     "compute_s": 0.01,
                     "launch_s": 0.0001,
-                    "comm_s": meas / 1e3 * (1 + noise * rng.standard_normal()),
+                    "comm_s": meas / 1e3 * (1 + time_noise * rng.standard_normal()),
                     "compress_s": 0.0,
                     "update_s": 0.001,
                     "iter_s": 0.011 + meas / 1e3,
@@ -52,9 +52,9 @@ def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=12, ranks=2,
 
 CLAIM_CASES = {
     "e5_comm_within_model": (lambda: _fake(), lambda: _fake(comm_scale={"be": 1.4}),
-                             lambda: _fake(comm_scale={"be": 1.25}, noise=0.15)),
+                             lambda: _fake(comm_scale={"be": 1.12}, time_noise=0.15)),
     "e5_lp_below_mst": (lambda: _fake(), lambda: _fake(lp_ms=120.0),
-                        lambda: _fake(lp_ms=105.0, noise=0.2)),
+                        lambda: _fake(lp_ms=105.0, time_noise=0.2)),
 }
 
 

@@ -120,29 +120,33 @@ def _finals(ar=(1.0, 1.1, 0.9), accum=(1.05, 1.12, 0.95), tasks=("digits", "lm")
     return pd.DataFrame(rows)
 
 
+ARGS = {"max_rel_gap": 0.02, "min_seeds": 3}
 CLAIM_CASES = {
-    "e13_accumadam_within": (lambda: _finals(), lambda: _finals(accum=(1.5, 1.6, 1.4))),
+    # AllReduce mean 1.0: margin 0.02. Paired differences 0.005 +- 0.002 pass, 0.05 +- 0.002
+    # fail, 0.01 +- 0.02 straddle the margin
+    "e13_accumadam_within": (lambda: _finals(accum=(1.003, 1.105, 0.907)),
+                             lambda: _finals(accum=(1.048, 1.15, 0.952)),
+                             lambda: _finals(accum=(0.99, 1.13, 0.91))),
 }
 
 
-def test_claim_threshold_is_mean_plus_two_sigma_of_allreduce():
-    # AllReduce: mean 1.0, std 0.1 -> limit 1.2; AccumAdam mean 1.19 passes, 1.21 fails
-    assert e13.check_accumadam_within(_finals(accum=(1.19, 1.29, 1.09))).passed
-    assert not e13.check_accumadam_within(_finals(accum=(1.21, 1.31, 1.11))).passed
-    # better than AllReduce always passes
-    assert e13.check_accumadam_within(_finals(accum=(0.5, 0.6, 0.4))).passed
+def test_claim_is_a_paired_interval_against_a_margin():
+    assert e13.check_accumadam_within(_finals(accum=(0.5, 0.6, 0.4)), **ARGS).passed  # better
+    v = e13.check_accumadam_within(_finals(accum=(1.003, 1.105, 0.907)), **ARGS)
+    assert "paired diff +0.0050" in v.measured and "margin 0.0200" in v.measured
 
 
 def test_claim_needs_paired_seeds_and_enough_of_them():
     df = _finals()
     with pytest.raises(ValueError, match="seeds"):
-        e13.check_accumadam_within(df[df.seed < 2])
-    assert e13.check_accumadam_within(df[df.seed < 2], min_seeds=2).passed
+        e13.check_accumadam_within(df[df.seed < 2], **ARGS)
+    assert e13.check_accumadam_within(df[df.seed < 2], max_rel_gap=0.2, min_seeds=2).verdict in (
+        "PASS", "INCONCLUSIVE")
     unpaired = df[~((df.method == "accumadam-aer") & (df.seed == 0))]
     with pytest.raises(ValueError, match="pairs"):
-        e13.check_accumadam_within(unpaired)
+        e13.check_accumadam_within(unpaired, **ARGS)
     with pytest.raises(ValueError, match="AccumAdam"):
-        e13.check_accumadam_within(df[~df.method.str.startswith("accum")])
+        e13.check_accumadam_within(df[~df.method.str.startswith("accum")], **ARGS)
 
 
 def test_summary_mean_two_sigma_and_paired_difference():

@@ -50,6 +50,7 @@ from torch import nn
 from pipecomm import bench, collectives, cost, netem
 from pipecomm.bucketing import bucket_indices, bucket_nbytes
 from pipecomm.decentralized import runtime_model, topology
+from pipecomm.stats import join_repeats
 
 __all__ = [
     "DEFAULT_NETWORK",
@@ -578,7 +579,7 @@ def rank_time_training(spec: dict[str, Any]) -> dict[str, Any]:
             one()
         if ddp is not None:
             ddp.reset_timing()
-        stats = bench.time_fn(block, warmup=0, iters=spec["blocks"])
+        stats = bench.time_fn(block, warmup=0, repeats=spec["blocks"])
     finally:
         if ddp is not None:
             ddp.close()
@@ -587,7 +588,12 @@ def rank_time_training(spec: dict[str, Any]) -> dict[str, Any]:
     out = {
         "rank": rank,
         "iteration_s": stats["median_s"] / spec["block_iters"],
+        "iteration_ci_lo_s": stats["ci_lo_s"] / spec["block_iters"],
+        "iteration_ci_hi_s": stats["ci_hi_s"] / spec["block_iters"],
         "block_s": stats["times_s"],
+        # per-iteration time of each block: the repeats behind iteration_s
+        "times_s": join_repeats(
+            [b / spec["block_iters"] for b in stats["times_s"]]),
         "iterations": k,
     }
     if ddp is not None:
@@ -689,11 +695,11 @@ def rank_gossip_times(
             for h in hs:
                 h.wait()
 
-        st = bench.time_fn(gossip, warmup=warmup, iters=iters)
+        st = bench.time_fn(gossip, warmup=warmup, repeats=iters)
         rows.append(
             {
                 "step": step,
-                "time_s": st["median_s"],
+                **bench.columns(st),
                 "groups": " ".join("(" + ",".join(map(str, g)) + ")" for g in topo.groups(step)),
             }
         )

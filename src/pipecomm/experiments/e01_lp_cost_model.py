@@ -15,10 +15,9 @@ once, depends on it). Three sweeps: time vs message size (at each p of ``size_sw
 p (at ``ranks_sweep_bytes``), and the optimal LP block size vs message size (the block sizes the
 size sweep used; ``cost.lp_optimal_block_bytes``, beside the paper's continuous formula).
 
-Claims (artifact/claims.yaml, C1.*), at alpha = 10 us, 10 GB/s, 256 MiB: LP broadcast grows at
-most 1.5x from p = 2 to p = 64 while MST broadcast grows at least 5x (model: 1.33x and 6.0x); BE
-broadcast takes at least 1.4x the LP time at p = 64 (model: 1.49x). The defaults are the claims'
-configuration; the whole model evaluation takes a few seconds.
+Nothing here is measured, so nothing here is a claim with a verdict: artifact/claims.yaml lists
+C1.1 and C1.2 as model illustrations (kind: illustration), and E2-E4 test the same models against
+measurements.
 
 Run::
 
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost
+from pipecomm import cost
 from pipecomm.experiments._cli import main
 from pipecomm.experiments.e00_calibrate import message_sizes
 
@@ -316,97 +315,6 @@ def plot(df: pd.DataFrame, **params: Any):
     return fig
 
 
-# --------------------------------------------------------------------------- claims
-
-
-def _select(
-    df: pd.DataFrame, alpha_s: float, bandwidth_Bps: float, nbytes: int, ports: str
-) -> pd.DataFrame:
-    claims.require_columns(
-        df,
-        "sweep",
-        "op",
-        "algorithm",
-        "nbytes",
-        "world_size",
-        "ports",
-        "time_s",
-        "alpha_s",
-        "bandwidth_Bps",
-    )
-    d = df[
-        (df.sweep == "ranks")
-        & (df.op == "broadcast")
-        & (df.nbytes == nbytes)
-        & (df.ports == ports)
-        & np.isclose(df.alpha_s, alpha_s, rtol=1e-6, atol=0)
-        & np.isclose(df.bandwidth_Bps, bandwidth_Bps, rtol=1e-6, atol=0)
-    ]
-    if d.empty:
-        raise ValueError(
-            f"no modelled broadcast at {nbytes} B, alpha={alpha_s}, bandwidth={bandwidth_Bps}, "
-            f"ports={ports!r} in the ranks sweep; run E1 with these parameters"
-        )
-    return d
-
-
-def _time(d: pd.DataFrame, alg: str, p: int) -> float:
-    t = d[(d.algorithm == alg) & (d.world_size == p)].time_s
-    if t.empty:
-        raise ValueError(f"no modelled {alg} broadcast at p={p}")
-    return float(t.iloc[0])
-
-
-@claims.check("e1_lp_invariant_mst_log")
-def check_lp_invariant(
-    df: pd.DataFrame,
-    nbytes: int = 1 << 28,
-    p_lo: int = 2,
-    p_hi: int = 64,
-    lp_max_growth: float = 1.5,
-    mst_min_growth: float = 5.0,
-    alpha_s: float = 10e-6,
-    bandwidth_Bps: float = 10e9,
-    ports: str = "single",
-):
-    """LP broadcast time grows at most ``lp_max_growth`` from p_lo to p_hi; MST at least
-    ``mst_min_growth``.
-
-    Example::
-
-        check_lp_invariant(run())   # measured 'p=2->64: LP x1.327, MST x6.00'
-    """
-    d = _select(df, alpha_s, bandwidth_Bps, nbytes, ports)
-    lp = _time(d, "lp", p_hi) / _time(d, "lp", p_lo)
-    mst = _time(d, "mst", p_hi) / _time(d, "mst", p_lo)
-    return claims.Verdict(
-        f"p={p_lo}->{p_hi}: LP x{lp:.3f}, MST x{mst:.2f}",
-        f"LP <= x{lp_max_growth:g} and MST >= x{mst_min_growth:g}",
-        bool(lp <= lp_max_growth and mst >= mst_min_growth),
-    )
-
-
-@claims.check("e1_be_over_lp")
-def check_be_over_lp(
-    df: pd.DataFrame,
-    nbytes: int = 1 << 28,
-    p: int = 64,
-    min_ratio: float = 1.4,
-    alpha_s: float = 10e-6,
-    bandwidth_Bps: float = 10e9,
-    ports: str = "single",
-):
-    """BE broadcast time / LP broadcast time at p ranks is at least ``min_ratio``.
-
-    Example::
-
-        check_be_over_lp(run())     # measured 'BE/LP = 1.487 at p=64'
-    """
-    d = _select(df, alpha_s, bandwidth_Bps, nbytes, ports)
-    r = _time(d, "be", p) / _time(d, "lp", p)
-    return claims.Verdict(f"BE/LP = {r:.3f} at p={p}", f">= {min_ratio:g}", bool(r >= min_ratio))
-
-
 NOTEBOOK_TEXT = {
     "intro": """
 # E1 — LP cost model: time vs message size and vs p (analytic model, nothing measured)
@@ -420,9 +328,9 @@ pipecomm implements) for every algorithm, op and port model, against message siz
 *p*, and shows the optimal LP block size (the paper's `k* = sqrt((p-2) n beta / alpha)`).
 Every figure is the **analytic model**: no backend, no network, no measurement.
 
-Claims checked (artifact/claims.yaml), at alpha = 10 us, 10 GB/s, 256 MiB:
-**C1.1** LP broadcast grows at most 1.5x from p = 2 to p = 64 while MST grows at least 5x;
-**C1.2** BE broadcast takes at least 1.4x the LP time at p = 64.
+Nothing is measured here, so nothing is decided here: C1.1 and C1.2 in `artifact/claims.yaml`
+are **model illustrations** without a verdict (the model's ratios are exactly what the formulas
+say). E2-E4 put the same models against measurements.
 """,
     "outro": """
 **What to see.** Top row: for small messages latency dominates and the tree (MST) wins; beyond a
