@@ -1,0 +1,275 @@
+"""Collectives benchmark in the style of nccl-tests: pipecomm's algorithms against the built-in.
+
+For every algorithm (``lp``, ``mst``, ``be``, ``ring`` and ``torch``, the backend's built-in),
+op (``broadcast``, ``allreduce``, ``reduce``), world size p and message size it prints one line:
+the time (median over ``--repeats`` repeats and its bootstrap 95% interval), algbw and busbw
+(nccl-tests' definitions, :func:`pipecomm.bench.busbw`), ``#wrong`` (elements that differ from the
+built-in's result on the same random input beyond float32 round-off; broadcast and integer-valued
+results must match exactly) and the ratio of the median to the built-in's median measured in the
+same run, with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`).
+
+Every repeat runs all selected algorithms back to back (so drifts of a shared machine hit all of
+them alike), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
+(an allreduce MAX of ``time.monotonic()`` plus a margin, then a sleep; ``CLOCK_MONOTONIC`` is
+shared by the processes of one host) and a repeat's time is the last rank's end minus that start,
+so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
+smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_collectives.py                       # everything
+    .venv/bin/python benchmarks/bench_collectives.py --p 2 4 8 --sizes 16M 64M --csv out.csv
+    .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --ops broadcast \\
+        --p 8 --sizes 64M --repeats 20
+    .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecomm import bench, launch, stats
+
+ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
+OPS = ("broadcast", "allreduce", "reduce")
+DEFAULT_SIZES = tuple(64 * 1024 * 4**i for i in range(6))  # 64 KiB .. 64 MiB
+COLUMNS = (
+    "algorithm",
+    "op",
+    "p",
+    "nbytes",
+    "time_s",
+    "ci_lo_s",
+    "ci_hi_s",
+    "algbw_GBps",
+    "busbw_GBps",
+    "wrong",
+    "ratio",
+    "ratio_lo",
+    "ratio_hi",
+    "repeats",
+    "times_s",
+)
+
+
+def parse_size(text: str) -> int:
+    """``"64K"``, ``"16M"``, ``"1G"`` or a plain number of bytes.
+
+    Example::
+
+        parse_size("16M")   # 16777216
+    """
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = units.get(t[-1:], 1)
+    value = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    if value <= 0 or value % 4:
+        raise argparse.ArgumentTypeError(f"size must be a positive multiple of 4 bytes: {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- on the ranks
+
+_GROUPS: dict[int, Any] = {}
+
+
+def _group(p: int):
+    """The subgroup of ranks ``0..p-1`` (``None``: the world); created once, on every rank."""
+    if p not in _GROUPS:
+        _GROUPS[p] = None if p == dist.get_world_size() else dist.new_group(list(range(p)))
+    return _GROUPS[p]
+
+
+def _call(alg: str, op: str, t: torch.Tensor, group: Any) -> None:
+    from pipecomm import collectives as C
+
+    if op == "allreduce":
+        C.allreduce(t, algorithm=alg, op="sum", group=group)
+    elif op == "broadcast":
+        C.broadcast(t, 0, algorithm=alg, group=group)
+    else:
+        C.reduce(t, 0, algorithm=alg, op="sum", group=group)
+
+
+def _wrong(alg: str, op: str, n: int, group: Any, p: int) -> int:
+    """Elements of ``alg``'s result that differ from the built-in's on the same random input
+    (summed over the ranks that hold a result)."""
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(n, generator=gen)
+    ref = x.clone()
+    _call(alg, op, x, group)
+    _call("torch", op, ref, group)
+    holds = op == "allreduce" or rank == 0
+    bad = 0
+    if holds and op == "broadcast":
+        bad = int((x != ref).sum())
+    elif holds:  # sums of p float32 values: both within p ulps of the exact sum
+        tol = 4 * p * torch.finfo(torch.float32).eps * (ref.abs() + 1)
+        bad = int(((x - ref).abs() > tol).sum())
+    count = torch.tensor([bad], dtype=torch.int64)
+    dist.all_reduce(count, group=group)
+    return int(count)
+
+
+def rank_bench(cfg: dict) -> list[dict]:
+    """On every rank of the pool: all points of one p (ranks >= p only wait). Rank 0 returns rows.
+
+    Example::
+
+        ranks.run(rank_bench, {"p": 4, "ops": ["allreduce"], "algorithms": ["lp", "torch"],
+                               "sizes": [1 << 20], "repeats": 10, "warmup": 2})
+    """
+    p = cfg["p"]
+    group = _group(p)
+    rank = dist.get_rank()
+    rows: list[dict] = []
+    if rank < p:
+        for op in cfg["ops"]:
+            for nbytes in cfg["sizes"]:
+                rows += _point(cfg, op, nbytes, group, p)
+    dist.barrier()
+    return rows if rank == 0 else []
+
+
+def _point(cfg: dict, op: str, nbytes: int, group: Any, p: int) -> list[dict]:
+    algs = cfg["algorithms"]
+    t = torch.zeros(nbytes // 4)
+    times: dict[str, list[float]] = {a: [] for a in algs}
+    for alg in algs:  # warm-up (and the first call's allocations) outside the timed repeats
+        for _ in range(cfg["warmup"]):
+            _call(alg, op, t, group)
+    for _ in range(cfg["repeats"]):
+        for alg in algs:
+            t.zero_()
+            res = bench.time_fn(
+                lambda a=alg: _call(a, op, t, group), warmup=0, repeats=1, group=group
+            )
+            times[alg] += res["times_s"]
+    wrong = {a: _wrong(a, op, nbytes // 4, group, p) for a in algs}
+    rows = []
+    for alg in algs:
+        med, lo, hi = stats.median_ci(times[alg])
+        row = {
+            "algorithm": alg,
+            "op": op,
+            "p": p,
+            "nbytes": nbytes,
+            "time_s": med,
+            "ci_lo_s": lo,
+            "ci_hi_s": hi,
+            "algbw_GBps": bench.algbw(nbytes, med) / 1e9,
+            "busbw_GBps": bench.busbw(op, nbytes, med, p) / 1e9,
+            "wrong": wrong[alg],
+            "repeats": len(times[alg]),
+            "times_s": stats.join_repeats(times[alg]),
+        }
+        if "torch" in times:
+            row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
+                times[alg], times["torch"]
+            )
+        else:
+            row["ratio"] = row["ratio_lo"] = row["ratio_hi"] = float("nan")
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _fmt_size(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def print_header() -> None:
+    print(
+        f"#{'alg':>6} {'op':>10} {'p':>2} {'size':>6} {'time(ms)':>9} {'95% interval':>17} "
+        f"{'algbw':>7} {'busbw':>7} {'#wrong':>6} {'vs torch':>8} {'95% interval':>13}"
+    )
+    print(
+        f"#{'':>6} {'':>10} {'':>2} {'(B)':>6} {'median':>9} {'(ms)':>17} "
+        f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'ratio':>8} {'':>13}"
+    )
+
+
+def print_row(r: dict) -> None:
+    ratio = (
+        f"{r['ratio']:8.2f} [{r['ratio_lo']:5.2f}, {r['ratio_hi']:5.2f}]"
+        if r["ratio"] == r["ratio"]
+        else f"{'n/a':>8}"
+    )
+    print(
+        f" {r['algorithm']:>6} {r['op']:>10} {r['p']:2d} {_fmt_size(r['nbytes']):>6} "
+        f"{r['time_s'] * 1e3:9.2f} [{r['ci_lo_s'] * 1e3:7.2f}, {r['ci_hi_s'] * 1e3:7.2f}] "
+        f"{r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} {r['wrong']:6d} {ratio}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    ap.add_argument("--p", nargs="+", type=int, default=[2, 4, 8])
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        type=parse_size,
+        default=list(DEFAULT_SIZES),
+        help="message sizes, e.g. 64K 1M 16M (default 64K..64M, factor 4)",
+    )
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--csv", type=Path, default=None, help="also write the rows as CSV here")
+    ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
+    ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.p, args.sizes, args.repeats, args.warmup = [2], [64 << 10, 1 << 20], 3, 1
+    if any(q < 2 for q in args.p) or args.repeats < 1 or args.warmup < 0:
+        ap.error("--p values must be >= 2, --repeats >= 1, --warmup >= 0")
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # the ranks import this module by name
+        sys.path.insert(0, here)
+    import bench_collectives as me
+
+    rows: list[dict] = []
+    print_header()
+    with launch.Ranks(max(args.p)) as ranks:
+        for q in sorted(set(args.p)):
+            cfg = {
+                "p": q,
+                "ops": args.ops,
+                "algorithms": args.algorithms,
+                "sizes": args.sizes,
+                "repeats": args.repeats,
+                "warmup": args.warmup,
+            }
+            out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
+            for r in out:
+                print_row(r)
+            rows += out
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with args.csv.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+        print(f"# wrote {len(rows)} rows to {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
