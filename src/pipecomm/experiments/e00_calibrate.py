@@ -10,8 +10,8 @@ and the cost models are applied to blocks of that size and larger; the small-mes
 reported beside it.
 
 With an emulated network (``pipecomm.netem``) the same ping-pong measures the *emulated* alpha and
-bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; the emulator is
-accurate when these come back within 10% of the configured values.
+bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; claim C0.2
+compares every message with the configured values (threshold: artifact/claims.yaml).
 
 ``backend="nccl"`` (gpu profile) ping-pongs between two GPUs over NCCL and times gamma on the GPU
 (every timed interval ends with a device synchronisation); its calibration.json then feeds the

@@ -5,8 +5,8 @@ Training" (ICLR 2025): decentralized Adam (DAdam: each rank's own Adam step from
 parameters) loses a little accuracy against AllReduce Adam (Table 3, ResNet-50: 76.01 vs 75.31 AER
 / 75.27 complete); AccumAdam -- Adam whose moments see gradients averaged over a window of K
 iterations -- closes the gap or beats AllReduce (76.54 AER, 76.34 complete; Table 2, WMT14 BLEU
-27.71/27.80 vs 27.79 +- 0.16). Claim reproduced: AccumAdam's final loss is within 2 sigma of
-AllReduce Adam's, or better.
+27.71/27.80 vs 27.79 +- 0.16). Claim reproduced (C13.1, threshold in artifact/claims.yaml):
+AccumAdam's final loss is not worse than AllReduce Adam's beyond a small margin, over paired seeds.
 
 Methods (betas (0.9, 0.999), no weight decay). Learning rates follow the paper's protocols
 (docs/papers.md): for the image classifier AccumAdam gets 1.5 times AllReduce's (ResNet-50: 1.5e-3
