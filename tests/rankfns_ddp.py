@@ -3,7 +3,11 @@
 ``train(cfg)`` runs on every rank and returns its parameter trajectory; ``simulate(cfg)`` runs in
 the test process and computes all ranks' trajectories from the rule of docs/update_rules.md
 ("Decentralized training") with ``topology.mixing_matrix``: ``y_i^k = sum_j (W_k)_ij x_j^k``,
-local step from ``y_i^k`` with the gradient at ``x_i^k`` (zero for parameters without a gradient).
+local step from ``y_i^k`` with the gradient at ``x_i^k`` (zero for parameters without a gradient), and
+the training-loop features: gradients summed over ``accum`` micro-batches (``no_sync``), a StepLR
+schedule ``sched = (step_size, gamma)``, clipping ``clip = (max_norm, "global" | "bucket")``, a
+GradScaler (``scaler``: initial scale; ``inf_at``: ``(rank, k)`` whose loss is made infinite),
+``autocast`` (``"bf16"``/``"fp16"``), ``group`` (global ranks that train), ``checkpoint_at``.
 
 A configuration is a dict with keys: ``world``, ``topology`` (a name, or ``("aer", rpn)``,
 ``("random-matching", seed)``, ``("singletons",)``), ``optim`` (``("sgd", lr, momentum)`` or
@@ -16,6 +20,8 @@ calls between iterations, before iteration ``k``).
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 from typing import Any
 
 import numpy as np
@@ -84,26 +90,48 @@ def make_model(cfg: dict, rank: int) -> Net:
     return net.to(DTYPES[cfg["dtype"]])
 
 
-def make_optim(spec: tuple, params: list) -> torch.optim.Optimizer:
+def make_optim(spec: tuple, named: list) -> torch.optim.Optimizer:
+    """``("sgd", lr, momentum)``, ``("adam", lr)`` or ``("adamw-groups", lr)`` (two groups)."""
+    params = [p for _, p in named]
     if spec[0] == "sgd":
         return torch.optim.SGD(params, lr=spec[1], momentum=spec[2])
     if spec[0] == "adam":
         return torch.optim.Adam(params, lr=spec[1])
+    if spec[0] == "adamw-groups":  # weight decay on matrices only, as nanoGPT
+        decay = [p for _, p in named if p.dim() >= 2]
+        rest = [p for _, p in named if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=spec[1])
     raise ValueError(spec)
 
 
-def batch(cfg: dict, rank: int, k: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    g = torch.Generator().manual_seed(cfg["seed"] * 100_003 + rank * 1009 + k)
+def make_scheduler(cfg: dict, opt: torch.optim.Optimizer) -> Any:
+    if cfg.get("sched") is None:
+        return None
+    step_size, gamma = cfg["sched"]
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=step_size, gamma=gamma)
+
+
+def batch(cfg: dict, rank: int, k: int, m: int = 0) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    g = torch.Generator().manual_seed(cfg["seed"] * 100_003 + rank * 1009 + k + 7919 * m)
     x = torch.randn(4, 5, generator=g, dtype=torch.float64)
     y = torch.randn(4, 3, generator=g, dtype=torch.float64)
     use = cfg["branch"] is not None and (k + rank + cfg["branch"]) % 3 == 0
     return x, y, use
 
 
-def loss_of(model: Net, cfg: dict, rank: int, k: int) -> torch.Tensor:
-    x, y, use = batch(cfg, rank, k)
+def loss_of(model: nn.Module, cfg: dict, rank: int, k: int, m: int = 0) -> torch.Tensor:
+    """Loss of micro-batch ``m`` of iteration ``k`` (divided by the number of micro-batches)."""
+    x, y, use = batch(cfg, rank, k, m)
     dtype = DTYPES[cfg["dtype"]]
-    return ((model(x.to(dtype), use_branch=use) - y.to(dtype)) ** 2).mean()
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.get("autocast"))
+    ctx = torch.autocast("cpu", dtype=half) if half else contextlib.nullcontext()
+    with ctx:
+        out = model(x.to(dtype), use_branch=use)
+    loss = ((out.to(dtype) - y.to(dtype)) ** 2).mean() / cfg.get("accum", 1)
+    if (rank, k) in cfg.get("inf_at", ()) and m == 0:
+        loss = loss * float("inf")
+    return loss
 
 
 def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
@@ -113,22 +141,100 @@ def snapshot(model: nn.Module) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- on the ranks
 
 
-def train(cfg: dict) -> dict:
-    """Train with DecentralizedDataParallel; return this rank's trajectory and bookkeeping."""
+def _wrap(cfg: dict, model: nn.Module, group: Any, world: int, init_sync: bool = True) -> Any:
     from pipecomm.decentralized import DecentralizedDataParallel
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_model(cfg, rank)
-    ddp = DecentralizedDataParallel(
+    named = list(model.named_parameters())
+    opt: Any = make_optim(cfg["optim"], named)
+    if cfg.get("optim_fn"):
+        opt = functools.partial(make_optim, cfg["optim"])
+    scaler = None
+    if cfg.get("scaler") is not None:
+        scaler = torch.amp.GradScaler("cpu", init_scale=cfg["scaler"], growth_interval=2)
+    clip = cfg.get("clip") or (None, "bucket")
+    return DecentralizedDataParallel(
         model,
-        lambda named: make_optim(cfg["optim"], [p for _, p in named]),
+        opt,
         topology=make_topology(cfg["topology"], world),
         bucket_mb=cfg["bucket_mb"],
         algorithm=cfg["algorithm"],
+        process_group=group,
+        max_grad_norm=clip[0],
+        grad_norm_scope=clip[1],
+        grad_scaler=scaler,
+        init_sync=init_sync,
     )
+
+
+def _iteration(ddp: Any, cfg: dict, rank: int, k: int) -> None:
+    """One iteration: ``accum`` micro-batches, all but the last without synchronising."""
+    accum = cfg.get("accum", 1)
+    for m in range(accum):
+        last = m == accum - 1
+        if last:
+            ctx: Any = contextlib.nullcontext()
+        elif k % 2 == 0:
+            ctx = ddp.no_sync()
+        else:  # nanoGPT's way
+            ddp.require_backward_grad_sync = False
+            ctx = contextlib.nullcontext()
+        with ctx:
+            loss = loss_of(ddp, cfg, rank, k, m)
+            (ddp.grad_scaler.scale(loss) if ddp.grad_scaler is not None else loss).backward()
+        ddp.require_backward_grad_sync = True
+        if not last:
+            assert ddp.step_count == k and ddp.module.fc1.weight.grad is not None
+
+
+def train(cfg: dict) -> dict | None:
+    """Train with DecentralizedDataParallel; return this rank's trajectory and bookkeeping.
+
+    ``cfg["group"]``: train on these global ranks only (others return None);
+    ``cfg["checkpoint_at"]``: save model + optimizer (+ scheduler) state after that many
+    iterations, drop everything and resume from the saved state in a new model and wrapper.
+    """
+    world = dist.get_world_size()
+    group = None
+    if cfg.get("group") is not None:
+        group = dist.new_group(cfg["group"])
+        if dist.get_rank() not in cfg["group"]:
+            return None
+        world = len(cfg["group"])
+    rank = dist.get_rank() if group is None else cfg["group"].index(dist.get_rank())
+    model = make_model(cfg, rank)
+    ddp = _wrap(cfg, model, group, world)
+    sched = make_scheduler(cfg, ddp.optimizer)
     initial = snapshot(model)
-    traj, averages = [], {}
+    traj, averages, lrs, scales = [], {}, [], []
     for k in range(cfg["iters"]):
+        if k == cfg.get("checkpoint_at"):
+            buf = io.BytesIO()
+            torch.save(
+                {
+                    "model": ddp.state_dict(),
+                    "optimizer": ddp.optimizer.state_dict(),
+                    "sched": sched.state_dict() if sched is not None else None,
+                    "scaler": ddp.grad_scaler.state_dict() if ddp.grad_scaler else None,
+                },
+                buf,
+            )
+            ddp.close()
+            del model, ddp, sched
+            ckpt = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+            model = make_model(dict(cfg, seed=cfg["seed"] + 1), rank)  # other values
+            if cfg.get("resume_style") == "before-wrap":  # nanoGPT: load, then wrap
+                model.load_state_dict(ckpt["model"])
+                ddp = _wrap(cfg, model, group, world, init_sync=False)
+            else:
+                ddp = _wrap(cfg, model, group, world)
+                ddp.load_state_dict(ckpt["model"])
+            ddp.optimizer.load_state_dict(ckpt["optimizer"])
+            assert ddp.step_count == k
+            sched = make_scheduler(cfg, ddp.optimizer)
+            if sched is not None:
+                sched.load_state_dict(ckpt["sched"])
+            if ddp.grad_scaler is not None:
+                ddp.grad_scaler.load_state_dict(ckpt["scaler"])
         how = cfg.get("averages", {}).get(k)
         if how == "copy":
             averages[k] = {n: v.to(torch.float64).numpy() for n, v in ddp.global_average().items()}
@@ -141,10 +247,14 @@ def train(cfg: dict) -> dict:
             with ddp.averaged() as m:
                 averages[k] = snapshot(m)
             assert all(np.array_equal(before[n], v) for n, v in snapshot(model).items())
-        loss_of(ddp, cfg, rank, k).backward()
+        lrs.append([g["lr"] for g in ddp.optimizer.param_groups])
+        _iteration(ddp, cfg, rank, k)
+        if sched is not None:
+            sched.step()
         assert ddp.step_count == k + 1
         assert all(p.grad is None for p in model.parameters())
         traj.append(snapshot(model))
+        scales.append(ddp.grad_scaler.get_scale() if ddp.grad_scaler is not None else None)
     ddp.finish()
     out = {
         "initial": initial,
@@ -153,30 +263,39 @@ def train(cfg: dict) -> dict:
         "buckets": ddp.bucket_names,
         "n_optimizers": len(ddp.optimizers),
         "timing": dict(ddp.timing),
+        "lrs": lrs,
+        "scales": scales,
+        "grad_norm": None if ddp.grad_norm is None else float(ddp.grad_norm),
     }
     ddp.close()
     return out
 
 
-def train_many(cfgs: list[dict]) -> list[dict]:
+def train_many(cfgs: list[dict]) -> list[dict | None]:
     return [train(c) for c in cfgs]
 
 
 # --------------------------------------------------------------------------- the oracle
 
 
-def simulate(cfg: dict, ranks_per_node: int | None = None) -> dict:
-    """All ranks in one process, float64, straight from the rule with ``mixing_matrix``."""
-    world = cfg["world"]
+def simulate(cfg: dict, ranks_per_node: int | None = None, buckets: list | None = None) -> dict:
+    """All ranks in one process, float64, straight from the rule with ``mixing_matrix``.
+
+    Gradients are summed over ``accum`` micro-batches; ``clip`` clips by the global norm or by
+    every bucket's (``buckets``: lists of parameter names); a rank with ``(rank, k)`` in
+    ``inf_at`` skips its step (it still mixes); ``sched`` steps a StepLR on every rank.
+    """
+    world = len(cfg["group"]) if cfg.get("group") is not None else cfg["world"]
     topo = sim_topology(cfg["topology"], world, ranks_per_node)
-    sim_cfg = dict(cfg, dtype="float64")
+    sim_cfg = dict(cfg, dtype="float64" if cfg.get("autocast") is None else cfg["dtype"])
     start = make_model(sim_cfg, 0)  # rank 0's parameters are broadcast at construction
     models = []
     for _ in range(world):
         m = make_model(sim_cfg, 0)
         m.load_state_dict(start.state_dict())
         models.append(m)
-    optims = [make_optim(cfg["optim"], list(m.parameters())) for m in models]
+    optims = [make_optim(cfg["optim"], list(m.named_parameters())) for m in models]
+    scheds = [make_scheduler(cfg, o) for o in optims]
     names = [n for n, _ in models[0].named_parameters()]
     traj: list[list[dict]] = [[] for _ in range(world)]
     averages = {}
@@ -193,24 +312,32 @@ def simulate(cfg: dict, ranks_per_node: int | None = None) -> dict:
         grads = []
         for i, m in enumerate(models):
             m.zero_grad(set_to_none=True)
-            loss_of(m, sim_cfg, i, k).backward()
+            for mb in range(cfg.get("accum", 1)):
+                loss_of(m, sim_cfg, i, k, mb).backward()
             grads.append(
                 {
                     n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
                     for n, p in m.named_parameters()
                 }
             )
-        w = torch.from_numpy(topo.mixing_matrix(k))
+        w = torch.from_numpy(topo.mixing_matrix(k)).to(DTYPES[sim_cfg["dtype"]])
         xs = {
             n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names
         }
         for i, m in enumerate(models):
+            params = dict(m.named_parameters())
             with torch.no_grad():
-                for n, p in m.named_parameters():
-                    y = torch.tensordot(w[i], xs[n], dims=1)
-                    p.copy_(y)
+                for n, p in params.items():
+                    p.copy_(torch.tensordot(w[i], xs[n], dims=1))
                     p.grad = grads[i][n]
-            optims[i].step()
+            if (i, k) not in cfg.get("inf_at", ()):
+                if cfg.get("clip") is not None:
+                    max_norm, scope = cfg["clip"]
+                    for b in [names] if scope == "global" else buckets:
+                        torch.nn.utils.clip_grad_norm_([params[n] for n in b], max_norm)
+                optims[i].step()
+            if scheds[i] is not None:
+                scheds[i].step()
             traj[i].append(snapshot(m))
     return {"traj": traj, "averages": averages, "start": snapshot(start)}
 
@@ -240,7 +367,10 @@ def mismatch(kind: str) -> str:
 
 
 def bad_arguments() -> dict[str, str]:
-    """Construct with bad arguments; return {case: 'ExceptionType: message'}."""
+    """Construct with bad arguments; return {case: 'ExceptionType: message'}.
+
+    Every case fails before any communication: no rank waits for another.
+    """
     from pipecomm.decentralized import DecentralizedDataParallel
 
     world = dist.get_world_size()
@@ -260,6 +390,18 @@ def bad_arguments() -> dict[str, str]:
         "algorithm": dict(algorithm="tree"),
         "optim_fn": dict(optim_fn=None),
         "model": dict(model="not a model"),
+        "optim_fn result": dict(optim_fn=lambda named: "sgd"),
+        "optim_fn params": dict(
+            optim_fn=lambda named: torch.optim.SGD([nn.Parameter(torch.ones(1))], 0.1)
+        ),
+        "optimizer missing params": dict(optim_fn=torch.optim.SGD([nn.Parameter(torch.ones(1))])),
+        "max_grad_norm zero": dict(max_grad_norm=0.0),
+        "max_grad_norm inf": dict(max_grad_norm=float("inf")),
+        "max_grad_norm str": dict(max_grad_norm="1"),
+        "grad_norm_scope": dict(max_grad_norm=1.0, grad_norm_scope="layer"),
+        "grad_scaler": dict(grad_scaler="fp16"),
+        "process_group": dict(process_group="world"),
+        "init_sync": dict(init_sync=1),
     }
     out = {}
     for name, kw in cases.items():
@@ -270,19 +412,6 @@ def bad_arguments() -> dict[str, str]:
             out[name] = f"{type(exc).__name__}: {exc}"
         else:
             out[name] = "no error"
-    # optim_fn returning something else / an optimizer over other parameters: first backward
-    for name, fn in (
-        ("optim_fn result", lambda named: "sgd"),
-        ("optim_fn params", lambda named: torch.optim.SGD([nn.Parameter(torch.ones(1))], 0.1)),
-    ):
-        ddp = DecentralizedDataParallel(Net(), fn)
-        try:
-            ddp(torch.ones(2, 5)).sum().backward()
-        except (ValueError, TypeError) as exc:
-            out[name] = f"{type(exc).__name__}: {exc}"
-        else:
-            out[name] = "no error"
-        ddp.close()
     # wrapping a model twice without close()
     model = Net()
     first = DecentralizedDataParallel(model, opt)
@@ -294,6 +423,50 @@ def bad_arguments() -> dict[str, str]:
         out["wrapped twice"] = "no error"
     first.close()
     DecentralizedDataParallel(model, opt).close()  # fine after close()
+    return out
+
+
+def misuse() -> dict[str, str]:
+    """no_sync and checkpoint misuse: {case: 'ExceptionType: message'} (raised locally)."""
+    from pipecomm.decentralized import DecentralizedDataParallel
+
+    out: dict[str, str] = {}
+
+    def attempt(name: str, fn: Any) -> None:
+        try:
+            fn()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            out[name] = "no error"
+
+    ddp = DecentralizedDataParallel(
+        Net(), lambda named: torch.optim.SGD([p for _, p in named], 0.1), topology="ring"
+    )
+    x = torch.ones(2, 5)
+    with ddp.no_sync():
+        ddp(x).sum().backward()
+        attempt("global_average inside no_sync", ddp.global_average)
+    attempt("global_average with accumulated gradients", ddp.global_average)
+    ddp(x).sum().backward()  # applies them
+    ddp.global_average()  # fine now
+    ddp.require_backward_grad_sync = 1
+    attempt("require_backward_grad_sync not a bool", lambda: ddp(x))
+    ddp.require_backward_grad_sync = True
+    other = ddp.optimizer.state_dict()
+    other["decentralized_data_parallel"] = dict(other["decentralized_data_parallel"], rank=7)
+    attempt("optimizer state of another rank", lambda: ddp.optimizer.load_state_dict(other))
+    state = ddp.optimizer.state_dict()
+    ddp(x).sum().backward()
+    attempt("optimizer state of an older iteration", lambda: ddp.optimizer.load_state_dict(state))
+    ddp.optimizer.load_state_dict(ddp.optimizer.state_dict())  # same iteration: fine
+
+    def enter_no_sync():
+        with ddp.no_sync():
+            pass
+
+    ddp.close()
+    attempt("no_sync after close", enter_no_sync)
     return out
 
 

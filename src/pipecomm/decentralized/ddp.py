@@ -2,72 +2,83 @@
 
 DAdam paper (Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance
 Decentralized Training", ICLR 2025), adapt-while-combine as in the authors' implementation.
-Iterations ``k = 0, 1, 2, ...`` count backward passes. With ``x_i^k`` the parameters of rank ``i``
-before iteration ``k`` and ``W_k = topology.mixing_matrix(k)``, rank ``i`` mixes
-``y_i^k = sum_j (W_k)_ij x_j^k`` and takes its *local* optimizer's step from ``y_i^k`` with the
-gradient computed at the un-mixed ``x_i^k`` (SGD: ``x_i^{k+1} = y_i^k - lr * grad f_i(x_i^k)``);
-optimizer state (momentum, Adam's moments) stays local. When ``backward()`` of iteration ``k``
-returns, every rank holds ``x^{k+1}``.
+Iterations ``k = 0, 1, 2, ...`` count synchronising backward passes. With ``x_i^k`` the
+parameters of rank ``i`` before iteration ``k`` and ``W_k = topology.mixing_matrix(k)``, rank
+``i`` mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` and takes its *local* optimizer's step from ``y_i^k``
+with the gradient computed at the un-mixed ``x_i^k`` (SGD: ``x_i^{k+1} = y_i^k - lr * g_i^k``);
+optimizer state (momentum, Adam's moments) stays local. When the backward of iteration ``k``
+returns, every rank holds ``x^{k+1}``. The rule is written out in ``docs/update_rules.md``.
 
 How (one concept: per-bucket update inside backward):
 
-* Parameters are cut into buckets of about ``bucket_mb`` MiB (one dtype and device each) in the
-  order their gradients become ready in backward, learned in iteration 0 (rank 0's order is
-  broadcast so that every rank has the same buckets). Each bucket has its own optimizer,
-  ``optim_fn(list of (name, parameter))``.
+* Parameters are cut into buckets of about ``bucket_mb`` MiB (:func:`pipecomm.bucketing.
+  bucket_indices`, one dtype and device each) in the order their gradients become ready in the
+  first backward (rank 0's order is broadcast so that every rank has the same buckets).
 * In iteration ``k >= 1``, as soon as all gradients of a bucket are accumulated (a
   post-accumulate-grad hook), the bucket waits for the gossip it launched in iteration ``k - 1``
   (the average of ``x^k`` over the rank's group of step ``k``, i.e. ``y^k``), copies it into the
-  parameters, calls its optimizer's ``step()`` with the gradients (computed at ``x^k``), clears
-  them, copies the new ``x^{k+1}`` into its flat buffer and launches the next gossip
-  asynchronously: ``collectives.allreduce(buffer, op="avg", group=<its group at step k + 1>,
-  async_op=True)``. That communication overlaps the rest of backward and the next forward.
-  Gossip is launched in bucket order (a bucket that becomes ready early waits for the ones
-  before it), so every rank issues the same operations in the same order.
-* Iteration 0 steps every bucket at the end of backward (the replicas are equal, so
-  ``y^0 = x^0`` whatever ``W_0`` is) and launches the first gossip, with the groups of step 1.
-* At the end of every backward (an autograd final callback) the buckets not yet updated — those
-  holding a parameter that got no gradient in this iteration — are updated with a zero gradient
-  for such parameters (they are still mixed, and stepped: momentum and Adam's moments move). An
-  unused parameter never hangs or freezes the run, and ranks may leave different parameters
-  unused.
+  parameters, steps the optimizer on the bucket's parameters only (the optimizer's
+  ``param_groups`` temporarily hold the bucket's share of every group), clears the gradients,
+  copies the new ``x^{k+1}`` into its flat buffer and launches the next gossip asynchronously:
+  ``collectives.allreduce(buffer, op="avg", group=<its group at step k + 1>, async_op=True)``.
+  That communication overlaps the rest of backward and the next forward. Gossip is launched in
+  bucket order, so every rank issues the same operations in the same order.
+* The first backward steps every bucket at its end (the replicas are equal, so ``y^0 = x^0``)
+  and launches the first gossip. A wrapper that resumes from a checkpoint at iteration ``k > 0``
+  mixes ``W_k x^k`` there (synchronously), exactly as the uninterrupted run would have.
+* At the end of every backward (an autograd final callback) the buckets not yet updated (those
+  holding a parameter that got no gradient) are updated with a zero gradient for such parameters.
 * Groups of one rank do not communicate (mixing is the identity). Process groups are created
-  once per distinct group of the topology, on every rank in the same order, and reused.
+  once per distinct group of the topology and reused.
+
+Training-loop features (as torch's DistributedDataParallel where one exists):
+
+* ``no_sync()`` / ``require_backward_grad_sync``: backward passes whose forward ran with the flag
+  off only accumulate gradients; the next synchronising backward mixes and steps with the sum.
+* One optimizer over all parameters, ``ddp.optimizer``: a ``torch.optim.lr_scheduler`` attaches
+  to it and every bucket's step reads its ``param_groups``; ``ddp.optimizer.state_dict()`` holds
+  the whole optimizer state and this wrapper's iteration count, so that model state + optimizer
+  state per rank resume the run exactly.
+* ``max_grad_norm``: gradient clipping by the 2-norm of this rank's local gradient. The default
+  ``grad_norm_scope="bucket"`` clips every bucket by its own norm, because the global norm is
+  known only after the last gradient of the backward: clipping by it would delay every bucket's
+  step and gossip launch to the end of backward and lose the overlap of communication with
+  backward (decent-dp, the DAdam authors' implementation, clips per bucket for the same reason).
+  ``grad_norm_scope="global"`` clips by the norm of the whole local gradient (as
+  ``torch.nn.utils.clip_grad_norm_``) and accepts that delay.
+* ``grad_scaler`` (``torch.amp.GradScaler``) for fp16: the wrapper unscales, skips the step of an
+  iteration with a non-finite gradient on this rank (the mix still happens, so
+  ``x_i^{k+1} = y_i^k``) and updates the scale; as torch's scaler decides on the whole gradient,
+  all buckets step at the end of backward. bf16 autocast needs nothing.
+* ``process_group``: train on the ranks of a group; ranks outside it do not take part.
 
 Gossip uses :mod:`pipecomm.collectives` on the subgroups, so the emulated network
 (:mod:`pipecomm.netem`) and the algorithm choice (``"lp"``, ``"mst"``, ``"be"``, ``"ring"``)
 apply; ``"torch"`` is the backend's built-in subgroup allreduce and is refused under emulation.
 
 ``global_average()`` averages the parameters (and floating buffers) ``x^{k+1}`` held between
-iterations over all ranks — equal to the average of the values the next iteration will mix, since
-``W`` is doubly stochastic — and loads that average into the model, so every rank can evaluate or
-checkpoint the consensus model; it also returns it as a state dict. The next step is not
-disturbed: the next ``forward`` first puts each rank's own ``x_i^{k+1}`` back, so the following
-iterations are exactly those of a run without the call. ``global_average(inplace=True)``
-also sets every rank's parameters to that average and makes the in-flight gossip carry it, so the
-run continues as the rule with ``x_i^{k+1} := mean_j x_j^{k+1}`` on every rank (optimizer states
-stay local). ``averaged()`` swaps the average in for a ``with`` block (evaluation).
-
-Beyond the authors' Decent-DP: groups of one rank, parameters unused in some iterations, a
-non-destructive global average, ``state_dict()`` without wrapper prefixes, and a clear error when
-the ranks' models differ.
+iterations over all ranks and loads that average into the model (evaluate or save it); the next
+``forward`` puts each rank's own ``x_i^{k+1}`` back. ``global_average(inplace=True)`` keeps the
+average as the training state. ``averaged()`` swaps the average in for a ``with`` block.
 
 Example::
 
     from pipecomm.decentralized import DecentralizedDataParallel, AccumAdam
-    ddp = DecentralizedDataParallel(model, lambda named: AccumAdam([p for _, p in named]),
-                                    topology="ring", algorithm="lp")
+    opt = AccumAdam(model.parameters(), lr=1e-3)
+    ddp = DecentralizedDataParallel(model, opt, topology="ring", max_grad_norm=1.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(ddp.optimizer, T_max=1000)
     for x, y in batches:
-        loss = loss_fn(ddp(x), y)
-        loss.backward()            # mixes, steps and launches the next gossip, bucket by bucket
-    ddp.finish()
-    torch.save(ddp.global_average(), "model.pt")   # every rank must call it
+        loss_fn(ddp(x), y).backward()   # mixes, steps and launches the next gossip
+        sched.step()
+    torch.save({"model": ddp.state_dict(), "optimizer": ddp.optimizer.state_dict()}, path)
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
+import hashlib
 import math
 import numbers
 import time
@@ -82,63 +93,75 @@ import torch.distributed as dist
 from torch import nn
 
 from pipecomm import collectives
+from pipecomm.bucketing import bucket_bytes, bucket_indices
 from pipecomm.decentralized.topology import Topology, get_topology
 
 __all__ = ["DecentralizedDataParallel", "OptimFn"]
 
-#: ``optim_fn(list of (name, parameter)) -> torch.optim.Optimizer``
+#: ``optim_fn(list of (name, parameter)) -> torch.optim.Optimizer`` (called once, all parameters)
 OptimFn = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
 
 _NAME = "DecentralizedDataParallel"
+#: values of ``grad_norm_scope``
+NORM_SCOPES = ("bucket", "global")
+#: key this wrapper adds to ``optimizer.state_dict()``
+STATE_KEY = "decentralized_data_parallel"
 
-# Process groups of the topologies' groups, created once per process (every rank creates the same
-# ones in the same order) and reused by every DecentralizedDataParallel of that process.
-_PROCESS_GROUPS: dict[tuple[Any, tuple[int, ...]], dist.ProcessGroup] = {}
-
+# Process groups of the topologies' groups (global ranks), created once per process and reused.
+_PROCESS_GROUPS: dict[tuple[Any, ...], dist.ProcessGroup] = {}
 
 # id(parameter) -> the DecentralizedDataParallel that hooks it (to refuse wrapping twice)
 _OWNERS: weakref.WeakValueDictionary[int, DecentralizedDataParallel] = weakref.WeakValueDictionary()
 
 
-def _process_group(ranks: tuple[int, ...]) -> dist.ProcessGroup:
-    """The process group of ``ranks`` (created on first use: call on every rank, same order)."""
-    key = (id(dist.group.WORLD), dist.get_world_size(), ranks)
+def _process_group(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
+    """The process group of the global ``ranks`` (created on first use, then reused).
+
+    With ``whole_world`` every rank of the default group calls this, in the same order, and
+    ``dist.new_group`` is used. Otherwise only the members of ``ranks`` call it: torch's
+    ``new_group`` must be called by every rank of the default group, and its
+    ``use_local_synchronization=True`` names a group after the number of groups each rank made
+    before (which differs between ranks, so creation hangs); the group is therefore made with
+    torch's internal helper under a name derived from ``ranks`` alone.
+    """
+    key = (id(dist.group.WORLD), dist.get_world_size(), whole_world, ranks)
     pg = _PROCESS_GROUPS.get(key)
-    if pg is None:
+    if pg is not None:
+        return pg
+    if whole_world:
         pg = dist.new_group(list(ranks))
-        _PROCESS_GROUPS[key] = pg
+    else:
+        from torch.distributed import distributed_c10d as c10d
+
+        name = "pipecomm-ddp-" + hashlib.sha1(repr(ranks).encode()).hexdigest()[:20]
+        pg, _ = c10d._new_process_group_helper(
+            len(ranks),
+            ranks.index(dist.get_rank()),
+            list(ranks),
+            dist.get_backend(),
+            c10d._get_default_store(),
+            name,
+            timeout=datetime.timedelta(seconds=300),
+        )
+        c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+    _PROCESS_GROUPS[key] = pg
     return pg
 
 
 @dataclass(eq=False)
 class _Bucket:
-    """Parameters updated and gossiped together, their flat buffer, optimizer and gossip."""
+    """Parameters updated and gossiped together, their flat buffer and gossip."""
 
     index: int
     indices: list[int]  # positions in DecentralizedDataParallel._params
     names: list[str]
     params: list[nn.Parameter]
-    optimizer: torch.optim.Optimizer
+    groups: list[tuple[int, list[nn.Parameter]]]  # (optimizer group, the bucket's share of it)
     flat: torch.Tensor  # gossip buffer: x^{k+1} when launched, y^{k+1} once completed
     views: list[torch.Tensor]  # views of `flat` shaped like the parameters
     handle: Any = None  # in-flight gossip (None: nothing to mix, e.g. a group of one rank)
     ready: set[int] = field(default_factory=set)  # parameters whose gradient is complete
     updated: bool = False  # mixed and stepped in the current iteration
-
-
-def _check_bucket_mb(bucket_mb: Any) -> float:
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, numbers.Real):
-        raise TypeError(
-            f"{_NAME}: bucket_mb must be a positive number of MiB (e.g. 25.0), "
-            f"got {type(bucket_mb).__name__} ({bucket_mb!r})"
-        )
-    value = float(bucket_mb)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{_NAME}: bucket_mb must be a positive, finite number of MiB (e.g. 25.0; a tiny "
-            f"value gives one bucket per parameter), got {bucket_mb!r}"
-        )
-    return value
 
 
 def _check_algorithm(algorithm: Any) -> str:
@@ -156,6 +179,54 @@ def _check_algorithm(algorithm: Any) -> str:
                 "own algorithms: 'lp', 'mst', 'be' or 'ring'"
             )
     return algorithm
+
+
+def _check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
+    if scope not in NORM_SCOPES:
+        raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
+    if max_grad_norm is None:
+        return None
+    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real):
+        raise TypeError(
+            f"{_NAME}: max_grad_norm must be a positive number or None, "
+            f"got {type(max_grad_norm).__name__} ({max_grad_norm!r})"
+        )
+    value = float(max_grad_norm)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{_NAME}: max_grad_norm must be positive and finite, got {value!r}")
+    return value
+
+
+def _check_scaler(grad_scaler: Any) -> torch.amp.GradScaler | None:
+    if grad_scaler is None:
+        return None
+    if not isinstance(grad_scaler, torch.amp.GradScaler):
+        raise TypeError(
+            f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, "
+            f"got {type(grad_scaler).__name__}"
+        )
+    return grad_scaler if grad_scaler.is_enabled() else None
+
+
+def _members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
+    if process_group is None:
+        process_group = dist.group.WORLD
+    if process_group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; construct "
+            "the wrapper on the group's ranks only"
+        )
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"{_NAME}: process_group must be a torch.distributed ProcessGroup or None, "
+            f"got {type(process_group).__name__}"
+        )
+    members = tuple(dist.get_process_group_ranks(process_group))
+    if dist.get_rank() not in members:
+        raise ValueError(
+            f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks {members}"
+        )
+    return process_group, members
 
 
 def _signature(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], str, bool]]:
@@ -184,32 +255,75 @@ def _describe_mismatch(sig0: list, sig: list, rank: int) -> str:
     return f"the parameters and buffers are registered in a different order on rank {rank}"
 
 
+def _make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        opt = optimizer
+    elif callable(optimizer):
+        opt = optimizer(list(named))
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                f"{_NAME}: optimizer (a function) must return a torch.optim.Optimizer, "
+                f"got {type(opt).__name__}"
+            )
+    else:
+        raise TypeError(
+            f"{_NAME}: optimizer must be a torch.optim.Optimizer over the model's parameters or "
+            "a function optim_fn(list of (name, parameter)) -> optimizer, "
+            f"got {type(optimizer).__name__}"
+        )
+    seen: dict[int, int] = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    want = {id(p): n for n, p in named}
+    missing = [n for n, p in named if id(p) not in seen]
+    if missing or set(seen) != set(want) or any(v > 1 for v in seen.values()):
+        raise ValueError(
+            f"{_NAME}: the optimizer must hold exactly the model's parameters that require "
+            f"grad, each once (missing: {missing[:5]}, others: "
+            f"{len(set(seen) - set(want))}); build it from model.parameters() or, in optim_fn, "
+            "from [p for _, p in named]"
+        )
+    return opt
+
+
 class DecentralizedDataParallel(nn.Module):
     """Decentralized data parallelism (DAdam): local steps, parameters gossiped in the background.
 
     Args:
-        model: the local replica (on its device already). Rank 0's parameters and buffers are
-            broadcast to every rank here; every rank must build the same structure (names,
-            shapes, dtypes), else a ValueError says what differs.
-        optim_fn: ``optim_fn(list of (name, parameter)) -> torch.optim.Optimizer``, called once
-            per bucket at the end of the first backward (any torch optimizer; its state stays
-            local).
-        topology: a name of :func:`~pipecomm.decentralized.topology.get_topology` (world size
-            from ``torch.distributed``, ranks per node from :func:`pipecomm.launch.ranks_per_node`
-            where needed) or a :class:`~pipecomm.decentralized.topology.Topology`.
+        model: the local replica (on its device already). Every rank must build the same
+            structure (names, shapes, dtypes), else a ValueError says what differs.
+        optimizer: a ``torch.optim.Optimizer`` over the model's trainable parameters (any torch
+            optimizer whose step treats parameters independently; its state stays local), or
+            ``optim_fn(list of (name, parameter)) -> optimizer``, called once here. Exposed as
+            :attr:`optimizer`; do not call its ``step()`` yourself.
+        topology: a name of :func:`~pipecomm.decentralized.topology.get_topology` (size of the
+            process group, ranks per node from :func:`pipecomm.launch.ranks_per_node` where
+            needed) or a :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
         bucket_mb: bucket size in MiB (a bucket closes once it reaches it; a tiny value gives one
             parameter per bucket).
-        algorithm: collective of the gossip: ``"torch"`` (built-in; refused under emulation),
-            ``"lp"``, ``"mst"``, ``"be"`` or ``"ring"``.
+        algorithm: collective of the gossip: ``"lp"`` (default), ``"mst"``, ``"be"``, ``"ring"``
+            or ``"torch"`` (the backend's built-in allreduce; refused under emulation).
+        process_group: the ranks that train (``None``: all); construct on those ranks only.
+        max_grad_norm: clip this rank's gradient to this 2-norm (``None``: no clipping).
+        grad_norm_scope: ``"bucket"`` (default: each bucket by its own norm, keeps the overlap
+            with backward) or ``"global"`` (the whole local gradient; steps wait for the end
+            of backward). See the module docstring.
+        grad_scaler: a ``torch.amp.GradScaler`` for fp16 (the wrapper unscales, skips
+            non-finite steps and updates it; call only ``grad_scaler.scale(loss).backward()``).
+        init_sync: broadcast rank 0's parameters and buffers at construction (turn it off when
+            every rank loaded its own checkpoint before wrapping).
 
-    Usage: ``loss_fn(ddp(x), y).backward()`` — no ``optimizer.step()``: the mix and the step
+    Usage: ``loss_fn(ddp(x), y).backward()``; no ``optimizer.step()``: the mix and the step
     happen inside backward, which consumes the gradients (they are None afterwards). Every
-    backward through the model is one iteration; every rank must run the same number of them.
+    synchronising backward is one iteration; every rank must run the same number of them.
     Use non-reentrant activation checkpointing only.
 
     Attributes:
-        step_count: iterations done (backward passes).
-        optimizers: one per bucket (empty before the first backward).
+        step_count: iterations done (synchronising backward passes).
+        optimizer: the optimizer; attach lr schedulers to it, checkpoint its ``state_dict()``.
+        grad_norm: 2-norm of this rank's whole gradient before clipping in the last iteration
+            (a tensor; ``None`` unless ``max_grad_norm`` is set).
         bucket_names: the parameter names of every bucket (empty before the first backward).
         timing: cumulative seconds ``wait_s`` (blocked on gossip inside backward), ``update_s``
             (mix + optimizer steps), ``launch_s`` (copy + launch of gossip), ``gossip_bytes``
@@ -217,11 +331,14 @@ class DecentralizedDataParallel(nn.Module):
 
     Example::
 
-        ddp = DecentralizedDataParallel(
-            model, lambda named: torch.optim.SGD([p for _, p in named], lr=0.1, momentum=0.9),
-            topology="one-peer-exp", bucket_mb=4.0, algorithm="lp")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ddp = DecentralizedDataParallel(model, opt, topology="one-peer-exp", bucket_mb=4.0)
+        sched = torch.optim.lr_scheduler.StepLR(ddp.optimizer, step_size=100)
         for x, y in batches:
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            for micro, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):   # accumulation
+                ddp.require_backward_grad_sync = micro == 1      # or: with ddp.no_sync()
+                torch.nn.functional.cross_entropy(ddp(xm), ym).div(2).backward()
+            sched.step()
         with ddp.averaged():
             evaluate(model)
     """
@@ -229,28 +346,41 @@ class DecentralizedDataParallel(nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        optim_fn: OptimFn,
+        optimizer: torch.optim.Optimizer | OptimFn,
         topology: str | Topology = "complete",
         bucket_mb: float = 25.0,
-        algorithm: str = "torch",
+        algorithm: str = "lp",
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        max_grad_norm: float | None = None,
+        grad_norm_scope: str = "bucket",
+        grad_scaler: torch.amp.GradScaler | None = None,
+        init_sync: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"{_NAME}: model must be a torch.nn.Module, got {type(model).__name__}")
-        if not callable(optim_fn):
+        if not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
             raise TypeError(
-                f"{_NAME}: optim_fn must be callable, optim_fn(list of (name, parameter)) -> "
-                f"torch optimizer, got {type(optim_fn).__name__}"
+                f"{_NAME}: optimizer must be a torch.optim.Optimizer or a function "
+                f"optim_fn(list of (name, parameter)) -> optimizer, got {type(optimizer).__name__}"
             )
-        bucket_bytes = _check_bucket_mb(bucket_mb) * 2**20
+        bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
         algorithm = _check_algorithm(algorithm)
+        max_norm = _check_max_norm(max_grad_norm, grad_norm_scope)
+        scaler = _check_scaler(grad_scaler)
+        if not isinstance(init_sync, bool):
+            raise TypeError(f"{_NAME}: init_sync must be a bool, got {type(init_sync).__name__}")
         if not dist.is_initialized():
             raise RuntimeError(
                 f"{_NAME}: torch.distributed is not initialised: start ranks with "
                 "pipecomm.launch.spawn / Ranks, or call pipecomm.launch.init_from_env() first"
             )
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        pg, members = _members(process_group)
+        self.process_group = pg
+        self._members = members
+        self.rank = members.index(dist.get_rank())  # rank in the process group
+        self.world_size = len(members)
         if not isinstance(topology, (str, Topology)):
             raise TypeError(
                 f"{_NAME}: topology must be a topology name or a Topology, "
@@ -270,22 +400,35 @@ class DecentralizedDataParallel(nn.Module):
                     f"{_NAME}: parameter {n!r} already belongs to a live "
                     f"{_NAME}; call its close() before wrapping the model again"
                 )
+        opt = _make_optimizer(optimizer, named)
 
         self.module = model
+        self.optimizer = opt
         self.topology = topo
         self.algorithm = algorithm
         self.bucket_mb = float(bucket_mb)
-        self._bucket_bytes = bucket_bytes
-        self._optim_fn = optim_fn
+        self.max_grad_norm = max_norm
+        self.grad_norm_scope = grad_norm_scope
+        self.grad_scaler = scaler
+        self.grad_norm: torch.Tensor | None = None
+        self.require_backward_grad_sync = True
+        self._bucket_bytes = bucket_bytes_
+        self._deferred = scaler is not None or (
+            max_norm is not None and grad_norm_scope == "global"
+        )
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._buckets: list[_Bucket] | None = None
         self._bucket_of: list[_Bucket] = []
-        self._order: list[int] = []  # iteration 0: order in which gradients became ready
+        self._order: list[int] = []  # first backward: order in which gradients became ready
         self._seen: set[int] = set()
         self._next_launch = 0
         self._backward_task: int | None = None  # graph task of the backward in progress
+        self._task_syncs = True  # whether the backward in progress synchronises
+        self._forward_sync: bool | None = None  # require_backward_grad_sync at the last forward
+        self._accumulated = False  # a no_sync backward left gradients to apply
+        self._bucket_norms: list[torch.Tensor] = []
         self._closed = False
         self._local_state: dict[str, torch.Tensor] | None = None  # put back by the next forward
         self.step_count = 0
@@ -293,10 +436,19 @@ class DecentralizedDataParallel(nn.Module):
         self.reset_timing()
 
         self._check_same_model()
-        self._broadcast_from_rank0()
-        # every group any step uses, created on every rank in the same order
-        self._groups = {g: _process_group(g) for g in topo.distinct_groups() if len(g) > 1}
-        self._hooks = []
+        if init_sync:
+            self._broadcast_from_rank0()
+        # every group any step uses, created on every member in the same order
+        whole_world = self.world_size == dist.get_world_size()
+        self._groups = {
+            g: _process_group(tuple(members[r] for r in g), whole_world)
+            for g in topo.distinct_groups()
+            if len(g) > 1
+        }
+        self._hooks: list[Any] = [
+            opt.register_state_dict_post_hook(self._optimizer_state_dict_hook),
+            opt.register_load_state_dict_pre_hook(self._optimizer_load_hook),
+        ]
         for i, p in enumerate(self._params):
             self._hooks.append(
                 p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
@@ -307,7 +459,7 @@ class DecentralizedDataParallel(nn.Module):
     def _check_same_model(self) -> None:
         sig = _signature(self.module)
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, sig)
+        dist.all_gather_object(gathered, sig, group=self.process_group)
         for r, other in enumerate(gathered):
             if other != gathered[0]:
                 raise ValueError(
@@ -321,7 +473,7 @@ class DecentralizedDataParallel(nn.Module):
         for t in [*self.module.parameters(), *self.module.buffers()]:
             data = t.detach()
             buf = data if data.is_contiguous() else data.contiguous()
-            dist.broadcast(buf, src=0)
+            dist.broadcast(buf, src=self._members[0], group=self.process_group)
             if buf is not data:
                 data.copy_(buf)
 
@@ -329,11 +481,20 @@ class DecentralizedDataParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped model (its parameters are ``x^k``; gossip may be in flight).
 
+        Records ``require_backward_grad_sync`` for the backward of this forward (as torch's
+        DistributedDataParallel does).
+
         Example::
 
             loss = torch.nn.functional.mse_loss(ddp(x), y)
         """
+        if not isinstance(self.require_backward_grad_sync, bool):
+            raise TypeError(
+                f"{_NAME}: require_backward_grad_sync must be a bool, "
+                f"got {self.require_backward_grad_sync!r}"
+            )
         self._restore_local()
+        self._forward_sync = self.require_backward_grad_sync
         return self.module(*args, **kwargs)
 
     @torch.no_grad()
@@ -358,6 +519,9 @@ class DecentralizedDataParallel(nn.Module):
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """This rank's model state: exactly ``model.state_dict()`` (same keys, no prefix).
 
+        The optimizer's state (with this wrapper's iteration count) is
+        ``ddp.optimizer.state_dict()``; both are per rank (the replicas differ).
+
         Example::
 
             assert ddp.state_dict().keys() == model.state_dict().keys()
@@ -369,31 +533,97 @@ class DecentralizedDataParallel(nn.Module):
     ) -> Any:
         """Load into the wrapped model, in place (keys as ``model.state_dict()``).
 
-        After the first backward the in-flight gossip still carries the old values; to restart
-        from a checkpoint consistently, load it on every rank and call
-        ``global_average(inplace=True)``.
+        To resume a run, load every rank's own model state and then its optimizer state
+        (``ddp.optimizer.load_state_dict``) before the first backward. After the first backward
+        the in-flight gossip still carries the old values; load on every rank and call
+        ``global_average(inplace=True)`` to restart from a common model.
 
         Example::
 
-            ddp.load_state_dict(torch.load("model.pt")); ddp.global_average(inplace=True)
+            ddp.load_state_dict(ckpt["model"]); ddp.optimizer.load_state_dict(ckpt["optimizer"])
         """
         if assign:
             raise ValueError(
                 f"{_NAME}.load_state_dict: assign=True would replace the parameters that the "
-                "hooks and optimizers hold; use assign=False (copy in place)"
+                "hooks and optimizer hold; use assign=False (copy in place)"
             )
         return self.module.load_state_dict(state_dict, strict=strict)
+
+    # ------------------------------------------------------------------ optimizer state hooks
+    def _optimizer_state_dict_hook(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+        state[STATE_KEY] = {
+            "step_count": self.step_count,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+        return state
+
+    def _optimizer_load_hook(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+        state = dict(state)
+        ours = state.pop(STATE_KEY, None)
+        if ours is None:
+            return state
+        if (ours["rank"], ours["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(
+                f"{_NAME}: optimizer.load_state_dict: the state was saved by rank "
+                f"{ours['rank']} of {ours['world_size']}, this is rank {self.rank} of "
+                f"{self.world_size}; every rank loads its own state (remove the key "
+                f"{STATE_KEY!r} to load another rank's state on purpose)"
+            )
+        if ours["step_count"] != self.step_count:
+            if self._buckets is not None:
+                raise RuntimeError(
+                    f"{_NAME}: optimizer.load_state_dict: the state is of iteration "
+                    f"{ours['step_count']} but this wrapper is at {self.step_count} with gossip "
+                    "in flight; load checkpoints into a new wrapper before its first backward"
+                )
+            self.step_count = int(ours["step_count"])
+        return state
 
     # ------------------------------------------------------------------ public helpers
     @property
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        """One optimizer per bucket, in bucket order (empty before the first backward)."""
-        return [b.optimizer for b in self._buckets or []]
+        """``[ddp.optimizer]`` (kept for older code; there is one optimizer for all buckets)."""
+        return [self.optimizer]
 
     @property
     def bucket_names(self) -> list[list[str]]:
         """Parameter names of every bucket (empty before the first backward)."""
         return [list(b.names) for b in self._buckets or []]
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes of forwards run inside accumulate gradients only (no mix, no step).
+
+        The next backward of a forward run outside (``require_backward_grad_sync`` true) mixes
+        and steps with the accumulated gradients, as torch's DistributedDataParallel.
+
+        Example::
+
+            with ddp.no_sync():
+                loss_fn(ddp(x1), y1).backward()     # accumulates
+            loss_fn(ddp(x2), y2).backward()         # mixes and steps with the sum
+        """
+        self._check_usable("no_sync()")
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{_NAME}.{what}: the wrapper is closed")
+        if self._backward_task is not None:
+            raise RuntimeError(f"{_NAME}.{what}: called during a backward through the model")
+
+    def _check_no_accumulation(self, what: str) -> None:
+        if self._accumulated or not self.require_backward_grad_sync:
+            raise RuntimeError(
+                f"{_NAME}.{what}: gradients accumulated under no_sync() have not been applied "
+                "yet (call it outside no_sync(), after a synchronising backward)"
+            )
 
     def reset_timing(self) -> None:
         """Zero :attr:`timing`.
@@ -434,23 +664,24 @@ class DecentralizedDataParallel(nn.Module):
     def global_average(self, inplace: bool = False) -> dict[str, torch.Tensor]:
         """Average of the parameters and floating buffers over all ranks (a collective).
 
-        Call it between iterations, on every rank. It waits for the in-flight gossip and
-        returns a new state dict (keys of ``model.state_dict()``): floating entries are the
-        mean over ranks of this rank's current values (``x^{k+1}``, which has the same mean as
-        the ``W_{k+1} x^{k+1}`` the next iteration will mix); other entries are this rank's.
+        Call it between iterations, on every rank of the process group (not with gradients
+        accumulated under :meth:`no_sync`). It waits for the in-flight gossip and returns a new
+        state dict (keys of ``model.state_dict()``): floating entries are the mean over ranks of
+        this rank's current values (``x^{k+1}``, which has the same mean as the
+        ``W_{k+1} x^{k+1}`` the next iteration will mix); other entries are this rank's.
 
         The model holds the average afterwards (evaluate it, or save ``ddp.state_dict()``).
         ``inplace=False`` does not disturb training: the next ``forward`` puts this rank's own
-        values back, so the following iterations are exactly those of a run without the call.
-        ``inplace=True`` keeps the average as the new training state: it is also loaded into
-        the in-flight gossip, so the next iteration mixes ``W_{k+1} xbar = xbar``: the run
-        continues as the rule with ``x_i^{k+1} := xbar`` for all ``i`` (optimizer states stay
-        local).
+        values back. ``inplace=True`` keeps the average as the new training state: it is also
+        loaded into the in-flight gossip, so the next iteration mixes ``W_{k+1} xbar = xbar``
+        (optimizer states stay local).
 
         Example::
 
             torch.save(ddp.global_average(), "checkpoint.pt")
         """
+        self._check_usable("global_average()")
+        self._check_no_accumulation("global_average()")
         self.finish()
         self._restore_local()
         state = self.module.state_dict()
@@ -461,7 +692,9 @@ class DecentralizedDataParallel(nn.Module):
         out: dict[str, torch.Tensor] = {}
         for keys in by_kind.values():
             flat = torch.cat([state[k].reshape(-1) for k in keys])
-            collectives.allreduce(flat, algorithm=self.algorithm, op="avg")
+            collectives.allreduce(
+                flat, algorithm=self.algorithm, op="avg", group=self.process_group
+            )
             off = 0
             for k in keys:
                 n = state[k].numel()
@@ -515,66 +748,144 @@ class DecentralizedDataParallel(nn.Module):
                     f"new {_NAME} (after close()) to go on"
                 )
             self._backward_task = task
+            sync = self._forward_sync
+            self._task_syncs = self.require_backward_grad_sync if sync is None else sync
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-        if self._buckets is None:  # iteration 0: learn the order
+        if not self._task_syncs:
+            return
+        if self._buckets is None:  # first backward: learn the order
             if index not in self._seen:
                 self._seen.add(index)
                 self._order.append(index)
             return
         bucket = self._bucket_of[index]
         bucket.ready.add(index)
-        if not bucket.updated and len(bucket.ready) == len(bucket.params):
+        if not self._deferred and not bucket.updated and len(bucket.ready) == len(bucket.params):
             self._update(bucket)
             self._launch_in_order()
 
     def _end_of_backward(self) -> None:
-        """Autograd final callback: update the buckets left (zero gradients), close iteration."""
+        """Autograd final callback: update the buckets left, close the iteration."""
         self._backward_task = None
+        self._forward_sync = None
+        if not self._task_syncs:
+            self._accumulated = True
+            return
         if self._buckets is None:
             self._build_buckets()
             assert self._buckets is not None
             for b in self._buckets:
                 b.ready = {i for i in b.indices if i in self._seen}
             self._seen.clear()
-        for b in self._buckets:
-            if not b.updated:
-                self._update(b)
+            if self.step_count > 0:  # resumed: mix W_k x^k as the uninterrupted run would
+                self._next_launch = 0
+                for b in self._buckets:
+                    b.updated = True
+                self._launch_in_order(step=self.step_count)
+                for b in self._buckets:
+                    b.updated = False
+                self._next_launch = 0
+        if self._deferred:
+            self._update_all()
+        else:
+            for b in self._buckets:
+                if not b.updated:
+                    self._update(b)
+            if self.max_grad_norm is not None:
+                self.grad_norm = torch.linalg.vector_norm(torch.stack(self._bucket_norms))
+                self._bucket_norms = []
         self._launch_in_order()
         for b in self._buckets:
             b.ready.clear()
             b.updated = False
         self._next_launch = 0
+        self._accumulated = False
         self.step_count += 1
         self.timing["iterations"] += 1
 
     @torch.no_grad()
-    def _update(self, b: _Bucket) -> None:
-        """Mix (``y^k``: the completed gossip), step with the gradients of ``x^k``, clear them."""
+    def _mix(self, b: _Bucket) -> None:
+        """``y^k``: wait for the bucket's gossip and copy it into the parameters."""
         if b.handle is not None:
             t0 = time.perf_counter()
             b.handle.wait()
             b.handle = None
-            t1 = time.perf_counter()
-            self.timing["wait_s"] += t1 - t0
+            self.timing["wait_s"] += time.perf_counter() - t0
             torch._foreach_copy_([p.detach() for p in b.params], b.views)
-        t1 = time.perf_counter()
+
+    def _fill_missing_grads(self, b: _Bucket) -> None:
         for i, p in zip(b.indices, b.params):
-            if i not in b.ready:  # no gradient in this iteration: step with zero
+            if i not in b.ready and p.grad is None:  # no gradient in this iteration: zero
                 p.grad = torch.zeros_like(p)
-        b.optimizer.step()
+
+    @torch.no_grad()
+    def _update(self, b: _Bucket) -> None:
+        """Mix, clip by the bucket's norm, step the bucket's parameters, clear their gradients."""
+        self._mix(b)
+        t1 = time.perf_counter()
+        self._fill_missing_grads(b)
+        if self.max_grad_norm is not None:
+            self._bucket_norms.append(
+                torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm).to(b.params[0].device)
+            )
+        opt = self.optimizer
+        saved_groups = opt.param_groups
+        saved_params = [g["params"] for g in saved_groups]
+        try:
+            opt.param_groups = [saved_groups[gi] for gi, _ in b.groups]
+            for gi, ps in b.groups:
+                saved_groups[gi]["params"] = ps
+            opt.step()
+        finally:
+            for g, ps in zip(saved_groups, saved_params):
+                g["params"] = ps
+            opt.param_groups = saved_groups
         for p in b.params:
             p.grad = None
         b.updated = True
         self.timing["update_s"] += time.perf_counter() - t1
 
     @torch.no_grad()
-    def _launch_in_order(self) -> None:
+    def _update_all(self) -> None:
+        """All buckets at once (global clipping, grad scaler): mix, unscale, clip, step."""
+        assert self._buckets is not None
+        for b in self._buckets:
+            self._mix(b)
+        t1 = time.perf_counter()
+        for b in self._buckets:
+            self._fill_missing_grads(b)
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
+        if self.max_grad_norm is not None:
+            if self.grad_norm_scope == "global":
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            else:
+                norms = [
+                    torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm)
+                    for b in self._buckets
+                ]
+                self.grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        for p in self._params:
+            p.grad = None
+        for b in self._buckets:
+            b.updated = True
+        self.timing["update_s"] += time.perf_counter() - t1
+
+    @torch.no_grad()
+    def _launch_in_order(self, step: int | None = None) -> None:
         """Launch the gossip of updated buckets, in bucket order, on the groups of step k + 1."""
         assert self._buckets is not None
+        step = self.step_count + 1 if step is None else step
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].updated:
             b = self._buckets[self._next_launch]
             self._next_launch += 1
-            group = self.topology.group_of(self.rank, self.step_count + 1)
+            group = self.topology.group_of(self.rank, step)
             if len(group) == 1:
                 b.handle = None  # mixing with oneself is the identity
                 continue
@@ -591,48 +902,31 @@ class DecentralizedDataParallel(nn.Module):
             self.timing["gossip_bytes"] += b.flat.numel() * b.flat.element_size()
 
     def _build_buckets(self) -> None:
-        """Buckets in rank 0's gradient-ready order of iteration 0; one optimizer per bucket."""
+        """Buckets in rank 0's gradient-ready order of the first backward."""
         order = list(self._order)
         order += [i for i in reversed(range(len(self._params))) if i not in self._seen]
         box = [order]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=self._members[0], group=self.process_group)
         order = box[0]
-        chunks: list[list[int]] = []
-        size = 0.0
-        for i in order:
-            p = self._params[i]
-            if chunks and size < self._bucket_bytes:
-                q = self._params[chunks[-1][0]]
-                if q.dtype == p.dtype and q.device == p.device:
-                    chunks[-1].append(i)
-                    size += p.numel() * p.element_size()
-                    continue
-            chunks.append([i])
-            size = p.numel() * p.element_size()
+        chunks = bucket_indices(self._params, self._bucket_bytes, order=order)
+        group_of = {
+            id(p): gi for gi, g in enumerate(self.optimizer.param_groups) for p in g["params"]
+        }
         buckets = []
         self._bucket_of = [None] * len(self._params)  # type: ignore[list-item]
         for bi, idx in enumerate(chunks):
             params = [self._params[i] for i in idx]
             names = [self._names[i] for i in idx]
-            opt = self._optim_fn(list(zip(names, params)))
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(
-                    f"{_NAME}: optim_fn must return a torch.optim.Optimizer, "
-                    f"got {type(opt).__name__}"
-                )
-            got = {id(p) for g in opt.param_groups for p in g["params"]}
-            if got != {id(p) for p in params}:
-                raise ValueError(
-                    f"{_NAME}: optim_fn must return an optimizer over exactly the parameters "
-                    f"it is given (bucket {bi}: {names}); build it from [p for _, p in named]"
-                )
+            shares: dict[int, list[nn.Parameter]] = {}
+            for p in params:
+                shares.setdefault(group_of[id(p)], []).append(p)
             total = sum(p.numel() for p in params)
             flat = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
             views, off = [], 0
             for p in params:
                 views.append(flat[off : off + p.numel()].view(p.shape))
                 off += p.numel()
-            b = _Bucket(bi, idx, names, params, opt, flat, views)
+            b = _Bucket(bi, idx, names, params, sorted(shares.items()), flat, views)
             buckets.append(b)
             for i in idx:
                 self._bucket_of[i] = b
