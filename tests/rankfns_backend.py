@@ -279,7 +279,9 @@ def train_ddp(group: Any, steps: int, seed: int = 0, bucket_cap_mb: float = 0.00
     """Parameters and buffers after ``steps`` SGD-with-momentum steps of DDP on ``group``.
 
     Every rank starts from different weights (so DDP's broadcast at construction matters), and
-    the tiny bucket cap gives several buckets.
+    the tiny bucket cap gives several buckets. Parameters come first, then the buffers (which
+    differ between ranks after the last forward: BatchNorm's running statistics of the local
+    batch; DDP broadcasts rank 0's at the start of each forward).
     """
     rank = dist.get_rank()
     torch.manual_seed(seed + rank)
@@ -337,3 +339,51 @@ def ddp_overhead(steps: int = 30, width: int = 256, repeats: int = 3) -> dict:
             times[name].append(per[len(per) // 2])
     n_params = sum(p.numel() for p in model.parameters())
     return dict(times=times, n_params=n_params)
+
+
+# --------------------------------------------------------------------------- torchrun
+
+
+def torchrun_main(out_dir: str) -> None:
+    """Body of ``torchrun --standalone --nproc-per-node N tests/rankfns_backend.py OUT``:
+    ``init_process_group(backend="pipecomm")`` with the algorithm of PIPECOMM_ALGORITHM, a few
+    collectives on the world group, DDP on it against DDP on a gloo group; writes OUT/rank<r>.json.
+    """
+    import datetime
+    import json
+
+    dist.init_process_group(backend="pipecomm", timeout=datetime.timedelta(seconds=60))
+    rank, p = dist.get_rank(), dist.get_world_size()
+    world = dist.group.WORLD
+    out: dict[str, Any] = {
+        "backend": dist.get_backend(),
+        "type": type(world).__name__,
+        "algorithm": getattr(world, "algorithm", None),
+    }
+    x = torch.full((1001,), float(rank + 1))
+    dist.all_reduce(x, op=R.AVG)
+    out["avg"] = float(x[0])
+    y = torch.tensor([rank], dtype=torch.int64)
+    dist.all_reduce(y, op=R.MAX)
+    out["max"] = int(y[0])
+    gathered = [torch.empty(1) for _ in range(p)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]))
+    out["all_gather"] = [float(g[0]) for g in gathered]
+    gloo = dist.new_group(backend="gloo")
+    sub = dist.new_group(list(range(p)), backend="pipecomm")
+    z = torch.ones(3)
+    dist.all_reduce(z, group=sub)
+    out["subgroup_sum"] = float(z[0])
+    ref = train_ddp(gloo, 3)
+    got = train_ddp(None, 3)
+    out["ddp_max_abs"] = max(float((a - b).abs().max()) for a, b in zip(ref, got))
+    dist.barrier()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    torchrun_main(sys.argv[1])

@@ -193,13 +193,12 @@ def future_of(
     value: Callable[[], Any],
     *,
     timeout_s: float,
-    on_done: Callable[[BaseException | None], None] | None = None,
 ) -> torch.futures.Future:
     """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
 
     The future is resolved on this module's completion thread (at once if the handles are
-    already done); a handle's error, or a handle still running after ``timeout_s``, becomes the
-    future's exception. ``on_done(error)`` runs just after the future is settled.
+    already done), so its callbacks run there; a handle's error, or a handle still running after
+    ``timeout_s``, becomes the future's exception.
 
     Example::
 
@@ -211,19 +210,14 @@ def future_of(
     fut: torch.futures.Future = torch.futures.Future()
 
     def settle() -> None:
-        error: BaseException | None = None
         try:
             for h in hs:
                 h.wait(timeout_s)
             result = value()
         except BaseException as exc:  # handed to the future's waiters
-            error = exc
-        if error is None:
-            fut.set_result(result)
+            fut.set_exception(exc)
         else:
-            fut.set_exception(error)
-        if on_done is not None:
-            on_done(error)
+            fut.set_result(result)
 
     if all(h.is_completed() for h in hs):
         settle()
@@ -233,31 +227,30 @@ def future_of(
 
 
 class _Work(dist.Work):
-    """The ``Work`` of a pipecomm collective: ``wait()`` blocks until its future is resolved."""
+    """A ``Work`` that completes with a ``torch.futures.Future``: ``wait()`` blocks on it (at
+    most the group's timeout) and re-raises its error; ``get_future()`` returns it."""
 
     def __init__(
-        self,
-        handle: collectives.Handle,
-        result: list[torch.Tensor],
-        what: str,
-        timeout: datetime.timedelta,
+        self, future: torch.futures.Future, what: str, timeout: datetime.timedelta
     ) -> None:
         super().__init__()
+        self._future = future
         self._what = what
         self._timeout = timeout
         self._done = threading.Event()
         self._error: BaseException | None = None
-        self._future = future_of(
-            handle, lambda: result, timeout_s=timeout.total_seconds(), on_done=self._finish
-        )
+        future.add_done_callback(self._finish)
 
-    def _finish(self, error: BaseException | None) -> None:
-        self._error = error
+    def _finish(self, fut: torch.futures.Future) -> None:
+        try:
+            fut.value()
+        except BaseException as exc:  # re-raised by wait()
+            self._error = exc
         self._done.set()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Block until done (at most ``timeout``, default the group's); re-raise its error."""
-        limit = self._timeout if not timeout else timeout
+        limit = timeout or self._timeout
         if not self._done.wait(limit.total_seconds()):
             raise TimeoutError(
                 f"pipecomm {self._what} still running after {limit.total_seconds():g} s (check "
@@ -366,15 +359,16 @@ class PipecommProcessGroup(dist.ProcessGroup):
             self._members = tuple(dist.get_process_group_ranks(self))
         return self._members[group_rank]
 
-    def _pipecomm_tensor(
+    def _prepare(
         self, what: str, tensors: list[torch.Tensor], op: str | None
-    ) -> torch.Tensor | None:
-        """The tensor pipecomm reduces (a real view for complex), or None: use the inner group."""
-        if self.options.algorithm == "torch" or len(tensors) != 1:
-            return None
+    ) -> tuple[list[torch.Tensor], bool]:
+        """Check the operation; return the tensors to run on (real views of complex ones) and
+        whether pipecomm runs it (else the inner backend does)."""
+        if len(tensors) != 1 or any(
+            not isinstance(t, torch.Tensor) or t.layout != torch.strided for t in tensors
+        ):
+            return tensors, False
         t = tensors[0]
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
-            return None
         if t.is_complex():
             if op is not None and op not in _COMPLEX_OPS:
                 raise ValueError(
@@ -387,9 +381,30 @@ class PipecommProcessGroup(dist.ProcessGroup):
                 f"pipecomm {what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
                 f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide"
             )
-        if t.dtype not in collectives.SUPPORTED_DTYPES:
-            return None
-        return t
+        use = self.options.algorithm != "torch" and t.dtype in collectives.SUPPORTED_DTYPES
+        return [t], use
+
+    def _on_inner(self, kind: str, tensors: list[torch.Tensor], opts: Any, op: str | None) -> Any:
+        """Run ``kind`` on the inner backend; AVG (which gloo lacks) as SUM, then / size."""
+        backend = self._backend_of(tensors[0])
+        if op != "avg":
+            return getattr(backend, kind)(tensors, opts)
+        sum_opts = dist.AllreduceOptions() if kind == "allreduce" else dist.ReduceOptions()
+        sum_opts.reduceOp = dist.ReduceOp.SUM
+        if kind == "reduce":
+            sum_opts.rootRank, sum_opts.rootTensor = opts.rootRank, opts.rootTensor
+        work = getattr(backend, kind)(tensors, sum_opts)
+        divide = kind == "allreduce" or self.rank() == opts.rootRank
+        p = self.size()
+
+        def average(fut: torch.futures.Future) -> list[torch.Tensor]:
+            fut.wait()
+            if divide:
+                for t in tensors:
+                    t.div_(p)
+            return tensors
+
+        return _Work(work.get_future().then(average), f"{kind}(AVG, inner)", self._timeout)
 
     def _ready(self, what: str) -> None:
         if _comm_group_ready():
@@ -406,7 +421,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
         launch.comm_group()
 
     def _work(self, what: str, handle: collectives.Handle, tensors: list[torch.Tensor]) -> _Work:
-        return _Work(handle, tensors, f"{what}({self.options.algorithm})", self._timeout)
+        fut = future_of(handle, lambda: tensors, timeout_s=self._timeout.total_seconds())
+        return _Work(fut, f"{what}({self.options.algorithm})", self._timeout)
 
     # ----------------------------------------------------------------- collectives
 
@@ -418,10 +434,11 @@ class PipecommProcessGroup(dist.ProcessGroup):
             opts = dist.AllreduceOptions()
             opts.reduceOp = red
         op = _PIPECOMM_OPS.get(_red_op(opts.reduceOp))
-        t = self._pipecomm_tensor("allreduce", tensors, op)
-        if t is None or op is None:
-            return self._backend_of(tensors[0]).allreduce(tensors, opts)
+        run, use = self._prepare("allreduce", tensors, op)
+        if not use or op is None:
+            return self._on_inner("allreduce", run, opts, op)
         self._ready("allreduce")
+        t = run[0]
         codec = self.options.compression if op in ("sum", "avg") else None
         handle = collectives.allreduce(
             t,
@@ -441,12 +458,12 @@ class PipecommProcessGroup(dist.ProcessGroup):
             root = 0 if opts is None else operator.index(opts)
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor = root, 0
-        t = self._pipecomm_tensor("broadcast", tensors, None)
-        if t is None:
-            return self._backend_of(tensors[0]).broadcast(tensors, opts)
+        run, use = self._prepare("broadcast", tensors, None)
+        if not use:
+            return self._on_inner("broadcast", run, opts, None)
         self._ready("broadcast")
         handle = collectives.broadcast(
-            t,
+            run[0],
             src=self._global(opts.rootRank),
             algorithm=self.options.algorithm,
             group=self,
@@ -461,12 +478,12 @@ class PipecommProcessGroup(dist.ProcessGroup):
         if opts is None:
             opts = dist.ReduceOptions()
         op = _PIPECOMM_OPS.get(_red_op(opts.reduceOp))
-        t = self._pipecomm_tensor("reduce", tensors, op)
-        if t is None or op is None:
-            return self._backend_of(tensors[0]).reduce(tensors, opts)
+        run, use = self._prepare("reduce", tensors, op)
+        if not use or op is None:
+            return self._on_inner("reduce", run, opts, op)
         self._ready("reduce")
         handle = collectives.reduce(
-            t,
+            run[0],
             dst=self._global(opts.rootRank),
             algorithm=self.options.algorithm,
             op=op,
