@@ -31,8 +31,10 @@ def timed_pattern(pattern, nbytes: int, reps: int = 3, lead_s: float = 0.03, del
     """Post the messages ``pattern`` (list of (src, dst)) from a common start time ``T``.
 
     Each rank posts its sends (in pattern order) and its receives in one ``exchange`` at
-    ``T + delays.get(rank, 0)``. Returns, per repetition, ``(T, start, end, ok)`` of this rank
-    (monotonic clock, shared by all ranks of the host); ``ok`` says the payloads arrived intact.
+    ``T + delays.get(rank, 0)``. Returns, per repetition, ``(T, start, end, ok)`` of this rank;
+    ``start`` and ``end`` are read from the rank's emulated clock (``netem.clock()``: the
+    monotonic clock shared by all ranks of the host, minus the wake-up lateness the virtual
+    clock forgave); ``ok`` says the payloads arrived intact.
     """
     rank = dist.get_rank()
     delays = delays or {}
@@ -51,9 +53,9 @@ def timed_pattern(pattern, nbytes: int, reps: int = 3, lead_s: float = 0.03, del
         dist.broadcast(t, 0)
         start_at = float(t[0])
         _sleep_until(start_at + delays.get(rank, 0.0))
-        start = time.monotonic()
+        start = netem.clock()
         exchange(sends, recvs)
-        end = time.monotonic()
+        end = netem.clock()
         ok = all(torch.equal(b, e) for (b, _), e in zip(recvs, expected))
         if rep:
             out.append((start_at, start, end, ok))
@@ -154,3 +156,95 @@ def concurrent_groups(nbytes: int, iters: int):
     thread.join()
     dist.barrier()
     return sum(bad)
+
+
+def use_virtual_clock(on: bool) -> bool:
+    """Turn the virtual clock on (p2p waits through ``netem.wait_until``, which forgives late
+    wake-ups) or off (no lateness is ever forgiven: the emulator before the virtual clock).
+    Returns whether it was on."""
+    from pipecomm.collectives import p2p
+
+    if not hasattr(use_virtual_clock, "original"):
+        use_virtual_clock.original = getattr(p2p, "_sleep_until", None)
+        use_virtual_clock.on = True
+    was = use_virtual_clock.on
+    if use_virtual_clock.original is not None:  # p2p's own sleep: route it through netem
+        p2p._sleep_until = netem.wait_until if on else use_virtual_clock.original
+    emu = netem._emulator()
+    if on:
+        emu.clock.__dict__.pop("settle", None)
+    else:
+        emu.clock.lag = 0.0
+        emu.clock.settle = lambda deadline, t0, woke: deadline
+    use_virtual_clock.on = on
+    return was
+
+
+def pingpong(nbytes: int, iters: int = 5, warmup: int = 2):
+    """E0's emulated ping-pong: pairs (2i, 2i+1) at once; the even rank reports per iteration
+    the one-way time (half the round trip) on the wall clock and on ``netem.clock()``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    one = torch.zeros(1, dtype=torch.uint8)
+    for _ in range(3):
+        exchange([(one, peer)], [(one, peer)])
+    wall, virtual = [], []
+    for i in range(warmup + iters):
+        dist.barrier()
+        start, vstart = time.perf_counter(), netem.clock()
+        if rank % 2 == 0:
+            exchange([(buf, peer)], [])
+            exchange([], [(buf, peer)])
+        else:
+            exchange([], [(buf, peer)])
+            exchange([(buf, peer)], [])
+        if i >= warmup:
+            wall.append((time.perf_counter() - start) / 2)
+            virtual.append((netem.clock() - vstart) / 2)
+    dist.barrier()
+    return (wall, virtual) if rank % 2 == 0 and peer < world else None
+
+
+def chain(nbytes: int, hops: int, reps: int = 3):
+    """A lock-step chain around the ring: rank 0 sends, each rank forwards what it received to
+    its right, ``hops`` messages in all; rank 0 reports the wall and ``netem.clock()`` time of
+    the chain per repetition (the lateness of every wake-up adds up along it without the
+    virtual clock)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    out = []
+    for _ in range(reps + 1):
+        dist.barrier()
+        start, vstart = time.perf_counter(), netem.clock()
+        for k in range(hops):
+            if k % world == rank:
+                exchange([(buf, right)], [])
+            if (k + 1) % world == rank:
+                exchange([], [(buf, left)])
+        if rank == hops % world:
+            out.append((time.perf_counter() - start, netem.clock() - vstart))
+    dist.barrier()
+    return out[1:] if rank == hops % world else None
+
+
+def late_chain(nbytes: int, hops: int, late_s: float, virtual: bool, reps: int = 2):
+    """:func:`chain` with every emulated wait waking ``late_s`` after its deadline (the host's
+    scheduling lateness, made large and certain), with p2p waiting through its own sleep
+    (``virtual=False``) or through ``netem.wait_until`` (the virtual clock)."""
+    import types
+
+    from pipecomm.collectives import p2p
+
+    def late_sleep(seconds: float) -> None:
+        time.sleep(seconds + late_s)
+
+    late = types.SimpleNamespace(monotonic=time.monotonic, sleep=late_sleep)
+    saved = (p2p.time, netem.time, use_virtual_clock(virtual))  # p2p.time: its own sleep
+    p2p.time = netem.time = late
+    try:
+        return chain(nbytes, hops, reps)
+    finally:
+        p2p.time, netem.time = saved[0], saved[1]
+        use_virtual_clock(saved[2])

@@ -301,6 +301,124 @@ def test_shared_table_under_concurrent_threads():
     assert netem.current() is None
 
 
+# --------------------------------------------------------------------------- virtual clock
+
+
+def test_virtual_clock_forgives_late_wakeups_only():
+    vc = netem.VirtualClock()
+    assert vc.now(5.0) == 5.0 and vc.lag == 0.0
+    # slept until 1.000, woke 3 ms late: emulated end is the deadline, the lag is the lateness
+    assert vc.settle(deadline=1.0, t0=0.99, woke=1.003) == 1.0
+    assert vc.lag == pytest.approx(3e-3) and vc.now(1.004) == pytest.approx(1.001)
+    assert vc.oversleep == pytest.approx(3e-3)
+    # no sleep needed, deadline 1 ms before the real transfer ended: the lag shrinks to 1 ms
+    assert vc.settle(deadline=1.009, t0=1.010, woke=1.010) == pytest.approx(1.009)
+    assert vc.lag == pytest.approx(1e-3)
+    # the real transfer ended long after the deadline: no lag left, emulated end = now - lag
+    assert vc.settle(deadline=1.0, t0=1.05, woke=1.05) == pytest.approx(1.049)
+    assert vc.lag == pytest.approx(1e-3)
+    assert vc.settle(deadline=2.0, t0=1.06, woke=2.0) == 2.0 and vc.lag == 0.0  # woke on time
+    assert vc.oversleep == pytest.approx(3e-3)
+    vc.settle(deadline=3.0, t0=2.5, woke=4.0)  # a stall of 1 s: forgiven up to MAX_LAG_S
+    assert vc.lag == netem.MAX_LAG_S
+
+
+def test_wait_until_without_emulation_is_a_plain_sleep():
+    import time
+
+    assert netem.current() is None
+    assert netem.wait_until(time.monotonic() - 1.0) == 0.0
+    slept = netem.wait_until(time.monotonic() + 0.01)
+    assert 0.01 <= slept < 0.5
+    assert abs(netem.clock() - time.monotonic()) < 0.01
+
+
+def test_posts_are_stamped_with_the_emulated_time_and_late_stamps_never_overlap():
+    import time
+
+    net = Network(1e-3, 1e6)
+    handle = netem.setup(net, 2, None)
+    try:
+        netem.activate(net, handle, rank=0, world_size=2, ranks_per_node=None)
+        emu = netem._emulator()
+        emu.clock.lag = 0.004
+        before = time.monotonic()
+        (deadline,) = emu.post([(1, 1000)])
+        assert before - 0.004 + net.transfer_time(1000) <= deadline
+        assert deadline <= time.monotonic() - 0.004 + net.transfer_time(1000)
+        assert netem.clock() == pytest.approx(time.monotonic() - 0.004, abs=1e-3)
+        assert netem.stats()["lag_s"] == pytest.approx(0.004)
+        # another rank's stamp 3 ms later than ours, then ours again: no overlap on the port
+        emu.clock.lag = 0.0
+        emu.post([(1, 1000)])
+        emu.clock.lag = 0.003
+        emu.post([(1, 1000)])
+        ivs = emu.schedule.busy(emu.table, 0)
+        assert all(e1 <= s2 + 1e-12 for (_, e1), (s2, _) in zip(ivs, ivs[1:]))
+        assert len(ivs) == 3  # kept: within MAX_LAG_S of now
+    finally:
+        netem.deactivate()
+        netem.teardown(handle)
+
+
+def test_schedule_prune_before_keeps_the_recent_past():
+    s = LinkSchedule(Network(A, B), world_size=2)
+    t = s.new_table()
+    s.post(t, 0, 1, N, now=0.0)
+    s.post(t, 0, 1, N, now=0.5, prune_before=0.0)
+    assert len(s.busy(t, 0)) == 2
+    # a post stamped before the last one fits in the gap, never over a kept interval
+    assert s.post(t, 0, 1, N, now=0.2, prune_before=0.0) == pytest.approx(0.2 + A + D)
+    s.post(t, 0, 1, N, now=0.6)  # default: prune before now
+    assert s.busy(t, 0) == [(0.6, 0.6 + D)]
+
+
+class _FakeRanks:
+    """A pool whose real ring step takes ``alpha + n / bw`` (what :func:`netem.check_host`
+    would measure on a host with that link)."""
+
+    def __init__(self, world_size, network, alpha, bw, ranks_per_node=None):
+        self.world_size, self.network, self.ranks_per_node = world_size, network, ranks_per_node
+        self.alpha, self.bw = alpha, bw
+
+    def run(self, fn, sizes, steps, reps, timeout_s):
+        assert fn is netem._probe_rank
+        return [[self.alpha + n / self.bw for n in sizes]] * self.world_size
+
+
+def test_check_host_names_the_parameter_to_relax():
+    net = Network(2e-3, 50e6)
+    ok = netem.check_host(_FakeRanks(8, net, 1e-3, 500e6), [64 * KiB, 1 << 20])
+    assert ok.ok and ok.message == "ok" and len(ok.rows) == 2 and all(r["ok"] for r in ok.rows)
+    # a host whose steps cost 4 ms: the 2 ms latency is the parameter to raise
+    with pytest.raises(netem.HostTooSlow, match=r"p=8.*raise alpha_s to at least 2\.\d+ ms"):
+        netem.check_host(_FakeRanks(8, net, 4e-3, 500e6), [64 * KiB])
+    # a host slower than 50 MB/s: lower the bandwidth
+    res = netem.check_host(_FakeRanks(8, net, 1e-4, 20e6), [4 << 20], raise_error=False)
+    assert not res.ok and "lower bandwidth_Bps to at most" in res.message
+    # two levels: the fast intra-node link is the one the host cannot deliver
+    two = Network(1e-4, 1e9, inter_alpha_s=2e-3, inter_bandwidth_Bps=50e6)
+    res = netem.check_host(_FakeRanks(4, two, 1e-3, 500e6, ranks_per_node=2), [64 * KiB],
+                           raise_error=False)
+    assert not res.ok and "alpha_s" in res.message and "inter_alpha_s" not in res.message
+    assert {r["level"] for r in res.rows} == {"intra-node", "inter-node"}
+    for kwargs, name in ((dict(sizes=[]), "sizes"), (dict(sizes=[-1]), "sizes"),
+                         (dict(sizes=[1], steps=0), "steps"), (dict(sizes=[1], margin=0), "margin")):
+        with pytest.raises(ValueError, match=name):
+            netem.check_host(_FakeRanks(2, net, 0, 1e9), **kwargs)
+    with pytest.raises(ValueError, match="network"):
+        netem.check_host(_FakeRanks(2, None, 0, 1e9), [1])
+
+
+def test_check_host_on_real_ranks(pool):
+    slow = pool(2, network=Network(5e-3, 10e6))
+    res = netem.check_host(slow, [64 * KiB], steps=4, reps=2)
+    assert res.ok and 0 < res.rows[0]["real_step_s"] < res.rows[0]["emulated_step_s"]
+    fast = pool(2, network=NET_FAST)
+    with pytest.raises(netem.HostTooSlow, match="bandwidth_Bps"):
+        netem.check_host(fast, [1 << 20], steps=2, reps=1)
+
+
 # --------------------------------------------------------------------------- real ranks
 
 REL, ABS = 0.15, 4e-3  # upper tolerance: 15 % plus 4 ms (sleep overshoot on a loaded machine)
@@ -533,3 +651,25 @@ def test_fast_network_costs_the_real_transfer_only(pool):
         f"{t_fast * 1e3:.2f} ms"
     )
     assert t_fast < 2.0 * t_real + 5e-3, (t_fast, t_real)
+
+
+@pytest.mark.parametrize("virtual", [False, True])
+def test_late_wakeups_do_not_accumulate_along_a_chain(pool, virtual):
+    """Every emulated wait wakes 10 ms late (the host's scheduling, made large and certain).
+    Without the virtual clock each hop of a lock-step chain pays it; with it the chain's
+    emulated time is never below the model and its wall time pays the lateness about once
+    (the bound leaves half of the other hops' lateness for a loaded machine)."""
+    net = Network(1e-3, 50e6)
+    ranks = pool(4, network=net)
+    n, hops, late = 64 * KiB, 8, 10e-3
+    model = hops * net.transfer_time(n)
+    out = [r for r in ranks.run(rf.late_chain, n, hops, late, virtual) if r is not None][0]
+    wall = statistics.median(w for w, _ in out)
+    emulated = statistics.median(v for _, v in out)
+    print(f"virtual={virtual}: model {model * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms, "
+          f"emulated {emulated * 1e3:.1f} ms")
+    if not virtual:
+        assert wall >= model + (hops - 1) * late
+    else:
+        assert emulated >= model - 1e-4
+        assert wall <= model + late + 0.5 * (hops - 1) * late

@@ -27,9 +27,21 @@ arrives; among the free intervals of its port it takes the earliest that fits (c
 reservations never move, so a deadline shipped with a message stays valid). The port table lives in shared memory and is
 guarded by one cross-process lock; it is single-host only (all ranks read CLOCK_MONOTONIC).
 
+Per-rank virtual clock. A rank posts at its *emulated* time, ``CLOCK_MONOTONIC`` minus the
+lateness it has been forgiven: when a wait for a deadline ``D`` (:func:`wait_until`) wakes at
+``W > D`` because the host scheduled the process late, the rank's emulated time at the wake is
+``D`` and its lag becomes ``W - D``; the next message it posts is stamped ``now - lag``. So the
+host's wake-up lateness never accumulates along a lock-step chain (rank 1 answers rank 0 at the
+emulated time it received, not when it was scheduled); the real time of the rank's own work
+between waits still counts in full, and a wait that needs no sleep only shrinks the lag. Lag is
+per process (all threads of a rank), at most ``MAX_LAG_S``; :func:`clock` reads the emulated
+time, so ``clock() - start`` of a measurement carries no oversleep at all. What the virtual clock
+cannot forgive is a real transfer slower than its deadline: :func:`check_host` probes that the
+host delivers the configured step at that p and refuses, naming the link parameter to relax.
+
 Use: ``launch.Ranks(4, network=Network(2e-3, 50e6))`` — the launcher calls :func:`setup`,
 :func:`activate` and :func:`teardown`; :func:`pipecomm.collectives.p2p.exchange` applies the
-deadlines. Only pipecomm's own point-to-point transfers are emulated; backend built-ins are not.
+deadlines (it reserves with ``_emulator().post`` and waits with :func:`wait_until`). Only pipecomm's own point-to-point transfers are emulated; backend built-ins are not.
 
 Example::
 
@@ -53,20 +65,27 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
+    "MAX_LAG_S",
+    "HostCheck",
+    "HostTooSlow",
     "Hop",
     "LinkSchedule",
     "Network",
     "activate",
+    "check_host",
+    "clock",
     "current",
     "deactivate",
     "reset_stats",
     "setup",
     "stats",
     "teardown",
+    "wait_until",
 ]
 
 PORTS = ("single", "per-neighbor")
 _LOCK_TIMEOUT_S = 60.0
+MAX_LAG_S = 0.1  # most lateness a rank is forgiven; the port table keeps this much past
 
 
 # --------------------------------------------------------------------------- the network
@@ -363,13 +382,14 @@ class LinkSchedule:
         return list(zip(flat[0::2], flat[1::2]))
 
     def _fit(
-        self, table: np.ndarray, port: int, earliest: float, duration: float, now: float
+        self, table: np.ndarray, port: int, earliest: float, duration: float, prune_before: float
     ) -> float:
-        """Reserve the earliest interval of ``duration`` starting at or after ``earliest``."""
+        """Reserve the earliest interval of ``duration`` starting at or after ``earliest``;
+        forget intervals that ended before ``prune_before``."""
         off, cap = self._off[port], self._cap[port]
         c = int(table[off])
         flat = table[off + 1 : off + 1 + 2 * c].tolist()
-        ivs = [(flat[i], flat[i + 1]) for i in range(0, 2 * c, 2) if flat[i + 1] > now]
+        ivs = [(flat[i], flat[i + 1]) for i in range(0, 2 * c, 2) if flat[i + 1] > prune_before]
         start = earliest
         pos = len(ivs)
         for i, (s, e) in enumerate(ivs):
@@ -388,8 +408,19 @@ class LinkSchedule:
         table[off + 1 : off + 1 + len(out)] = out
         return start
 
-    def post(self, table: np.ndarray, src: int, dst: int, nbytes: int, now: float) -> float:
+    def post(
+        self,
+        table: np.ndarray,
+        src: int,
+        dst: int,
+        nbytes: int,
+        now: float,
+        prune_before: float | None = None,
+    ) -> float:
         """Reserve every hop of one message posted at ``now``; return its delivery time.
+
+        Intervals that ended before ``prune_before`` (default ``now``) are forgotten; pass an
+        earlier time when later posts may be stamped earlier than ``now`` (lagging ranks).
 
         Hops are cut-through. With ``e`` the end of the previous hop, ``lat`` its latency and
         ``D`` the longest hop duration so far (the stream then flows at the bottleneck rate, so
@@ -405,10 +436,11 @@ class LinkSchedule:
         """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+        prune = now if prune_before is None else min(now, prune_before)
         end, lat, dmax = now, 0.0, 0.0
         for hop in self.route(src, dst, nbytes):
             earliest = end + lat - min(hop.duration, dmax)
-            start = self._fit(table, hop.port, earliest, hop.duration, now)
+            start = self._fit(table, hop.port, earliest, hop.duration, prune)
             end, lat, dmax = start + hop.duration, hop.latency, max(dmax, hop.duration)
         return end + lat
 
@@ -439,9 +471,11 @@ class _Emulator:
         if self.table.size != self.schedule.table_size:
             raise RuntimeError("netem: the shared port table does not match the network layout")
         self.lock = handle.lock
+        self.clock = VirtualClock()
 
     def post(self, messages: list[tuple[int, int]]) -> list[float]:
-        """Reserve ``(dst, nbytes)`` messages sent by this rank, in order; return deadlines."""
+        """Reserve ``(dst, nbytes)`` messages sent by this rank, in order, at the rank's
+        emulated time (:class:`VirtualClock`); return their deadlines."""
         if not messages:
             return []
         if not self.lock.acquire(timeout=_LOCK_TIMEOUT_S):
@@ -450,10 +484,59 @@ class _Emulator:
                 "probably died while holding it - restart the ranks"
             )
         try:
-            now = time.monotonic()
-            return [self.schedule.post(self.table, self.rank, dst, n, now) for dst, n in messages]
+            wall = time.monotonic()
+            now = self.clock.now(wall)
+            return [
+                self.schedule.post(self.table, self.rank, dst, n, now, wall - MAX_LAG_S)
+                for dst, n in messages
+            ]
         finally:
             self.lock.release()
+
+
+class VirtualClock:
+    """A rank's emulated time: ``CLOCK_MONOTONIC`` minus the wake-up lateness it is forgiven.
+
+    :meth:`settle` is called after every wait for a deadline. With ``t0`` the time the real
+    transfers were done and ``W`` the wake-up (``W = t0`` when no sleep was needed), the wait
+    ends at emulated time ``E = max(deadline, t0 - lag)`` and the lag becomes ``W - E``
+    (capped at ``MAX_LAG_S``): a late wake-up is forgiven, a wait without sleep only shrinks
+    the lag, and the rank's own work between waits counts in full.
+
+    Example::
+
+        vc = VirtualClock()
+        vc.settle(deadline=1.000, t0=0.990, woke=1.003)   # woke 3 ms late
+        vc.now(1.004)                                    # 1.001: posts as if woken on time
+    """
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+        self.oversleep = 0.0  # total of W - deadline over sleeps, for stats()
+        self._lock = threading.Lock()
+
+    def now(self, wall: float | None = None) -> float:
+        """Emulated time at wall-clock time ``wall`` (default: now).
+
+        Example::
+
+            VirtualClock().now(5.0)   # 5.0 (no lag yet)
+        """
+        return (time.monotonic() if wall is None else wall) - self.lag
+
+    def settle(self, deadline: float, t0: float, woke: float) -> float:
+        """Account for one wait (see the class docstring); return its emulated end ``E``.
+
+        Example::
+
+            VirtualClock().settle(1.0, 0.5, 1.002)   # 1.0, lag 2 ms
+        """
+        with self._lock:
+            end = max(deadline, t0 - self.lag)
+            self.lag = min(max(0.0, woke - end), MAX_LAG_S)
+            if woke > t0:
+                self.oversleep += max(0.0, woke - deadline)
+            return end
 
 
 _ACTIVE: _Emulator | None = None
@@ -559,6 +642,194 @@ def _emulator() -> _Emulator | None:
     return _ACTIVE
 
 
+def clock() -> float:
+    """This rank's emulated time (seconds, ``CLOCK_MONOTONIC`` base): the monotonic clock minus
+    the wake-up lateness forgiven so far (see the module docstring); ``time.monotonic()`` when
+    nothing is emulated. Time an emulated measurement with it to exclude the host's oversleep.
+
+    Example::
+
+        start = netem.clock(); collectives.allreduce(t, algorithm="ring")
+        elapsed = netem.clock() - start
+    """
+    emu = _ACTIVE
+    return time.monotonic() if emu is None else emu.clock.now()
+
+
+def wait_until(deadline: float) -> float:
+    """Sleep (never spin) until ``deadline`` (``CLOCK_MONOTONIC`` seconds); return the time slept.
+
+    Call it once the real transfers of a message are done, with the message's deadline: under
+    emulation it also settles the rank's virtual clock (a late wake-up is forgiven for the
+    rank's next posts, :class:`VirtualClock`). Without emulation it is a plain sleep.
+
+    Example::
+
+        for work in works: work.wait()
+        waited = netem.wait_until(max(deadlines))
+    """
+    start = time.monotonic()
+    now = start
+    while now < deadline:
+        time.sleep(deadline - now)
+        now = time.monotonic()
+    emu = _ACTIVE
+    if emu is not None:
+        emu.clock.settle(deadline, start, now)
+    return now - start
+
+
+# --------------------------------------------------------------------------- host check
+
+
+class HostTooSlow(ValueError):
+    """The host cannot deliver the emulated network's step: a real transfer is slower."""
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """Result of :func:`check_host`: per message size and link level, the real ring step of
+    this host at this p against the emulated one; ``message`` says what to relax when not
+    ``ok``.
+
+    Example::
+
+        chk = netem.check_host(ranks, [64 << 10], raise_error=False)
+        print(chk.ok, chk.rows[0]["real_step_s"], chk.rows[0]["emulated_step_s"])
+    """
+
+    world_size: int
+    rows: tuple[dict[str, Any], ...]
+    ok: bool
+    message: str
+
+
+def _probe_rank(sizes: list[int], steps: int, reps: int) -> list[float]:
+    """Rank side of :func:`check_host`: seconds per step of a chain of ``steps`` real ring steps
+    (send to the right, receive from the left, wait), median over ``reps``, per size. Uses the
+    backend directly: nothing is emulated."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    out = []
+    for n in sizes:
+        send = torch.zeros(max(1, n), dtype=torch.uint8)
+        recv = torch.empty_like(send)
+        per_rep = []
+        for rep in range(reps + 1):  # repetition 0 warms up
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, left)]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+            if rep:
+                per_rep.append((time.perf_counter() - start) / steps)
+        out.append(float(np.median(per_rep)))
+    dist.barrier()
+    return out
+
+
+def _levels(network: Network, world_size: int, rpn: int | None) -> list[tuple[str, str, bool]]:
+    sched = LinkSchedule(network, world_size, rpn)
+    if not sched.two_level:
+        return [("alpha_s", "bandwidth_Bps", False)]
+    levels = [("inter_alpha_s", "inter_bandwidth_Bps", True)]
+    if sched.ranks_per_node > 1:
+        levels.insert(0, ("alpha_s", "bandwidth_Bps", False))
+    return levels
+
+
+def _advice(network: Network, level: tuple[str, str, bool], bad: list[tuple[int, float]]) -> str:
+    """Which parameter of ``level`` to relax, from the violating (nbytes, real step) points."""
+    a_name, b_name, inter = level
+    alpha = network.inter_alpha if inter else network.alpha_s
+    bw = min(network.bandwidth_Bps, network.inter_bandwidth) if inter else network.bandwidth_Bps
+    need_alpha = max(real - n / bw for n, real in bad)
+    fast = [(n, real) for n, real in bad if real > alpha and n > 0]
+    need_bw = min(n / (real - alpha) for n, real in fast) if fast else None
+    n_worst, _ = max(bad, key=lambda x: x[1] - (alpha + x[0] / bw))
+    alpha_text = f"raise {a_name} to at least {_fmt_ms(need_alpha)}"
+    bw_text = f"lower {b_name} to at most {_fmt_bw(need_bw)}" if need_bw else None
+    if alpha >= n_worst / bw or bw_text is None:  # latency-bound step
+        return alpha_text + (f" (or {bw_text})" if bw_text else "")
+    return f"{bw_text} (or {alpha_text})"
+
+
+def check_host(
+    ranks: Any,
+    sizes: list[int],
+    network: Network | None = None,
+    *,
+    steps: int = 8,
+    reps: int = 3,
+    margin: float = 1.0,
+    raise_error: bool = True,
+    timeout_s: float = 120.0,
+) -> HostCheck:
+    """Probe that this host delivers the emulated step at the pool's p (in the parent).
+
+    The emulated link must be slower than the real one: otherwise the real transfer, not the
+    emulator, sets the time, and no virtual clock can hide that. On every rank of ``ranks``
+    (a pool; its ``network`` unless given) a chain of real ring steps of each size in
+    ``sizes`` is timed with the backend itself (nothing emulated); the slowest rank's step
+    must take at most ``margin`` times the emulated time of one message of that size on every
+    link level in use (intra-node: ``alpha_s + n / bandwidth_Bps``; between nodes: the
+    ``inter_*`` link). Otherwise :class:`HostTooSlow` (when ``raise_error``) names the
+    parameter to relax and the value that would fit.
+
+    Example::
+
+        with launch.Ranks(8, network=net) as ranks:
+            netem.check_host(ranks, [64 << 10, 1 << 20])     # raises HostTooSlow if too fast
+            ranks.run(mymodule.measure)
+    """
+    net = network if network is not None else getattr(ranks, "network", None)
+    if not isinstance(net, Network):
+        raise ValueError(f"network must be a pipecomm.netem.Network (or ranks.network), got {net!r}")
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ValueError(f"sizes must be a non-empty list of ints >= 0, got {sizes!r}")
+    for name, value in (("steps", steps), ("reps", reps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    world = ranks.world_size
+    rpn = net.ranks_per_node if net.ranks_per_node is not None else getattr(
+        ranks, "ranks_per_node", None)
+    levels = _levels(net, world, rpn)
+    per_rank = ranks.run(_probe_rank, list(sizes), steps, reps, timeout_s=timeout_s)
+    real = [max(col) for col in zip(*per_rank)]
+    rows, problems = [], []
+    for level in levels:
+        bad = []
+        for n, t in zip(sizes, real):
+            emulated = net.transfer_time(n, inter_node=level[2])
+            rows.append({"nbytes": n, "level": "inter-node" if level[2] else "intra-node",
+                         "real_step_s": t, "emulated_step_s": emulated,
+                         "ok": t <= margin * emulated})
+            if t > margin * emulated:
+                bad.append((n, t))
+        if bad:
+            n, t = max(bad, key=lambda x: x[1] / net.transfer_time(x[0], inter_node=level[2]))
+            problems.append(
+                f"a real ring step of {n} B takes {_fmt_ms(t)} here but the emulated "
+                f"{'inter-node' if level[2] else 'link'} gives it "
+                f"{_fmt_ms(net.transfer_time(n, inter_node=level[2]))}; {_advice(net, level, bad)}"
+            )
+    ok = not problems
+    message = "ok" if ok else (
+        f"netem: this host cannot deliver the emulated network ({net.describe(rpn)}) at "
+        f"p={world}: " + "; ".join(problems)
+    )
+    result = HostCheck(world, tuple(rows), ok, message)
+    if not ok and raise_error:
+        raise HostTooSlow(message)
+    return result
+
+
 # --------------------------------------------------------------------------- counters
 
 
@@ -569,9 +840,11 @@ def reset_stats() -> None:
 
         netem.reset_stats(); run_step(); print(netem.stats())
     """
+    emu = _ACTIVE
     with _STATS_LOCK:
         _STATS.update(
-            bytes_sent=0, messages_sent=0, bytes_received=0, messages_received=0, time_waiting_s=0.0
+            bytes_sent=0, messages_sent=0, bytes_received=0, messages_received=0, time_waiting_s=0.0,
+            _oversleep_base=emu.clock.oversleep if emu else 0.0,
         )
 
 
@@ -580,14 +853,20 @@ def stats() -> dict[str, float]:
 
     ``bytes_sent``/``messages_sent`` and ``bytes_received``/``messages_received`` count the
     payloads of :func:`pipecomm.collectives.p2p.exchange` (emulated or not);
-    ``time_waiting_s`` is the time slept waiting for emulated deadlines.
+    ``time_waiting_s`` is the time slept waiting for emulated deadlines; ``oversleep_s`` the
+    wake-up lateness after those sleeps and ``lag_s`` the rank's current lag (both forgiven by
+    the virtual clock; 0 without emulation).
 
     Example::
 
         netem.stats()   # {'bytes_sent': 4096, 'messages_sent': 2, ..., 'time_waiting_s': 0.011}
     """
     with _STATS_LOCK:
-        return dict(_STATS)
+        out = dict(_STATS)
+    emu = _ACTIVE
+    out["oversleep_s"] = emu.clock.oversleep - out.pop("_oversleep_base", 0.0) if emu else 0.0
+    out["lag_s"] = emu.clock.lag if emu else 0.0
+    return out
 
 
 def _record(
