@@ -288,32 +288,3 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
 
 if __name__ == "__main__":
     main(sys.modules[__name__])
-
-NOTEBOOK_TEXT = {
-    "intro": """
-# E0 — Calibration: alpha, beta, gamma of the backend and of the emulated network
-
-Every cost model in this artifact is an alpha-beta-gamma model (Hockney; Thakur, Rabenseifner &
-Gropp 2005): a message of *n* bytes costs `alpha + n * beta`, reducing *n* bytes costs `n * gamma`.
-This notebook measures them by **ping-pong** between two ranks over message sizes (one-way time =
-half the round trip, median over repeats) on the real backend (gloo over loopback), fits alpha
-and beta, and times an in-place float32 add for gamma. The fit is saved as `calibration.json`,
-which the cost models read for default LP block sizes.
-
-It also ping-pongs over the **emulated network** (`pipecomm.netem`) with 2 ranks and with 8 ranks
-(4 pairs at once) and fits the emulated alpha and bandwidth.
-
-The real link is a **calibration record**, not a claim: `calibration.json` keeps the one-way
-time and bandwidth at every measured size (loopback bandwidth rises with message size, so no
-straight line fits it everywhere), beside the alpha-beta fit. Claim checked: **C0.2** on the
-emulated network every message takes the configured `alpha + n / B` (thresholds and their
-reasons: `artifact/claims.yaml`; the verdict cell at the end shows them).
-""",
-    "outro": """
-**What to see.** Left: on loopback, small messages cost a fixed latency (tens to hundreds of
-microseconds) and large ones approach the memory-copy bandwidth of the machine; the straight
-line is the fitted model. Right: on the emulated network the measured points sit on the configured
-line `alpha + n / B` for every rank count, because the emulator delivers each message at a deadline
-and the configured link is far slower than the real one.
-""",
-}

@@ -314,35 +314,5 @@ def plot(df: pd.DataFrame, **params: Any):
     fig.tight_layout()
     return fig
 
-
-NOTEBOOK_TEXT = {
-    "intro": """
-# E1 — LP cost model: time vs message size and vs p (analytic model, nothing measured)
-
-The LP paper (Wang et al., arXiv 1611.04255) argues from the alpha-beta model: a **linear
-pipeline** (LP) cuts the message into *k* blocks that flow along a chain, so its broadcast costs
-`(p + k - 2)(alpha + b beta)` — nearly independent of the number of ranks *p* — while a binomial
-tree (MST) pays `ceil(log2 p)` full-message rounds and bidirectional exchange (BE) pays the
-message twice. This notebook evaluates `pipecomm.cost` (the models of exactly the schedules
-pipecomm implements) for every algorithm, op and port model, against message size and against
-*p*, and shows the optimal LP block size (the paper's `k* = sqrt((p-2) n beta / alpha)`).
-Every figure is the **analytic model**: no backend, no network, no measurement.
-
-Nothing is measured here, so nothing is decided here: C1.1 and C1.2 in `artifact/claims.yaml`
-are **model illustrations** without a verdict (the model's ratios are exactly what the formulas
-say). E2-E4 put the same models against measurements.
-""",
-    "outro": """
-**What to see.** Top row: for small messages latency dominates and the tree (MST) wins; beyond a
-few hundred KiB LP's line drops below BE and ring and far below MST. Bottom row: as *p* grows the
-LP broadcast and reduce stay almost flat (only the pipeline fill `p - 2` steps of one small block
-is added), MST climbs in steps of `ceil(log2 p)`, BE and ring approach twice the message time.
-LP allreduce needs both directions of every link: with per-neighbor links (dashed) it stays
-flat, with one port per rank (solid) its two streams share the port and it loses to BE and
-ring — the port model, not the algorithm, decides. Right: the optimal block grows like
-`sqrt(n)`; the ratios panel is the claim (MST/LP grows like log p, BE/LP approaches 2).
-""",
-}
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -936,42 +936,5 @@ def check_real_allreduce(df: pd.DataFrame, min_bytes: int,
                           "each algorithm <= its bound at every point (95% interval)",
                           claims.combine(verdicts))
 
-
-NOTEBOOK_TEXT = {
-    "intro": """
-# E2 — Collectives vs message size: emulated network (model overlaid) and real backend
-
-**Top row — emulated network.** pipecomm's LP (linear pipelining, Wang et al., arXiv
-1611.04255), MST (binomial tree), BE (bidirectional exchange) and ring collectives run on gloo
-ranks whose every point-to-point transfer passes through `pipecomm.netem`, an emulated network
-of fixed latency and bandwidth per link with one of two port models: **single** (one full-duplex
-port per rank) or **per-neighbor** (a link per pair of ranks). Dots are measured (median over
-iterations of the slowest rank), lines the alpha-beta-gamma model of the same schedule
-(`pipecomm.cost`) with LP's optimal block size, which the collectives use by default.
-**Bottom row — real backend, no emulation**: the same algorithms and the backend's built-in,
-bus bandwidth (nccl-tests convention) and speed relative to the built-in, for several p.
-
-Claims checked (artifact/claims.yaml): **C2.1** at the largest message LP is the fastest
-broadcast and BE/LP >= 1.25; **C2.2** the size where LP overtakes BE is within 2x of the
-model's; **C2.3** per-neighbor LP allreduce beats BE at the largest message (single-port reported
-beside it); **C2.4** the model is within 25% of every measurement >= 1 MiB; **C2.5, C2.6** (real
-backend, targets of this implementation rather than paper claims) LP broadcast at least as fast
-as the built-in, LP and ring allreduce within 1.5x of it, at >= 16 MiB.
-The defaults below are a quick configuration (4 ranks, a faster emulated network, small sizes);
-the cpu profile uses p = 8, 2 ms, 50 MB/s and messages up to 64 MiB.
-""",
-    "outro": """
-**What to see.** Small messages: latency dominates and MST (fewest messages) is fastest; LP pays
-its `p - 2` fill steps. Large messages: LP approaches one message time `n / B` however many ranks
-there are, BE and ring approach `2 n / B`, MST `log2(p) n / B`. The crossover sits where the model
-puts it. For allreduce LP sends both ways along its chain: with per-neighbor links that is free
-and LP beats BE; with one port per rank the two streams share it and LP loses to BE and ring —
-the port model, not the algorithm, decides (the LP paper's GPUs had bidirectional links).
-Bottom: on the real backend every transfer is a memory copy through loopback on the same few
-cores, so algorithms that move the same bytes perform alike, and the built-in's C++ loop has less
-per-step overhead than pipecomm's Python schedules.
-""",
-}
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

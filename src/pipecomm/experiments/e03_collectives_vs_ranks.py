@@ -299,32 +299,5 @@ def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
         claims.combine(verdicts),
     )
 
-
-NOTEBOOK_TEXT = {
-    "intro": """
-# E3 — Collectives vs number of ranks: LP flat, MST growing (emulated network)
-
-The LP paper (Wang et al., arXiv 1611.04255) claims that "the cost of LP is invariant to P",
-while tree (MST) collectives grow like log2 p. Here one large message is broadcast by pipecomm's
-LP (linear pipelining over a chain, blocks of the model's optimal size), MST (binomial tree), BE
-(scatter + recursive-doubling allgather) and ring schedules on gloo ranks whose transfers pass
-through the **emulated network** `pipecomm.netem` (fixed latency and bandwidth per link), for
-several p — each p on a subgroup of one pool of ranks. Dots are measured (median of the slowest
-rank), lines the alpha-beta model of the same schedule.
-
-Claim checked (artifact/claims.yaml): **C3.1** LP broadcast at p = 8 takes at most 1.35x its
-p = 2 time, while MST broadcast grows at least 2x. The defaults below are a quick configuration
-(p = 2..4, 1 MiB, a faster network); the cpu profile uses p = 2..8, 64 MiB, 2 ms, 50 MB/s.
-""",
-    "outro": """
-**What to see.** LP's time hardly moves with p: after a fill of `p - 2` steps of one block, every
-link of the chain carries a block at once, so the message crosses in about one message time
-`n / B` whatever the length of the chain. MST steps up at every power of two (`ceil(log2 p)`
-full-message rounds); BE and ring approach two message times and BE pays extra at p that are not
-powers of two. The right panel is the claim: growth relative to p = 2, measured (solid) against
-the model (dotted).
-""",
-}
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -431,31 +431,5 @@ def check_penalty(df: pd.DataFrame, op: str, tolerance: float) -> claims.Verdict
                           f"time / optimum >= model ratio x (1 - {tolerance:g}) / "
                           f"(1 + {tolerance:g}) each", claims.combine(verdicts))
 
-
-NOTEBOOK_TEXT = {
-    "intro": """
-# E4 — LP time vs block size: measured optimum vs modelled optimum (emulated network)
-
-Linear pipelining (LP; Wang et al., arXiv 1611.04255) cuts the message into blocks that flow
-along a chain of ranks. Small blocks pay the per-message latency many times; large blocks make
-the `p - 2` pipeline-fill steps long. The model's optimum is `k* = sqrt((p-2) n beta / alpha)`
-blocks (`pipecomm.cost.lp_optimal_block_bytes`, which pipecomm's collectives use by default).
-This notebook times LP with explicit block sizes on a geometric grid around that optimum, on
-gloo ranks over the **emulated network** `pipecomm.netem`, with the model curve overlaid.
-
-Claims checked (artifact/claims.yaml): **C4.1** the measured best block size is within a factor 2
-of the modelled optimum; **C4.2** blocks 8x smaller and 8x larger than the optimum cost at least
-15% more. The defaults are a quick configuration (4 ranks, a faster network); the cpu
-profile uses p = 8, 4 MiB, 2 ms, 50 MB/s.
-""",
-    "outro": """
-**What to see.** A U-shaped curve: to the left the latency of many small messages dominates
-(time grows like `n alpha / b`), to the right the pipeline fill (`(p - 2) b beta`) does; the
-measured minimum sits at the model's optimum (dashed line) and the curve is flat near it (a
-block 2x off costs only a few percent), so the default block size needs no tuning beyond the
-alpha and beta of the link.
-""",
-}
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -300,38 +300,5 @@ def check_lp_below_mst(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
     )
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E5 — BSP-SGD with each collective algorithm
-
-The LP paper applies its linear-pipelined (LP) AllReduce to **BSP-SGD**: after every backward
-pass all gradients are averaged with one AllReduce, then every rank takes the same step. Which
-collective computes the average must not change training (only float round-off differs, since
-the sums are added in a different order), but it changes how long each iteration communicates.
-
-This notebook trains the same model from the same seed on the same data shards once per
-collective (LP, MST = binomial tree, BE = recursive halving/doubling, ring) with
-`PipeSGD(mode="sync")` on an **emulated network** (latency and bandwidth per link, port model
-as configured), and compares:
-
-* the loss curves (left) and their differences to LP's (middle);
-* the measured AllReduce time per iteration with the alpha-beta-gamma cost model
-  (`cost.allreduce_time` on the emulated link, gamma from E0's calibration) (right).
-
-Claims checked: **C5.1** the loss curves agree to round-off; **C5.2** every algorithm's measured
-AllReduce time is within 25% of the model; **C5.3** LP's AllReduce is faster than MST's.
-""",
-    "outro": """
-**What to see.** The four loss curves lie on top of each other; their differences are at the
-level of float32 round-off (about 1e-7 relative), far below anything that changes training. The
-AllReduce times follow the cost model: MST sends the whole gradient log2(p) times in each
-direction, so it is the slowest; LP's pipeline moves each byte about once per link direction and
-is well below MST. With a single port per rank, ring and BE move 2(p-1)/p of the message and are
-below LP at these p, which is why the LP paper's advantage over BE needs both directions of a
-link (see E2 and E3 for the per-neighbor port model).
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -409,36 +409,5 @@ def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int) -> claims
                                pts.predicted_s.tolist(), labels, tolerance)
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E6 — Pipe-SGD's timing model: synchronous vs pipelined iteration time
-
-Pipe-SGD models the time of one AllReduce-SGD iteration from the **compute time** C (forward +
-backward), the **update** U, the gradient size, the **cluster size** p, the link's **latency**
-and **bandwidth**: synchronous SGD costs `C + A + U` with A the AllReduce time, the pipeline of
-width 2 (the AllReduce of step t-1 runs while step t computes) costs `max(C + U, A)`.
-
-Left to right: the model over p; over the emulated bandwidth and over compute, with measured
-points (p ranks of gloo on an emulated network, PipeSGD with a ring AllReduce) overlaid; and
-the model against every measured point. The model's inputs come from a separate
-compute-timing run (C, U), the emulated link and E0's reduction cost -- never from the runs
-it predicts.
-
-Claims checked: **C6.1** the model is within 25% of every measured iteration time for p <= 4;
-**C6.2** the same at p = 2, where each rank has a core of its own on a 2-core machine.
-""",
-    "outro": """
-**What to see.** Synchronous time grows with the AllReduce (falling bandwidth, growing p) on
-top of the compute; pipelined time is flat at `C + U` until the AllReduce exceeds the compute,
-then follows the AllReduce: the pipeline gains most (up to 2x) where the two are equal. The
-measured points sit near the model's lines. The largest deviations are pipelined points with
-more ranks than cores (p = 4 on a 2-core machine): a communication thread that needs the GIL
-waits while its process's compute thread is descheduled, so the AllReduce does not progress
-fully in parallel with compute -- a property of the machine, not of the model, which the
-gpu profile's 16-core host avoids.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

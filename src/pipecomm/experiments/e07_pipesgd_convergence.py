@@ -365,39 +365,5 @@ def check_accuracy_within(df: pd.DataFrame, max_points: float,
     )
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E7 — Pipe-SGD: accuracy vs iterations and vs wall time, with compression
-
-Pipe-SGD's pipeline of width 2 applies each averaged gradient one step late, so that its
-AllReduce runs while the next step computes; light compression (fp16 truncation, int8 scalar
-quantization per chunk) shrinks what the AllReduce sends. The paper claims both keep
-convergence and cut wall time.
-
-Here p ranks train the same CNN on the 8x8 digits from the same seeds (paired) with
-**sync**, **pipe**, **pipe+fp16** and **pipe+int8** over an emulated network whose bandwidth
-was chosen *before measuring*, from the timing model and a separate compute-timing run, so that
-the AllReduce takes about as long as the compute (the ratio, modelled and measured, is in the
-title). The task is deliberately not saturated (plain SGD, small learning rate, few iterations).
-
-Left: held-out accuracy vs iterations; middle: vs wall time; right: time per iteration with the
-timing model's predictions. The table is the time-to-accuracy table (target: a fraction of
-sync's final accuracy per seed) with speedups over sync.
-
-Claims checked: **C7.1** pipe is at least 1.4x faster per iteration than sync; **C7.2** pipe,
-pipe+fp16 and pipe+int8 end within 1 accuracy point of sync (mean over seeds).
-""",
-    "outro": """
-**What to see.** Against iterations the four curves coincide: one step of staleness and the
-codecs' small errors do not change what SGD learns at this learning rate. Against wall time the
-pipelined curves are compressed by the per-iteration speedup (close to the model's
-`(C + A + U) / max(C + U, A)`, at most 2x when A = C + U): the pipeline reaches the same
-accuracy in about half the time. Compression gains nothing more here because the pipeline is
-already compute-bound once the AllReduce is hidden; its codec work shows up as a small extra cost
-(E8 breaks it down).
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -283,36 +283,5 @@ def check_overlap_bound(df: pd.DataFrame, tolerance: float, method: str) -> clai
     )
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E8 — Where does an iteration's time go? Compute, communication, compression, update
-
-Pipe-SGD's reviewers asked for a breakdown of an iteration. PipeSGD records, per iteration and
-rank, the compute (forward + backward), the packing of the gradients, the time **blocked** on
-the AllReduce, the codec time of compression and the optimizer update. The bars show their
-means per method on one emulated network whose bandwidth was chosen (from the timing model and
-a separate compute-timing run) so that the AllReduce takes about as long as the compute:
-
-* **sync** waits for the whole AllReduce; with compression the codec work sits inside it;
-* **layerwise** starts each bucket's AllReduce during backward, but still waits before the step;
-* **pipe** launches the AllReduce of step t and applies that of step t-1: the wait all but
-  disappears, and the codec work moves to the communication thread (hatched).
-
-Claim checked: **C8.1** overlap is real: pipe's iteration time is at most
-`max(C, M) + 0.25 min(C, M)`, with C (compute) and M (communication) measured in the sync run
-of the same pool.
-""",
-    "outro": """
-**What to see.** In the synchronous bars compute and communication add up; in the pipelined
-bars the communication segment is nearly gone and the total is close to the larger of the two,
-as the timing model predicts. Compression costs CPU time: inside a synchronous AllReduce it
-adds to the critical path and only pays when the wire time it saves is larger; in the pipeline
-it runs on the communication thread and costs the compute thread only what the shared cores
-lose. Layer-wise overlap can hide communication only behind the rest of backward, so it sits
-between sync and pipe.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

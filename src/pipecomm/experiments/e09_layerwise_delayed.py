@@ -362,39 +362,5 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
                           f"<= {max_ratio:g}x (95% interval)", claims.at_most(lo, hi, max_ratio))
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E9 — Layer-wise and delayed gradient descent (Daily, Vishnu, Siegel)
-
-Daily et al. compare, on a communication-heavy AlexNet, **synchronous GD** (one AllReduce of
-all gradients after backprop), **layer-wise GD** (each layer's AllReduce starts as soon as
-backprop produces its gradient, in a background thread; zero staleness) and **delayed GD**
-("AGD (1 comm)", "AGD (2 comm)": the averaged gradient is applied 1 or 2 iterations late, so
-the AllReduce overlaps whole iterations), against a **no-communication** bound (Figure 1), and
-the iterations each needs to reach an early accuracy (Table 1).
-
-Here: an AlexNet-like net (convolutions hold the compute, wide fully connected layers hold
-almost all parameters), p ranks of gloo, a ring AllReduce, on an emulated network whose
-bandwidth was chosen -- before measuring, from a separate compute-timing run and the cost
-model -- so that the AllReduce takes about twice the compute. Left: time per batch, with the
-timing model's predictions and the no-communication bound; middle: held-out accuracy vs
-iterations; right: iterations to the target accuracy.
-
-Claims checked: **C9.1** delayed-1 and delayed-2 are faster per batch than sync; **C9.2**
-layer-wise is no slower than sync (within a 5% tolerance for timing noise).
-""",
-    "outro": """
-**What to see.** Delayed GD with one or two iterations in flight takes about the AllReduce's
-time per batch, since compute hides behind it (about 1.5x faster than sync at this ratio;
-1.7x in the paper). Layer-wise GD can only hide communication behind the rest of backprop --
-here the wide layers' gradients are ready early, so some of it hides -- and pays an extra
-latency per bucket, so it lands between sync and delayed: the paper's "did not perform as well
-as expected". Against iterations, the stale gradients cost little at this learning rate; the
-delayed methods may need a few more iterations to the target (the paper's Table 1), which a
-time-to-accuracy comparison has to weigh against their shorter batches.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -288,37 +288,5 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
                           claims.combine(verdicts))
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E10 — Communication time per iteration per topology (DAdam paper, Table 1)
-
-Decentralized training replaces the AllReduce of every iteration by an average inside small
-groups (Wang, Zhang, Wu, Johansson, ICLR 2025). This notebook measures, for each topology —
-**complete** (everyone, what AllReduce moves), **ring** (one peer, alternating matchings),
-**one-peer-exp** (peer `j XOR 2^r`) and **alternating exponential ring (AER)** (node pairs
-alternating an inter-node and an intra-node average, half of the nodes on the inter-node network
-at a time) — the communication time of one iteration: each rank all-reduces every bucket of the
-model over its group, all groups at once, averaged over one period of the topology. The models are
-those in use here: E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and char
-transformer.
-
-Network: emulated, two levels (2 ranks per node; fast intra-node links, one slow uplink per node),
-gloo underneath. The black marks are the cost model (ring allreduce on the intra- or inter-node
-link, concurrent groups sharing uplinks).
-
-Claims: **C10.1** every measured time within 25% of the model; **C10.2** AER below complete.
-The paper's own Table 1 numbers could not be recovered; this reproduces the claim, not the table.
-""",
-    "outro": """
-**What to see.** Complete is the most expensive: every step crosses the slow inter-node links and
-its ring has 2(p-1) latency-bound steps. Ring and one-peer-exp move the whole model through one
-peer, but when both ranks of a node talk across nodes at once they share the uplink. AER crosses
-nodes only every other step and then with only one stream per uplink, so its average per iteration
-is the lowest of the node-aware choices, well below complete. Measured bars sit on the model marks
-when the emulated network behaves like its alpha-beta description.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

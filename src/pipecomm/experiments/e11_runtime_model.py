@@ -313,34 +313,5 @@ def check_prediction_within(df: pd.DataFrame, tolerance: float) -> claims.Verdic
                                labels, tolerance)
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E11 — Runtime model vs measured iteration time: overlap, heterogeneous links, varying compute
-
-The DAdam paper (Wang, Zhang, Wu, Johansson, ICLR 2025) explains the per-iteration speed of
-decentralized training with three factors: **overlap** (DAdam's gossip of a bucket can hide behind
-the rest of backward *and* the next forward; AllReduce's only behind the rest of backward),
-**heterogeneous links** (AER crosses the slow inter-node network only every other step, half of the
-nodes at a time) and **varying compute** (with AllReduce the slowest rank gates everyone every
-iteration; with gossip a rank waits only for its group, one iteration later).
-`pipecomm.decentralized.runtime_model.simulate` is a small discrete-event model of both schedules.
-
-Here its predictions meet measurements: AllReduce training and DAdam (AER) on a timing workload
-(two 1 MiB linear layers with emulated compute) over the two-level emulated network, sweeping one
-factor at a time. The model's inputs come from calibration: per-bucket compute times from a
-*separate* compute-only run, the network's configured links, and the injected compute factors.
-
-Claim: **C11.1** every prediction within 20% of the measurement.
-""",
-    "outro": """
-**What to see.** The points lie in the +-20% band around y = x. AllReduce pays its communication
-after the compute it cannot hide behind; DAdam's iteration is about its compute while the gossip
-fits behind it and grows only when compute is halved. With fast homogeneous links both approach
-the compute time; with varying compute AllReduce's iteration follows the slowest rank every
-iteration while DAdam's absorbs part of the variation.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -214,27 +214,5 @@ def check_aer_faster(df: pd.DataFrame, world_size: int, tolerance: float) -> cla
     )
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E12 — Per-iteration time vs world size: AllReduce vs decentralized (DAdam paper, Figure 6)
-
-Figure 6 of the DAdam paper (Wang, Zhang, Wu, Johansson, ICLR 2025) shows per-iteration times of
-AllReduce and decentralized training over the number of GPUs: on 25 Gb/s Ethernet AER is up to
-2.78x faster, on InfiniBand about 1.2x. Here the same comparison runs on the two-level emulated
-network (2 ranks per node, slow shared uplinks), on one workload for every method: the best
-overlapped AllReduce of this library (bucketed ring allreduce launched during backward) and DAdam
-on each topology. Dashed lines: the runtime model's prediction (E11).
-
-Claim: **C12.1** at p = 8 (4 nodes) AER is faster per iteration than AllReduce.
-""",
-    "outro": """
-**What to see.** AllReduce grows with p: every iteration ends with ring allreduces of 2(p-1)
-latency-bound steps across the slow uplinks, and only the rest of backward hides them. DAdam on
-complete moves the same bytes but hides them behind a whole iteration; on ring, one-peer-exp and
-AER each rank talks to one group only, so the iteration stays near the compute time as p grows.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])

@@ -494,36 +494,5 @@ def check_accumadam_within(df: pd.DataFrame, max_rel_gap: float,
     )
 
 
-NOTEBOOK_TEXT = {
-    "intro": """
-# E13 — AllReduce Adam vs DAdam vs AccumAdam on complete and AER (DAdam paper, Tables 2-3, Fig. 7)
-
-Decentralized Adam (DAdam) lets every rank take its own Adam step from parameters it gossips with
-its group, so its moments see only the rank's small local batch; the DAdam paper (Wang, Zhang, Wu,
-Johansson, ICLR 2025) reports a small accuracy loss against AllReduce Adam, which **AccumAdam**
-(moments fed with gradients averaged over K iterations) removes or reverses (Table 3: 76.54 AER vs
-76.01 AllReduce top-1; Table 2: BLEU within AllReduce's 2 sigma or above).
-
-Two small tasks the AllReduce baseline does not saturate within the budget: an MLP on 8x8 digits
-and a character-level transformer on CPython's pydoc text, 4 ranks (2 per node), several paired
-seeds (same initialisation and data order for every method). AccumAdam (K = 4) follows the
-paper's protocols: 1.5 times AllReduce's learning rate for the image classifier (as for ResNet-50),
-the same learning rate for the language model (as for the Transformer). Final metrics are those of
-the parameters averaged over ranks. By default the ranks talk over the real gloo backend (the final
-loss does not depend on the network; the wall-clock axis is loopback on this machine, not a
-cluster — E12 measures per-iteration time on the emulated network).
-
-Claim: **C13.1** AccumAdam's final loss is within 2 sigma of AllReduce Adam's, or better, on both
-tasks and both topologies.
-""",
-    "outro": """
-**What to see.** DAdam's curves sit slightly above AllReduce Adam's (noisier moments from local
-batches of a quarter of the global batch); AccumAdam's moments average K = 4 iterations of
-gradients and follow AllReduce Adam closely on both complete and AER. The table gives mean +- 2
-sigma over seeds and the paired difference to AllReduce Adam per seed.
-""",
-}
-
-
 if __name__ == "__main__":
     main(sys.modules[__name__])
