@@ -400,6 +400,9 @@ def bad_arguments() -> dict[str, str]:
         "max_grad_norm str": dict(max_grad_norm="1"),
         "grad_norm_scope": dict(max_grad_norm=1.0, grad_norm_scope="layer"),
         "grad_scaler": dict(grad_scaler="fp16"),
+        "grad_scaler float16 parameters": dict(
+            model=Net().half(), grad_scaler=torch.amp.GradScaler("cpu")
+        ),
         "process_group": dict(process_group="world"),
         "init_sync": dict(init_sync=1),
     }

@@ -237,6 +237,7 @@ def test_bad_arguments(pool):
         "max_grad_norm str": ("TypeError", "max_grad_norm"),
         "grad_norm_scope": ("ValueError", "grad_norm_scope"),
         "grad_scaler": ("TypeError", "GradScaler"),
+        "grad_scaler float16 parameters": ("ValueError", "float16"),
         "process_group": ("TypeError", "process_group"),
         "init_sync": ("TypeError", "init_sync"),
         "wrapped twice": ("ValueError", "close()"),

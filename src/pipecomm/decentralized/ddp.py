@@ -197,7 +197,7 @@ def _check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
     return value
 
 
-def _check_scaler(grad_scaler: Any) -> torch.amp.GradScaler | None:
+def _check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.GradScaler | None:
     if grad_scaler is None:
         return None
     if not isinstance(grad_scaler, torch.amp.GradScaler):
@@ -205,7 +205,23 @@ def _check_scaler(grad_scaler: Any) -> torch.amp.GradScaler | None:
             f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, "
             f"got {type(grad_scaler).__name__}"
         )
-    return grad_scaler if grad_scaler.is_enabled() else None
+    if not grad_scaler.is_enabled():
+        return None
+    half = [p for p in params if p.dtype == torch.float16]
+    if half:
+        raise ValueError(
+            f"{_NAME}: grad_scaler with float16 parameters: torch's GradScaler cannot unscale "
+            "float16 gradients; keep the parameters in float32 and run the forward under "
+            "torch.autocast(device_type, dtype=torch.float16)"
+        )
+    devices = {p.device.type for p in params}
+    scaler_device = getattr(grad_scaler, "_device", None)
+    if scaler_device is not None and devices != {scaler_device}:
+        raise ValueError(
+            f"{_NAME}: grad_scaler is for device {scaler_device!r} but the parameters are on "
+            f"{sorted(devices)}; make it with torch.amp.GradScaler({sorted(devices)[0]!r})"
+        )
+    return grad_scaler
 
 
 def _members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
@@ -368,7 +384,6 @@ class DecentralizedDataParallel(nn.Module):
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
         algorithm = _check_algorithm(algorithm)
         max_norm = _check_max_norm(max_grad_norm, grad_norm_scope)
-        scaler = _check_scaler(grad_scaler)
         if not isinstance(init_sync, bool):
             raise TypeError(f"{_NAME}: init_sync must be a bool, got {type(init_sync).__name__}")
         if not dist.is_initialized():
@@ -401,6 +416,7 @@ class DecentralizedDataParallel(nn.Module):
                     f"{_NAME}; call its close() before wrapping the model again"
                 )
         opt = _make_optimizer(optimizer, named)
+        scaler = _check_scaler(grad_scaler, [p for _, p in named])
 
         self.module = model
         self.optimizer = opt
