@@ -1,8 +1,9 @@
 """Overhead benchmarks of :class:`pipecomm.pipesgd.PipeSGD` (run on a quiet machine).
 
-1. World size 1, in this process (no torch.distributed): PipeSGD (``"pipe"`` with k = 1, and
-   ``"sync"``) against a plain hand-written loop ``zero_grad(); loss.backward(); opt.step()`` on
-   the same model and data. Target: ratio <= 1.05.
+1. World size 1, in this process (no torch.distributed): PipeSGD (``"pipe"`` with k = 1,
+   ``"sync"``, and ``"pipe"`` with ``timing=True``) against a plain hand-written loop
+   ``opt.zero_grad(); loss.backward(); opt.step()`` on the same model and data: the framework's
+   own overhead (at p = 1 nothing is communicated). Target: ratio <= 1.05.
 2. World size 2 (gloo, local ranks): ``"layerwise"`` PipeSGD against
    ``torch.nn.parallel.DistributedDataParallel`` on the same model with the same bucket size.
    Target: ratio <= 1.10. ``"sync"`` and ``"pipe"`` are printed for information.
@@ -10,7 +11,8 @@
 Each measurement: warm-up iterations, then ``--repeats`` repeats of ``--iters`` iterations; the
 variants alternate within every repeat (so drifts of the machine hit all of them), a repeat's time
 is the mean per-iteration time (at p = 2 the maximum over ranks), and the reported value is the
-median over repeats; a ratio is the median of the per-repeat ratios.
+median over repeats; a ratio is the median of the per-repeat ratios, with the percentile-bootstrap
+95% interval of that median (:func:`pipecomm.stats.median_ci`).
 
 Usage::
 
@@ -29,7 +31,7 @@ import time
 import torch
 from torch import nn
 
-from pipecomm import launch
+from pipecomm import launch, stats
 from pipecomm.pipesgd import PipeSGD
 
 
@@ -65,7 +67,7 @@ def _plain_iteration(model, opt, x, y) -> None:
 
 
 def _pipesgd_iteration(model, trainer, x, y) -> None:
-    model.zero_grad()
+    trainer.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     trainer.step()
 
@@ -84,8 +86,14 @@ def _timed(fn, data, iters: int, barrier=None) -> float:
 def _summarise(times: dict[str, list[float]], base: str) -> dict[str, dict[str, float]]:
     out = {}
     for name, ts in times.items():
-        ratios = [t / b for t, b in zip(ts, times[base])]
-        out[name] = {"median_s": statistics.median(ts), "ratio": statistics.median(ratios)}
+        ratio, lo, hi = stats.median_ci([t / b for t, b in zip(ts, times[base])])
+        out[name] = {
+            "median_s": statistics.median(ts),
+            "ratio": ratio,
+            "ratio_lo": lo,
+            "ratio_hi": hi,
+            "repeats": len(ts),
+        }
     return out
 
 
@@ -98,10 +106,14 @@ def bench_local(cfg: dict) -> dict[str, dict[str, float]]:
     plain_model = make_model(cfg)
     plain_opt = make_optimizer(plain_model)
     variants = {"plain": lambda x, y: _plain_iteration(plain_model, plain_opt, x, y)}
-    for mode in ("pipe", "sync"):
+    for name, mode, timing in (
+        ("pipe", "pipe", False),
+        ("sync", "sync", False),
+        ("pipe+timing", "pipe", True),
+    ):
         model = make_model(cfg)
-        trainer = PipeSGD(model, make_optimizer(model), mode=mode)
-        variants[mode] = lambda x, y, m=model, t=trainer: _pipesgd_iteration(m, t, x, y)
+        trainer = PipeSGD(model, make_optimizer(model), mode=mode, timing=timing)
+        variants[name] = lambda x, y, m=model, t=trainer: _pipesgd_iteration(m, t, x, y)
     for fn in variants.values():
         _timed(fn, data, cfg["warmup"])
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -172,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--iters", type=int, default=30, help="iterations per repeat")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--algorithm", default="torch", help="PipeSGD's allreduce at p = 2")
@@ -205,16 +217,22 @@ def main(argv: list[str] | None = None) -> int:
         res = bench_local(cfg)
         for name, r in res.items():
             print(
-                f"p=1  {name:<9s} {r['median_s'] * 1e3:9.3f} ms/iter   ratio to plain {r['ratio']:.3f}"
+                f"p=1  {name:<11s} {r['median_s'] * 1e3:9.3f} ms/iter   ratio to plain "
+                f"{r['ratio']:.3f} [{r['ratio_lo']:.3f}, {r['ratio_hi']:.3f}]"
             )
-        ratio = res["pipe"]["ratio"]
-        print(f"RATIO pipesgd(p=1, pipe)/plain = {ratio:.3f}  (target <= 1.05)")
+        r = res["pipe"]
+        ratio = r["ratio"]
+        print(
+            f"RATIO pipesgd(p=1, pipe)/plain = {ratio:.3f}, 95% CI [{r['ratio_lo']:.3f}, "
+            f"{r['ratio_hi']:.3f}] over {r['repeats']} repeats  (target <= 1.05)"
+        )
         ok &= ratio <= 1.05
     if not args.skip_ddp:
         res = bench_ddp(cfg)
         for name, r in res.items():
             print(
-                f"p=2  {name:<9s} {r['median_s'] * 1e3:9.3f} ms/iter   ratio to DDP {r['ratio']:.3f}"
+                f"p=2  {name:<11s} {r['median_s'] * 1e3:9.3f} ms/iter   ratio to DDP "
+                f"{r['ratio']:.3f} [{r['ratio_lo']:.3f}, {r['ratio_hi']:.3f}]"
             )
         ratio = res["layerwise"]["ratio"]
         print(

@@ -264,7 +264,9 @@ def test_resume_with_reductions_in_flight(pool, p, cfg):
             assert (a - b).abs().max().item() <= 1e-10
 
 
-@pytest.mark.parametrize(("serialize", "sched"), [(True, None), (False, None), (True, "lambda")])
+@pytest.mark.parametrize(
+    ("serialize", "sched"), [(True, None), (False, None), (True, "step"), (False, "lambda")]
+)
 def test_resume_world_size_one(serialize, sched):
     cfg = dict(
         BASE,
@@ -574,6 +576,8 @@ def test_is_a_torch_optimizer_sharing_the_wrapped_state():
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
     with pytest.raises(TypeError, match="not a PipeSGD"):
         PipeSGD(model, opt)
+    opt.load_state_dict(opt.state_dict())  # torch replaces inner.param_groups: still shared
+    assert opt.param_groups is inner.param_groups
 
 
 @pytest.mark.parametrize("sched", ["step", "lambda"])

@@ -130,7 +130,6 @@ class PipeSGD(torch.optim.Optimizer):
         self.timing: bool = timing
         self.model = model
         self.optimizer = optimizer
-        self.param_groups = optimizer.param_groups
         self.group = group
         self._members = _resolve_group(group)
         self.world_size: int = len(self._members)
@@ -181,6 +180,16 @@ class PipeSGD(torch.optim.Optimizer):
         return Pipelined(ex, apply, self.staleness)
 
     # ------------------------------------------------------------------ the Optimizer interface
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The wrapped optimizer's ``param_groups`` (looked up each time: the wrapped optimizer's
+        ``load_state_dict`` replaces the list, and a scheduler must keep seeing the live one)."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
 
     @property
     def state(self) -> Any:  # type: ignore[override]
