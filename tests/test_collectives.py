@@ -368,15 +368,19 @@ def test_chunks():
     assert _chunks.block(flat, 1, 3).data_ptr() == flat[3:].data_ptr()  # a view, no copy
 
 
-def test_default_block_bytes_from_cost_model():
+def test_default_block_bytes_from_cost_model(monkeypatch):
     from pipecomm import cost
 
-    link = cost.calibrated_link()
+    monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
+    link = cost.host_link()  # real backend (no emulated network): the per-size host model
     for kind in ("broadcast", "reduce", "allreduce"):
         for nbytes, p in ((10, 8), (1 << 20, 8), (3 << 22, 3)):
             b = lp.default_block_bytes(kind, nbytes, p)
-            assert b == cost.lp_optimal_block_bytes(kind, nbytes, p, link)
+            assert b == cost.lp_block_bytes_on_host(kind, nbytes, p, link)
             assert 1 <= b <= max(nbytes, 8)
+    # encoded blocks: the block that is best on the wire, in uncompressed bytes
+    wire = cost.lp_block_bytes_on_host("allreduce", 1 << 22, 4, link)
+    assert lp.default_block_bytes("allreduce", 1 << 23, 4, 2.0) == 2 * wire
 
 
 def test_async_handle_unit():

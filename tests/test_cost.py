@@ -533,3 +533,68 @@ def test_monotone_in_size_and_link(n, p, op, alg):
     assert cost.collective_time(op, alg, n, p, fast, b) <= t
     assert cost.collective_time(op, alg, 2 * n, p, slow, b) >= t
     assert t > 0
+
+
+# --------------------------------------------------------------------------- real backend, one host
+
+
+def test_host_link_table_interpolation_and_checks():
+    link = cost.HostLink(((1000, 1e-3), (3000, 2e-3)), host_links=2.0, gamma=0.0)
+    assert link.time(2000) == pytest.approx(1.5e-3)
+    assert link.time(500) == pytest.approx(1e-3)  # below the table: its first time
+    assert link.time(5000) == pytest.approx(3e-3)  # beyond: the last segment's slope
+    assert np.allclose(link.time(np.array([1000, 3000])), [1e-3, 2e-3])
+    assert link.slowdown(1) == 1.0 and link.slowdown(7) == 3.5
+    for bad in (((1000, 1e-3),), ((2000, 1e-3), (1000, 2e-3)), ((1000, 0.0), (2000, 1e-3))):
+        with pytest.raises(ValueError, match="table"):
+            cost.HostLink(bad)
+    with pytest.raises(ValueError, match="host_links"):
+        cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=0)
+
+
+def test_lp_on_host_model():
+    link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9)
+    n = 1 << 26
+    # broadcast: (k + p - 2) steps of one block, (p - 1) links sharing a 2-link host
+    b = 1 << 21
+    want = (32 + 6) * float(link.time(b)) * 3.5
+    assert cost.lp_time_on_host("broadcast", n, 8, link, b) == pytest.approx(want)
+    want_ar = (32 + 13) * (float(link.time(b)) * 7 + 1e-9 * b * 3.5)
+    assert cost.lp_time_on_host("allreduce", n, 8, link, b) == pytest.approx(want_ar)
+    assert cost.lp_time_on_host("reduce", 0, 8, link, b) == 0.0
+    assert cost.lp_time_on_host("reduce", n, 1, link, b) == 0.0
+    # the chosen block is the grid's best and no worse than neighbours far off
+    for op in ("broadcast", "reduce", "allreduce"):
+        for p in (3, 4, 8):
+            best = cost.lp_block_bytes_on_host(op, n, p, link)
+            assert best % 8 == 0 and 65536 <= best <= n
+            t_best = cost.lp_time_on_host(op, n, p, link, best)
+            for other in (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, n):
+                assert t_best <= cost.lp_time_on_host(op, n, p, link, other) * (1 + 1e-12)
+    assert cost.lp_block_bytes_on_host("broadcast", n, 2, link) == n  # no chain to pipeline
+    assert cost.lp_block_bytes_on_host("allreduce", 1000, 8, link) == 1000
+    with pytest.raises(TypeError, match="HostLink"):
+        cost.lp_time_on_host("broadcast", n, 8, cost.calibrated_link(), b)
+
+
+def test_host_link_from_calibration(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
+    assert cost.host_link().table == cost.DEFAULT_LINK_TABLE
+    cal = {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 2e-10}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(cal))
+    assert cost.host_link(path).table == cost.DEFAULT_LINK_TABLE  # no table anywhere
+    (tmp_path / "data.csv").write_text(
+        "pair,nbytes,time_s,section\n0-1,65536,2e-4,real\n0-1,65536,4e-4,real\n"
+        "0-1,1048576,1e-3,real\n0-2,1048576,9.0,real\n0-1,1048576,7.0,emulated\n"
+    )
+    link = cost.host_link(path)
+    assert np.allclose(link.table, ((65536, 3e-4), (1048576, 1e-3))) and link.gamma == 2e-10
+    path.write_text(
+        json.dumps(
+            {**cal, "link_table": {"nbytes": [10, 20], "time_s": [1.0, 2.0]}, "host_links": 3}
+        )
+    )
+    monkeypatch.setenv("PIPECOMM_CALIBRATION", str(path))
+    link = cost.host_link()
+    assert link.table == ((10, 1.0), (20, 2.0)) and link.host_links == 3.0

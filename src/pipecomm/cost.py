@@ -56,9 +56,11 @@ __all__ = [
     "DEFAULT_ALPHA_S",
     "DEFAULT_BANDWIDTH_BPS",
     "DEFAULT_GAMMA_S_PER_BYTE",
+    "DEFAULT_LINK_TABLE",
     "DEFAULT_MIN_BLOCK_BYTES",
     "OPS",
     "PORTS",
+    "HostLink",
     "LinkModel",
     "allreduce_time",
     "broadcast_time",
@@ -66,9 +68,12 @@ __all__ = [
     "collective_time",
     "fit_alpha_beta",
     "fit_gamma",
+    "host_link",
     "link_from_network",
     "lp_analytic_block_bytes",
+    "lp_block_bytes_on_host",
     "lp_optimal_block_bytes",
+    "lp_time_on_host",
     "model_table",
     "reduce_time",
 ]
@@ -854,3 +859,205 @@ def model_table(
     )
     df["block_bytes"] = df["block_bytes"].astype("Int64")
     return df
+
+
+# --------------------------------------------------------------------------------------------
+# Real backend on one host: a per-size link and a shared-bandwidth term
+# --------------------------------------------------------------------------------------------
+
+#: Fallback per-size link (one message between two ranks, gloo over loopback on a 2-core
+#: development machine, experiment E0's ping-pong of the reference run): sizes in bytes and
+#: one-way seconds. Its bandwidth rises about 4x from 1 MiB to 64 MiB, which a straight
+#: alpha-beta line cannot follow.
+DEFAULT_LINK_TABLE: tuple[tuple[int, float], ...] = (
+    (65536, 2.54e-4),
+    (262144, 3.04e-4),
+    (1048576, 7.17e-4),
+    (4194304, 2.456e-3),
+    (16777216, 7.388e-3),
+    (67108864, 1.936e-2),
+)
+def _default_host_links() -> float:
+    return float(os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """The real backend's link between two ranks of one host, by message size, plus the host.
+
+    ``table``: ``((nbytes, seconds), ...)`` one-way times of single messages between two
+    otherwise idle ranks, sizes increasing (E0's per-size calibration); :meth:`time`
+    interpolates linearly between points and extends the last segment's slope beyond the
+    largest size. ``host_links``: how many such transfers the host sustains at full speed at
+    once (its aggregate bandwidth at any message size, in units of one lone link's): the ranks
+    share the host's cores and memory system, so ``L`` concurrent links each run
+    ``max(1, L / host_links)`` times slower. Default: the number of CPU cores (a loopback
+    transfer keeps about one core busy). ``gamma``: seconds per byte reduced.
+
+    Example::
+
+        >>> link = HostLink(((1024, 1e-4), (1 << 20, 1e-3)), host_links=2.0)
+        >>> round(link.time(1 << 19) * 1e3, 3)
+        0.55
+    """
+
+    table: tuple[tuple[int, float], ...]
+    host_links: float = dataclasses.field(default_factory=_default_host_links)
+    gamma: float = DEFAULT_GAMMA_S_PER_BYTE
+
+    def __post_init__(self) -> None:
+        table = tuple((int(n), float(t)) for n, t in self.table)
+        if len(table) < 2:
+            raise ValueError(f"table needs at least two (nbytes, seconds) points, got {table!r}")
+        sizes = [n for n, _ in table]
+        if sizes != sorted(set(sizes)) or sizes[0] <= 0:
+            raise ValueError(f"table sizes must be positive and increasing, got {sizes}")
+        if any(not (math.isfinite(t) and t > 0) for _, t in table):
+            raise ValueError("table times must be finite and > 0 seconds")
+        if not (self.host_links > 0 and self.gamma >= 0):
+            raise ValueError(
+                f"host_links must be > 0 and gamma >= 0, got {self.host_links!r}, {self.gamma!r}"
+            )
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "host_links", float(self.host_links))
+
+    def time(self, nbytes: float | np.ndarray) -> np.ndarray | float:
+        """One-way time of a message of ``nbytes`` between two otherwise idle ranks."""
+        sizes = np.array([n for n, _ in self.table], dtype=float)
+        times = np.array([t for _, t in self.table])
+        x = np.asarray(nbytes, dtype=float)
+        out = np.interp(x, sizes, times)
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        out = np.where(x > sizes[-1], times[-1] + slope * (x - sizes[-1]), out)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def slowdown(self, links: int) -> float:
+        """How much slower each of ``links`` concurrent transfers runs than a lone one."""
+        return max(1.0, links / self.host_links)
+
+
+def host_link(path: str | os.PathLike | None = None) -> HostLink:
+    """The real backend's :class:`HostLink`: E0's per-size table, or documented fallbacks.
+
+    ``path`` (else the environment variable ``PIPECOMM_CALIBRATION``) names E0's
+    ``calibration.json``; its ``gamma_s_per_byte`` and, when present, ``link_table``
+    (``{"nbytes": [...], "time_s": [...]}``) and ``host_links`` are used. Otherwise the
+    per-size table is read from E0's ``data.csv`` (or ``data.csv.gz``) next to it (rows of
+    section ``real``, pair ``0-1``; median per size, sizes >= 64 KiB). What is missing falls
+    back to :data:`DEFAULT_LINK_TABLE` and the number of CPU cores.
+
+    Example::
+
+        >>> host_link().table[0]       # no calibration file: the fallback table
+        (65536, 0.000254)
+    """
+    if path is None:
+        path = os.environ.get(_CALIBRATION_ENV) or None
+    if path is None:
+        return HostLink(DEFAULT_LINK_TABLE)
+    gamma = calibrated_link(path).gamma
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    table = None
+    if isinstance(data.get("link_table"), dict):
+        t = data["link_table"]
+        table = tuple(zip(t["nbytes"], t["time_s"]))
+    else:
+        table = _table_from_e0_csv(os.path.dirname(os.fspath(path)))
+    return HostLink(
+        table or DEFAULT_LINK_TABLE,
+        host_links=float(data.get("host_links", _default_host_links())),
+        gamma=gamma,
+    )
+
+
+def _table_from_e0_csv(folder: str) -> tuple[tuple[int, float], ...] | None:
+    import pandas as pd
+
+    for name in ("data.csv", "data.csv.gz"):
+        csv_path = os.path.join(folder, name)
+        if os.path.exists(csv_path):
+            df = pd.read_csv(csv_path)
+            real = df[(df["section"] == "real") & (df["pair"].astype(str) == "0-1")]
+            real = real[real["nbytes"] >= 65536]
+            med = real.groupby("nbytes")["time_s"].median().sort_index()
+            if len(med) >= 2:
+                return tuple((int(n), float(t)) for n, t in med.items())
+    return None
+
+
+def _concurrent_links(op: str, p: int) -> int:
+    """Directional links busy at once in LP's steady state (the chain's p - 1 links, both
+    directions for allreduce)."""
+    return 2 * (p - 1) if op == "allreduce" else p - 1
+
+
+def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: int) -> float:
+    """Predicted LP time on the real backend, all ``p`` ranks on one host.
+
+    LP's schedule (Wang et al., arXiv 1611.04255) of ``S`` steps (``k + p - 2``, or
+    ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``), each one block on a link,
+    ``link.time(b)``, slowed down by the host's sharing among the ``L`` links busy at once
+    (``L = p - 1``, or ``2(p - 1)`` for allreduce: :meth:`HostLink.slowdown`); reductions add
+    ``gamma b`` per step, shared likewise among the ``p - 1`` reducing ranks.
+
+    Example::
+
+        >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0)
+        >>> round(lp_time_on_host("broadcast", 1 << 26, 8, link, 1 << 21), 3)
+        0.172
+    """
+    _check_op(op)
+    n = _as_count(nbytes, "nbytes", 0)
+    p = _as_count(p, "p", 1)
+    if not isinstance(link, HostLink):
+        raise TypeError(f"link must be a HostLink, got {type(link).__name__}")
+    b = min(_as_count(block_bytes, "block_bytes", 1), max(n, 1))
+    if n == 0 or p == 1:
+        return 0.0
+    return float(_lp_host_vec(op, n, p, link, np.array([b]))[0])
+
+
+def _lp_host_vec(op: str, n: int, p: int, link: HostLink, b: np.ndarray) -> np.ndarray:
+    b = np.minimum(b.astype(float), n)
+    k = np.ceil(n / b)
+    steps = k + (2 * p - 3 if op == "allreduce" else p - 2)
+    per_step = link.time(b) * link.slowdown(_concurrent_links(op, p))
+    if op != "broadcast":
+        per_step = per_step + link.gamma * b * link.slowdown(p - 1)
+    return steps * per_step
+
+
+def lp_block_bytes_on_host(
+    op: str, nbytes: int, p: int, link: HostLink, *, min_bytes: int = 65536
+) -> int:
+    """The LP block size (bytes, a multiple of 8, or the whole message) minimising
+    :func:`lp_time_on_host`.
+
+    Candidates: a geometric grid (8 points per doubling) from ``min_bytes`` to the message, the
+    table's sizes (its kinks) and ``ceil(n / k)`` for ``k`` up to 4096 blocks.
+
+    Example::
+
+        >>> lp_block_bytes_on_host("broadcast", 1 << 26, 8, host_link()) >= 1 << 20
+        True
+    """
+    _check_op(op)
+    n = _as_count(nbytes, "nbytes", 0)
+    p = _as_count(p, "p", 1)
+    if n <= min_bytes or p <= 2 and op != "allreduce":
+        return n if n > 0 else 8
+    return _lp_block_bytes_on_host(op, n, p, link, int(min_bytes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _lp_block_bytes_on_host(op: str, n: int, p: int, link: HostLink, lo: int) -> int:
+    ks = np.arange(1, min(n // lo, 4096) + 1)
+    grid = np.r_[
+        np.geomspace(lo, n, max(2, int(8 * math.log2(n / lo)) + 1)),
+        [size for size, _ in link.table],
+        -(-n // ks),
+    ]
+    cands = np.unique(np.maximum(8, _round_up8(grid.astype(np.int64))))
+    cands = np.r_[cands[(cands >= lo) & (cands < n)], n][::-1]
+    return int(cands[int(np.argmin(_lp_host_vec(op, n, p, link, cands)))])

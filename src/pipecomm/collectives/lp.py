@@ -42,22 +42,47 @@ from pipecomm.collectives._reduce import combine, finish
 def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float = 1.0) -> int:
     """The LP block size the cost model predicts to be fastest for this collective.
 
-    ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` with the link of the active
-    emulated network (``pipecomm.netem.current()``, its intra-node level) or else
-    ``cost.calibrated_link()``; ``compression_ratio`` (uncompressed / wire bytes) when blocks
-    travel encoded. Every rank must get the same answer (same inputs, deterministic model), or
-    the ranks would cut the message differently.
+    Under an emulated network (``pipecomm.netem.current()``): the alpha-beta optimum
+    ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` on its (intra-node) link. On
+    the real gloo backend: ``pipecomm.cost.lp_block_bytes_on_host`` on ``cost.host_link()`` (E0's
+    per-size link table and the host's shared bandwidth; the ranks of a local pool share one
+    host). On NCCL: the alpha-beta optimum on ``cost.calibrated_link()``.
+    ``compression_ratio`` (uncompressed / wire bytes) when blocks travel encoded. Every rank must
+    get the same answer (same inputs, deterministic model), or the ranks would cut the message
+    differently.
 
     Example::
 
-        default_block_bytes("allreduce", 1 << 24, 8)   # 493448 with the fallback link
+        default_block_bytes("allreduce", 1 << 24, 8)
     """
+    import torch.distributed as dist
+
     from pipecomm import cost, netem
 
     current = getattr(netem, "current", None)
     network = current() if current is not None else None
-    link = cost.link_from_network(network) if network is not None else cost.calibrated_link()
-    return _optimal_block_bytes(kind, nbytes, p, link, float(compression_ratio))
+    ratio = float(compression_ratio)
+    if network is not None:
+        link = cost.link_from_network(network)
+    elif dist.is_initialized() and dist.get_backend() == "nccl":
+        link = cost.calibrated_link()
+    else:
+        wire = max(1, int(nbytes / ratio))
+        return max(1, int(ratio * cost.lp_block_bytes_on_host(kind, wire, p, _host_link())))
+    return _optimal_block_bytes(kind, nbytes, p, link, ratio)
+
+
+@functools.lru_cache(maxsize=8)
+def _host_link_cached(path: str | None) -> Any:
+    from pipecomm import cost
+
+    return cost.host_link(path)
+
+
+def _host_link() -> Any:
+    import os
+
+    return _host_link_cached(os.environ.get("PIPECOMM_CALIBRATION") or None)
 
 
 @functools.lru_cache(maxsize=4096)
