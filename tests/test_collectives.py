@@ -14,6 +14,7 @@ Two layers:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -402,6 +403,107 @@ def test_async_handle_unit():
     with pytest.raises(ZeroDivisionError, match="inside the thread"):
         h2.wait()
     assert "done" in repr(h1)
+
+
+class _FakeCuda:
+    """A stand-in for ``torch.cuda`` that logs what the stream ordering does, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.current = self.Stream(self, "caller")
+        self.made = 0
+
+    def Stream(self, owner=None, name=None, device=None):  # noqa: N802 - torch.cuda's name
+        fake = self if owner is None else owner
+        cuda = fake
+
+        class _S:
+            def __init__(self, name):
+                self.name = name
+
+            def wait_event(self, ev):
+                cuda.log.append(("wait_event", self.name, ev.name))
+
+        if name is None:
+            fake.made += 1
+            name = f"comm{fake.made}"
+        return _S(name)
+
+    def Event(self):  # noqa: N802
+        cuda = self
+
+        class _E:
+            name = f"event{len(cuda.log)}"
+
+            def record(self, stream):
+                cuda.log.append(("record", self.name, stream.name))
+
+        return _E()
+
+    def current_stream(self, device=None):
+        return self.current
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.log.append(("enter stream", s.name))
+        yield
+        self.log.append(("exit stream", s.name))
+
+    @contextlib.contextmanager
+    def device(self, d):
+        self.log.append(("enter device", str(d)))
+        yield
+
+
+class _FakeCudaTensor:
+    device = torch.device("cuda", 0)
+    is_cuda = True
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+    def record_stream(self, s):
+        self.cuda.log.append(("record_stream", s.name))
+
+
+def test_stream_ordering_cpu_fallback_and_fake_cuda(monkeypatch):
+    from pipecomm.collectives import _streams
+
+    # CPU fallback: no ordering object, the job runs as it is and wait() adds nothing
+    t = torch.zeros(4)
+    assert _streams.order_for(t) is None
+    h = async_.submit(lambda: t.add_(1), t)
+    assert h.wait(timeout_s=30) is t and h._on_wait is None and t.tolist() == [1.0] * 4
+    # CUDA path with a stand-in torch.cuda: the job runs on its own stream, after an event of the
+    # caller's stream, and wait() orders the caller's stream after the job's end event
+    cuda = _FakeCuda()
+    monkeypatch.setattr(_streams, "order_for", lambda x: _streams.CudaOrder(x.device, cuda))
+    x = _FakeCudaTensor(cuda)
+    ran = []
+    h = async_.submit(lambda: (ran.append(1), cuda.log.append(("job",))), x)
+    assert h.wait(timeout_s=30) is x and ran == [1]
+    names = [e[0] for e in cuda.log]
+    assert names == [
+        "record",
+        "record_stream",
+        "enter device",
+        "enter stream",
+        "wait_event",
+        "job",
+        "record",
+        "exit stream",
+        "wait_event",
+    ], cuda.log
+    ready, done = cuda.log[0][1], cuda.log[6][1]
+    comm = cuda.log[1][1]
+    assert cuda.log[0][2] == "caller" and comm.startswith("comm")
+    assert cuda.log[4] == ("wait_event", comm, ready)  # the comm stream waits for the producer
+    assert cuda.log[6][2] == comm  # the end event is on the comm stream
+    assert cuda.log[8] == ("wait_event", "caller", done)  # caller's stream waits in wait()
+    # one communication stream per device, reused by later jobs
+    h = async_.submit(lambda: None, x)
+    h.wait(timeout_s=30)
+    assert {e[1] for e in cuda.log if e[0] == "enter stream"} == {comm}
 
 
 def test_validation_before_any_setup():

@@ -15,10 +15,12 @@ communication thread wakes up (a message arrived, a deadline passed) it may wait
 main thread that is running Python between torch kernels, which measurably stretches an
 overlapped AllReduce (experiments E6-E9 run with the lowered interval).
 
-CUDA tensors: a job runs with its tensor's device current (CUDA's current device is per thread),
-and on the thread's current stream, which is the device's default stream that the main thread's
-kernels use too, so the transfers start after the kernels that produced the tensor and the
-caller's later kernels run after them. (Not yet run on a GPU: see artifact/ARTIFACT.md.)
+CUDA tensors: a job runs with its tensor's device current (CUDA's current device is per thread)
+on a communication stream of its own, ordered by events against the caller's stream
+(:mod:`._streams`): it starts after the kernels that produced the tensor, and after ``wait()`` the
+caller's later kernels run after it, while the computation in between overlaps it. Use ``wait()``
+(not only ``is_completed()``) before reading a CUDA result: ``wait()`` adds the stream ordering.
+CPU tensors run as they are (the CPU fallback). (Not yet run on a GPU: see artifact/ARTIFACT.md.)
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+
+from pipecomm.collectives import _streams
 
 
 class Handle:
@@ -49,6 +53,7 @@ class Handle:
         self._what = what
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._on_wait: Callable[[], None] | None = None  # CUDA: order the caller's stream
 
     def _finish(self, error: BaseException | None = None) -> None:
         self._error = error
@@ -73,6 +78,8 @@ class Handle:
             )
         if self._error is not None:
             raise self._error
+        if self._on_wait is not None:
+            self._on_wait()
         return self._result
 
     def __repr__(self) -> str:
@@ -160,14 +167,6 @@ class _Worker:
                 handle._finish()
 
 
-def _on_device(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
-    def job() -> Any:
-        with torch.cuda.device(device):
-            return fn()
-
-    return job
-
-
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
 
@@ -183,11 +182,17 @@ def submit(fn: Callable[[], Any], result: torch.Tensor, what: str = "collective"
         h.wait()
     """
     global _WORKER
-    if result.is_cuda:
-        fn = _on_device(fn, result.device)
+    handle = Handle(result, what)
+    order = _streams.order_for(result)
+    if order is not None:  # CUDA: the job on the communication stream, events both ways
+        ready, box, plain = order.submitted(result), {}, fn
+
+        def fn() -> None:
+            box["done"] = order.run(plain, ready)
+
+        handle._on_wait = lambda: order.waited(box["done"])
     with _WORKER_LOCK:
         if _WORKER is None or _WORKER.pid != os.getpid() or not _WORKER.thread.is_alive():
             _WORKER = _Worker()
-        handle = Handle(result, what)
         _WORKER.jobs.put((fn, handle))
     return handle
