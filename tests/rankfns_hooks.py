@@ -1,0 +1,230 @@
+"""Rank functions for tests/test_hooks.py (pipecomm.hooks).
+
+Oracles: DDP's own averaging over gloo for :func:`pipecomm.hooks.allreduce_hook`, and
+:class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``) for :func:`pipecomm.hooks.pipelined_hook`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from pipecomm import backend, hooks
+from pipecomm.pipesgd import PipeSGD
+
+
+class Net(nn.Module):
+    """A small MLP with odd sizes (no buffers: PipeSGD and DDP treat buffers differently)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(7, 13)
+        self.fc2 = nn.Linear(13, 11)
+        self.fc3 = nn.Linear(11, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(9, 7, generator=g), torch.randn(9, 3, generator=g)
+
+
+def _model(dtype: torch.dtype = torch.float32) -> Net:
+    torch.manual_seed(dist.get_rank())  # different on every rank: construction broadcasts rank 0's
+    return Net().to(dtype)
+
+
+def _optimizer(params: Any, spec: tuple) -> torch.optim.Optimizer:
+    name, lr, *rest = spec
+    if name == "sgd":
+        momentum, wd = rest
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
+    return torch.optim.Adam(params, lr=lr, weight_decay=rest[0] if rest else 0.0)
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def allreduce_hook_vs_ddp(algorithm: str, compression: str | None, steps: int = 5) -> dict:
+    """DDP with allreduce_hook(CollectiveState(algorithm)) vs plain DDP (gloo's averaging)."""
+    rank = dist.get_rank()
+    out = {}
+    for name in ("plain", "hook"):
+        model = _model()
+        ddp = DDP(model, bucket_cap_mb=0.0005)
+        if name == "hook":
+            hooks.register(ddp, hooks.CollectiveState(algorithm, compression), hooks.allreduce_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(steps):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        out[name] = _params(model)
+    return out
+
+
+def pipelined_vs_pipesgd(
+    staleness: int,
+    algorithm: str,
+    optim: tuple,
+    skip_filling: bool,
+    steps: int = 6,
+    compression: str | None = None,
+    group_kind: str = "world",
+) -> dict:
+    """Parameters after ``steps`` iterations: DDP + pipelined_hook vs PipeSGD(mode="pipe").
+
+    ``skip_filling``: the loop skips ``opt.step()`` while ``state.filling``. ``group_kind``:
+    ``"world"`` (DDP and the state on the default group) or ``"pipecomm"`` (both on a
+    pipecomm.backend group of every rank).
+    """
+    rank = dist.get_rank()
+    group = backend.new_group(algorithm="lp") if group_kind == "pipecomm" else None
+
+    model = _model()
+    ddp = DDP(model, process_group=group, bucket_cap_mb=0.0005)  # several buckets, rebuilt
+    state = hooks.PipelinedState(staleness, algorithm, compression)
+    hooks.register(ddp, state, hooks.pipelined_hook)
+    opt = _optimizer(model.parameters(), optim)
+    filling = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        filling.append(state.filling)
+        if not (skip_filling and state.filling):
+            opt.step()
+    state.wait()
+    hook_params = _params(model)
+
+    ref = _model()
+    popt = PipeSGD(
+        ref,
+        _optimizer(ref.parameters(), optim),
+        mode="pipe",
+        staleness=staleness,
+        algorithm=algorithm,
+        compression=compression,
+        group=group,
+    )
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        popt.zero_grad()
+        nn.functional.mse_loss(ref(x), y).backward()
+        popt.step()
+    pipesgd_params = _params(ref)  # w_T, before finish() applies the last k averages
+    popt.finish()
+    return dict(hook=hook_params, pipesgd=pipesgd_params, filling=filling,
+                iteration=state.iteration)
+
+
+class FakeBucket:
+    """What DDP passes to a hook: a flat buffer over some parameters."""
+
+    def __init__(self, index: int, params: list[torch.Tensor], last: bool, scale: float) -> None:
+        self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([p.detach().reshape(-1) for p in params]) * scale
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self._params
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def rebuilt_buckets(staleness: int) -> dict:
+    """The hook called directly with buckets whose layout changes between iterations (as when
+    DDP rebuilds its buckets): each parameter gets the average launched k iterations earlier."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ps = [torch.full((n,), float(i + 1)) for i, n in enumerate((3, 5, 2, 4))]
+    layouts = [[[0, 1], [2, 3]], [[3, 2, 1], [0]], [[0, 1, 2, 3]], [[1], [0], [3, 2]], [[2, 0], [3, 1]]]
+    state = hooks.PipelinedState(staleness, "lp")
+    bad = []
+    for t, layout in enumerate(layouts):
+        scale = float(rank + 1) * (t + 1)
+        for b, idx in enumerate(layout):
+            bucket = FakeBucket(b, [ps[i] for i in idx], b == len(layout) - 1, scale)
+            got = hooks.pipelined_hook(state, bucket).wait()
+            if t < staleness:
+                want = torch.zeros_like(bucket.buffer())
+            else:
+                mean_scale = sum(r + 1 for r in range(p)) / p * (t - staleness + 1)
+                want = torch.cat([ps[i] * mean_scale for i in idx])
+            if not torch.allclose(got, want):
+                bad.append((t, b, got.tolist(), want.tolist()))
+    state.wait()
+    return dict(bad=bad, iteration=state.iteration)
+
+
+def wrong_group() -> dict:
+    """A state bound to another process group: register() refuses it on every rank, and the hook
+    refuses it on a rank outside the state's group."""
+    rank = dist.get_rank()
+    only0 = dist.new_group([0])
+    out: dict[str, str] = {}
+    ddp = DDP(_model())
+    for name, fn in (
+        ("register", lambda: hooks.register(ddp, hooks.CollectiveState(process_group=only0),
+                                            hooks.allreduce_hook)),
+        ("hook", lambda: hooks.allreduce_hook(
+            hooks.CollectiveState(process_group=only0),
+            FakeBucket(0, [torch.ones(3)], True, 1.0))),
+        ("pipelined_hook", lambda: hooks.pipelined_hook(
+            hooks.PipelinedState(process_group=only0),
+            FakeBucket(0, [torch.ones(3)], True, 1.0))),
+        ("not_a_state", lambda: hooks.allreduce_hook(object(), None)),
+    ):
+        if name in ("hook", "pipelined_hook") and rank == 0:
+            continue  # rank 0 is a member (a group of one: no communication)
+        try:
+            fn()
+            out[name] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    dist.barrier()
+    return out
+
+
+def pipelined_overlap(staleness: int, steps: int = 12, width: int = 512) -> dict:
+    """Median iteration time of DDP with pipelined_hook, allreduce_hook and plain DDP."""
+    rank = dist.get_rank()
+    times: dict[str, float] = {}
+    for name in ("plain", "allreduce_hook", "pipelined_hook"):
+        torch.manual_seed(rank)
+        model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10))
+        ddp = DDP(model)
+        state = None
+        if name == "allreduce_hook":
+            hooks.register(ddp, hooks.CollectiveState("ring"), hooks.allreduce_hook)
+        elif name == "pipelined_hook":
+            state = hooks.PipelinedState(staleness, "ring")
+            hooks.register(ddp, state, hooks.pipelined_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+        per = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            per.append(time.perf_counter() - t0)
+        if state is not None:
+            state.wait()
+        per.sort()
+        times[name] = per[len(per) // 2]
+    return times
