@@ -108,7 +108,9 @@ def other_ops(algorithm: str) -> dict:
     x = torch.arange(5.0) + 10 * rank
     gathered = [torch.empty(5) for _ in range(p)]
     dist.all_gather(gathered, x, group=pg)
-    out["all_gather"] = all(torch.equal(g, torch.arange(5.0) + 10 * i) for i, g in enumerate(gathered))
+    out["all_gather"] = all(
+        torch.equal(g, torch.arange(5.0) + 10 * i) for i, g in enumerate(gathered)
+    )
     flat = torch.empty(5 * p)
     dist.all_gather_into_tensor(flat, x, group=pg)
     out["all_gather_into_tensor"] = torch.equal(flat, torch.cat(gathered))
@@ -145,7 +147,9 @@ def other_ops(algorithm: str) -> dict:
     out["barrier"] = True
     nc = (torch.arange(12.0).reshape(3, 4) * (rank + 1)).t()  # non-contiguous
     dist.all_reduce(nc, group=pg)
-    out["noncontiguous"] = torch.equal(nc, (torch.arange(12.0).reshape(3, 4) * sum(range(1, p + 1))).t())
+    out["noncontiguous"] = torch.equal(
+        nc, (torch.arange(12.0).reshape(3, 4) * sum(range(1, p + 1))).t()
+    )
     out["backend_name"] = dist.get_backend(pg)
     out["repr"] = repr(pg)
     return out
@@ -321,7 +325,10 @@ def ddp_overhead(steps: int = 30, width: int = 256, repeats: int = 3) -> dict:
         for name, group in groups.items():
             torch.manual_seed(rank)
             model = nn.Sequential(
-                nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                nn.Linear(64, width),
+                nn.ReLU(),
+                nn.Linear(width, width),
+                nn.ReLU(),
                 nn.Linear(width, 10),
             )
             ddp = DDP(model, process_group=group)

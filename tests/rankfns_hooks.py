@@ -123,8 +123,9 @@ def pipelined_vs_pipesgd(
         popt.step()
     pipesgd_params = _params(ref)  # w_T, before finish() applies the last k averages
     popt.finish()
-    return dict(hook=hook_params, pipesgd=pipesgd_params, filling=filling,
-                iteration=state.iteration)
+    return dict(
+        hook=hook_params, pipesgd=pipesgd_params, filling=filling, iteration=state.iteration
+    )
 
 
 class FakeBucket:
@@ -152,7 +153,13 @@ def rebuilt_buckets(staleness: int) -> dict:
     DDP rebuilds its buckets): each parameter gets the average launched k iterations earlier."""
     rank, p = dist.get_rank(), dist.get_world_size()
     ps = [torch.full((n,), float(i + 1)) for i, n in enumerate((3, 5, 2, 4))]
-    layouts = [[[0, 1], [2, 3]], [[3, 2, 1], [0]], [[0, 1, 2, 3]], [[1], [0], [3, 2]], [[2, 0], [3, 1]]]
+    layouts = [
+        [[0, 1], [2, 3]],
+        [[3, 2, 1], [0]],
+        [[0, 1, 2, 3]],
+        [[1], [0], [3, 2]],
+        [[2, 0], [3, 1]],
+    ]
     state = hooks.PipelinedState(staleness, "lp")
     bad = []
     for t, layout in enumerate(layouts):
@@ -179,14 +186,25 @@ def wrong_group() -> dict:
     out: dict[str, str] = {}
     ddp = DDP(_model())
     for name, fn in (
-        ("register", lambda: hooks.register(ddp, hooks.CollectiveState(process_group=only0),
-                                            hooks.allreduce_hook)),
-        ("hook", lambda: hooks.allreduce_hook(
-            hooks.CollectiveState(process_group=only0),
-            FakeBucket(0, [torch.ones(3)], True, 1.0))),
-        ("pipelined_hook", lambda: hooks.pipelined_hook(
-            hooks.PipelinedState(process_group=only0),
-            FakeBucket(0, [torch.ones(3)], True, 1.0))),
+        (
+            "register",
+            lambda: hooks.register(
+                ddp, hooks.CollectiveState(process_group=only0), hooks.allreduce_hook
+            ),
+        ),
+        (
+            "hook",
+            lambda: hooks.allreduce_hook(
+                hooks.CollectiveState(process_group=only0),
+                FakeBucket(0, [torch.ones(3)], True, 1.0),
+            ),
+        ),
+        (
+            "pipelined_hook",
+            lambda: hooks.pipelined_hook(
+                hooks.PipelinedState(process_group=only0), FakeBucket(0, [torch.ones(3)], True, 1.0)
+            ),
+        ),
         ("not_a_state", lambda: hooks.allreduce_hook(object(), None)),
     ):
         if name in ("hook", "pipelined_hook") and rank == 0:

@@ -121,8 +121,14 @@ def test_init_process_group_under_torchrun(tmp_path):
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     script = os.path.join(os.path.dirname(__file__), "rankfns_backend.py")
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        script, str(tmp_path),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        script,
+        str(tmp_path),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-4000:]

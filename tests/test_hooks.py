@@ -47,11 +47,19 @@ def test_states_check_their_arguments():
 
 @pytest.mark.parametrize(
     "world, algorithm, compression",
-    [(2, "lp", None), (3, "lp", None), (3, "mst", None), (3, "be", None), (3, "ring", None),
-     (3, "torch", None)],
+    [
+        (2, "lp", None),
+        (3, "lp", None),
+        (3, "mst", None),
+        (3, "be", None),
+        (3, "ring", None),
+        (3, "torch", None),
+    ],
 )
 def test_allreduce_hook_trains_like_ddp(pool, world, algorithm, compression):
-    for res in pool(world).run(fns.allreduce_hook_vs_ddp, algorithm, compression, timeout_s=TIMEOUT):
+    for res in pool(world).run(
+        fns.allreduce_hook_vs_ddp, algorithm, compression, timeout_s=TIMEOUT
+    ):
         close(res["hook"], res["plain"], exact=False)
 
 

@@ -179,11 +179,7 @@ _COMPLETER_LOCK = threading.Lock()
 def _enqueue(settle: Callable[[], None]) -> None:
     global _COMPLETER
     with _COMPLETER_LOCK:
-        if (
-            _COMPLETER is None
-            or _COMPLETER.pid != os.getpid()
-            or not _COMPLETER.thread.is_alive()
-        ):
+        if _COMPLETER is None or _COMPLETER.pid != os.getpid() or not _COMPLETER.thread.is_alive():
             _COMPLETER = _Completer()
         _COMPLETER.jobs.put(settle)
 
@@ -537,9 +533,7 @@ def _create(backend_opts: Any, pg_options: Any) -> PipecommProcessGroup:
 def _register() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(
-        BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
-    )
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 _register()

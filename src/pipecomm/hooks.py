@@ -97,13 +97,16 @@ def _check_common(
         or not math.isfinite(timeout_s)
         or timeout_s <= 0
     ):
-        raise ValueError(f"{where}: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        raise ValueError(
+            f"{where}: timeout_s must be a positive number of seconds, got {timeout_s!r}"
+        )
 
 
 def _group_of(where: str, process_group: Any) -> dist.ProcessGroup | None:
     """The state's group, checked at the hook: this rank must be one of its members."""
     if process_group is dist.GroupMember.NON_GROUP_MEMBER or (
-        process_group is not None and dist.get_rank() not in dist.get_process_group_ranks(process_group)
+        process_group is not None
+        and dist.get_rank() not in dist.get_process_group_ranks(process_group)
     ):
         raise ValueError(
             f"{where}: the state is bound to another process group: this rank "
@@ -146,7 +149,6 @@ class CollectiveState:
         )
 
 
-
 def _launch(state: Any, where: str, t: torch.Tensor) -> collectives.Handle:
     """Start the average of ``t`` over the state's group on the communication thread."""
     return collectives.allreduce(
@@ -174,7 +176,9 @@ def allreduce_hook(
         ddp_model.register_comm_hook(CollectiveState(algorithm="lp"), allreduce_hook)
     """
     if not isinstance(state, CollectiveState):
-        raise TypeError(f"allreduce_hook: state must be a CollectiveState, got {type(state).__name__}")
+        raise TypeError(
+            f"allreduce_hook: state must be a CollectiveState, got {type(state).__name__}"
+        )
     buf = bucket.buffer()
     handle = _launch(state, "allreduce_hook", buf)
     return backend.future_of(handle, lambda: buf, timeout_s=state.timeout_s)
@@ -241,7 +245,8 @@ class PipelinedState:
     def in_flight(self) -> int:
         """AllReduces launched by the hook that have not finished yet."""
         return sum(
-            not item.handle.is_completed() for _, launched in self._history
+            not item.handle.is_completed()
+            for _, launched in self._history
             for item in launched.values()
         )
 
@@ -281,7 +286,8 @@ def _from_history(
     launched: dict[tuple[int, ...], _Launched],
 ) -> tuple[list[collectives.Handle], Callable[[], torch.Tensor]]:
     """The handles to wait for and the assembly of this bucket's average from an earlier
-    iteration's buckets (the same bucket, or after DDP rebuilt its buckets, its parameters' pieces)."""
+    iteration's buckets: the same bucket, or (after DDP rebuilt its buckets) its parameters'
+    pieces of the earlier buckets."""
     same = launched.get(params)
     if same is not None:
         return [same.handle], lambda: same.avg
@@ -319,7 +325,9 @@ def pipelined_hook(
         ddp_model.register_comm_hook(state, pipelined_hook)
     """
     if not isinstance(state, PipelinedState):
-        raise TypeError(f"pipelined_hook: state must be a PipelinedState, got {type(state).__name__}")
+        raise TypeError(
+            f"pipelined_hook: state must be a PipelinedState, got {type(state).__name__}"
+        )
     buf = bucket.buffer()
     params, offsets = _layout(bucket, buf)
     t, k = state.iteration, state.staleness
