@@ -5,9 +5,13 @@ the ring; "before" forgives no lateness (the emulator without its virtual clock)
 through ``netem.wait_until`` (the virtual clock). Reports the median relative error of
 the one-way time on the wall clock and on ``netem.clock()`` over repetitions.
 
+``--check-host`` instead runs :func:`pipecomm.netem.check_host` at p = 8 on the networks of
+E0 (2 ms, 50 MB/s), E11's flat network (1 ms, 400 MB/s) and the two-level network of E10-E12.
+
 Run::
 
     .venv/bin/python benchmarks/bench_netem.py --reps 3
+    .venv/bin/python benchmarks/bench_netem.py --check-host
 """
 
 from __future__ import annotations
@@ -24,13 +28,35 @@ import rankfns_netem as rf  # noqa: E402
 from pipecomm import launch, netem  # noqa: E402
 
 
+def check_hosts(world: int = 8) -> None:
+    """Print what :func:`netem.check_host` says at ``world`` ranks on three networks."""
+    cases = [
+        ("E0 link", netem.Network(2e-3, 50e6), None, [64 << 10, 1 << 20]),
+        ("E11 flat", netem.Network(1e-3, 400e6), None, [133 << 10]),
+        ("E10-E12 two-level", netem.Network(1e-3, 400e6, inter_alpha_s=2e-3,
+                                            inter_bandwidth_Bps=50e6), 2, [64 << 10]),
+    ]
+    for name, net, rpn, sizes in cases:
+        with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+            chk = netem.check_host(ranks, sizes, raise_error=False)
+        print(f"{name}: {'ok' if chk.ok else 'refused'}")
+        for row in chk.rows:
+            print(f"  {row['level']:10s} {row['nbytes']:>8d} B: real step "
+                  f"{row['real_step_s'] * 1e3:.2f} ms, emulated {row['emulated_step_s'] * 1e3:.2f} ms")
+        print(f"  {chk.message}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64 << 10, 1 << 20])
     ap.add_argument("--hops", type=int, default=16)
+    ap.add_argument("--check-host", action="store_true")
     args = ap.parse_args()
+    if args.check_host:
+        check_hosts()
+        return
     net = netem.Network(2e-3, 50e6)
     print("p,mode,what,nbytes,model_ms,wall_err_pct,wall_err_ms,clock_err_pct,reps")
     for p in args.world_sizes:
