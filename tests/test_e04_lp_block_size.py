@@ -134,7 +134,7 @@ def test_run_tiny_end_to_end():
         assert col in df.columns
     assert (df.time_s > 0).all()
     with pytest.raises(ValueError, match="block_range >= 8"):
-        e4.check_penalty(df)
+        e4.check_penalty(df, "broadcast", 0.25)
     s = e4.summary(df)
     assert len(s) == 3
     fig = e4.plot(df)

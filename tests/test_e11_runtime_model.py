@@ -26,7 +26,7 @@ def _rows(error=0.1, spread=0.01):
                     "compute_scale": scale,
                     "compute_cv": 0.0,
                     "kind": kind,
-                    "method": e11.method_name(kind, "alternating-exp-ring"),
+                    "method": D.method_name(kind, "alternating-exp-ring"),
                     "measured_s": ms * (1 + error) / 1e3,
                     "times_s": repeats_around(ms * (1 + error) / 1e3, spread),
                     "predicted_s": ms / 1e3,

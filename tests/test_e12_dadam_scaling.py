@@ -19,7 +19,7 @@ def _rows(aer_ms_at_8=70.0, spread=0.01):
         ):
             rows.append(
                 {
-                    "method": e12.method_name(kind, topo),
+                    "method": D.method_name(kind, topo),
                     "kind": kind,
                     "topology": topo,
                     "iteration_s": (aer_ms_at_8 if world == 8 and topo == AER else ms) / 1e3,

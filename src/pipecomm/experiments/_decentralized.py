@@ -61,6 +61,7 @@ __all__ = [
     "bucket_layout",
     "link_models",
     "make_network",
+    "method_name",
     "network_text",
     "predict_training",
     "rank_calibrate_compute",
@@ -704,6 +705,18 @@ def rank_gossip_times(
             }
         )
     return rows
+
+
+def method_name(kind: str, topology: str | None) -> str:
+    """Display name: ``AllReduce`` or ``DAdam (<topology>)`` (AER for the alternating ring).
+
+    Example::
+
+        method_name("decentralized", "alternating-exp-ring")   # 'DAdam (AER)'
+    """
+    if kind == "allreduce":
+        return "AllReduce"
+    return f"DAdam ({'AER' if topology == 'alternating-exp-ring' else topology})"
 
 
 def model_gossip_time(

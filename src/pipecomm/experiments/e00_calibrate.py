@@ -37,6 +37,7 @@ import torch.distributed as dist
 from pipecomm import bench, claims, cost, launch, results, stats
 from pipecomm.collectives.p2p import exchange
 from pipecomm.experiments._cli import check_backend, main
+from pipecomm.sweep import message_sizes
 
 ID = "E0"
 NOTEBOOK = "00_calibrate"
@@ -56,18 +57,6 @@ DEFAULTS: dict[str, Any] = {
     "backend": "gloo",
     "timeout_s": 300.0,
 }
-
-
-def message_sizes(lo: int, hi: int, factor: int) -> list[int]:
-    """Geometric message sizes from ``lo`` to ``hi`` bytes (``hi`` always included)."""
-    if lo < 1 or hi < lo or factor < 2:
-        raise ValueError(f"need 1 <= sizes_min <= sizes_max and size_factor >= 2, got "
-                         f"{lo}, {hi}, {factor}")
-    sizes, n = [], lo
-    while n < hi:
-        sizes.append(n)
-        n *= factor
-    return sizes + [hi]
 
 
 def _pingpong(sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ import pandas as pd
 
 from pipecomm import cost
 from pipecomm.experiments._cli import main
-from pipecomm.experiments.e00_calibrate import message_sizes
+from pipecomm.sweep import message_sizes
 
 ID = "E1"
 NOTEBOOK = "01_lp_cost_model"

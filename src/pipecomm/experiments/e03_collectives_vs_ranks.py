@@ -41,7 +41,7 @@ import pandas as pd
 
 from pipecomm import claims, cost, launch, stats
 from pipecomm.experiments._cli import main
-from pipecomm.experiments.e02_collectives_vs_size import (
+from pipecomm.sweep import (
     ALG_COLORS,
     check_link_params,
     measure_points,

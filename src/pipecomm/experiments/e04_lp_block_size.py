@@ -40,7 +40,7 @@ import pandas as pd
 
 from pipecomm import claims, cost, launch, stats
 from pipecomm.experiments._cli import main
-from pipecomm.experiments.e02_collectives_vs_size import ALG_COLORS, check_link_params, network
+from pipecomm.sweep import ALG_COLORS, check_link_params, network
 
 ID = "E4"
 NOTEBOOK = "04_lp_block_size"

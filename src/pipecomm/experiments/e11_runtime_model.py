@@ -108,18 +108,6 @@ def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def method_name(kind: str, topology: str | None) -> str:
-    """Display name: ``AllReduce`` or ``DAdam (<topology>)`` (AER for the alternating ring).
-
-    Example::
-
-        method_name("decentralized", "alternating-exp-ring")   # 'DAdam (AER)'
-    """
-    if kind == "allreduce":
-        return "AllReduce"
-    return f"DAdam ({'AER' if topology == 'alternating-exp-ring' else topology})"
-
-
 def _validate(p: dict[str, Any]) -> None:
     rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
     D.check_world_sizes("world_size", [p["world_size"]], rpn)
@@ -193,7 +181,7 @@ def run(**params: Any) -> pd.DataFrame:
                             "compute_scale": scale,
                             "compute_cv": case["compute_cv"],
                             "kind": kind,
-                            "method": method_name(kind, p["topology"]),
+                            "method": D.method_name(kind, p["topology"]),
                             "topology": None if kind == "allreduce" else p["topology"],
                             "measured_s": res["iteration_s"],
                             "predicted_s": pred["iteration_s"],

@@ -46,7 +46,6 @@ import pandas as pd
 from pipecomm import claims, launch, stats
 from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments._cli import main
-from pipecomm.experiments.e11_runtime_model import method_name
 
 ID = "E12"
 NOTEBOOK = "12_dadam_scaling"
@@ -117,7 +116,7 @@ def run(**params: Any) -> pd.DataFrame:
                 pred = D.predict_training(spec, calib, net)
                 rows.append(
                     {
-                        "method": method_name(kind, topo),
+                        "method": D.method_name(kind, topo),
                         "kind": kind,
                         "topology": topo,
                         "iteration_s": res["iteration_s"],

@@ -1,0 +1,230 @@
+"""Sweeps of collectives over message sizes, algorithms and world sizes on a rank pool, and
+their analysis: the measurement loop that E0-E4 and the collectives benchmark share.
+
+No paper equation of its own: it times the schedules of :mod:`pipecomm.collectives` with
+:func:`pipecomm.bench.time_fn` (common start instant, every repeat kept) on the emulated network
+(:mod:`pipecomm.netem`) or the real backend, and locates where LP overtakes another algorithm,
+measured and in the alpha-beta model of :mod:`pipecomm.cost` (the LP paper's argument, Wang et
+al., arXiv 1611.04255, Section 3).
+
+Example::
+
+    from pipecomm import launch, sweep
+    pts = [{"op": "broadcast", "algorithm": a, "nbytes": 1 << 20, "p": 4, "warmup": 1,
+            "iters": 10} for a in ("lp", "mst")]
+    with launch.Ranks(4, network=sweep.network({"emu_alpha_s": 1e-3,
+                                                "emu_bandwidth_Bps": 1e8}, "single")) as r:
+        rows = r.run(sweep.measure_points, pts)[0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipecomm import bench, collectives, cost
+
+__all__ = [
+    "ALG_COLORS",
+    "check_link_params",
+    "measure_points",
+    "measured_crossover_bytes",
+    "message_sizes",
+    "model_crossover_bytes",
+    "network",
+]
+
+ALG_COLORS = {"lp": "C0", "mst": "C1", "be": "C2", "ring": "C3", "torch": "C4"}  # every figure
+
+
+def message_sizes(lo: int, hi: int, factor: int) -> list[int]:
+    """Geometric message sizes from ``lo`` to ``hi`` bytes (``hi`` always included).
+
+    Example::
+
+        message_sizes(4, 100, 4)   # [4, 16, 64, 100]
+    """
+    if lo < 1 or hi < lo or factor < 2:
+        raise ValueError(f"need 1 <= sizes_min <= sizes_max and size_factor >= 2, got "
+                         f"{lo}, {hi}, {factor}")
+    sizes, n = [], lo
+    while n < hi:
+        sizes.append(n)
+        n *= factor
+    return sizes + [hi]
+
+
+def check_link_params(p: dict[str, Any]) -> None:
+    """Validate the emulated link parameters of a sweep (``emu_alpha_s``, ``emu_bandwidth_Bps``,
+    ``ports`` if given) and its ``timeout_s``; errors name the parameter.
+
+    Example::
+
+        check_link_params({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6, "timeout_s": 60.0})
+    """
+    if "ports" in p and p["ports"] not in ("single", "per-neighbor"):
+        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {p['ports']!r}")
+    for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
+        v = p[name]
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v < 0
+            or (name != "emu_alpha_s" and v == 0)
+        ):
+            raise ValueError(f"parameter {name} must be a positive number, got {v!r}")
+
+
+def network(p: dict[str, Any], ports: str | None = None):
+    """The emulated :class:`pipecomm.netem.Network` of the parameters, with ``ports`` (default:
+    the parameter ``ports``).
+
+    Example::
+
+        network({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6}, "single").describe()
+    """
+    from pipecomm import netem
+
+    return netem.Network(
+        alpha_s=p["emu_alpha_s"],
+        bandwidth_Bps=p["emu_bandwidth_Bps"],
+        ports=ports if ports is not None else p["ports"],
+    )
+
+
+def measure_points(points: list[dict[str, Any]], device: str | None = None) -> list[dict]:
+    """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``.
+
+    Points run in the given order; a point with ``p`` < world size runs on the subgroup of global
+    ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
+    same ``p``). Rank 0 returns one row per point (median, min, max over iterations of the max
+    over ranks, and the LP block size used); the others return ``[]``.
+
+    Example::
+
+        pt = {"op": "broadcast", "algorithm": "lp", "nbytes": 1 << 20, "p": 4,
+              "warmup": 1, "iters": 3}
+        rows = ranks.run(measure_points, [pt])[0]
+    """
+    from pipecomm.collectives import lp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device) if device else torch.device("cpu")
+    sizes_p = sorted({pt["p"] for pt in points})
+    groups = {q: (None if q == world else dist.new_group(list(range(q)))) for q in sizes_p}
+    rows: list[dict] = []
+    warmed: set = set()
+    buf: dict = {}
+    prev_p = None
+    for pt in points:
+        q = pt["p"]
+        if prev_p is not None and q != prev_p:
+            dist.barrier()
+        prev_p = q
+        if rank >= q:
+            continue
+        g, n, op, alg = groups[q], pt["nbytes"], pt["op"], pt["algorithm"]
+        key = (q, n)
+        if key not in buf:
+            buf.clear()
+            buf[key] = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
+        t = buf[key]
+        if op == "broadcast":
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.broadcast(t, 0, algorithm=alg, group=g)
+        elif op == "reduce":
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.reduce(t, 0, algorithm=alg, group=g)
+        else:
+
+            def fn(t=t, alg=alg, g=g):
+                collectives.allreduce(t, algorithm=alg, group=g)
+
+        if (q, op, alg) not in warmed and pt.get("first_warmup", False):
+            small = torch.zeros(1024, dtype=torch.float32, device=dev)
+            if op == "broadcast":
+                collectives.broadcast(small, 0, algorithm=alg, group=g)
+            elif op == "reduce":
+                collectives.reduce(small, 0, algorithm=alg, group=g)
+            else:
+                collectives.allreduce(small, algorithm=alg, group=g)
+        warmed.add((q, op, alg))
+        stats = bench.time_fn(
+            fn,
+            warmup=pt["warmup"],
+            repeats=pt["iters"],
+            group=g,
+            device=dev if dev.type == "cuda" else None,
+        )
+        block = lp.default_block_bytes(op, t.numel() * 4, q) if alg == "lp" else None
+        if rank == 0:
+            rows.append(
+                {
+                    **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
+                    "world_size": q,
+                    **bench.columns(stats),
+                    "block_bytes": block,
+                }
+            )
+    dist.barrier()
+    return rows
+
+
+def measured_crossover_bytes(nbytes: Any, t_lp: Any, t_other: Any) -> float:
+    """Smallest message size from which LP stays faster than the other algorithm.
+
+    ``log(t_other / t_lp)`` is interpolated linearly in ``log(nbytes)`` between the last size
+    where LP is not faster and the next one. Returns the smallest size if LP is faster at every
+    size, ``inf`` if it is not faster at the largest.
+
+    Example::
+
+        measured_crossover_bytes([1, 4, 16], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0])   # 4.0
+    """
+    n = np.asarray(nbytes, dtype=float)
+    r = np.log(np.asarray(t_other, dtype=float) / np.asarray(t_lp, dtype=float))
+    order = np.argsort(n)
+    n, r = n[order], r[order]
+    if r[-1] <= 0:
+        return math.inf
+    slower = np.nonzero(r <= 0)[0]
+    if slower.size == 0:
+        return float(n[0])
+    i = int(slower[-1])
+    if r[i] == 0:
+        return float(n[i])
+    x0, x1 = np.log(n[i]), np.log(n[i + 1])
+    x = x0 + (x1 - x0) * (0 - r[i]) / (r[i + 1] - r[i])
+    return float(np.exp(x))
+
+
+def model_crossover_bytes(
+    op: str,
+    other: str,
+    p: int,
+    link: cost.LinkModel,
+    lo: float,
+    hi: float,
+    points_per_octave: int = 16,
+) -> float:
+    """Smallest size in ``[lo, hi]`` from which modelled LP stays faster than ``other``.
+
+    Evaluated on a geometric grid (``points_per_octave``) with LP's optimal block sizes and
+    refined like :func:`measured_crossover_bytes`; ``inf`` if LP is not faster at ``hi``.
+
+    Example::
+
+        link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
+        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26)   # about 3.3 MiB
+    """
+    num = max(2, int(round(np.log2(hi / lo) * points_per_octave)) + 1)
+    sizes = np.unique(np.geomspace(lo, hi, num).astype(np.int64))
+    t_lp = [cost.collective_time(op, "lp", int(n), p, link) for n in sizes]
+    t_o = [cost.collective_time(op, other, int(n), p, link) for n in sizes]
+    return measured_crossover_bytes(sizes, t_lp, t_o)
