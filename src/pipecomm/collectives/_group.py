@@ -17,6 +17,7 @@ schedules). This path has not been run: there is no multi-GPU machine here.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,21 +59,22 @@ class Comm:
         if s or r:
             p2p.exchange(s, r, self.transport)
 
+    @functools.cached_property
+    def batched(self) -> bool:
+        """Whether posts are collected into batches (NCCL, see the module docstring)."""
+        return dist.get_backend(self.transport) == "nccl"
+
     def isend(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
         """Post the send of ``t`` to group index ``peer``; ``.wait()`` on the result."""
-        if _is_nccl(self.transport):
+        if self.batched:
             return _batch(self.transport).add(dist.isend, t, self.members[peer])
         return p2p.post_send(t, self.members[peer], self.transport)
 
     def irecv(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
         """Post a receive into ``t`` from group index ``peer``; ``.wait()`` on the result."""
-        if _is_nccl(self.transport):
+        if self.batched:
             return _batch(self.transport).add(dist.irecv, t, self.members[peer])
         return p2p.post_recv(t, self.members[peer], self.transport)
-
-
-def _is_nccl(group: dist.ProcessGroup | None) -> bool:
-    return dist.get_backend(group) == "nccl"
 
 
 class _Batch:
