@@ -362,7 +362,14 @@ def torchrun_main(out_dir: str) -> None:
     dist.init_process_group(backend="pipecomm", timeout=datetime.timedelta(seconds=60))
     rank, p = dist.get_rank(), dist.get_world_size()
     world = dist.group.WORLD
+    early = dist.new_group(list(range(p)), backend="pipecomm")
+    try:  # before the communication thread's group exists: refused, not a hang
+        dist.all_reduce(torch.ones(2), group=early)
+        refused = "no error"
+    except RuntimeError as exc:
+        refused = str(exc)
     out: dict[str, Any] = {
+        "early_subgroup": refused,
         "backend": dist.get_backend(),
         "type": type(world).__name__,
         "algorithm": getattr(world, "algorithm", None),
@@ -394,3 +401,32 @@ if __name__ == "__main__":
     import sys
 
     torchrun_main(sys.argv[1])
+
+
+def allreduce_latency(numel: int, iters: int = 30, repeats: int = 3) -> dict:
+    """Median seconds per AllReduce of ``numel`` float32, attributed layer by layer: gloo's own,
+    pipecomm's collective (synchronous, asynchronous + wait), and through the backend's group."""
+    from pipecomm import collectives
+
+    pg = backend.new_group(algorithm="lp")
+    x = torch.ones(numel)
+    cases = {
+        "gloo": lambda: dist.all_reduce(x),
+        "collectives_sync": lambda: collectives.allreduce(x, algorithm="lp"),
+        "collectives_async_wait": lambda: collectives.allreduce(
+            x, algorithm="lp", async_op=True
+        ).wait(),
+        "backend": lambda: dist.all_reduce(x, group=pg),
+    }
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            per = []
+            for _ in range(iters):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                per.append(time.perf_counter() - t0)
+            per.sort()
+            out[name].append(per[len(per) // 2])
+    return out

@@ -139,3 +139,4 @@ def test_init_process_group_under_torchrun(tmp_path):
         assert res["avg"] == 1.5 and res["max"] == 1 and res["all_gather"] == [0.0, 1.0]
         assert res["ddp_max_abs"] < 1e-6
         assert res["subgroup_sum"] == 2.0
+        assert "pipecomm.launch.comm_group()" in res["early_subgroup"]

@@ -17,8 +17,9 @@ Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"m
   so that torch dispatches every operation this class does not define (allgather, barrier,
   reduce_scatter, alltoall, gather, scatter, send/recv, ...) to it, and raises that backend's
   error for an operation it does not support: ReduceOp PRODUCT, BAND, BOR, BXOR and other dtypes
-  (bool, int8, uint8, ...) go there too, as does every operation under ``algorithm="torch"``.
-  AVG of an integer tensor is refused (gloo has no AVG, pipecomm averages floating tensors);
+  (bool, int8, uint8, ...) go there too, as does every operation under ``algorithm="torch"``
+  (AVG there is the inner SUM divided by the group size, since gloo has no AVG). AVG of an
+  integer tensor is refused before any communication;
 * the ``Work`` objects it returns complete when the communication thread has finished: their
   ``get_future()`` is a ``torch.futures.Future`` resolved (with the list of result tensors) by
   this module's completion thread as soon as pipecomm's handle is done, ``wait()`` blocks on it
@@ -39,6 +40,18 @@ group that must be created on every rank: :func:`new_group` creates it; a world 
 ``init_process_group(backend="pipecomm")`` creates it at its first pipecomm operation (every rank
 takes part in those); a subgroup made by ``dist.new_group`` before either refuses to run with an
 error rather than hang.
+
+What torch 2.13 does and does not allow here (checked by the tests): a Python
+``ProcessGroup`` subclass may register real backends under itself (``_register_backend``), so
+operations it does not override reach gloo/NCCL without Python code; ``Backend.register_backend``
+with ``extended_api=True`` hands the creator the group's global ranks and ``pg_options`` (the
+:class:`Options` of :func:`new_group`), and a creator that returns a ``ProcessGroup`` subclass
+replaces torch's own group object. torch's ``_create_work_from_future`` was not used: its
+``wait()`` neither re-raises the future's error nor accepts a finite timeout, so ``Work`` here
+is a Python subclass. C++ code that calls ``reduce``, ``gather``, ``scatter`` or ``alltoall`` on
+the group (torch's trampoline forwards only allreduce, broadcast, allgather, barrier,
+reduce_scatter, all_to_all_single, send and recv to Python) reaches the inner backend directly;
+Python callers (``dist.reduce``) and the functional collectives reach this class.
 
 Example::
 
