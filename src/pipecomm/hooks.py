@@ -213,6 +213,9 @@ class PipelinedState:
             was still filling (``iteration <= staleness``): skip ``optimizer.step()`` then to
             apply PipeSGD's ``w_{t+1} = w_t`` exactly (see the module docstring).
 
+    The averages in flight are not part of any checkpoint: a run resumed with a fresh state
+    refills the pipeline (k more iterations of zero gradients).
+
     Example::
 
         state = PipelinedState(staleness=1, algorithm="ring")
