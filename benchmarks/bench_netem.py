@@ -1,9 +1,10 @@
 """One-way error of the emulated network at p = 2 and p = 8, without and with the virtual clock.
 
 E0's emulated ping-pong (pairs (2i, 2i+1) at once, 2 ms / 50 MB/s) and a lock-step chain around
-the ring; "before" forgives no lateness (the emulator without its virtual clock), "after" is p2p waiting
-through ``netem.wait_until`` (the virtual clock). Reports the median relative error of
-the one-way time on the wall clock and on ``netem.clock()`` over repetitions.
+the ring; "before" forgives no lateness (the emulator without its virtual clock), "after" is p2p
+waiting through ``netem.wait_until`` (the virtual clock). The two alternate message by message
+(paired samples under the same machine load). Reports the median relative error of the one-way
+time on the wall clock and on ``netem.clock()`` over all samples.
 
 ``--check-host`` instead runs :func:`pipecomm.netem.check_host` at p = 8 on the networks of
 E0 (2 ms, 50 MB/s), E11's flat network (1 ms, 400 MB/s) and the two-level network of E10-E12.
@@ -52,38 +53,38 @@ def main() -> None:
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64 << 10, 1 << 20])
     ap.add_argument("--hops", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=5, help="samples per mode and repetition")
     ap.add_argument("--check-host", action="store_true")
     args = ap.parse_args()
     if args.check_host:
         check_hosts()
         return
     net = netem.Network(2e-3, 50e6)
-    print("p,mode,what,nbytes,model_ms,wall_err_pct,wall_err_ms,clock_err_pct,reps")
+    print("p,mode,what,nbytes,model_ms,wall_err_pct,wall_err_ms,clock_err_pct,samples")
     for p in args.world_sizes:
         with launch.Ranks(p, network=net) as ranks:
             res: dict = {}
-            for _ in range(args.reps):
-                for mode in ("before", "after"):
-                    ranks.run(rf.use_virtual_clock, mode == "after")
-                    for n in args.sizes:
-                        model = net.transfer_time(n)
-                        out = [r for r in ranks.run(rf.pingpong, n) if r is not None]
-                        wall = statistics.median(t for w, _ in out for t in w)
-                        virt = statistics.median(t for _, v in out for t in v)
-                        res.setdefault((mode, "pingpong", n), []).append((wall, virt, model))
-                    n = args.sizes[0]
-                    out = [r for r in ranks.run(rf.chain, n, args.hops) if r is not None][0]
-                    wall = statistics.median(w for w, _ in out)
-                    virt = statistics.median(v for _, v in out)
-                    model = args.hops * net.transfer_time(n)
-                    res.setdefault((mode, f"chain{args.hops}", n), []).append((wall, virt, model))
-            for (mode, what, n), vals in res.items():
-                model = vals[0][2]
+            for _ in range(args.reps):  # modes alternate message by message: paired samples
+                for n in args.sizes:
+                    iters = 2 * args.iters
+                    modes = [i % 2 == 1 for i in range(iters + 2)]
+                    for rows in filter(None, ranks.run(rf.pingpong, n, iters, 2, modes)):
+                        for mode, wall, virt in rows:
+                            res.setdefault((mode, "pingpong", n), []).append((wall, virt))
+                n = args.sizes[0]
+                modes = [i % 2 == 1 for i in range(2 * args.iters + 1)]
+                (rows,) = filter(None, ranks.run(rf.chain, n, args.hops, 2 * args.iters, modes))
+                for mode, wall, virt in rows:
+                    res.setdefault((mode, f"chain{args.hops}", n), []).append((wall, virt))
+            for (mode, what, n), vals in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][2],
+                                                                            kv[0][0])):
+                hops = args.hops if what.startswith("chain") else 1
+                model = hops * net.transfer_time(n)
                 wall = statistics.median(v[0] for v in vals)
                 virt = statistics.median(v[1] for v in vals)
-                print(f"{p},{mode},{what},{n},{model * 1e3:.3f},{(wall / model - 1) * 100:+.1f},"
-                      f"{(wall - model) * 1e3:+.3f},{(virt / model - 1) * 100:+.1f},{len(vals)}")
-
+                print(f"{p},{'after' if mode else 'before'},{what},{n},{model * 1e3:.3f},"
+                      f"{(wall / model - 1) * 100:+.1f},{(wall - model) * 1e3:+.3f},"
+                      f"{(virt / model - 1) * 100:+.1f},{len(vals)}")
 
 if __name__ == "__main__":
     main()

@@ -180,17 +180,22 @@ def use_virtual_clock(on: bool) -> bool:
     return was
 
 
-def pingpong(nbytes: int, iters: int = 5, warmup: int = 2):
+def pingpong(nbytes: int, iters: int = 5, warmup: int = 2, modes=None):
     """E0's emulated ping-pong: pairs (2i, 2i+1) at once; the even rank reports per iteration
-    the one-way time (half the round trip) on the wall clock and on ``netem.clock()``."""
+    the one-way time (half the round trip) on the wall clock and on ``netem.clock()``.
+    ``modes`` (one bool per iteration, warm-up included) switches the virtual clock on or off
+    before each iteration, for paired comparisons under the same load; then each reported item
+    is ``(mode, wall, emulated)``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = rank + 1 if rank % 2 == 0 else rank - 1
     buf = torch.zeros(nbytes, dtype=torch.uint8)
     one = torch.zeros(1, dtype=torch.uint8)
     for _ in range(3):
         exchange([(one, peer)], [(one, peer)])
-    wall, virtual = [], []
+    wall, virtual, out = [], [], []
     for i in range(warmup + iters):
+        if modes is not None:
+            use_virtual_clock(modes[i])
         dist.barrier()
         start, vstart = time.perf_counter(), netem.clock()
         if rank % 2 == 0:
@@ -202,20 +207,27 @@ def pingpong(nbytes: int, iters: int = 5, warmup: int = 2):
         if i >= warmup:
             wall.append((time.perf_counter() - start) / 2)
             virtual.append((netem.clock() - vstart) / 2)
+            if modes is not None:
+                out.append((modes[i], wall[-1], virtual[-1]))
     dist.barrier()
-    return (wall, virtual) if rank % 2 == 0 and peer < world else None
+    if rank % 2 or peer >= world:
+        return None
+    return out if modes is not None else (wall, virtual)
 
 
-def chain(nbytes: int, hops: int, reps: int = 3):
+def chain(nbytes: int, hops: int, reps: int = 3, modes=None):
     """A lock-step chain around the ring: rank 0 sends, each rank forwards what it received to
-    its right, ``hops`` messages in all; rank 0 reports the wall and ``netem.clock()`` time of
-    the chain per repetition (the lateness of every wake-up adds up along it without the
-    virtual clock)."""
+    its right, ``hops`` messages in all; the last receiver reports the wall and
+    ``netem.clock()`` time of the chain per repetition (the lateness of every wake-up adds up
+    along it without the virtual clock). ``modes`` as in :func:`pingpong` (one per repetition,
+    the warm-up included); then each item is ``(mode, wall, emulated)``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world, (rank - 1) % world
     buf = torch.zeros(nbytes, dtype=torch.uint8)
     out = []
-    for _ in range(reps + 1):
+    for rep in range(reps + 1):
+        if modes is not None:
+            use_virtual_clock(modes[rep])
         dist.barrier()
         start, vstart = time.perf_counter(), netem.clock()
         for k in range(hops):
@@ -223,8 +235,8 @@ def chain(nbytes: int, hops: int, reps: int = 3):
                 exchange([(buf, right)], [])
             if (k + 1) % world == rank:
                 exchange([], [(buf, left)])
-        if rank == hops % world:
-            out.append((time.perf_counter() - start, netem.clock() - vstart))
+        item = (time.perf_counter() - start, netem.clock() - vstart)
+        out.append(item if modes is None else (modes[rep], *item))
     dist.barrier()
     return out[1:] if rank == hops % world else None
 

@@ -85,7 +85,7 @@ __all__ = [
 
 PORTS = ("single", "per-neighbor")
 _LOCK_TIMEOUT_S = 60.0
-MAX_LAG_S = 0.1  # most lateness a rank is forgiven; the port table keeps this much past
+MAX_LAG_S = 0.02  # most lateness a rank is forgiven; the port table keeps this much past
 
 
 # --------------------------------------------------------------------------- the network
