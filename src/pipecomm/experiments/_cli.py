@@ -1,8 +1,8 @@
 """Shared command line and notebook glue for experiment modules.
 
-Every experiment module ``pipecomm.experiments.eNN_name`` defines ``ID``, ``NOTEBOOK``,
-``DEFAULTS`` (the quick configuration, identical to its notebook's parameters cell),
-``run(**params) -> DataFrame`` and ``plot(df, **params) -> Figure``, and ends with
+Every experiment module ``pipecomm.experiments.eNN_name`` follows the shape of
+:mod:`pipecomm.experiments.base` (``ID``, ``NOTEBOOK``, a ``Params`` dataclass and its
+``DEFAULTS``, ``run``, ``summary``, ``plot``, its claims' checks) and ends with
 ``if __name__ == "__main__": main(sys.modules[__name__])`` so it runs without a notebook::
 
     python -m pipecomm.experiments.e00_calibrate --out results/manual/E0 -p sizes_max=1048576

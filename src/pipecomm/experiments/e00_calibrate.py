@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +37,52 @@ import torch.distributed as dist
 
 from pipecomm import bench, claims, cost, launch, results, stats
 from pipecomm.collectives.p2p import exchange
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import check_backend, main
 from pipecomm.sweep import message_sizes
 
 ID = "E0"
 NOTEBOOK = "00_calibrate"
-DEFAULTS: dict[str, Any] = {
-    "sizes_min": 4,
-    "sizes_max": 16 << 20,
-    "size_factor": 4,
-    "iters": 5,
-    "warmup": 2,
-    "gamma_bytes": 16 << 20,
-    "fit_min_bytes": 64 << 10,
-    "emulated": True,
-    "emu_world_sizes": [2],
-    "emu_alpha_s": 0.002,
-    "emu_bandwidth_Bps": 50e6,
-    "emu_sizes_max": 4 << 20,
-    "backend": "gloo",
-    "timeout_s": 300.0,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E0's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    sizes_min: int = 4
+    sizes_max: int = 16 << 20
+    size_factor: int = 4
+    iters: int = 5
+    warmup: int = 2
+    gamma_bytes: int = 16 << 20
+    fit_min_bytes: int = 64 << 10
+    emulated: bool = True
+    emu_world_sizes: list[int] = field(default_factory=lambda: [2])
+    emu_alpha_s: float = 0.002
+    emu_bandwidth_Bps: float = 50e6
+    emu_sizes_max: int = 4 << 20
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        message_sizes(self.sizes_min, self.sizes_max, self.size_factor)
+        message_sizes(self.sizes_min, self.emu_sizes_max, self.size_factor)
+        for name, minimum in (("iters", 1), ("warmup", 0), ("gamma_bytes", 0),
+                              ("fit_min_bytes", 1)):
+            if self[name] < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got {self[name]!r}")
+        for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
+            if not self[name] > 0:
+                raise ValueError(f"parameter {name} must be > 0, got {self[name]!r}")
+        if any(w < 2 or w % 2 for w in self.emu_world_sizes):
+            raise ValueError(f"parameter emu_world_sizes must list even world sizes >= 2 (ranks "
+                             f"ping-pong in pairs), got {self.emu_world_sizes!r}")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {self.backend!r}")
+
+
+DEFAULTS = Params.defaults()
 
 
 def _pingpong(sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]:
@@ -121,7 +147,7 @@ def _measure_rank(sizes, iters, warmup, gamma_bytes) -> list[dict[str, Any]]:
 
 def run(**params: Any) -> pd.DataFrame:
     """Measure ping-pong on the real backend (2 ranks), gamma, and the emulated network."""
-    p = {**DEFAULTS, **params}
+    p = Params.make(**params)
     sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
     check_backend(p["backend"], 2, emulated=p["emulated"])
     if p["emulated"] and launch.under_torchrun():

@@ -27,33 +27,62 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pipecomm import cost
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
-from pipecomm.sweep import message_sizes
+from pipecomm.sweep import ALG_COLORS, message_sizes
 
 ID = "E1"
 NOTEBOOK = "01_lp_cost_model"
-DEFAULTS: dict[str, Any] = {
-    "alpha_s": 10e-6,  # a GPU interconnect of the LP paper's era: 10 us, 10 GB/s
-    "bandwidth_Bps": 10e9,
-    "gamma_s_per_byte": 1e-11,  # a GPU reduction at 100 GB/s
-    "sizes_min": 1024,
-    "sizes_max": 1 << 30,
-    "size_factor": 4,
-    "size_sweep_p": [8, 64],
-    "world_sizes": [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128],
-    "ranks_sweep_bytes": 1 << 28,  # 256 MiB
-    "ops": ["broadcast", "reduce", "allreduce"],
-    "algorithms": ["lp", "mst", "be", "ring"],
-    "ports": ["single", "per-neighbor"],
-}
 
-ALG_COLORS = {"lp": "C0", "mst": "C1", "be": "C2", "ring": "C3", "torch": "C4"}
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E1's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    alpha_s: float = 10e-6
+    bandwidth_Bps: float = 10e9
+    gamma_s_per_byte: float = 1e-11
+    sizes_min: int = 1024
+    sizes_max: int = 1 << 30
+    size_factor: int = 4
+    size_sweep_p: list[int] = field(default_factory=lambda: [8, 64])
+    world_sizes: list[int] = field(default_factory=lambda:
+        [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    )
+    ranks_sweep_bytes: int = 1 << 28
+    ops: list[str] = field(default_factory=lambda: ["broadcast", "reduce", "allreduce"])
+    algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
+    ports: list[str] = field(default_factory=lambda: ["single", "per-neighbor"])
+
+    def validate(self) -> None:
+        p = self
+        for name in ("alpha_s", "bandwidth_Bps", "gamma_s_per_byte"):
+            v = p[name]
+            if not np.isfinite(v) or v < 0:
+                raise ValueError(f"parameter {name} must be a finite number >= 0, got {v!r}")
+        if p["bandwidth_Bps"] <= 0:
+            raise ValueError(f"parameter bandwidth_Bps must be > 0, got {p['bandwidth_Bps']!r}")
+        _check_list("ops", p["ops"], cost.OPS)
+        _check_list("algorithms", p["algorithms"], cost.ALGORITHMS)
+        _check_list("ports", p["ports"], cost.PORTS)
+        _check_ranks("size_sweep_p", p["size_sweep_p"])
+        _check_ranks("world_sizes", p["world_sizes"])
+        if p["ranks_sweep_bytes"] < 1:
+            raise ValueError(f"parameter ranks_sweep_bytes must be a positive int, got "
+                             f"{p['ranks_sweep_bytes']!r}")
+        message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+
+
+DEFAULTS = Params.defaults()
+
 PORT_STYLES = {"single": "-", "per-neighbor": "--"}
 
 
@@ -106,24 +135,10 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(sizes_max=1 << 20, world_sizes=[2, 64])
     """
-    p = {**DEFAULTS, **params}
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(DEFAULTS)}")
-    for name in ("alpha_s", "bandwidth_Bps", "gamma_s_per_byte"):
-        v = p[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            raise ValueError(f"parameter {name} must be a finite number >= 0, got {v!r}")
-    if p["bandwidth_Bps"] <= 0:
-        raise ValueError(f"parameter bandwidth_Bps must be > 0, got {p['bandwidth_Bps']!r}")
-    ops = _check_list("ops", p["ops"], cost.OPS)
-    algorithms = _check_list("algorithms", p["algorithms"], cost.ALGORITHMS)
-    ports = _check_list("ports", p["ports"], cost.PORTS)
-    size_ps = _check_ranks("size_sweep_p", p["size_sweep_p"])
-    world_sizes = _check_ranks("world_sizes", p["world_sizes"])
-    nb = p["ranks_sweep_bytes"]
-    if isinstance(nb, bool) or not isinstance(nb, int) or nb < 1:
-        raise ValueError(f"parameter ranks_sweep_bytes must be a positive int, got {nb!r}")
+    p = Params.make(**params)
+    ops, algorithms, ports = list(p.ops), list(p.algorithms), list(p.ports)
+    size_ps, world_sizes = sorted(set(p.size_sweep_p)), sorted(set(p.world_sizes))
+    nb = p.ranks_sweep_bytes
     sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
 
     link = cost.LinkModel.from_bandwidth(

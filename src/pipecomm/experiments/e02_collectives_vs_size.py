@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ import pandas as pd
 import torch
 
 from pipecomm import bench, claims, collectives, cost, launch, stats
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import (
     ALG_COLORS,
@@ -72,33 +74,79 @@ from pipecomm.sweep import (
 
 ID = "E2"
 NOTEBOOK = "02_collectives_vs_size"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 4,
-    "emu_alpha_s": 1e-3,
-    "emu_bandwidth_Bps": 100e6,
-    "emu_cases": {
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E2's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    emu_alpha_s: float = 1e-3
+    emu_bandwidth_Bps: float = 100e6
+    emu_cases: dict[str, Any] = field(default_factory=lambda: {
         "single/broadcast": ["lp", "mst", "be", "ring"],
         "single/allreduce": ["lp", "mst", "be", "ring"],
         "per-neighbor/allreduce": ["lp", "be"],
-    },
-    "sizes_min": 16384,
-    "sizes_max": 1 << 20,
-    "size_factor": 4,
-    "iters": 3,
-    "warmup": 1,
-    "large_bytes": 16 << 20,
-    "iters_large": 2,
-    "max_point_s": 5.0,
-    "real_world_sizes": [2],
-    "real_algorithms": ["lp", "mst", "be", "ring", "torch"],
-    "real_ops": ["broadcast", "allreduce"],
-    "real_sizes_min": 1 << 20,
-    "real_sizes_max": 4 << 20,
-    "real_iters": 3,
-    "real_warmup": 1,
-    "backend": "gloo",
-    "timeout_s": 900.0,
-}
+    })
+    sizes_min: int = 16384
+    sizes_max: int = 1 << 20
+    size_factor: int = 4
+    iters: int = 3
+    warmup: int = 1
+    large_bytes: int = 16 << 20
+    iters_large: int = 2
+    max_point_s: float = 5.0
+    real_world_sizes: list[int] = field(default_factory=lambda: [2])
+    real_algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring", "torch"])
+    real_ops: list[str] = field(default_factory=lambda: ["broadcast", "allreduce"])
+    real_sizes_min: int = 1 << 20
+    real_sizes_max: int = 4 << 20
+    real_iters: int = 3
+    real_warmup: int = 1
+    backend: str = "gloo"
+    timeout_s: float = 900.0
+
+    def validate(self) -> None:
+        p = self
+        _check_int("world_size", p["world_size"], 2)
+        for name in ("iters", "iters_large", "real_iters"):
+            _check_int(name, p[name], 1)
+        for name in ("warmup", "real_warmup"):
+            _check_int(name, p[name], 0)
+        for name in ("sizes_min", "sizes_max", "real_sizes_min", "real_sizes_max", "large_bytes"):
+            _check_int(name, p[name], 4)
+        for name in ("emu_alpha_s", "max_point_s", "timeout_s"):
+            v = p[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
+        if not p["timeout_s"] > 0:
+            raise ValueError(f"parameter timeout_s must be > 0, got {p['timeout_s']!r}")
+        bw = p["emu_bandwidth_Bps"]
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
+        parse_cases(p["emu_cases"])
+        ws = p["real_world_sizes"]
+        if not isinstance(ws, (list, tuple)) or any(
+            isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
+        ):
+            raise ValueError(
+                f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
+            )
+        for name, allowed in (("real_algorithms", collectives.ALGORITHMS), ("real_ops", OPS)):
+            v = p[name]
+            if not isinstance(v, (list, tuple)) or any(a not in allowed for a in v):
+                raise ValueError(f"parameter {name} must list entries of {allowed}, got {v!r}")
+        if p["backend"] not in ("gloo", "nccl"):
+            raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {p['backend']!r}")
+        if p["backend"] == "nccl" and p["emu_cases"]:
+            raise ValueError(
+                "the emulated network is a gloo (cpu profile) tool: with backend='nccl' "
+                "pass emu_cases={} (real section only)"
+            )
+
+
+DEFAULTS = Params.defaults()
 
 OPS = ("broadcast", "reduce", "allreduce")
 PORTS = ("single", "per-neighbor")
@@ -145,49 +193,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-def _check_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(DEFAULTS)}")
-    p = {**DEFAULTS, **params}
-    _check_int("world_size", p["world_size"], 2)
-    for name in ("iters", "iters_large", "real_iters"):
-        _check_int(name, p[name], 1)
-    for name in ("warmup", "real_warmup"):
-        _check_int(name, p[name], 0)
-    for name in ("sizes_min", "sizes_max", "real_sizes_min", "real_sizes_max", "large_bytes"):
-        _check_int(name, p[name], 4)
-    for name in ("emu_alpha_s", "max_point_s", "timeout_s"):
-        v = p[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
-    if not p["timeout_s"] > 0:
-        raise ValueError(f"parameter timeout_s must be > 0, got {p['timeout_s']!r}")
-    bw = p["emu_bandwidth_Bps"]
-    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
-        raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
-    parse_cases(p["emu_cases"])
-    ws = p["real_world_sizes"]
-    if not isinstance(ws, (list, tuple)) or any(
-        isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
-    ):
-        raise ValueError(
-            f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
-        )
-    for name, allowed in (("real_algorithms", collectives.ALGORITHMS), ("real_ops", OPS)):
-        v = p[name]
-        if not isinstance(v, (list, tuple)) or any(a not in allowed for a in v):
-            raise ValueError(f"parameter {name} must list entries of {allowed}, got {v!r}")
-    if p["backend"] not in ("gloo", "nccl"):
-        raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {p['backend']!r}")
-    if p["backend"] == "nccl" and p["emu_cases"]:
-        raise ValueError(
-            "the emulated network is a gloo (cpu profile) tool: with backend='nccl' "
-            "pass emu_cases={} (real section only)"
-        )
-    return p
-
-
 def plan(**params: Any) -> pd.DataFrame:
     """The emulated points ``run`` measures, in order, with modelled time and repetitions.
 
@@ -198,7 +203,7 @@ def plan(**params: Any) -> pd.DataFrame:
 
         plan(world_size=8, sizes_max=64 << 20).query("measure").model_s.sum()
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
     rows = []
     for ports, op, algs in parse_cases(p["emu_cases"]):
@@ -235,7 +240,7 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_size=8, sizes_max=64 << 20)["total_s"]
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     pl = plan(**params)
     m = pl[pl.measure]
     emulated = float((m.model_s * (m.warmup + m.iters)).sum())
@@ -316,7 +321,7 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_size=4, sizes_max=1 << 20, real_world_sizes=[2])
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     frames = []
     if launch.under_torchrun():  # a torchrun job: the real section on the job's own ranks
         if p["emu_cases"]:

@@ -34,12 +34,14 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pipecomm import claims, cost, launch, stats
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import (
     ALG_COLORS,
@@ -50,51 +52,54 @@ from pipecomm.sweep import (
 
 ID = "E3"
 NOTEBOOK = "03_collectives_vs_ranks"
-DEFAULTS: dict[str, Any] = {
-    "world_sizes": [2, 3, 4],
-    "nbytes": 1 << 20,
-    "op": "broadcast",
-    "algorithms": ["lp", "mst", "be", "ring"],
-    "emu_alpha_s": 1e-3,
-    "emu_bandwidth_Bps": 100e6,
-    "ports": "single",
-    "iters": 2,
-    "warmup": 0,
-    "timeout_s": 600.0,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E3's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 3, 4])
+    nbytes: int = 1 << 20
+    op: str = "broadcast"
+    algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
+    emu_alpha_s: float = 1e-3
+    emu_bandwidth_Bps: float = 100e6
+    ports: str = "single"
+    iters: int = 2
+    warmup: int = 0
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        p = self
+        ws = p["world_sizes"]
+        if (
+            not isinstance(ws, (list, tuple))
+            or not ws
+            or any(isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws)
+        ):
+            raise ValueError(f"parameter world_sizes must be a non-empty list of ints >= 2, got {ws!r}")
+        for name, minimum in (("nbytes", 4), ("iters", 1), ("warmup", 0)):
+            v = p[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ValueError(f"parameter {name} must be an int >= {minimum}, got {v!r}")
+        if p["op"] not in cost.OPS:
+            raise ValueError(f"parameter op must be one of {cost.OPS}, got {p['op']!r}")
+        algs = p["algorithms"]
+        if (
+            not isinstance(algs, (list, tuple))
+            or not algs
+            or any(a not in cost.ALGORITHMS for a in algs)
+        ):
+            raise ValueError(
+                f"parameter algorithms must list entries of {cost.ALGORITHMS} (the "
+                f"built-in cannot be emulated), got {algs!r}"
+            )
+        check_link_params(p)
+
+
+DEFAULTS = Params.defaults()
 _POOL_START_S = 3.0  # rough start-up cost of an 8-rank pool on a quiet 2-core machine
-
-
-def _check_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(DEFAULTS)}")
-    p = {**DEFAULTS, **params}
-    ws = p["world_sizes"]
-    if (
-        not isinstance(ws, (list, tuple))
-        or not ws
-        or any(isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws)
-    ):
-        raise ValueError(f"parameter world_sizes must be a non-empty list of ints >= 2, got {ws!r}")
-    for name, minimum in (("nbytes", 4), ("iters", 1), ("warmup", 0)):
-        v = p[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"parameter {name} must be an int >= {minimum}, got {v!r}")
-    if p["op"] not in cost.OPS:
-        raise ValueError(f"parameter op must be one of {cost.OPS}, got {p['op']!r}")
-    algs = p["algorithms"]
-    if (
-        not isinstance(algs, (list, tuple))
-        or not algs
-        or any(a not in cost.ALGORITHMS for a in algs)
-    ):
-        raise ValueError(
-            f"parameter algorithms must list entries of {cost.ALGORITHMS} (the "
-            f"built-in cannot be emulated), got {algs!r}"
-        )
-    check_link_params(p)
-    return p
 
 
 def expected_runtime_s(**params: Any) -> dict[str, float]:
@@ -104,7 +109,7 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_sizes=[2, 4, 6, 8], nbytes=64 << 20)["total_s"]
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     link = cost.link_from_network(network(p))
     reps = p["warmup"] + p["iters"]
     emulated = sum(
@@ -129,7 +134,7 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_sizes=[2, 4], nbytes=1 << 20)
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     net = network(p)
     link = cost.link_from_network(net)
     ws = sorted(set(p["world_sizes"]))

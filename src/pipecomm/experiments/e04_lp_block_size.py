@@ -33,58 +33,63 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pipecomm import claims, cost, launch, stats
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import ALG_COLORS, check_link_params, network
 
 ID = "E4"
 NOTEBOOK = "04_lp_block_size"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 4,
-    "nbytes": 4 << 20,
-    "ops": ["broadcast"],
-    "emu_alpha_s": 1e-3,
-    "emu_bandwidth_Bps": 100e6,
-    "ports": "single",
-    "block_range": 8.0,
-    "steps_per_octave": 2,
-    "iters": 2,
-    "warmup": 1,
-    "timeout_s": 600.0,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E4's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    nbytes: int = 4 << 20
+    ops: list[str] = field(default_factory=lambda: ["broadcast"])
+    emu_alpha_s: float = 1e-3
+    emu_bandwidth_Bps: float = 100e6
+    ports: str = "single"
+    block_range: float = 8.0
+    steps_per_octave: int = 2
+    iters: int = 2
+    warmup: int = 1
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        p = self
+        for name, minimum in (
+            ("world_size", 3),
+            ("nbytes", 64),
+            ("steps_per_octave", 1),
+            ("iters", 1),
+            ("warmup", 0),
+        ):
+            v = p[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                hint = " (LP pipelines only with p >= 3)" if name == "world_size" else ""
+                raise ValueError(f"parameter {name} must be an int >= {minimum}{hint}, got {v!r}")
+        ops = p["ops"]
+        if not isinstance(ops, (list, tuple)) or not ops or any(o not in cost.OPS for o in ops):
+            raise ValueError(f"parameter ops must list entries of {cost.OPS}, got {ops!r}")
+        br = p["block_range"]
+        if isinstance(br, bool) or not isinstance(br, (int, float)) or not br >= 1:
+            raise ValueError(f"parameter block_range must be a number >= 1, got {br!r}")
+        check_link_params(p)
+
+
+DEFAULTS = Params.defaults()
 _POOL_START_S = 3.0
 _OP_COLORS = {"broadcast": "C0", "reduce": "C5", "allreduce": "C3"}
-
-
-def _check_params(params: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(DEFAULTS)}")
-    p = {**DEFAULTS, **params}
-    for name, minimum in (
-        ("world_size", 3),
-        ("nbytes", 64),
-        ("steps_per_octave", 1),
-        ("iters", 1),
-        ("warmup", 0),
-    ):
-        v = p[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            hint = " (LP pipelines only with p >= 3)" if name == "world_size" else ""
-            raise ValueError(f"parameter {name} must be an int >= {minimum}{hint}, got {v!r}")
-    ops = p["ops"]
-    if not isinstance(ops, (list, tuple)) or not ops or any(o not in cost.OPS for o in ops):
-        raise ValueError(f"parameter ops must list entries of {cost.OPS}, got {ops!r}")
-    br = p["block_range"]
-    if isinstance(br, bool) or not isinstance(br, (int, float)) or not br >= 1:
-        raise ValueError(f"parameter block_range must be a number >= 1, got {br!r}")
-    check_link_params(p)
-    return p
 
 
 def block_grid(
@@ -126,7 +131,7 @@ def plan(**params: Any) -> pd.DataFrame:
 
         plan(world_size=8, nbytes=4 << 20).model_s.sum()
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     link = cost.link_from_network(network(p))
     rows = []
     for op in p["ops"]:
@@ -153,7 +158,7 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_size=8, nbytes=4 << 20)["total_s"]
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     emulated = float(plan(**params).model_s.sum()) * (p["warmup"] + p["iters"])
     starts = _POOL_START_S * max(1.0, p["world_size"] / 8)
     return {"emulated_s": emulated, "starts_s": starts, "total_s": emulated + starts}
@@ -216,7 +221,7 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_size=4, nbytes=1 << 20, block_range=4.0)
     """
-    p = _check_params(params)
+    p = Params.make(**params)
     net = network(p)
     pl = plan(**params)
     points = pl.drop(columns="model_s").to_dict("records")

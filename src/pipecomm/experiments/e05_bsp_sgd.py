@@ -30,6 +30,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,57 +38,64 @@ import pandas as pd
 
 from pipecomm import claims, cost, launch, netem, vocab
 from pipecomm.experiments import _training as T
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E5"
 NOTEBOOK = "05_bsp_sgd"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 2,
-    "algorithms": ["lp", "mst", "be", "ring"],
-    "model": "mlp",
-    "model_kw": {"hidden": [256, 256]},
-    "batch_size": 32,
-    "lr": 0.05,
-    "momentum": 0.9,
-    "iterations": 10,
-    "skip": 2,
-    "seed": 0,
-    "alpha_s": 0.001,
-    "bandwidth_Bps": 50e6,
-    "ports": "single",
-    "timeout_s": 300.0,
-    "backend": "gloo",
-    "dataset": "digits",
-    "data_root": None,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E5's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 2
+    algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
+    model: str = "mlp"
+    model_kw: dict[str, Any] = field(default_factory=lambda: {"hidden": [256, 256]})
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    iterations: int = 10
+    skip: int = 2
+    seed: int = 0
+    alpha_s: float = 0.001
+    bandwidth_Bps: float | None = 50e6
+    ports: str = "single"
+    timeout_s: float = 300.0
+    backend: str = "gloo"
+    dataset: str = "digits"
+    data_root: str | None = None
+
+    def validate(self) -> None:
+        p = self
+        T.check_backend(p)
+        T.positive_int(p, "world_size", "batch_size", "iterations")
+        T.require(
+            p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks to communicate"
+        )
+        T.require(
+            0 <= p["skip"] < p["iterations"],
+            "skip",
+            p["skip"],
+            f"must be in [0, iterations={p['iterations']})",
+        )
+        algs = list(p["algorithms"])
+        T.require(
+            len(algs) >= 2 and len(set(algs)) == len(algs) and set(algs) <= set(ALGORITHMS),
+            "algorithms",
+            algs,
+            f"must be >= 2 distinct names from {ALGORITHMS}",
+        )
+        T.positive_float(p, "alpha_s", "bandwidth_Bps", "timeout_s")
+        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        T.check_config(_config(p, algs[0]))
+        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
+
+
+DEFAULTS = Params.defaults()
 ALGORITHMS = vocab.MODELLED_ALGORITHMS  # the algorithms that run over the emulated network
-
-
-def _check(params: dict[str, Any]) -> dict[str, Any]:
-    p = T.merge_checked(DEFAULTS, params)
-    T.check_backend(p)
-    T.positive_int(p, "world_size", "batch_size", "iterations")
-    T.require(
-        p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks to communicate"
-    )
-    T.require(
-        0 <= p["skip"] < p["iterations"],
-        "skip",
-        p["skip"],
-        f"must be in [0, iterations={p['iterations']})",
-    )
-    algs = list(p["algorithms"])
-    T.require(
-        len(algs) >= 2 and len(set(algs)) == len(algs) and set(algs) <= set(ALGORITHMS),
-        "algorithms",
-        algs,
-        f"must be >= 2 distinct names from {ALGORITHMS}",
-    )
-    T.positive_float(p, "alpha_s", "bandwidth_Bps", "timeout_s")
-    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-    T.check_config(_config(p, algs[0]))
-    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-    return p
 
 
 def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
@@ -96,7 +104,7 @@ def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
 
 def run(**params: Any) -> pd.DataFrame:
     """Train BSP-SGD once per algorithm on one emulated-network pool; tidy per-iteration rows."""
-    p = _check(params)
+    p = Params.make(**params)
     net, link = T.network_and_link(
         p, lambda: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=p["ports"])
     )

@@ -47,6 +47,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,84 +55,91 @@ import pandas as pd
 
 from pipecomm import claims, cost, launch, netem, stats, timing_model, vocab
 from pipecomm.experiments import _training as T
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E6"
 NOTEBOOK = "06_pipesgd_timing_model"
-DEFAULTS: dict[str, Any] = {
-    "pools": [[2, 30e6]],
-    "batch_sizes": [64],
-    "modes": ["sync", "pipe"],
-    "model": "cnn",
-    "model_kw": {"channels": [64, 128], "hidden": 256},
-    "lr": 0.01,
-    "iterations": 12,
-    "skip": 4,
-    "calib_iters": 6,
-    "seed": 0,
-    "alpha_s": 0.001,
-    "ports": "single",
-    "algorithm": "ring",
-    "timeout_s": 300.0,
-    "switch_interval_s": 0.0001,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E6's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    pools: list[Any] = field(default_factory=lambda: [[2, 30e6]])
+    batch_sizes: list[int] = field(default_factory=lambda: [64])
+    modes: list[str] = field(default_factory=lambda: ["sync", "pipe"])
+    model: str = "cnn"
+    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
+    lr: float = 0.01
+    iterations: int = 12
+    skip: int = 4
+    calib_iters: int = 6
+    seed: int = 0
+    alpha_s: float = 0.001
+    ports: str = "single"
+    algorithm: str = "ring"
+    timeout_s: float = 300.0
+    switch_interval_s: float = 0.0001
+
+    def validate(self) -> None:
+        p = self
+        pools = p["pools"]
+        T.require(
+            len(pools) >= 1
+            and all(
+                isinstance(x, (list, tuple))
+                and len(x) == 2
+                and isinstance(x[0], int)
+                and not isinstance(x[0], bool)
+                and x[0] >= 2
+                and isinstance(x[1], (int, float))
+                and x[1] > 0
+                for x in pools
+            ),
+            "pools",
+            pools,
+            "must be a list of [world_size >= 2, bandwidth_Bps > 0] pairs",
+        )
+        T.require(
+            len(p["batch_sizes"]) >= 1
+            and all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in p["batch_sizes"]
+            ),
+            "batch_sizes",
+            p["batch_sizes"],
+            "must be a non-empty list of ints >= 1",
+        )
+        T.require(
+            len(p["modes"]) >= 1 and set(p["modes"]) <= set(MODES),
+            "modes",
+            p["modes"],
+            f"must be a non-empty list from {MODES}",
+        )
+        T.positive_int(p, "iterations", "calib_iters")
+        T.require(
+            0 <= p["skip"] < p["iterations"],
+            "skip",
+            p["skip"],
+            f"must be in [0, iterations={p['iterations']})",
+        )
+        T.positive_float(p, "alpha_s", "timeout_s", "switch_interval_s")
+        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        T.require(
+            p["algorithm"] in cost.ALGORITHMS,
+            "algorithm",
+            p["algorithm"],
+            f"must be one of {cost.ALGORITHMS}",
+        )
+        for b in p["batch_sizes"]:
+            T.check_config(_config(p, b, "sync"))
+            for world, _ in pools:
+                T.check_batch_size(b, world, name="batch_sizes")
+
+
+DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
-
-
-def _check(params: dict[str, Any]) -> dict[str, Any]:
-    p = T.merge_checked(DEFAULTS, params)
-    pools = p["pools"]
-    T.require(
-        len(pools) >= 1
-        and all(
-            isinstance(x, (list, tuple))
-            and len(x) == 2
-            and isinstance(x[0], int)
-            and not isinstance(x[0], bool)
-            and x[0] >= 2
-            and isinstance(x[1], (int, float))
-            and x[1] > 0
-            for x in pools
-        ),
-        "pools",
-        pools,
-        "must be a list of [world_size >= 2, bandwidth_Bps > 0] pairs",
-    )
-    T.require(
-        len(p["batch_sizes"]) >= 1
-        and all(
-            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in p["batch_sizes"]
-        ),
-        "batch_sizes",
-        p["batch_sizes"],
-        "must be a non-empty list of ints >= 1",
-    )
-    T.require(
-        len(p["modes"]) >= 1 and set(p["modes"]) <= set(MODES),
-        "modes",
-        p["modes"],
-        f"must be a non-empty list from {MODES}",
-    )
-    T.positive_int(p, "iterations", "calib_iters")
-    T.require(
-        0 <= p["skip"] < p["iterations"],
-        "skip",
-        p["skip"],
-        f"must be in [0, iterations={p['iterations']})",
-    )
-    T.positive_float(p, "alpha_s", "timeout_s", "switch_interval_s")
-    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-    T.require(
-        p["algorithm"] in cost.ALGORITHMS,
-        "algorithm",
-        p["algorithm"],
-        f"must be one of {cost.ALGORITHMS}",
-    )
-    for b in p["batch_sizes"]:
-        T.check_config(_config(p, b, "sync"))
-        for world, _ in pools:
-            T.check_batch_size(b, world, name="batch_sizes")
-    return p
 
 
 def _config(p: dict[str, Any], batch: int, mode: str) -> dict[str, Any]:
@@ -166,7 +174,7 @@ def predict(
 
 def run(**params: Any) -> pd.DataFrame:
     """For every (p, bandwidth) pool and batch size: compute timing, then sync and pipe runs."""
-    p = _check(params)
+    p = Params.make(**params)
     frames = []
     for world, bw in p["pools"]:
         net = netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=float(bw), ports=p["ports"])

@@ -42,6 +42,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,101 +50,108 @@ import pandas as pd
 
 from pipecomm import claims, netem, stats
 from pipecomm.experiments import _training as T
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E7"
 NOTEBOOK = "07_pipesgd_convergence"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 2,
-    "methods": ["sync", "pipe", "pipe+fp16", "pipe+int8"],
-    "seeds": [0],
-    "iterations": 30,
-    "eval_every": 10,
-    "skip": 5,
-    "model": "cnn",
-    "model_kw": {"channels": [64, 128], "hidden": 256},
-    "batch_size": 128,
-    "lr": 0.01,
-    "momentum": 0.0,
-    "alpha_s": 0.001,
-    "comm_ratio": 1.0,
-    "bandwidth_Bps": None,
-    "ports": "single",
-    "algorithm": "ring",
-    "target_fraction": 0.95,
-    "calib_iters": 8,
-    "timeout_s": 600.0,
-    "switch_interval_s": 0.0001,
-    "backend": "gloo",
-    "dataset": "digits",
-    "data_root": None,
-}
 
 
-def _check(params: dict[str, Any]) -> dict[str, Any]:
-    p = T.merge_checked(DEFAULTS, params)
-    T.check_backend(p)
-    T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
-    T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
-    methods = list(p["methods"])
-    T.require(
-        len(methods) >= 2 and methods[0] == "sync" and len(set(methods)) == len(methods),
-        "methods",
-        methods,
-        "must start with 'sync' (the baseline) and list >= 2 distinct",
-    )
-    for m in methods:
-        try:
-            T.parse_method(m)
-        except ValueError as exc:
-            raise ValueError(f"parameter methods={methods!r}: {exc}") from None
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E7's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 2
+    methods: list[str] = field(default_factory=lambda: ["sync", "pipe", "pipe+fp16", "pipe+int8"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    iterations: int = 30
+    eval_every: int = 10
+    skip: int = 5
+    model: str = "cnn"
+    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
+    batch_size: int = 128
+    lr: float = 0.01
+    momentum: float = 0.0
+    alpha_s: float = 0.001
+    comm_ratio: float = 1.0
+    bandwidth_Bps: float | None = None
+    ports: str = "single"
+    algorithm: str = "ring"
+    target_fraction: float = 0.95
+    calib_iters: int = 8
+    timeout_s: float = 600.0
+    switch_interval_s: float = 0.0001
+    backend: str = "gloo"
+    dataset: str = "digits"
+    data_root: str | None = None
+
+    def validate(self) -> None:
+        p = self
+        T.check_backend(p)
+        T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
+        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+        methods = list(p["methods"])
         T.require(
-            not m.startswith("nocomm"),
+            len(methods) >= 2 and methods[0] == "sync" and len(set(methods)) == len(methods),
             "methods",
             methods,
-            "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
+            "must start with 'sync' (the baseline) and list >= 2 distinct",
         )
-    T.require(
-        len(p["seeds"]) >= 1
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
-        and len(set(p["seeds"])) == len(p["seeds"]),
-        "seeds",
-        p["seeds"],
-        "must be a non-empty list of distinct ints",
-    )
-    T.require(
-        isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
-        "eval_every",
-        p["eval_every"],
-        "must be an int in [0, iterations]",
-    )
-    T.require(
-        0 <= p["skip"] < p["iterations"],
-        "skip",
-        p["skip"],
-        f"must be in [0, iterations={p['iterations']})",
-    )
-    T.positive_float(p, "alpha_s", "comm_ratio", "timeout_s", "switch_interval_s")
-    T.require(
-        p["bandwidth_Bps"] is None
-        or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-        "bandwidth_Bps",
-        p["bandwidth_Bps"],
-        "must be None (chosen from comm_ratio) or > 0",
-    )
-    T.require(
-        0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
-    )
-    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-    T.require(
-        p["algorithm"] in ("lp", "ring"),
-        "algorithm",
-        p["algorithm"],
-        "must be 'lp' or 'ring' (the algorithms that compress)",
-    )
-    T.check_config(_config(p, p["seeds"][0], "sync"))
-    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-    return p
+        for m in methods:
+            try:
+                T.parse_method(m)
+            except ValueError as exc:
+                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
+            T.require(
+                not m.startswith("nocomm"),
+                "methods",
+                methods,
+                "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
+            )
+        T.require(
+            len(p["seeds"]) >= 1
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
+            and len(set(p["seeds"])) == len(p["seeds"]),
+            "seeds",
+            p["seeds"],
+            "must be a non-empty list of distinct ints",
+        )
+        T.require(
+            isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
+            "eval_every",
+            p["eval_every"],
+            "must be an int in [0, iterations]",
+        )
+        T.require(
+            0 <= p["skip"] < p["iterations"],
+            "skip",
+            p["skip"],
+            f"must be in [0, iterations={p['iterations']})",
+        )
+        T.positive_float(p, "alpha_s", "comm_ratio", "timeout_s", "switch_interval_s")
+        T.require(
+            p["bandwidth_Bps"] is None
+            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
+            "bandwidth_Bps",
+            p["bandwidth_Bps"],
+            "must be None (chosen from comm_ratio) or > 0",
+        )
+        T.require(
+            0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
+        )
+        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        T.require(
+            p["algorithm"] in ("lp", "ring"),
+            "algorithm",
+            p["algorithm"],
+            "must be 'lp' or 'ring' (the algorithms that compress)",
+        )
+        T.check_config(_config(p, p["seeds"][0], "sync"))
+        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
+
+
+DEFAULTS = Params.defaults()
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
@@ -152,7 +160,7 @@ def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
 
 def run(**params: Any) -> pd.DataFrame:
     """Train every method for every seed on the chosen emulated network; tidy rows."""
-    p = _check(params)
+    p = Params.make(**params)
     df = T.calibrate_and_train(p, _config, list(p["methods"]), list(p["seeds"]))
     return df.assign(target_fraction=p["target_fraction"])
 

@@ -42,6 +42,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,81 +50,90 @@ import pandas as pd
 
 from pipecomm import claims, netem
 from pipecomm.experiments import _training as T
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E8"
 NOTEBOOK = "08_pipesgd_breakdown"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 2,
-    "methods": ["sync", "sync+fp16", "sync+int8", "layerwise", "pipe", "pipe+fp16", "pipe+int8"],
-    "iterations": 20,
-    "skip": 5,
-    "seed": 0,
-    "model": "cnn",
-    "model_kw": {"channels": [64, 128], "hidden": 256},
-    "batch_size": 192,
-    "lr": 0.01,
-    "alpha_s": 0.001,
-    "comm_ratio": 1.0,
-    "bandwidth_Bps": None,
-    "ports": "single",
-    "algorithm": "ring",
-    "bucket_mb": 0.5,
-    "calib_iters": 8,
-    "timeout_s": 600.0,
-    "switch_interval_s": 0.0001,
-    "backend": "gloo",
-    "dataset": "digits",
-    "data_root": None,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E8's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 2
+    methods: list[str] = field(default_factory=lambda:
+        ["sync", "sync+fp16", "sync+int8", "layerwise", "pipe", "pipe+fp16", "pipe+int8"]
+    )
+    iterations: int = 20
+    skip: int = 5
+    seed: int = 0
+    model: str = "cnn"
+    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
+    batch_size: int = 192
+    lr: float = 0.01
+    alpha_s: float = 0.001
+    comm_ratio: float = 1.0
+    bandwidth_Bps: float | None = None
+    ports: str = "single"
+    algorithm: str = "ring"
+    bucket_mb: float = 0.5
+    calib_iters: int = 8
+    timeout_s: float = 600.0
+    switch_interval_s: float = 0.0001
+    backend: str = "gloo"
+    dataset: str = "digits"
+    data_root: str | None = None
+
+    def validate(self) -> None:
+        p = self
+        T.check_backend(p)
+        T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
+        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+        methods = list(p["methods"])
+        T.require(
+            len(methods) >= 2
+            and "sync" in methods
+            and "pipe" in methods
+            and len(set(methods)) == len(methods),
+            "methods",
+            methods,
+            "must list distinct methods including 'sync' and 'pipe'",
+        )
+        for m in methods:
+            try:
+                mode, _, _ = T.parse_method(m)
+            except ValueError as exc:
+                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
+            T.require(mode != "nocomm", "methods", methods, "'nocomm' has nothing to break down")
+        T.require(
+            0 <= p["skip"] < p["iterations"],
+            "skip",
+            p["skip"],
+            f"must be in [0, iterations={p['iterations']})",
+        )
+        T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
+        T.require(
+            p["bandwidth_Bps"] is None
+            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
+            "bandwidth_Bps",
+            p["bandwidth_Bps"],
+            "must be None (chosen from comm_ratio) or > 0",
+        )
+        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        T.require(
+            p["algorithm"] in ("lp", "ring"),
+            "algorithm",
+            p["algorithm"],
+            "must be 'lp' or 'ring' (the algorithms that compress)",
+        )
+        T.check_config(_config(p, p["seed"], "sync"))
+        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
+
+
+DEFAULTS = Params.defaults()
 PARTS = ("compute", "update", "communication", "compression", "other")
-
-
-def _check(params: dict[str, Any]) -> dict[str, Any]:
-    p = T.merge_checked(DEFAULTS, params)
-    T.check_backend(p)
-    T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
-    T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
-    methods = list(p["methods"])
-    T.require(
-        len(methods) >= 2
-        and "sync" in methods
-        and "pipe" in methods
-        and len(set(methods)) == len(methods),
-        "methods",
-        methods,
-        "must list distinct methods including 'sync' and 'pipe'",
-    )
-    for m in methods:
-        try:
-            mode, _, _ = T.parse_method(m)
-        except ValueError as exc:
-            raise ValueError(f"parameter methods={methods!r}: {exc}") from None
-        T.require(mode != "nocomm", "methods", methods, "'nocomm' has nothing to break down")
-    T.require(
-        0 <= p["skip"] < p["iterations"],
-        "skip",
-        p["skip"],
-        f"must be in [0, iterations={p['iterations']})",
-    )
-    T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
-    T.require(
-        p["bandwidth_Bps"] is None
-        or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-        "bandwidth_Bps",
-        p["bandwidth_Bps"],
-        "must be None (chosen from comm_ratio) or > 0",
-    )
-    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-    T.require(
-        p["algorithm"] in ("lp", "ring"),
-        "algorithm",
-        p["algorithm"],
-        "must be 'lp' or 'ring' (the algorithms that compress)",
-    )
-    T.check_config(_config(p, p["seed"], "sync"))
-    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-    return p
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
@@ -132,7 +142,7 @@ def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then one training run per method in one pool."""
-    p = _check(params)
+    p = Params.make(**params)
     return T.calibrate_and_train(p, _config, list(p["methods"]), [p["seed"]])
 
 

@@ -49,6 +49,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,37 +57,107 @@ import pandas as pd
 
 from pipecomm import claims, netem
 from pipecomm.experiments import _training as T
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E9"
 NOTEBOOK = "09_layerwise_delayed"
-DEFAULTS: dict[str, Any] = {
-    "world_size": 2,
-    "methods": ["nocomm", "sync", "layerwise", "delayed-1", "delayed-2"],
-    "seeds": [0],
-    "iterations": 20,
-    "nocomm_iterations": 10,
-    "eval_every": 5,
-    "skip": 4,
-    "model": "alexnet_like",
-    "model_kw": {"conv_channels": [64, 256], "fc_width": 1024},
-    "batch_size": 64,
-    "lr": 0.005,
-    "momentum": 0.9,
-    "alpha_s": 0.001,
-    "comm_ratio": 2.0,
-    "bandwidth_Bps": None,
-    "ports": "single",
-    "algorithm": "ring",
-    "bucket_mb": 4.0,
-    "target_acc": 70.0,
-    "calib_iters": 6,
-    "timeout_s": 600.0,
-    "switch_interval_s": 0.0001,
-    "backend": "gloo",
-    "dataset": "digits",
-    "data_root": None,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E9's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 2
+    methods: list[str] = field(default_factory=lambda:
+        ["nocomm", "sync", "layerwise", "delayed-1", "delayed-2"]
+    )
+    seeds: list[int] = field(default_factory=lambda: [0])
+    iterations: int = 20
+    nocomm_iterations: int = 10
+    eval_every: int = 5
+    skip: int = 4
+    model: str = "alexnet_like"
+    model_kw: dict[str, Any] = field(default_factory=lambda:
+        {"conv_channels": [64, 256], "fc_width": 1024}
+    )
+    batch_size: int = 64
+    lr: float = 0.005
+    momentum: float = 0.9
+    alpha_s: float = 0.001
+    comm_ratio: float = 2.0
+    bandwidth_Bps: float | None = None
+    ports: str = "single"
+    algorithm: str = "ring"
+    bucket_mb: float = 4.0
+    target_acc: float = 70.0
+    calib_iters: int = 6
+    timeout_s: float = 600.0
+    switch_interval_s: float = 0.0001
+    backend: str = "gloo"
+    dataset: str = "digits"
+    data_root: str | None = None
+
+    def validate(self) -> None:
+        p = self
+        T.check_backend(p)
+        T.positive_int(p, "world_size", "iterations", "nocomm_iterations", "batch_size", "calib_iters")
+        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+        methods = list(p["methods"])
+        T.require(
+            "sync" in methods and len(set(methods)) == len(methods),
+            "methods",
+            methods,
+            "must list distinct methods including 'sync' (the baseline)",
+        )
+        for m in methods:
+            try:
+                T.parse_method(m)
+            except ValueError as exc:
+                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
+        T.require(
+            len(p["seeds"]) >= 1
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
+            and len(set(p["seeds"])) == len(p["seeds"]),
+            "seeds",
+            p["seeds"],
+            "must be a non-empty list of distinct ints",
+        )
+        T.require(
+            isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
+            "eval_every",
+            p["eval_every"],
+            "must be an int in [0, iterations]",
+        )
+        for name in ("iterations", "nocomm_iterations"):
+            T.require(0 <= p["skip"] < p[name], "skip", p["skip"], f"must be below {name}={p[name]}")
+        T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
+        T.require(
+            p["bandwidth_Bps"] is None
+            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
+            "bandwidth_Bps",
+            p["bandwidth_Bps"],
+            "must be None (chosen from comm_ratio) or > 0",
+        )
+        T.require(
+            0 < p["target_acc"] <= 100,
+            "target_acc",
+            p["target_acc"],
+            "must be a percentage in (0, 100]",
+        )
+        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        T.require(
+            p["algorithm"] in ("lp", "mst", "be", "ring"),
+            "algorithm",
+            p["algorithm"],
+            "must be one of lp, mst, be, ring (emulated algorithms)",
+        )
+        T.check_config(_config(p, p["seeds"][0], "sync"))
+        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
+
+
+DEFAULTS = Params.defaults()
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
 # on when each bucket's gradients are ready in backward, which the calibration does not measure).
 MODEL_OF = {
@@ -97,72 +168,13 @@ MODEL_OF = {
 }
 
 
-def _check(params: dict[str, Any]) -> dict[str, Any]:
-    p = T.merge_checked(DEFAULTS, params)
-    T.check_backend(p)
-    T.positive_int(p, "world_size", "iterations", "nocomm_iterations", "batch_size", "calib_iters")
-    T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
-    methods = list(p["methods"])
-    T.require(
-        "sync" in methods and len(set(methods)) == len(methods),
-        "methods",
-        methods,
-        "must list distinct methods including 'sync' (the baseline)",
-    )
-    for m in methods:
-        try:
-            T.parse_method(m)
-        except ValueError as exc:
-            raise ValueError(f"parameter methods={methods!r}: {exc}") from None
-    T.require(
-        len(p["seeds"]) >= 1
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
-        and len(set(p["seeds"])) == len(p["seeds"]),
-        "seeds",
-        p["seeds"],
-        "must be a non-empty list of distinct ints",
-    )
-    T.require(
-        isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
-        "eval_every",
-        p["eval_every"],
-        "must be an int in [0, iterations]",
-    )
-    for name in ("iterations", "nocomm_iterations"):
-        T.require(0 <= p["skip"] < p[name], "skip", p["skip"], f"must be below {name}={p[name]}")
-    T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
-    T.require(
-        p["bandwidth_Bps"] is None
-        or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-        "bandwidth_Bps",
-        p["bandwidth_Bps"],
-        "must be None (chosen from comm_ratio) or > 0",
-    )
-    T.require(
-        0 < p["target_acc"] <= 100,
-        "target_acc",
-        p["target_acc"],
-        "must be a percentage in (0, 100]",
-    )
-    T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-    T.require(
-        p["algorithm"] in ("lp", "mst", "be", "ring"),
-        "algorithm",
-        p["algorithm"],
-        "must be one of lp, mst, be, ring (emulated algorithms)",
-    )
-    T.check_config(_config(p, p["seeds"][0], "sync"))
-    T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-    return p
-
-
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
     return T.config(p, seed=seed, method=method, evaluate=method != "nocomm")
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then every (seed, method) run in one pool."""
-    p = _check(params)
+    p = Params.make(**params)
     df = T.calibrate_and_train(
         p,
         _config,

@@ -36,6 +36,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ import pandas as pd
 from pipecomm import claims, launch, stats
 from pipecomm.decentralized import topology
 from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E10"
@@ -55,47 +57,56 @@ SHORT = {
     "one-peer-exp": "one-peer-exp",
     "alternating-exp-ring": "AER",
 }
-DEFAULTS: dict[str, Any] = {
-    "world_sizes": [4],
-    "ranks_per_node": 2,
-    "models": ["timing", "char_transformer"],
-    "topologies": TOPOLOGIES,
-    "algorithm": "ring",
-    "warmup": 1,
-    "iters": 2,
-    **D.DEFAULT_NETWORK,
-    "timeout_s": 300.0,
-}
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E10's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [4])
+    ranks_per_node: int = 2
+    models: list[str] = field(default_factory=lambda: ["timing", "char_transformer"])
+    topologies: list[str] = field(default_factory=lambda: list(TOPOLOGIES))
+    algorithm: str = "ring"
+    warmup: int = 1
+    iters: int = 2
+    intra_alpha_s: float = 0.001
+    intra_bandwidth_Bps: float = 400000000.0
+    inter_alpha_s: float = 0.002
+    inter_bandwidth_Bps: float = 50000000.0
+    ports: str = 'single'
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
+        D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        if not p["models"] or not isinstance(p["models"], (list, tuple)):
+            raise ValueError(f"parameter models must be a non-empty list, got {p['models']!r}")
+        known = ["timing", *D.TASK_MODELS]
+        for m in p["models"]:
+            if m not in known:
+                raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
+        if not p["topologies"] or not isinstance(p["topologies"], (list, tuple)):
+            raise ValueError(f"parameter topologies must be a non-empty list, got {p['topologies']!r}")
+        for t in p["topologies"]:
+            if t not in topology.available_topologies() or t == "random-matching":
+                raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
+        if p["algorithm"] not in ("lp", "ring", "be", "mst"):
+            raise ValueError(
+                f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
+                f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
+            )
+        D.check_positive_int("warmup", p["warmup"], 0)
+        D.check_positive_int("iters", p["iters"])
+        D.make_network(p)  # validates the link parameters
 
 
-def _validate(p: dict[str, Any]) -> None:
-    rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-    D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
-    if not p["models"] or not isinstance(p["models"], (list, tuple)):
-        raise ValueError(f"parameter models must be a non-empty list, got {p['models']!r}")
-    known = ["timing", *D.TASK_MODELS]
-    for m in p["models"]:
-        if m not in known:
-            raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
-    if not p["topologies"] or not isinstance(p["topologies"], (list, tuple)):
-        raise ValueError(f"parameter topologies must be a non-empty list, got {p['topologies']!r}")
-    for t in p["topologies"]:
-        if t not in topology.available_topologies() or t == "random-matching":
-            raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
-        raise ValueError(
-            f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
-            f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
-        )
-    D.check_positive_int("warmup", p["warmup"], 0)
-    D.check_positive_int("iters", p["iters"])
-    D.make_network(p)  # validates the link parameters
+DEFAULTS = Params.defaults()
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Measure the gossip time of every step of every topology; add the cost model's time."""
-    p = {**DEFAULTS, **params}
-    _validate(p)
+    p = Params.make(**params)
     net = D.make_network(p)
     rpn = p["ranks_per_node"]
     sizes = {m: D.workload_bucket_bytes(m) for m in p["models"]}

@@ -43,6 +43,7 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,30 +51,62 @@ import pandas as pd
 
 from pipecomm import claims, launch, stats
 from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E11"
 NOTEBOOK = "11_runtime_model"
 NETWORKS = {"two-level": D.DEFAULT_NETWORK, "flat": D.FLAT_NETWORK}
-DEFAULTS: dict[str, Any] = {
-    "world_size": 4,
-    "ranks_per_node": 2,
-    "compute_scales": [0.5, 1.0],
-    "compute_cvs": [0.5],
-    "networks": ["two-level", "flat"],
-    "topology": "alternating-exp-ring",
-    "algorithm": "ring",
-    "width": 512,
-    "layers": 2,
-    "fwd_ms": 10.0,
-    "bwd_ms": 20.0,
-    "warmup": 2,
-    "blocks": 2,
-    "block_iters": 3,
-    "calib_iters": 4,
-    "seed": 0,
-    "timeout_s": 300.0,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E11's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    ranks_per_node: int = 2
+    compute_scales: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    compute_cvs: list[float] = field(default_factory=lambda: [0.5])
+    networks: list[str] = field(default_factory=lambda: ["two-level", "flat"])
+    topology: str = "alternating-exp-ring"
+    algorithm: str = "ring"
+    width: int = 512
+    layers: int = 2
+    fwd_ms: float = 10.0
+    bwd_ms: float = 20.0
+    warmup: int = 2
+    blocks: int = 2
+    block_iters: int = 3
+    calib_iters: int = 4
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
+        D.check_world_sizes("world_size", [p["world_size"]], rpn)
+        for key in ("compute_scales", "compute_cvs"):
+            v = p[key]
+            if not isinstance(v, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in v
+            ):
+                raise ValueError(f"parameter {key} must be a list of numbers >= 0, got {v!r}")
+        if not p["compute_scales"] or any(x <= 0 for x in p["compute_scales"]):
+            raise ValueError(
+                f"parameter compute_scales must be non-empty and > 0, got {p['compute_scales']!r}"
+            )
+        if not isinstance(p["networks"], (list, tuple)) or not p["networks"]:
+            raise ValueError(f"parameter networks must be a non-empty list, got {p['networks']!r}")
+        for n in p["networks"]:
+            if n not in NETWORKS:
+                raise ValueError(
+                    f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
+                )
+        D.check_timing_workload(p)
+
+
+DEFAULTS = Params.defaults()
 
 
 def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,29 +141,6 @@ def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _validate(p: dict[str, Any]) -> None:
-    rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-    D.check_world_sizes("world_size", [p["world_size"]], rpn)
-    for key in ("compute_scales", "compute_cvs"):
-        v = p[key]
-        if not isinstance(v, (list, tuple)) or any(
-            isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in v
-        ):
-            raise ValueError(f"parameter {key} must be a list of numbers >= 0, got {v!r}")
-    if not p["compute_scales"] or any(x <= 0 for x in p["compute_scales"]):
-        raise ValueError(
-            f"parameter compute_scales must be non-empty and > 0, got {p['compute_scales']!r}"
-        )
-    if not isinstance(p["networks"], (list, tuple)) or not p["networks"]:
-        raise ValueError(f"parameter networks must be a non-empty list, got {p['networks']!r}")
-    for n in p["networks"]:
-        if n not in NETWORKS:
-            raise ValueError(
-                f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
-            )
-    D.check_timing_workload(p)
-
-
 def _spec(p: dict[str, Any], case: dict[str, Any], kind: str) -> dict[str, Any]:
     return D.timing_spec(
         p["world_size"],
@@ -154,8 +164,7 @@ def _spec(p: dict[str, Any], case: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def run(**params: Any) -> pd.DataFrame:
     """Calibrate compute, then measure and predict every case for AllReduce and DAdam."""
-    p = {**DEFAULTS, **params}
-    _validate(p)
+    p = Params.make(**params)
     rpn, world = p["ranks_per_node"], p["world_size"]
     todo = cases(p)
     calib: dict[float, dict[str, Any]] = {}

@@ -39,53 +39,66 @@ Run::
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from pipecomm import claims, launch, stats
 from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
 ID = "E12"
 NOTEBOOK = "12_dadam_scaling"
 TOPOLOGIES = ["complete", "ring", "one-peer-exp", "alternating-exp-ring"]
-DEFAULTS: dict[str, Any] = {
-    "world_sizes": [2, 4],  # quick: nodes of one rank (the profile: 4 and 8, 2 per node)
-    "ranks_per_node": 1,
-    "topologies": ["alternating-exp-ring"],
-    "algorithm": "ring",
-    "width": 512,
-    "layers": 2,
-    "fwd_ms": 10.0,
-    "bwd_ms": 20.0,
-    "compute_cv": 0.0,
-    "warmup": 2,
-    "blocks": 1,
-    "block_iters": 3,
-    "calib_iters": 3,
-    "seed": 0,
-    **D.DEFAULT_NETWORK,
-    "timeout_s": 300.0,
-}
 
 
-def _validate(p: dict[str, Any]) -> None:
-    rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-    D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
-    if not isinstance(p["topologies"], (list, tuple)):
-        raise ValueError(f"parameter topologies must be a list, got {p['topologies']!r}")
-    for t in p["topologies"]:
-        if t not in TOPOLOGIES:
-            raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-    D.check_timing_workload(p, "compute_cv")
-    D.make_network(p)
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E12's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4])
+    ranks_per_node: int = 1
+    topologies: list[str] = field(default_factory=lambda: ["alternating-exp-ring"])
+    algorithm: str = "ring"
+    width: int = 512
+    layers: int = 2
+    fwd_ms: float = 10.0
+    bwd_ms: float = 20.0
+    compute_cv: float = 0.0
+    warmup: int = 2
+    blocks: int = 1
+    block_iters: int = 3
+    calib_iters: int = 3
+    seed: int = 0
+    intra_alpha_s: float = 0.001
+    intra_bandwidth_Bps: float = 400000000.0
+    inter_alpha_s: float = 0.002
+    inter_bandwidth_Bps: float = 50000000.0
+    ports: str = 'single'
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
+        D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        if not isinstance(p["topologies"], (list, tuple)):
+            raise ValueError(f"parameter topologies must be a list, got {p['topologies']!r}")
+        for t in p["topologies"]:
+            if t not in TOPOLOGIES:
+                raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
+        D.check_timing_workload(p, "compute_cv")
+        D.make_network(p)
+
+
+DEFAULTS = Params.defaults()
 
 
 def run(**params: Any) -> pd.DataFrame:
     """For every world size: calibrate compute, then time AllReduce and every topology."""
-    p = {**DEFAULTS, **params}
-    _validate(p)
+    p = Params.make(**params)
     rpn = p["ranks_per_node"]
     net = D.make_network(p)
     methods = [("allreduce", None)] + [("decentralized", t) for t in p["topologies"]]

@@ -55,6 +55,7 @@ import functools
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,7 @@ import torch.nn.functional as F
 from pipecomm import bench, claims, launch, stats
 from pipecomm.decentralized import AccumAdam, topology
 from pipecomm.experiments import _decentralized as D
+from pipecomm.experiments import base
 from pipecomm.experiments._cli import check_backend, main
 
 ID = "E13"
@@ -79,27 +81,64 @@ LABELS = {
     "accumadam-aer": "AccumAdam (AER)",
 }
 TASKS = {"digits": "mlp", "lm": "char_transformer"}
-DEFAULTS: dict[str, Any] = {
-    "world_size": 4,
-    "ranks_per_node": 2,
-    "tasks": ["digits", "lm"],
-    "methods": METHODS,
-    "seeds": [0, 1, 2],
-    "digits_iterations": 30,
-    "lm_iterations": 30,
-    "eval_every": 10,
-    "digits_batch": 16,
-    "lm_batch": 8,
-    "seq_len": 32,
-    "digits_lr": 1e-3,
-    "lm_lr": 3e-3,
-    "accum_iter": 4,
-    "digits_accum_lr_scale": 1.5,
-    "lm_accum_lr_scale": 1.0,
-    "emulated": False,
-    "backend": "gloo",
-    "timeout_s": 300.0,
-}
+
+
+@dataclass(frozen=True)
+class Params(base.Params):
+    """E13's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    ranks_per_node: int = 2
+    tasks: list[str] = field(default_factory=lambda: ["digits", "lm"])
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    digits_iterations: int = 30
+    lm_iterations: int = 30
+    eval_every: int = 10
+    digits_batch: int = 16
+    lm_batch: int = 8
+    seq_len: int = 32
+    digits_lr: float = 1e-3
+    lm_lr: float = 3e-3
+    accum_iter: int = 4
+    digits_accum_lr_scale: float = 1.5
+    lm_accum_lr_scale: float = 1.0
+    emulated: bool = False
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
+        D.check_world_sizes("world_size", [p["world_size"]], rpn)
+        for key, allowed in (("tasks", list(TASKS)), ("methods", METHODS)):
+            v = p[key]
+            if not isinstance(v, (list, tuple)) or not v or any(x not in allowed for x in v):
+                raise ValueError(f"parameter {key} must be a non-empty list from {allowed}, got {v!r}")
+        if not isinstance(p["seeds"], (list, tuple)) or not p["seeds"]:
+            raise ValueError(f"parameter seeds must be a non-empty list of ints, got {p['seeds']!r}")
+        for s in p["seeds"]:
+            D.check_positive_int("seeds", s, 0)
+        for key in (
+            "digits_iterations",
+            "lm_iterations",
+            "eval_every",
+            "digits_batch",
+            "lm_batch",
+            "seq_len",
+            "accum_iter",
+        ):
+            D.check_positive_int(key, p[key])
+        for key in ("digits_lr", "lm_lr", "digits_accum_lr_scale", "lm_accum_lr_scale"):
+            if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or not p[key] > 0:
+                raise ValueError(f"parameter {key} must be a number > 0, got {p[key]!r}")
+        if not isinstance(p["emulated"], bool):
+            raise ValueError(f"parameter emulated must be True or False, got {p['emulated']!r}")
+        check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
+
+
+DEFAULTS = Params.defaults()
 
 
 # --------------------------------------------------------------------------- one training run
@@ -238,39 +277,9 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the experiment
 
 
-def _validate(p: dict[str, Any]) -> None:
-    rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-    D.check_world_sizes("world_size", [p["world_size"]], rpn)
-    for key, allowed in (("tasks", list(TASKS)), ("methods", METHODS)):
-        v = p[key]
-        if not isinstance(v, (list, tuple)) or not v or any(x not in allowed for x in v):
-            raise ValueError(f"parameter {key} must be a non-empty list from {allowed}, got {v!r}")
-    if not isinstance(p["seeds"], (list, tuple)) or not p["seeds"]:
-        raise ValueError(f"parameter seeds must be a non-empty list of ints, got {p['seeds']!r}")
-    for s in p["seeds"]:
-        D.check_positive_int("seeds", s, 0)
-    for key in (
-        "digits_iterations",
-        "lm_iterations",
-        "eval_every",
-        "digits_batch",
-        "lm_batch",
-        "seq_len",
-        "accum_iter",
-    ):
-        D.check_positive_int(key, p[key])
-    for key in ("digits_lr", "lm_lr", "digits_accum_lr_scale", "lm_accum_lr_scale"):
-        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or not p[key] > 0:
-            raise ValueError(f"parameter {key} must be a number > 0, got {p[key]!r}")
-    if not isinstance(p["emulated"], bool):
-        raise ValueError(f"parameter emulated must be True or False, got {p['emulated']!r}")
-    check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
-
-
 def run(**params: Any) -> pd.DataFrame:
     """Train every (task, seed, method) on one pool; tidy rows of curves and final metrics."""
-    p = {**DEFAULTS, **params}
-    _validate(p)
+    p = Params.make(**params)
     rpn, world = p["ranks_per_node"], p["world_size"]
     net = D.make_network(D.DEFAULT_NETWORK) if p["emulated"] else None
     algorithm = "ring" if p["emulated"] else "torch"
