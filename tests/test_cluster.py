@@ -125,7 +125,7 @@ def test_two_level_cluster_runs_ranks_in_their_node_namespaces():
                                    capture_output=True, text=True, timeout=10).stdout
             assert "tbf" in qdisc and "800Mbit" in qdisc, qdisc
         assert _host_links() == before  # nothing configured in the host's namespace
-        info = c.run(rf.where)
+        info = c.run(rf.where, 1001)
         assert [i["rank"] for i in info] == [0, 1, 2, 3]
         assert {i["world_size"] for i in info} == {4} and {i["ifname"] for i in info} == {"eth0"}
         assert [i["node_addr"] for i in info] == ["10.77.0.1"] * 2 + ["10.77.0.2"] * 2
@@ -134,7 +134,7 @@ def test_two_level_cluster_runs_ranks_in_their_node_namespaces():
         assert info[0]["netns"] == info[1]["netns"] != info[2]["netns"] == info[3]["netns"]
         assert info[0]["netns"] != os.readlink("/proc/self/ns/net")
         want = (np.arange(1001) * 4 + 6).tolist()  # sum over ranks of rank + arange(n)
-        assert c.run(rf.allreduce_sum, 1001) == [want] * 4
+        assert [i["allreduce"] for i in info] == [want] * 4
         with pytest.raises(launch.RankError, match="on purpose") as err:
             c.run(rf.fail_on, 3, timeout_s=120)
         assert err.value.rank == 3
@@ -151,6 +151,25 @@ def test_shaped_link_carries_the_configured_bandwidth():
     # TCP/IP headers take about 3.5 % of the shaped rate; the burst is 1 ms of traffic
     assert 0.85 <= achieved <= 1.02, rows
     assert _ours() == []
+
+
+@needs_ns
+@pytest.mark.timeout(240)
+def test_per_neighbor_links_do_not_share_a_port():
+    """Node 0 sends 2 MiB to nodes 1 and 2 at once: through a bridge both messages share its one
+    shaped link (2 n / B); with a link per pair of nodes each has its own (n / B)."""
+    n, bw = 2 << 20, 50e6
+    times = {}
+    for links in ("bridge", "per-neighbor"):
+        with VirtualCluster(3, bandwidth_Bps=bw, links=links) as c:
+            assert c.to_dict()["links"] == links
+            times[links] = c.run(rf.fan_out, n, timeout_s=180)[0]
+        assert _ours() == []
+    print({k: f"{v * 1e3:.1f} ms" for k, v in times.items()}, f"n/B = {n / bw * 1e3:.1f} ms")
+    assert times["bridge"] >= 0.9 * 2 * n / bw
+    assert n / bw * 0.9 <= times["per-neighbor"] <= 0.75 * times["bridge"]
+    with pytest.raises(ValueError, match="links"):
+        VirtualCluster(2, links="mesh")
 
 
 _ORCHESTRATOR = """
@@ -187,6 +206,11 @@ def test_nothing_survives_a_signalled_orchestrator(sig, busy):
         if sig == signal.SIGKILL:  # left behind, found by the next run
             stale = [ns for ns in cluster._namespaces() if ns.startswith(prefix)]
             assert len(stale) == 3
+            deadline = time.monotonic() + 20  # the node programs stop with their orchestrator
+            while time.monotonic() < deadline and cluster._cmd(
+                    ["ip", "netns", "pids", f"{prefix}n1"], check=False).split():
+                time.sleep(0.2)
+            assert cluster._cmd(["ip", "netns", "pids", f"{prefix}n1"], check=False).split() == []
             assert sorted(cluster.cleanup_stale()) == sorted(stale)
         assert not any(ns.startswith(prefix) for ns in cluster._namespaces())
     finally:

@@ -20,7 +20,13 @@ namespace. Names carry a per-run prefix ``pc<pid>-``; :class:`VirtualCluster` re
 namespaces, links and processes on success, on a failing rank, on SIGINT / SIGTERM and at exit,
 and :func:`cleanup_stale` (run by every new cluster) removes what a killed run left behind.
 Latency cannot be added (the kernel here may lack the ``netem`` qdisc); links are bandwidth-shaped
-only. A per-neighbor variant (one shaped link per pair of nodes) is not provided.
+only.
+
+``links="per-neighbor"`` builds the per-neighbor port model instead (the LP paper's model with
+one link per pair of ranks): no bridge; every pair of nodes ``i < j`` has its own veth pair
+(``p<j>`` in node ``i``, ``p<i>`` in node ``j``), shaped both ways, and a host route to the
+peer's address through it; a node's address sits on its ``eth0`` (a veth whose other end stays
+in the node), so gloo still binds to ``eth0``.
 
 Programs run through the multi-node path of the README: one ``torchrun`` agent per node, started
 inside its namespace with ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint
@@ -73,6 +79,7 @@ __all__ = [
 
 SUBNET = "10.77.0"  # /24, exists only inside the run's namespaces
 IFNAME = "eth0"  # a node's interface (the same name in every node namespace)
+LINKS = ("bridge", "per-neighbor")
 MAX_NODES = 250
 _CMD_TIMEOUT_S = 20.0
 _PREFIX_RE = re.compile(r"^pc(\d+)-")
@@ -218,6 +225,8 @@ class VirtualCluster:
         bandwidth_Bps: rate of every node link, each direction, bytes per second; ``None`` leaves
             the links unshaped.
         burst_bytes: token-bucket depth (default: 1 ms of traffic, at least 16 KiB).
+        links: ``"bridge"`` (one shaped link per node to a bridge: single-port / two-level) or
+            ``"per-neighbor"`` (one shaped link per pair of nodes).
         timeout_s: default limit of each program run on the cluster.
 
     The rendezvous and every rank's gloo run inside the namespaces; results reach the caller
@@ -236,6 +245,7 @@ class VirtualCluster:
         bandwidth_Bps: float | None = 50e6,
         *,
         burst_bytes: int | None = None,
+        links: str = "bridge",
         timeout_s: float = 600.0,
     ) -> None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= MAX_NODES:
@@ -254,6 +264,8 @@ class VirtualCluster:
             burst_bytes = max(16 << 10, int((bandwidth_Bps or 0) * 1e-3))
         if isinstance(burst_bytes, bool) or not isinstance(burst_bytes, int) or burst_bytes < 2048:
             raise ValueError(f"burst_bytes must be an int >= 2048, got {burst_bytes!r}")
+        if links not in LINKS:
+            raise ValueError(f"links must be one of {LINKS}, got {links!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.nodes = nodes
@@ -261,6 +273,7 @@ class VirtualCluster:
         self.world_size = nodes * ranks_per_node
         self.bandwidth_Bps = None if bandwidth_Bps is None else float(bandwidth_Bps)
         self.burst_bytes = burst_bytes
+        self.links = links
         self.timeout_s = float(timeout_s)
         self.prefix = f"pc{os.getpid()}-{next(_COUNTER)}"
         self.bridge_ns = f"{self.prefix}br"
@@ -300,8 +313,9 @@ class VirtualCluster:
             c.describe()   # 'shaped: Linux tc tbf, real TCP; 2 nodes x 1 rank, 50 MB/s per ...'
         """
         bw = "unshaped" if self.bandwidth_Bps is None else f"{self.bandwidth_Bps / 1e6:.4g} MB/s"
+        per = "node link" if self.links == "bridge" else "link per node pair"
         return (f"shaped: Linux tc tbf, real TCP; {self.nodes} nodes x {self.ranks_per_node} "
-                f"rank{'s' if self.ranks_per_node > 1 else ''}, {bw} per node link each way")
+                f"rank{'s' if self.ranks_per_node > 1 else ''}, {bw} per {per} each way")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly description (for ``env.json``).
@@ -312,7 +326,8 @@ class VirtualCluster:
         """
         return {"network": "shaped", "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
                 "bandwidth_Bps": self.bandwidth_Bps, "burst_bytes": self.burst_bytes,
-                "shaper": "tc tbf on both ends of each node's veth", "subnet": f"{SUBNET}.0/24"}
+                "links": self.links, "shaper": "tc tbf on both ends of every veth link",
+                "subnet": f"{SUBNET}.0/24"}
 
     def _check_node(self, node: int) -> None:
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self.nodes:
@@ -355,6 +370,9 @@ class VirtualCluster:
         _cmd(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def _build(self) -> None:
+        if self.links == "per-neighbor":
+            self._build_per_neighbor()
+            return
         br = self.bridge_ns
         self._add_ns(br)
         _cmd(["ip", "-n", br, "link", "add", "name", "br0", "type", "bridge"])
@@ -371,6 +389,27 @@ class VirtualCluster:
             if self.bandwidth_Bps is not None:
                 _cmd(_tbf(ns, IFNAME, self.bandwidth_Bps, self.burst_bytes))  # node -> bridge
                 _cmd(_tbf(br, port, self.bandwidth_Bps, self.burst_bytes))  # bridge -> node
+
+    def _build_per_neighbor(self) -> None:
+        for i in range(self.nodes):
+            ns = self.netns(i)
+            self._add_ns(ns)
+            _cmd(["ip", "-n", ns, "link", "add", "name", IFNAME, "type", "veth", "peer", "name",
+                  f"{IFNAME}p"])
+            _cmd(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/32", "dev", IFNAME])
+            for dev in (IFNAME, f"{IFNAME}p"):
+                _cmd(["ip", "-n", ns, "link", "set", dev, "up"])
+        for i in range(self.nodes):
+            for j in range(i + 1, self.nodes):
+                a, b = self.netns(i), self.netns(j)
+                _cmd(["ip", "-n", a, "link", "add", "name", f"p{j}", "type", "veth", "peer",
+                      "name", f"p{i}", "netns", b])
+                for ns, dev, peer in ((a, f"p{j}", j), (b, f"p{i}", i)):
+                    _cmd(["ip", "-n", ns, "link", "set", dev, "up"])
+                    _cmd(["ip", "-n", ns, "route", "add", f"{self.addr(peer)}/32", "dev", dev,
+                          "src", self.addr(i if ns == a else j)])
+                    if self.bandwidth_Bps is not None:
+                        _cmd(_tbf(ns, dev, self.bandwidth_Bps, self.burst_bytes))
 
     def _install_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -505,6 +544,7 @@ class VirtualCluster:
                     proc = subprocess.Popen(
                         self.exec_argv(i, cmd), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                         env={**self.node_env(i), **(env or {})}, cwd=cwd, start_new_session=True,
+                        preexec_fn=_term_with_parent,
                     )
                     with self._lock:
                         self._procs.append(proc)
@@ -607,6 +647,16 @@ def _raise_rank_error(call_dir: Path, world_size: int) -> None:
             kind, value = pickle.loads(path.read_bytes())
             if kind == "error":
                 raise launch.RankError(rank, value[0], value[1])
+
+
+def _term_with_parent() -> None:
+    """In a node program before exec: SIGTERM it when the orchestrator dies (``ip netns exec``
+    execs the program in place, so the request stays). torchrun then stops its workers; the
+    namespaces themselves go with the next run's :func:`cleanup_stale`."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _read(files: tuple) -> tuple[str, str]:
