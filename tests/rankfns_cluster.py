@@ -7,6 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from pipecomm import cluster
+
 
 def where(n: int = 0) -> dict:
     """Where this rank runs: its rank, node address, gloo interface and network namespace; and
@@ -20,6 +22,7 @@ def where(n: int = 0) -> dict:
         "netns": os.readlink("/proc/self/ns/net"),
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "master_addr": os.environ.get("MASTER_ADDR"),
+        "cluster": cluster.current(),
     }
 
 

@@ -130,6 +130,7 @@ def test_two_level_cluster_runs_ranks_in_their_node_namespaces():
         assert {i["world_size"] for i in info} == {4} and {i["ifname"] for i in info} == {"eth0"}
         assert [i["node_addr"] for i in info] == ["10.77.0.1"] * 2 + ["10.77.0.2"] * 2
         assert [i["local_rank"] for i in info] == [0, 1, 0, 1]
+        assert {i["cluster"] for i in info} == {c.describe()} and cluster.current() is None
         assert {i["master_addr"] for i in info} == {"10.77.0.1"}
         assert info[0]["netns"] == info[1]["netns"] != info[2]["netns"] == info[3]["netns"]
         assert info[0]["netns"] != os.readlink("/proc/self/ns/net")

@@ -70,6 +70,7 @@ __all__ = [
     "VirtualCluster",
     "available",
     "cleanup_stale",
+    "current",
     "link_bandwidth",
     "measure_bandwidth",
     "experiment_module",
@@ -211,6 +212,17 @@ def available() -> tuple[bool, str]:
     if os.environ.get("PIPECOMM_NO_CLUSTER", "") not in ("", "0"):
         return False, "disabled by PIPECOMM_NO_CLUSTER"
     return _probe()
+
+
+def current() -> str | None:
+    """In a process started on a virtual cluster (a rank, a node program): the cluster's
+    :meth:`VirtualCluster.describe` text, for ``env.json`` and figure titles; else ``None``.
+
+    Example::
+
+        network = cluster.current() or (netem.current().describe() if netem.current() else "real")
+    """
+    return os.environ.get("PIPECOMM_CLUSTER") or None
 
 
 # --------------------------------------------------------------------------- the cluster
