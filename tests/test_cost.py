@@ -553,7 +553,7 @@ def test_host_link_table_interpolation_and_checks():
 
 
 def test_lp_on_host_model():
-    link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9)
+    link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9, message_overhead_s=0)
     n = 1 << 26
     # broadcast: (k + p - 2) steps of one block, (p - 1) links sharing a 2-link host
     b = 1 << 21
@@ -575,6 +575,15 @@ def test_lp_on_host_model():
     assert cost.lp_block_bytes_on_host("allreduce", 1000, 8, link) == 1000
     with pytest.raises(TypeError, match="HostLink"):
         cost.lp_time_on_host("broadcast", n, 8, cost.calibrated_link(), b)
+    # per-message overhead: two messages a step (four for allreduce), p ranks on `cores` cores
+    busy = cost.HostLink(cost.DEFAULT_LINK_TABLE, 2.0, 1e-9, message_overhead_s=1e-4, cores=2.0)
+    extra = cost.lp_time_on_host("broadcast", n, 8, busy, b) - want
+    assert extra == pytest.approx((32 + 6) * 2 * 1e-4 * 4)
+    assert cost.lp_block_bytes_on_host("allreduce", n, 8, busy) >= cost.lp_block_bytes_on_host(
+        "allreduce", n, 8, link
+    )
+    with pytest.raises(ValueError, match="message_overhead_s"):
+        cost.HostLink(cost.DEFAULT_LINK_TABLE, message_overhead_s=-1.0)
 
 
 def test_host_link_from_calibration(tmp_path, monkeypatch):

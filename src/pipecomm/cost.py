@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_BANDWIDTH_BPS",
     "DEFAULT_GAMMA_S_PER_BYTE",
     "DEFAULT_LINK_TABLE",
+    "DEFAULT_MESSAGE_OVERHEAD_S",
     "DEFAULT_MIN_BLOCK_BYTES",
     "OPS",
     "PORTS",
@@ -877,6 +878,12 @@ DEFAULT_LINK_TABLE: tuple[tuple[int, float], ...] = (
     (16777216, 7.388e-3),
     (67108864, 1.936e-2),
 )
+#: Assumed CPU time one rank spends per message in pipecomm's progress engine (posting it, being
+#: woken when it completes, bookkeeping), beyond what E0's two-rank table contains; with more
+#: ranks than cores it is paid ``ranks / cores`` times over. An estimate, not a calibration.
+DEFAULT_MESSAGE_OVERHEAD_S = 1.5e-4
+
+
 def _default_host_links() -> float:
     return float(os.cpu_count() or 1)
 
@@ -893,6 +900,8 @@ class HostLink:
     share the host's cores and memory system, so ``L`` concurrent links each run
     ``max(1, L / host_links)`` times slower. Default: the number of CPU cores (a loopback
     transfer keeps about one core busy). ``gamma``: seconds per byte reduced.
+    ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
+    ``cores`` share it among the ranks (default: the number of CPU cores).
 
     Example::
 
@@ -904,6 +913,8 @@ class HostLink:
     table: tuple[tuple[int, float], ...]
     host_links: float = dataclasses.field(default_factory=_default_host_links)
     gamma: float = DEFAULT_GAMMA_S_PER_BYTE
+    message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
+    cores: float = dataclasses.field(default_factory=_default_host_links)
 
     def __post_init__(self) -> None:
         table = tuple((int(n), float(t)) for n, t in self.table)
@@ -917,6 +928,11 @@ class HostLink:
         if not (self.host_links > 0 and self.gamma >= 0):
             raise ValueError(
                 f"host_links must be > 0 and gamma >= 0, got {self.host_links!r}, {self.gamma!r}"
+            )
+        if not (self.message_overhead_s >= 0 and self.cores > 0):
+            raise ValueError(
+                f"message_overhead_s must be >= 0 and cores > 0, got "
+                f"{self.message_overhead_s!r}, {self.cores!r}"
             )
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "host_links", float(self.host_links))
@@ -934,6 +950,10 @@ class HostLink:
     def slowdown(self, links: int) -> float:
         """How much slower each of ``links`` concurrent transfers runs than a lone one."""
         return max(1.0, links / self.host_links)
+
+    def overhead(self, messages: int, ranks: int) -> float:
+        """Wall time of ``messages`` per-message overheads on each of ``ranks`` busy ranks."""
+        return messages * self.message_overhead_s * max(1.0, ranks / self.cores)
 
 
 def host_link(path: str | os.PathLike | None = None) -> HostLink:
@@ -968,6 +988,7 @@ def host_link(path: str | os.PathLike | None = None) -> HostLink:
         table or DEFAULT_LINK_TABLE,
         host_links=float(data.get("host_links", _default_host_links())),
         gamma=gamma,
+        message_overhead_s=float(data.get("message_overhead_s", DEFAULT_MESSAGE_OVERHEAD_S)),
     )
 
 
@@ -999,11 +1020,13 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
     ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``), each one block on a link,
     ``link.time(b)``, slowed down by the host's sharing among the ``L`` links busy at once
     (``L = p - 1``, or ``2(p - 1)`` for allreduce: :meth:`HostLink.slowdown`); reductions add
-    ``gamma b`` per step, shared likewise among the ``p - 1`` reducing ranks.
+    ``gamma b`` per step, shared likewise among the ``p - 1`` reducing ranks; every step adds
+    the per-message overhead of a middle rank's messages (two, four for allreduce) with ``p``
+    ranks sharing the cores (:meth:`HostLink.overhead`).
 
     Example::
 
-        >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0)
+        >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0, message_overhead_s=0.0)
         >>> round(lp_time_on_host("broadcast", 1 << 26, 8, link, 1 << 21), 3)
         0.172
     """
@@ -1023,6 +1046,7 @@ def _lp_host_vec(op: str, n: int, p: int, link: HostLink, b: np.ndarray) -> np.n
     k = np.ceil(n / b)
     steps = k + (2 * p - 3 if op == "allreduce" else p - 2)
     per_step = link.time(b) * link.slowdown(_concurrent_links(op, p))
+    per_step = per_step + link.overhead(4 if op == "allreduce" else 2, p)
     if op != "broadcast":
         per_step = per_step + link.gamma * b * link.slowdown(p - 1)
     return steps * per_step

@@ -172,16 +172,20 @@ class RecvQueue:
         return buf
 
 
-def scratch_slots(n: int, like: torch.Tensor, depth: int = DEPTH) -> list[torch.Tensor]:
-    """``depth + 1`` scratch buffers of ``n`` elements for a :class:`RecvQueue` of partial sums
-    (views of the reusable :func:`scratch`).
+def scratch_slots(
+    n: int, like: torch.Tensor, count: int | None = None, depth: int = DEPTH
+) -> list[torch.Tensor]:
+    """Scratch buffers of ``n`` elements for a :class:`RecvQueue` of ``count`` partial sums
+    (views of the reusable :func:`scratch`): ``depth + 1``, fewer when ``count`` is smaller, so
+    message ``j`` goes to slot ``j % len(slots)``.
 
     Example::
 
-        slots = scratch_slots(block_elems, flat)
+        slots = scratch_slots(block_elems, flat, k)
         q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: size(j)])
     """
-    return list(scratch((depth + 1) * n, like).view(depth + 1, n).unbind(0))
+    m = depth + 1 if count is None else max(1, min(depth + 1, count))
+    return list(scratch(m * n, like).view(m, n).unbind(0))
 
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}

@@ -135,7 +135,7 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: i
     blocks = [block(flat, j, block_elems) for j in range(k)]
     q = None
     if i > 0:
-        slots = scratch_slots(min(block_elems, n), flat)
+        slots = scratch_slots(min(block_elems, n), flat, k)
         q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
     for j in range(k):
         if q is not None:
@@ -168,7 +168,7 @@ def allreduce(
     blocks = [block(flat, j, block_elems) for j in range(k)]
     up = down = None
     if i > 0:  # partial sums from the left
-        slots = scratch_slots(min(block_elems, n), flat)
+        slots = scratch_slots(min(block_elems, n), flat, k)
         up = eng.queue(i - 1, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
     if i < p - 1:  # finished blocks from the right, into blocks already sent right
         down = eng.queue(i + 1, k, blocks.__getitem__, _down_depth(p, i), lazy=True)

@@ -17,8 +17,8 @@ bytes unchanged, decoded once by each rank.
 
 On the progress engine (:mod:`._engine`): without a codec every chunk travels as segments of at
 most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined, with the
-receives of the next segments posted ahead into a few scratch segments reused across calls (the
-whole-chunk scratch buffer is gone). Elementwise combines in the same order: the same bits as
+receives of the next segments posted ahead into at most three scratch segments reused across
+calls (no fresh scratch buffer per call). Elementwise combines in the same order: the same bits as
 whole chunks. Encoded chunks stay whole (a codec's scale is per payload).
 """
 
@@ -34,7 +34,10 @@ from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
 
-SEGMENT_BYTES = 1 << 20  # largest piece of a chunk on the wire (uncompressed)
+#: Largest piece of a chunk on the wire (uncompressed). A real loopback link's bandwidth keeps
+#: rising with the message size up to tens of MiB (E0's per-size table), so chunks travel whole
+#: up to this size; larger chunks are cut so the scratch slots stay bounded.
+SEGMENT_BYTES = 64 << 20
 
 
 def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
@@ -91,7 +94,7 @@ def _reduce_scatter(seg, eng, first, op, right, left, p, finish_p) -> None:
     nq = seg.per_chunk
     for q in range(nq):
         eng.send(seg.of(first % p, q), right)
-    slots = scratch_slots(seg.elems, seg.flat)
+    slots = scratch_slots(seg.elems, seg.flat, (p - 1) * nq)
     stream = eng.queue(
         left,
         (p - 1) * nq,
