@@ -463,6 +463,7 @@ def _who(pattern) -> list[int]:
 
 
 def _measure(ranks, pattern, nbytes, reps=3):
+    ranks.run(rf.use_virtual_clock, True)  # as p2p waits: through netem.wait_until
     res = ranks.run(rf.timed_pattern, pattern, nbytes, reps)
     for r in _who(pattern):
         assert all(ok for *_, ok in res[r]), f"rank {r}: payload corrupted"
@@ -532,6 +533,7 @@ def test_deadline_is_not_added_to_a_late_receive(single):
     n = 256 * KiB
     model = NET_SINGLE.transfer_time(n)
     late = 2 * model
+    single.run(rf.use_virtual_clock, True)
     res = single.run(rf.timed_pattern, [(0, 1)], n, 3, 0.03, {1: late})
     assert all(ok for *_, ok in res[1])
     receive = statistics.median(end - start for _, start, end, _ in res[1])
