@@ -1,0 +1,319 @@
+"""Train a character-level GPT data-parallel with torch DDP or one of pipecomm's strategies.
+
+A nanoGPT-style training script (one file, read it top to bottom): a small GPT
+(:class:`pipecomm.models.CharTransformer`) on CPython's pydoc topics (:class:`pipecomm.data.
+CharCorpus`, offline), AdamW, gradient accumulation, linear warm-up + cosine learning rate set
+every step, gradient clipping, checkpoint and resume, launched with torchrun. ``--strategy``
+picks how the replicas stay in sync; every other line is the same:
+
+* ``ddp`` - torch's ``DistributedDataParallel`` on gloo (CPU) or NCCL (CUDA): the baseline.
+* ``ddp-pipecomm`` - the same DDP over ``pipecomm.backend.new_group(algorithm=...)``: its
+  bucketed AllReduce is linear pipelining (Wang et al., arXiv 1611.04255) or mst / be / ring.
+* ``ddp-pipelined-hook`` - DDP with ``pipecomm.hooks.pipelined_hook``: Pipe-SGD (Li et al.,
+  NeurIPS 2018) inside stock DDP; the optimizer applies the average of ``--staleness`` steps ago
+  and skips its step while the pipeline fills (``state.filling``), as PipeSGD does.
+* ``pipesgd`` - ``pipecomm.pipesgd.PipeSGD`` wrapping AdamW (``mode="pipe"``); the same rule,
+  without DDP.
+* ``decentralized`` - ``pipecomm.decentralized.DecentralizedDataParallel`` (DAdam, Wang et al.,
+  ICLR 2025): parameters gossiped over ``--topology``, the optimizer steps inside backward.
+
+How each strategy does the training-loop features:
+
+=====================  ==================  ===============================  ===================
+strategy               accumulation        clipping (2-norm)                checkpoint
+=====================  ==================  ===============================  ===================
+ddp, ddp-pipecomm      ``no_sync()``       averaged gradient                rank 0, exact
+ddp-pipelined-hook     ``no_sync()``       applied (stale) average          rank 0; the
+                                                                            pipeline refills
+pipesgd                grads add up        applied (stale) average, in a    rank 0, exact (the
+                       locally             step pre-hook                    average in flight)
+decentralized          ``no_sync()``       local gradient (``"global"``     one per rank, exact
+                                           scope)
+=====================  ==================  ===============================  ===================
+
+Usage (CPU, 2 ranks; each rank prints nothing but rank 0's log)::
+
+    torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy ddp-pipecomm
+    torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy pipesgd \\
+        --max-iters 200 --grad-accum 2 --out out-gpt
+    torchrun ... examples/train_gpt.py --strategy pipesgd --max-iters 400 --out out-gpt --resume
+
+Rank 0 writes ``OUT/log.jsonl`` (one JSON object per step: step, loss, lr, dt_ms; then the
+validation loss) and ``OUT/ckpt.pt`` (``decentralized``: ``OUT/ckpt_rank{r}.pt``, the replicas
+differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from pipecomm import backend, data, hooks, models
+from pipecomm.decentralized import DecentralizedDataParallel
+from pipecomm.pipesgd import PipeSGD
+
+STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (tiny defaults: a few seconds on two CPU ranks)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    p.add_argument("--algorithm", default="lp", help="pipecomm AllReduce: lp, mst, be, ring, torch")
+    p.add_argument("--compression", default=None, help="fp16, bf16 or int8 (lp / ring only)")
+    p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")
+    p.add_argument("--topology", default="one-peer-exp", help="gossip topology (decentralized)")
+    # model and data
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=48)
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per micro-batch per rank")
+    # optimisation
+    p.add_argument("--max-iters", type=int, default=100)
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--warmup-iters", type=int, default=10)
+    p.add_argument("--lr-decay-iters", type=int, default=None, help="default: --max-iters")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="0: no clipping")
+    # run
+    p.add_argument("--eval-iters", type=int, default=8, help="val batches per rank at the end")
+    p.add_argument("--ckpt-interval", type=int, default=0, help="0: checkpoint at the end only")
+    p.add_argument("--out", default="out-train-gpt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for any collective")
+    args = p.parse_args(argv)
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.max_iters
+    for name in ("max_iters", "grad_accum", "batch_size", "lr_decay_iters"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def get_lr(step: int, args: argparse.Namespace) -> float:
+    """Linear warm-up to ``--lr``, then cosine decay to ``--min-lr`` at ``--lr-decay-iters``."""
+    if step < args.warmup_iters:
+        return args.lr * (step + 1) / (args.warmup_iters + 1)
+    if step >= args.lr_decay_iters:
+        return args.min_lr
+    ratio = (step - args.warmup_iters) / max(1, args.lr_decay_iters - args.warmup_iters)
+    return args.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
+
+
+def get_batch(
+    corpus: data.CharCorpus, args: argparse.Namespace, step: int, rank: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's micro-batches of ``step``: a function of (seed, step, rank) only, so a resumed
+    run sees the batches an uninterrupted run would have."""
+    g = torch.Generator().manual_seed((args.seed * 1_000_003 + step) * 1_009 + rank)
+    out = []
+    for _ in range(args.grad_accum):
+        x, y = corpus.batch(args.batch_size, args.block_size, g)
+        out.append((x.to(device), y.to(device)))
+    return out
+
+
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
+    """AdamW, weight decay on matrices only (nanoGPT's grouping)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99))
+
+
+def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """``(forward_model, optimizer, pipeline_state)`` of ``--strategy``: the only lines that
+    differ from a torch DDP script."""
+    opt = make_optimizer(model, args)
+    clip = args.grad_clip
+    if args.strategy == "ddp":
+        return DDP(model), opt, None
+    if args.strategy == "ddp-pipecomm":
+        pg = backend.new_group(algorithm=args.algorithm, compression=args.compression)
+        return DDP(model, process_group=pg), opt, None
+    if args.strategy == "ddp-pipelined-hook":
+        ddp = DDP(model)
+        state = hooks.PipelinedState(args.staleness, args.algorithm, args.compression)
+        hooks.register(ddp, state, hooks.pipelined_hook)
+        return ddp, opt, state
+    if args.strategy == "pipesgd":
+        opt = PipeSGD(model, opt, mode="pipe", staleness=args.staleness,
+                      algorithm=args.algorithm, compression=args.compression)  # fmt: skip
+        if clip > 0:  # clip the averaged gradient that the update applies (as DDP does)
+
+            def clip_applied_gradient(*_: Any) -> None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+
+            opt.register_step_pre_hook(clip_applied_gradient)
+        return model, opt, None
+    ddp = DecentralizedDataParallel(
+        model, opt, topology=args.topology, algorithm=args.algorithm,
+        max_grad_norm=clip if clip > 0 else None, grad_norm_scope="global",
+        init_sync=not args.resume,  # resumed: every rank loaded its own replica
+    )  # fmt: skip
+    return ddp, ddp.optimizer, None
+
+
+def ckpt_path(args: argparse.Namespace, rank: int) -> Path:
+    """Replicated strategies share one checkpoint; decentralized replicas differ: one per rank."""
+    name = f"ckpt_rank{rank}.pt" if args.strategy == "decentralized" else "ckpt.pt"
+    return Path(args.out) / name
+
+
+def save_checkpoint(
+    model: torch.nn.Module, opt: Any, step: int, args: argparse.Namespace, rank: int
+) -> None:
+    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+            "args": vars(args)}  # fmt: skip
+    if rank == 0 or args.strategy == "decentralized":
+        path = ckpt_path(args, rank)
+        torch.save(ckpt, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+def log(args: argparse.Namespace, **record: Any) -> None:
+    """Append one JSON line to ``OUT/log.jsonl`` (rank 0 only)."""
+    with open(Path(args.out) / "log.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+@torch.no_grad()
+def evaluate(fwd: Any, corpus: data.CharCorpus, args: argparse.Namespace, device: Any) -> float:
+    """Validation loss (nats per character) over ``--eval-iters`` batches per rank, averaged
+    over ranks; ``decentralized`` evaluates the average of the replicas."""
+    g = torch.Generator().manual_seed(args.seed + dist.get_rank())
+    averaged = fwd.averaged() if isinstance(fwd, DecentralizedDataParallel) else None
+    with averaged or contextlib.nullcontext(fwd):
+        net = fwd.module if hasattr(fwd, "module") else fwd
+        net.eval()
+        losses = []
+        for _ in range(args.eval_iters):
+            x, y = corpus.batch(args.batch_size, args.block_size, g, split="val")
+            logits = net(x.to(device))
+            losses.append(F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten()))
+        net.train()
+    total = torch.stack(losses).mean().reshape(1)
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train with the command line ``argv``. Under torchrun it initialises (and at the end
+    destroys) the default process group; a caller that initialised one already (a notebook, a
+    test running several configurations) keeps it."""
+    args = parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout)
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:  # the cores shared by the ranks on this machine
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    master = rank == 0
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+
+    corpus = data.CharCorpus.from_name("pydoc")
+    torch.manual_seed(args.seed)
+    model = models.CharTransformer(
+        corpus.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd, args.dropout
+    ).to(device)
+
+    start, ckpt = 0, None
+    if args.resume:
+        ckpt = torch.load(ckpt_path(args, rank), map_location=device, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        start = ckpt["step"]
+    fwd, opt, pipe = wrap(model, args)
+    if ckpt is not None:
+        opt.load_state_dict(ckpt["optimizer"])
+    if master:
+        n = models.count_parameters(model)
+        print(f"{args.strategy}: {n} parameters, {world} ranks, steps {start}..{args.max_iters}")
+    if master and not args.resume:
+        (Path(args.out) / "log.jsonl").write_text("")
+
+    step_ms = []
+    for step in range(start, args.max_iters):
+        t0 = time.perf_counter()
+        lr = get_lr(step, args)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batches = get_batch(corpus, args, step, rank, device)
+        loss_sum = 0.0
+        for micro, (x, y) in enumerate(batches):
+            last = micro == len(batches) - 1
+            # accumulate without communication except in the last micro-batch (PipeSGD
+            # communicates only in step(), so gradients simply add up)
+            sync = last or args.strategy == "pipesgd"
+            with contextlib.nullcontext() if sync else fwd.no_sync():
+                logits = fwd(x)
+                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten()) / len(batches)
+                loss.backward()  # decentralized: mixes, clips and steps in the last one
+            loss_sum += loss.item()
+        if args.strategy == "pipesgd":
+            opt.step()  # launches this gradient's average, applies (clipped) the one k steps ago
+        elif args.strategy != "decentralized":
+            if args.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            if pipe is None or not pipe.filling:  # Pipe-SGD: w_{t+1} = w_t while filling
+                opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) * 1e3
+        step_ms.append(dt)
+        if master:
+            print(f"step {step:5d} | loss {loss_sum:.4f} | lr {lr:.2e} | {dt:7.1f} ms")
+            log(args, step=step, loss=loss_sum, lr=lr, dt_ms=dt)
+        if args.ckpt_interval and (step + 1) % args.ckpt_interval == 0:
+            save_checkpoint(model, opt, step + 1, args, rank)
+
+    save_checkpoint(model, opt, args.max_iters, args, rank)
+    if pipe is not None:
+        pipe.wait()  # the hook's averages still in flight (not applied)
+    if args.eval_iters > 0:
+        val = evaluate(fwd, corpus, args, device)
+        if master:
+            print(f"val loss {val:.4f}")
+            log(args, val_loss=val)
+    if master:
+        timed = step_ms[2:] or step_ms  # leave out the first steps (allocation, bucket rebuild)
+        if timed:
+            med = statistics.median(timed)
+            print(f"median step {med:.1f} ms over {len(timed)} steps")
+            log(args, median_step_ms=med, steps_timed=len(timed))
+    if isinstance(fwd, DecentralizedDataParallel):
+        fwd.close()
+    if owns_group:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
