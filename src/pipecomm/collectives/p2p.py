@@ -16,7 +16,7 @@ is delivered) has passed; :meth:`Transfer.wait` does the same for one message. W
 
 from __future__ import annotations
 
-import time
+import time  # noqa: F401 - kept: tests swap p2p.time for a late-waking clock
 from collections.abc import Sequence
 
 import torch
@@ -37,13 +37,12 @@ def _as_bytes(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
 
 
 def _sleep_until(deadline: float) -> float:
-    """Sleep (never spin) until ``deadline`` on the monotonic clock; return the time slept."""
-    start = time.monotonic()
-    now = start
-    while now < deadline:
-        time.sleep(deadline - now)
-        now = time.monotonic()
-    return now - start
+    """Sleep (never spin) until ``deadline`` on the monotonic clock; return the time slept.
+
+    Through :func:`pipecomm.netem.wait_until`, which also settles the rank's virtual clock under
+    emulation (a late wake-up is forgiven for the rank's next posts).
+    """
+    return netem.wait_until(deadline)
 
 
 def exchange(
