@@ -4,9 +4,9 @@
   imports or resolves as an attribute;
 * every claim id named in docs/experiments.md exists in artifact/claims.yaml;
 * every docs/ page the index links to exists, and every relative link between pages resolves;
-* no file under src/ mentions a design or notes file outside the repository (``DESIGN.md``,
-  ``PAPERS.md``, a "notes file", ``notes/``, ``../shared`` or ``/work/`` paths), and every
-  ``docs/<page>.md`` a source file cites exists.
+* no file under src/ (nor tools/, benchmarks/, examples/, notebooks/) mentions a design or notes
+  file outside the repository (``DESIGN.md``, ``PAPERS.md``, a "notes file", ``notes/``,
+  ``../shared`` or ``/work/`` paths), and every ``docs/<page>.md`` such a file cites exists.
 """
 
 from __future__ import annotations
@@ -120,9 +120,17 @@ def test_links_between_pages_resolve():
             assert f"({page.name})" in index, f"docs/README.md does not list {page.name}"
 
 
+def _code_files() -> list[Path]:
+    """src/ (the library), plus the scripts and notebooks a reader runs."""
+    files = sorted(SRC.rglob("*.py"))
+    for folder in ("tools", "benchmarks", "examples"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    return files + sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
 def test_source_cites_only_files_in_the_repository():
     offenders, dangling = [], []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in _code_files():
         text = path.read_text(encoding="utf-8")
         for lineno, line in enumerate(text.splitlines(), 1):
             if _FORBIDDEN.search(line):
@@ -130,8 +138,8 @@ def test_source_cites_only_files_in_the_repository():
             for cited in re.findall(r"docs/[A-Za-z0-9_]+\.md", line):
                 if not (ROOT / cited).exists():
                     dangling.append(f"{path.relative_to(ROOT)}:{lineno}: {cited}")
-    assert not offenders, "src/ cites files outside the repository:\n" + "\n".join(offenders)
-    assert not dangling, "src/ cites docs pages that do not exist:\n" + "\n".join(dangling)
+    assert not offenders, "code cites files outside the repository:\n" + "\n".join(offenders)
+    assert not dangling, "code cites docs pages that do not exist:\n" + "\n".join(dangling)
 
 
 @pytest.mark.parametrize(
