@@ -20,13 +20,41 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
+def _args(args: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in args.items())
+
+
 def claims_section() -> str:
     claims = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
-    lines = ["| claim | paper | experiment | statement (checked) | the paper's own claim / number |",
-             "|---|---|---|---|---|"]
+    lines = ["| claim | paper | experiment | statement (checked) | the paper's own claim / number "
+             "| model prediction | threshold (check arguments) | why this threshold |",
+             "|---|---|---|---|---|---|---|---|"]
     for c in claims:
+        if c.get("kind") == "illustration":
+            pred, thr, why = "(model illustration)", "no verdict", ""
+        else:
+            pred, thr, why = c["prediction"], f"`{c['check']}`: {_args(c['args'])}", \
+                c["threshold_reason"]
         lines.append(f"| {c['id']} | {_cell(c['paper'])} | {c['experiment']} | "
-                     f"{_cell(c['statement'])} | {_cell(c.get('paper_value', ''))} |")
+                     f"{_cell(c['statement'])} | {_cell(c.get('paper_value', ''))} | "
+                     f"{_cell(pred)} | {_cell(thr)} | {_cell(why)} |")
+    return "\n".join(lines)
+
+
+def reference_section(profile: str) -> str:
+    import pandas as pd
+
+    path = ROOT / "artifact" / "reference" / profile / "claims.csv"
+    if not path.exists():
+        return f"(no reference run of the {profile} profile yet)"
+    table = pd.read_csv(path).fillna("")
+    lines = [f"Reference run of the `{profile}` profile (`artifact/reference/{profile}/`):", "",
+             "| claim | measured (95% interval) | threshold | verdict |", "|---|---|---|---|"]
+    for _, r in table.iterrows():
+        lines.append(f"| {r['claim']} | {_cell(r['measured'])} | {_cell(r['threshold'])} | "
+                     f"{r['verdict']} |")
+    counts = table["verdict"].value_counts()
+    lines += ["", ", ".join(f"{n} {v}" for v, n in counts.items())]
     return "\n".join(lines)
 
 
@@ -49,13 +77,15 @@ def experiments_section() -> str:
     total = sum(v.get("budget_s", 0) for v in profiles["cpu"].values())
     lines.append("")
     lines.append(f"cpu-profile budgets add up to {total / 60:.1f} minutes. Each notebook's first "
-                 "markdown cell says what its figure shows and which claim it tests; its last "
-                 "cell says what to see.")
+                 "markdown cell says what its figure shows and which claims it tests; its last "
+                 "cell shows their verdicts.")
     return "\n".join(lines)
 
 
 def render(text: str) -> str:
-    for key, body in (("claims", claims_section()), ("experiments", experiments_section())):
+    sections = (("claims", claims_section()), ("experiments", experiments_section()),
+                ("reference-cpu", reference_section("cpu")))
+    for key, body in sections:
         pattern = re.compile(rf"(<!-- {key}:begin[^>]*-->\n).*?(<!-- {key}:end -->)", re.S)
         text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
     return text
