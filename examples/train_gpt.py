@@ -61,7 +61,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipecomm import backend, data, hooks, models
+from pipecomm import backend, data, hooks, models, vocab
 from pipecomm.decentralized import DecentralizedDataParallel
 from pipecomm.pipesgd import PipeSGD
 
@@ -72,8 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (tiny defaults: a few seconds on two CPU ranks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
-    p.add_argument("--algorithm", default="lp", help="pipecomm AllReduce: lp, mst, be, ring, torch")
-    p.add_argument("--compression", default=None, help="fp16, bf16 or int8 (lp / ring only)")
+    p.add_argument("--algorithm", choices=vocab.ALGORITHMS, default=vocab.DEFAULT_ALGORITHM,
+                   help="pipecomm's AllReduce (not used by --strategy ddp)")  # fmt: skip
+    p.add_argument("--compression", choices=vocab.CODECS, default=None, help="lp / ring only")
     p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")
     p.add_argument("--topology", default="one-peer-exp", help="gossip topology (decentralized)")
     # model and data
@@ -106,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("max_iters", "grad_accum", "batch_size", "lr_decay_iters"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.compression is not None and args.strategy in ("ddp", "decentralized"):
+        p.error("--compression applies to ddp-pipecomm, ddp-pipelined-hook and pipesgd")
     return args
 
 

@@ -118,6 +118,8 @@ def test_bad_arguments_are_refused_before_training() -> None:
         train.parse_args(["--strategy", "allreduce"])
     with pytest.raises(SystemExit):
         train.parse_args(["--grad-accum", "0"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--strategy", "decentralized", "--compression", "fp16"])
     args = train.parse_args(["--max-iters", "50"])
     assert args.lr_decay_iters == 50
     assert train.get_lr(0, args) < train.get_lr(args.warmup_iters, args) == pytest.approx(args.lr)
