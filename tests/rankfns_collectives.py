@@ -586,8 +586,46 @@ def bitwise_cases() -> list[tuple]:
                     for op in ("sum", "avg", "max"):
                         idx = len(cases)
                         block = 37 if alg == "lp" else None
-                        cases.append(("allreduce", alg, op, "float32", p, n, None, block, codec, idx))
+                        cases.append(
+                            ("allreduce", alg, op, "float32", p, n, None, block, codec, idx)
+                        )
     return cases
 
 
 OPS_CYCLE = ("sum", "avg", "max", "min")
+
+
+def batched_posts():
+    """Every algorithm with the NCCL-style batched posts (collected, issued as one
+    ``batch_isend_irecv`` at the first wait) forced on the gloo world: results against the
+    float64 oracle. Returns the failures."""
+    from pipecomm.collectives import _group
+
+    me, p = dist.get_rank(), dist.get_world_size()
+    saved = _group.Comm.__dict__["batched"]
+    _group.Comm.batched = True  # a class attribute shadows the cached property
+    failures = []
+    try:
+        for i, alg in enumerate(ALGS[:-1]):
+            for kind in ("allreduce", "reduce", "broadcast"):
+                seed, n = 900 + i, 1001 + 17 * i
+                x = make_input(seed, me, n, torch.float32)
+                before = x.clone()
+                _call(kind, x, alg, "sum", 1 if kind != "allreduce" else None, None, 400)
+                why = (
+                    check_case((kind, alg, "sum", torch.float32, n, None, 1, 400, seed), x, before)
+                    if p == 8
+                    else None
+                )
+                if p != 8:  # the world is not the 8-rank spec: check against the oracle here
+                    want, absum = oracle(seed, range(p), n, torch.float32, "sum")
+                    if kind == "broadcast":
+                        ok = torch.equal(x, make_input(seed, 1, n, torch.float32))
+                        why = None if ok else "broadcast differs"
+                    elif kind == "allreduce" or me == 1:
+                        why = mismatch(x, want, absum, p, "sum", torch.float32)
+                if why:
+                    failures.append(f"rank {me}: batched {alg} {kind}: {why}")
+    finally:
+        _group.Comm.batched = saved
+    return failures

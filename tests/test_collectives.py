@@ -575,6 +575,13 @@ def test_async_interleaved_with_computation(pool):
 
 
 @pytest.mark.timeout(240)
+def test_batched_posts_path(pool):
+    """The NCCL path (posts collected and issued as one batch at every wait), forced on gloo:
+    no deadlock and correct results for every algorithm and kind."""
+    _check(pool(8).run(fns.batched_posts, timeout_s=120))
+
+
+@pytest.mark.timeout(240)
 def test_bad_arguments(pool):
     _check(pool(8).run(fns.bad_arguments, timeout_s=200))
 

@@ -10,9 +10,10 @@ pipecomm's own algorithms use.
 
 NCCL: a lone ``isend`` can wait for its matching receive on the GPU stream, so two ranks that
 each post a send before the receive from the other could deadlock. On an NCCL group the posts
-are therefore collected and go out together as one ``batch_isend_irecv`` when the rank first
-waits for any of them (everything posted before a wait is one batch, as in the lock-step
-schedules). This path has not been run: there is no multi-GPU machine here.
+are therefore collected and go out together as one ``batch_isend_irecv`` whenever the rank waits
+for any transfer (everything posted since the previous wait is one batch, as a lock-step step
+is). This path runs in the tests on gloo (forced); on NCCL it has not been run: there is no
+multi-GPU machine here.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Comm:
 
 
 class _Batch:
-    """NCCL posts not yet issued; the first wait issues them all as one batch."""
+    """NCCL posts not yet issued; any wait issues all pending ones as one batch."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
@@ -106,8 +107,7 @@ class _Batched:
         self.batch, self.work = batch, None
 
     def wait(self) -> None:
-        if self.work is None:
-            self.batch.flush()
+        self.batch.flush()  # every wait first issues all that is pending (it may be needed)
         self.work.wait()
 
 
