@@ -14,6 +14,9 @@ is the mean per-iteration time (at p = 2 the maximum over ranks), and the report
 median over repeats; a ratio is the median of the per-repeat ratios, with the percentile-bootstrap
 95% interval of that median (:func:`pipecomm.stats.median_ci`).
 
+On a shared, busy machine ``--cpu-time`` measures p = 1 in CPU seconds of this process with one
+torch thread (other processes then barely change the result).
+
 Usage::
 
     .venv/bin/python benchmarks/bench_pipesgd.py                 # the real measurement
@@ -72,15 +75,18 @@ def _pipesgd_iteration(model, trainer, x, y) -> None:
     trainer.step()
 
 
+_CLOCK = time.perf_counter  # --cpu-time: time.process_time
+
+
 def _timed(fn, data, iters: int, barrier=None) -> float:
     """Mean seconds per iteration of ``iters`` calls of ``fn(x, y)``."""
     if barrier is not None:
         barrier()
-    start = time.perf_counter()
+    start = _CLOCK()
     for i in range(iters):
         x, y = data[i % len(data)]
         fn(x, y)
-    return (time.perf_counter() - start) / iters
+    return (_CLOCK() - start) / iters
 
 
 def _summarise(times: dict[str, list[float]], base: str) -> dict[str, dict[str, float]]:
@@ -190,7 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="torch", help="PipeSGD's allreduce at p = 2")
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="p = 1 only: one torch thread, CPU seconds of this process instead of wall time "
+        "(robust to other processes on a shared machine)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_time:
+        global _CLOCK
+        _CLOCK = time.process_time
+        torch.set_num_threads(1)
+        args.skip_ddp = True
     cfg = {
         "in_features": args.in_features,
         "hidden": list(args.hidden),

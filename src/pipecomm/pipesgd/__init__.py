@@ -26,7 +26,8 @@ optimizer's ``step()`` with ``p.grad`` set to the averaged gradient (so SGD, mom
 all work, and their state advances once per update), with the hyper-parameters in
 ``param_groups`` at that moment (a learning-rate scheduler attached to the PipeSGD sets them).
 
-Modules: :mod:`.optimizer` (the wrapper: arguments, replicas, checkpoints),
+Modules: :mod:`.optimizer` (the wrapper: the Optimizer interface, checkpoints),
+:mod:`.replicas` (argument checks, the group, equal replicas at construction),
 :mod:`.strategies` (``Local``, ``Sync``, ``Layerwise``, ``Pipelined``: one small class per
 schedule), :mod:`.exchange` (buckets from :mod:`pipecomm.bucketing`, packing, AllReduce,
 unpacking), :mod:`.timing` (the opt-in per-iteration records).

@@ -2,7 +2,8 @@
 
 The algorithms and the exact update rule are described in :mod:`pipecomm.pipesgd`; the schedules
 live in :mod:`pipecomm.pipesgd.strategies`, the gradient exchange in
-:mod:`pipecomm.pipesgd.exchange`, the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
+:mod:`pipecomm.pipesgd.exchange`, the construction checks in :mod:`pipecomm.pipesgd.replicas`,
+the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
 
 Example::
 
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -23,15 +22,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives, vocab
+from pipecomm import vocab
 from pipecomm.pipesgd.exchange import Exchange, Ready
+from pipecomm.pipesgd.replicas import (
+    broadcast_state,
+    check_arguments,
+    check_replicas,
+    check_staleness,
+    resolve_group,
+    select_params,
+)
 from pipecomm.pipesgd.strategies import Layerwise, Local, Pipelined, Strategy, Sync
 from pipecomm.pipesgd.timing import NullTimer, StepTimer, TimedCodec
 
 __all__ = ["PipeSGD"]
 
-_PARAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_BUFFER_DTYPES = tuple(collectives.SUPPORTED_DTYPES)
 _STATE_KEYS = (
     "mode",
     "staleness",
@@ -120,9 +125,11 @@ class PipeSGD(torch.optim.Optimizer):
     ) -> None:
         # torch.optim.Optimizer.__init__ is not called (as in torch's PostLocalSGDOptimizer):
         # param_groups, state and defaults are the wrapped optimizer's own.
-        _check_arguments(model, optimizer, bucket_mb, block_bytes, timing, max_timings)
+        if isinstance(optimizer, PipeSGD):
+            raise TypeError("optimizer must be the optimizer to wrap, not a PipeSGD")
+        check_arguments(model, optimizer, bucket_mb, block_bytes, timing, max_timings)
         self.mode: str = vocab.check_mode(mode)
-        self.staleness: int = _check_staleness(mode, staleness)
+        self.staleness: int = check_staleness(mode, staleness)
         self.algorithm: str = vocab.check_algorithm(algorithm)
         self.compression: str | None = vocab.check_compression(compression, algorithm=algorithm)
         self.bucket_mb = float(bucket_mb)
@@ -131,14 +138,20 @@ class PipeSGD(torch.optim.Optimizer):
         self.model = model
         self.optimizer = optimizer
         self.group = group
-        self._members = _resolve_group(group)
-        self.world_size: int = len(self._members)
-        self._params = _select_params(model, optimizer, compression)
-
+        members = resolve_group(group)
+        self.world_size: int = len(members)
+        self._params = select_params(model, optimizer, compression)
         if self.world_size > 1:
-            self._check_replicas()
+            settings = {
+                "mode": vocab.MODES.index(self.mode),
+                "staleness": self.staleness,
+                "algorithm": vocab.ALGORITHMS.index(self.algorithm),
+                "compression": vocab.COMPRESSIONS.index(self.compression),
+                "bucket_mb": int(self.bucket_mb * 1024),
+            }
+            check_replicas(self._params, settings, algorithm, group)
             if broadcast_init:
-                self._broadcast_state()
+                broadcast_state(model, members[0], algorithm, group)
 
         codec = None
         if compression is not None and self.world_size > 1:
@@ -430,175 +443,9 @@ class PipeSGD(torch.optim.Optimizer):
             )
         return self._timer  # type: ignore[return-value]
 
-    # ------------------------------------------------------------------ replicas
-
-    def _check_replicas(self) -> None:
-        """All ranks must train the same architecture with the same settings (else hangs)."""
-        device = self._params[0].device
-        fingerprint = 17
-        for p in self._params:
-            for v in (p.numel(), p.dim(), _PARAM_DTYPES.index(p.dtype), *p.shape):
-                fingerprint = (fingerprint * 1_000_003 + int(v) + 1) % (2**61 - 1)
-        settings = (
-            vocab.MODES.index(self.mode),
-            self.staleness,
-            vocab.ALGORITHMS.index(self.algorithm),
-            vocab.COMPRESSIONS.index(self.compression),
-            int(self.bucket_mb * 1024),
-        )
-        local = torch.tensor(
-            [len(self._params), sum(p.numel() for p in self._params), fingerprint, *settings],
-            dtype=torch.int64,
-            device=device,
-        )
-        both = torch.cat([local, -local])
-        collectives.allreduce(both, algorithm=self.algorithm, op="max", group=self.group)
-        hi, lo = both[: local.numel()], -both[local.numel() :]
-        if not torch.equal(hi, lo):
-            names = [
-                "parameter count",
-                "parameter elements",
-                "parameter shapes/dtypes",
-                "mode",
-                "staleness",
-                "algorithm",
-                "compression",
-                "bucket_mb",
-            ]
-            bad = [nm for nm, a, b in zip(names, hi.tolist(), lo.tolist()) if a != b]
-            raise ValueError(
-                f"the ranks' PipeSGD replicas differ in {', '.join(bad)}; every rank must build "
-                "the same model and pass the same PipeSGD arguments"
-            )
-
-    @torch.no_grad()
-    def _broadcast_state(self) -> None:
-        """Copy the first member's parameters and buffers to every rank (equal replicas)."""
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        tensors = [t for t in tensors if t.dtype in _BUFFER_DTYPES and t.numel() > 0]
-        by_key: dict[tuple, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_key.setdefault((t.device, t.dtype), []).append(t)
-        for group in by_key.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            collectives.broadcast(
-                flat, self._members[0], algorithm=self.algorithm, group=self.group
-            )
-            offset = 0
-            for t in group:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
-
     def __repr__(self) -> str:
         return (
             f"PipeSGD(mode={self.mode!r}, staleness={self.staleness}, algorithm={self.algorithm!r}, "
             f"compression={self.compression!r}, world_size={self.world_size}, "
             f"iteration={self.iteration}, in_flight={self.in_flight}, optimizer={self.optimizer!r})"
         )
-
-
-# --------------------------------------------------------------------------- argument checks
-
-
-def _check_arguments(
-    model: Any, optimizer: Any, bucket_mb: Any, block_bytes: Any, timing: Any, max_timings: Any
-) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer) or isinstance(optimizer, PipeSGD):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer (not a PipeSGD), got "
-            f"{type(optimizer).__name__}"
-        )
-    if (
-        isinstance(bucket_mb, bool)
-        or not isinstance(bucket_mb, (int, float))
-        or not math.isfinite(bucket_mb)
-        or bucket_mb <= 0
-    ):
-        raise ValueError(f"bucket_mb must be a positive finite number of MiB, got {bucket_mb!r}")
-    if block_bytes is not None and (
-        isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0
-    ):
-        raise ValueError(f"block_bytes must be a positive int or None, got {block_bytes!r}")
-    if not isinstance(timing, bool):
-        raise TypeError(f"timing must be True or False, got {timing!r}")
-    if max_timings is not None and (
-        isinstance(max_timings, bool) or not isinstance(max_timings, int) or max_timings < 0
-    ):
-        raise ValueError(f"max_timings must be a non-negative int or None, got {max_timings!r}")
-
-
-def _check_staleness(mode: str, staleness: Any) -> int:
-    if staleness is None:
-        return 1 if mode == "pipe" else 0
-    if isinstance(staleness, bool):
-        raise TypeError(f"staleness must be an int or None, got {staleness!r}")
-    try:
-        k = operator.index(staleness)
-    except TypeError:
-        raise TypeError(
-            f"staleness must be an int or None, got {type(staleness).__name__}"
-        ) from None
-    if k < 0:
-        raise ValueError(f"staleness must be >= 0 (iterations of delay), got {k}")
-    if mode != "pipe" and k != 0:
-        raise ValueError(
-            f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' for "
-            "delayed updates (staleness >= 1), or staleness=None/0"
-        )
-    return k
-
-
-def _resolve_group(group: Any) -> tuple[int, ...]:
-    initialized = dist.is_available() and dist.is_initialized()
-    if not initialized:
-        if group is not None:
-            raise ValueError(
-                "group was given but torch.distributed is not initialised; start ranks with "
-                "pipecomm.launch, or pass group=None for single-process training"
-            )
-        return (0,)
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
-        )
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this rank is not a member of group; create PipeSGD on members only")
-    members = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-    if dist.get_rank() not in members:
-        raise ValueError(
-            f"this rank ({dist.get_rank()}) is not a member of group {list(members)}; "
-            "create PipeSGD on members only"
-        )
-    return members
-
-
-def _select_params(
-    model: nn.Module, optimizer: torch.optim.Optimizer, compression: str | None
-) -> list[nn.Parameter]:
-    in_model = {id(p) for p in model.parameters()}
-    in_opt = set()
-    for g in optimizer.param_groups:
-        for p in g["params"]:
-            if id(p) not in in_model:
-                raise ValueError(
-                    f"optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
-                    "parameter of model; build the optimizer from model.parameters()"
-                )
-            in_opt.add(id(p))
-    params = [p for p in model.parameters() if p.requires_grad and id(p) in in_opt]
-    if not params:
-        raise ValueError(
-            "model has no trainable parameter that optimizer updates; nothing to train"
-        )
-    for p in params:
-        if p.dtype not in _PARAM_DTYPES:
-            what = "compression" if compression is not None else "PipeSGD"
-            raise TypeError(
-                f"{what} needs floating-point parameters (float16, bfloat16, float32, "
-                f"float64); got a parameter of dtype {p.dtype} and shape {tuple(p.shape)}"
-            )
-        if p.layout != torch.strided:
-            raise TypeError(f"parameters must be dense (strided), got layout {p.layout}")
-    return params
