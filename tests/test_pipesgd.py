@@ -682,3 +682,24 @@ def test_context_manager_drains_the_pipeline():
             opt.step()
         assert opt.in_flight == 2 and opt.updates == 1
     assert opt.in_flight == 0 and opt.updates == 3
+
+
+def test_step_hooks_run_on_applied_updates():
+    """register_step_pre_hook goes to the wrapped optimizer: it sees the averaged gradient that
+    is applied (e.g. to clip it), and only when an update is applied."""
+    model, inner = _model_opt()
+    opt = PipeSGD(model, inner, mode="pipe", staleness=1)
+    seen = []
+    opt.register_step_pre_hook(
+        lambda o, a, k: seen.append([p.grad.clone() for p in model.parameters()])
+    )
+    x, y = fns.batch(dict(BASE), 0, 0)
+    grads = []
+    for _ in range(3):
+        opt.zero_grad()
+        fns.loss_fn(model, x, y).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+    assert len(seen) == 2  # t = 0 filled the pipeline
+    for applied, computed in zip(seen, grads):
+        assert all(torch.equal(a, b) for a, b in zip(applied, computed))
