@@ -34,10 +34,11 @@ from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
 
-#: Largest piece of a chunk on the wire (uncompressed). A real loopback link's bandwidth keeps
-#: rising with the message size up to tens of MiB (E0's per-size table), so chunks travel whole
-#: up to this size; larger chunks are cut so the scratch slots stay bounded.
-SEGMENT_BYTES = 64 << 20
+#: Largest piece of a chunk on the wire (uncompressed). On gloo over loopback a message's
+#: bandwidth keeps rising with its size (E0's per-size table), so segments are large; cutting a
+#: 32 MiB chunk into 4 MiB segments still paid off (their combines overlap the transfers), while
+#: 1 MiB segments were slower than whole chunks.
+SEGMENT_BYTES = 4 << 20
 
 
 def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
