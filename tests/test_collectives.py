@@ -276,7 +276,7 @@ def _steps(alg: str, kind: str, p: int, k: int) -> int:
 def test_simulated_dependency_depth_and_bytes(alg, kind):
     """The progress engine never adds dependent steps to the lock-step schedule (the longest chain
     of messages, a Lamport clock, is at most its step count; an LP broadcast's is p - 1: no
-    block waits for another block) and moves the bytes of /work/notes/algorithms.md."""
+    block waits for another block) and moves the bytes of docs/algorithms.md."""
     for p in (2, 3, 4, 5, 6, 7, 8, 11, 16):
         n, block = 48 * 16, 40  # n divisible by every p' and ring chunk sizes within one
         k = math.ceil(n / block)
