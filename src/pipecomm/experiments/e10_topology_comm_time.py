@@ -138,7 +138,8 @@ def run(**params: Any) -> pd.DataFrame:
                                 "groups": r["groups"],
                                 "n_buckets": len(sizes[model]),
                                 "model_bytes": sum(sizes[model]),
-                                "time_s": r["time_s"],
+                                **{k: r[k] for k in ("time_s", "ci_lo_s", "ci_hi_s",
+                                                     "repeats", "times_s")},
                                 "model_s": D.model_gossip_time(
                                     groups, sizes[model], rpn, net, p["algorithm"]
                                 ),
