@@ -132,13 +132,6 @@ def other_ops(algorithm: str) -> dict:
     sc = torch.empty(5)
     dist.scatter(sc, gathered if rank == p - 1 else None, src=p - 1, group=pg)
     out["scatter"] = torch.equal(sc, gathered[rank])
-    for op, call in (("send", lambda: dist.send(torch.ones(3), dst=(rank + 1) % p, group=pg)),
-                     ("recv", lambda: dist.recv(torch.empty(3), src=(rank + 1) % p, group=pg))):
-        try:  # refused before any communication (see PipecommProcessGroup.send)
-            call()
-            out[op] = "ran"
-        except RuntimeError as exc:
-            out[op] = "refused" if f"{op} on a pipecomm process group" in str(exc) else str(exc)
     objs = [None] * p
     dist.all_gather_object(objs, {"rank": rank}, group=pg)
     out["all_gather_object"] = objs == [{"rank": i} for i in range(p)]
@@ -149,6 +142,15 @@ def other_ops(algorithm: str) -> dict:
     out["noncontiguous"] = torch.equal(
         nc, (torch.arange(12.0).reshape(3, 4) * sum(range(1, p + 1))).t()
     )
+    # send/recv last: a collective right after a send/recv on a pipecomm group hung in about one
+    # run of five at p = 3 (README, "What torch 2.13 allows"; root cause not found)
+    if rank in (0, 1):
+        if rank == 0:
+            dist.send(torch.full((3,), 7.0), dst=1, group=pg)
+        else:
+            r = torch.empty(3)
+            dist.recv(r, src=0, group=pg)
+            out["send_recv"] = torch.equal(r, torch.full((3,), 7.0))
     out["backend_name"] = dist.get_backend(pg)
     out["repr"] = repr(pg)
     return out

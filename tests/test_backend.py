@@ -59,8 +59,8 @@ def test_other_operations_run_on_the_inner_group(pool, world, algorithm):
     for rank, res in enumerate(results):
         assert res.pop("backend_name") == "pipecomm"
         assert f"algorithm={algorithm!r}" in res.pop("repr")
-        assert res.pop("send") == res.pop("recv") == "refused", f"rank {rank}"
         assert all(v is True for v in res.values()), f"rank {rank}: {res}"
+    assert "send_recv" in results[1]
 
 
 @pytest.mark.parametrize("algorithm", ["lp", "be", "torch"])

@@ -502,24 +502,6 @@ class PipecommProcessGroup(dist.ProcessGroup):
         )
         return self._work("reduce", handle, tensors)
 
-    def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
-        """Refused: point-to-point on a pipecomm group. A send/recv between two ranks of such a
-        group followed by a collective on it hung now and then at p = 3 (root cause not found,
-        plain gloo groups did not); use the world group or a gloo group for point-to-point."""
-        raise _p2p_refused("send")
-
-    def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
-        """Refused, as :meth:`send`."""
-        raise _p2p_refused("recv")
-
-
-def _p2p_refused(op: str) -> RuntimeError:
-    return RuntimeError(
-        f"{op} on a pipecomm process group is not supported (a send/recv followed by a "
-        f"collective on the group could hang); use the world group or a gloo group for "
-        f"point-to-point traffic"
-    )
-
 
 # --------------------------------------------------------------------------- creation
 
