@@ -23,7 +23,10 @@ launches. The NCCL path has not been run on a GPU yet (artifact/ARTIFACT.md, "GP
 Methods (``method`` names used by the experiments): ``"nocomm"`` (local steps, no AllReduce: the
 no-communication bound of Daily et al.'s Figure 1), ``"sync"``, ``"layerwise"``, ``"pipe"``
 (staleness 1), ``"delayed-1"``/``"delayed-2"`` (pipe with staleness 1 / 2), each optionally with
-``"+fp16"``, ``"+bf16"`` or ``"+int8"`` compression inside the AllReduce.
+``"+fp16"``, ``"+bf16"`` or ``"+int8"`` compression inside the AllReduce, and optionally with
+``"@4x"``: the configuration's learning rate times 4 (a stress configuration: staleness is known
+to hurt at large steps). The learning rate follows ``schedule`` (:mod:`pipecomm.schedules`:
+constant, or linear warm-up then cosine decay); every eval row records the rate in force.
 
 Example (inside ``launch.Ranks(2)``)::
 
@@ -47,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import bench, cost, data, launch, models, vocab
+from pipecomm import bench, cost, data, launch, models, schedules, vocab
 
 #: Training configuration keys and their defaults (experiments override some).
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -58,6 +61,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "batch_size": 64,
     "lr": 0.01,
     "momentum": 0.0,
+    "schedule": "constant",
+    "warmup_steps": 0,
+    "min_lr_ratio": 0.0,
     "seed": 0,
     "data_seed": 0,
     "iterations": 20,
@@ -87,7 +93,8 @@ def parse_method(method: str) -> tuple[str, int | None, str | None]:
     """
     if not isinstance(method, str):
         raise ValueError(f"method must be a string like 'pipe+int8', got {method!r}")
-    base, _, codec = method.partition("+")
+    lr_scale(method)
+    base, _, codec = method.partition("@")[0].partition("+")
     if base not in BASE_METHODS:
         raise ValueError(f"method {method!r}: the part before '+' must be one of {BASE_METHODS}")
     if codec and codec not in COMPRESSIONS:
@@ -102,6 +109,26 @@ def parse_method(method: str) -> tuple[str, int | None, str | None]:
     if base.startswith("delayed-"):
         return "pipe", int(base.split("-")[1]), compression
     return base, None, compression
+
+
+def lr_scale(method: str) -> float:
+    """The learning-rate multiplier of a method name: ``"pipe@4x"`` -> 4.0, ``"pipe"`` -> 1.0.
+
+    Example::
+
+        >>> lr_scale("pipe+int8@0.5x"), lr_scale("sync")
+        (0.5, 1.0)
+    """
+    _, at, scale = method.partition("@")
+    if not at:
+        return 1.0
+    try:
+        value = float(scale.removesuffix("x")) if scale.endswith("x") else math.nan
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"method {method!r}: the part after '@' must be a positive factor like '4x'")
+    return value
 
 
 def config(params: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -153,6 +180,7 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
         v = cfg[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{key} must be a finite number >= 0, got {v!r}")
+    schedules.check(cfg["schedule"], cfg["iterations"], cfg["warmup_steps"], cfg["min_lr_ratio"])
     if cfg["model"] not in models.MODELS:
         raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {cfg['model']!r}")
     if not isinstance(cfg["model_kw"], dict):
@@ -335,7 +363,14 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     device = launch.device()
     model = build_model(cfg).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"])
+    opt = torch.optim.SGD(params, lr=cfg["lr"] * lr_scale(cfg["method"]), momentum=cfg["momentum"])
+    sched = schedules.build(
+        opt,
+        cfg["schedule"],
+        total_steps=cfg["iterations"],
+        warmup_steps=cfg["warmup_steps"],
+        min_ratio=cfg["min_lr_ratio"],
+    )
     trainer = None
     if mode != "nocomm":
         trainer = PipeSGD(
@@ -352,6 +387,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     every = cfg["eval_every"]
     snapshots: list[tuple[int, list[torch.Tensor]]] = []
     losses: list[float] = []
+    lrs: list[float] = []
     local_timings: list[dict[str, Any]] = []
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -387,6 +423,8 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
             mark = now
         else:
             trainer.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
         losses.append(float(loss.item()))
         if (
             rank == 0
@@ -420,6 +458,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
             evals.append(
                 {
                     "iteration": it,
+                    "lr": lrs[it - 1],
                     "wall_s": float(elapsed[-1]) if last else by_iter[it],
                     "accuracy": acc,
                     "test_loss": tl,
@@ -456,8 +495,13 @@ def iteration_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str
 
 
 def eval_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any]]:
-    """Tidy rows (``kind="eval"``) of rank 0's held-out accuracy at each snapshot."""
-    return [{"kind": "eval", **meta, **e} for e in per_rank[0]["evals"]]
+    """Tidy rows (``kind="eval"``) of rank 0's held-out accuracy at each snapshot, with the
+    ranks' mean training loss of that step."""
+    losses = np.mean([r["losses"] for r in per_rank], axis=0)
+    return [
+        {"kind": "eval", **meta, **e, "train_loss": float(losses[e["iteration"] - 1])}
+        for e in per_rank[0]["evals"]
+    ]
 
 
 def steady(df: pd.DataFrame, skip: int) -> pd.DataFrame:
