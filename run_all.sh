@@ -10,10 +10,11 @@ cd "$(dirname "$0")"
 
 usage() {
   cat <<'USAGE'
-usage: ./run_all.sh [--profile cpu|gpu] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
+usage: ./run_all.sh [--profile cpu|cpu-full|gpu] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
                     [--list] [--tests [PYTEST ARGS...]] [--help]
 
-  --profile cpu|gpu   parameter set (default: gpu if >= 2 GPUs are visible, else cpu)
+  --profile P         parameter set: cpu (quick, <= 20 min), cpu-full (convergence protocols of
+                      E7, E9, E13, <= 2 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu)
   --only E...         run only these experiments
   -p NAME=VALUE       override a parameter of the selected experiments (repeatable); the run is
                       written to results/<profile>/<E>__NAME=VALUE/, never over the default

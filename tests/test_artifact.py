@@ -95,7 +95,7 @@ def test_override_dirname_is_separate_from_default():
 
 
 def test_profiles_only_use_known_parameters():
-    for profile in ("cpu", "gpu"):
+    for profile in artifact.PROFILE_NAMES:
         artifact.load_profile(profile, artifact.discover())
 
 

@@ -83,14 +83,19 @@ def fake_training(
     )
 
 
-def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02):
+CONVERGED = [0.3, 0.8, 0.999, 1.0]  # the last 10% of steps add 0.1% of the accuracy
+
+
+def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVERGED):
     acc = {m: {0: 80.0, 1: 75.0, 2: 82.0} for m in METHODS}
     acc["pipe"] = {0: 80.1, 1: 74.9, 2: 82.1}
+    acc["sync@4x"] = {0: 82.0, 1: 80.0, 2: 83.0}
+    acc["pipe@4x"] = stale_acc or {0: 60.0, 1: 50.0, 2: 40.0}
     if int8_acc is not None:
         acc["pipe+int8"] = int8_acc
-    ms = {"sync": 33.0, "pipe": pipe_ms, "pipe+fp16": 18.5, "pipe+int8": 19.0}
-    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=[0.3, 0.8, 0.9, 1.0],
-                         noise=noise)
+    ms = {"sync": 33.0, "pipe": pipe_ms, "pipe+fp16": 18.5, "pipe+int8": 19.0, "sync@4x": 33.0,
+          "pipe@4x": 18.0}
+    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=acc_curve, noise=noise)
 
 
 CLAIM_CASES = {
@@ -100,7 +105,33 @@ CLAIM_CASES = {
     # paired differences of -5, -5, -4 points fail; -2, -2, -1 cannot be told from +-1 point
     "e7_accuracy_within": (lambda: _e7(), lambda: _e7(int8_acc={0: 75.0, 1: 70.0, 2: 78.0}),
                            lambda: _e7(int8_acc={0: 78.0, 1: 73.0, 2: 81.0})),
+    # pipe@4x - sync@4x: -22, -30, -43 pass (< -1); +0.2, +0.1, +0.3 fail (staleness did not
+    # hurt); -1.5, -0.2, -2.5 straddle -1
+    "e7_stale_hurts": (lambda: _e7(), lambda: _e7(stale_acc={0: 82.2, 1: 80.1, 2: 83.3}),
+                       lambda: _e7(stale_acc={0: 80.5, 1: 79.8, 2: 80.5})),
 }
+
+
+def test_accuracy_claims_wait_for_convergence():
+    """The same final accuracies, but sync still rising by 8 points over the last steps: neither
+    a PASS nor a FAIL can be trusted, the gate makes both INCONCLUSIVE and says why."""
+    rising = [0.3, 0.8, 0.9, 1.0]
+    v = e7.check_accuracy_within(_e7(acc_curve=rising), 1.0, ["pipe"], 0.1)
+    assert v.verdict == "INCONCLUSIVE" and "not converged" in v.measured
+    assert e7.check_accuracy_within(_e7(), 1.0, ["pipe"], 0.1).verdict == "PASS"
+    bad = _e7(int8_acc={0: 75.0, 1: 70.0, 2: 78.0}, acc_curve=rising)
+    assert e7.check_accuracy_within(bad, 1.0, ["pipe+int8"], 0.1).verdict == "INCONCLUSIVE"
+    v = e7.check_stale_hurts(_e7(acc_curve=rising), "pipe@4x", "sync@4x", 1.0, 0.1)
+    assert v.verdict == "INCONCLUSIVE" and "sync@4x" in v.measured
+
+
+def test_lr_scale_in_method_names():
+    assert T.lr_scale("pipe@4x") == 4.0 and T.lr_scale("sync") == 1.0
+    assert T.lr_scale("pipe+int8@0.5x") == 0.5
+    assert T.parse_method("pipe+int8@4x") == ("pipe", 1, "int8")
+    for bad in ("pipe@x", "pipe@-2x", "pipe@4", "pipe@nanx", "sync@0x"):
+        with pytest.raises(ValueError, match="after '@'"):
+            T.parse_method(bad)
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -209,7 +240,7 @@ def test_first_reach():
 def test_summary_time_to_accuracy_and_speedups():
     df = _e7()
     s = e7.summary(df).set_index("method")
-    assert list(s.index) == list(METHODS)
+    assert list(s.index) == [*METHODS, "sync@4x", "pipe@4x"]
     assert s.loc["pipe", "iter_speedup"] == pytest.approx(33 / 18, rel=0.05)
     assert s.loc["sync", "iter_speedup"] == pytest.approx(1.0)
     # the target (95% of sync's final) is first reached at the last snapshot of every method
@@ -220,7 +251,7 @@ def test_summary_time_to_accuracy_and_speedups():
 
 def test_accuracy_claim_is_symmetric():
     better = _e7(int8_acc={0: 85.0, 1: 80.0, 2: 87.0})  # +5 points: not "within 1 point"
-    args = {"methods": ["pipe", "pipe+fp16", "pipe+int8"]}
+    args = {"methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1}
     assert e7.check_accuracy_within(better, max_points=1.0, **args).verdict == "FAIL"
     assert e7.check_accuracy_within(better, max_points=6.0, **args).passed
 
@@ -290,7 +321,7 @@ def test_checks_work_on_data_read_back_from_csv(tmp_path):
         results.write_csv(tmp_path / "data.csv", df)
         back = results.load_csv(tmp_path / "data.csv")
         speed = {"method": "pipe", "tolerance": 0.25}
-        acc = {"max_points": 1.0, "methods": ["pipe", "pipe+fp16", "pipe+int8"]}
+        acc = {"max_points": 1.0, "methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1}
         for check, args in ((e7.check_pipe_speedup, speed), (e7.check_accuracy_within, acc)):
             assert check(back, **args) == check(df, **args)
         assert e7.summary(back)["final_acc_%"].tolist() == pytest.approx(

@@ -6,10 +6,15 @@ from test_e07_pipesgd_convergence import fake_training
 
 from pipecomm.experiments import e09_layerwise_delayed as e9
 
-ACC = {m: {0: 80.0, 1: 78.0} for m in ("sync", "layerwise", "delayed-1", "delayed-2")}
+ACC = {m: {0: 80.0, 1: 78.0, 2: 79.0} for m in ("sync", "layerwise", "delayed-1", "delayed-2")}
+FLAT = [0.3, 0.8, 0.999, 1.0]
 
 
-def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02):
+def _acc(delayed2):
+    return {**ACC, "delayed-2": dict(enumerate(delayed2))}
+
+
+def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02, acc=None):
     ms = {
         "nocomm": 30.0,
         "sync": 90.0,
@@ -18,7 +23,7 @@ def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02):
         "delayed-2": delayed2_ms,
     }
     return fake_training(
-        ms, ACC, seeds=(0, 1), acc_curve=acc_curve, comm_frac={"sync": 0.65, "layerwise": 0.6},
+        ms, acc or ACC, seeds=(0, 1, 2), acc_curve=acc_curve, comm_frac={"sync": 0.65, "layerwise": 0.6},
         noise=noise,
     )
 
@@ -28,6 +33,10 @@ CLAIM_CASES = {
                           lambda: _e9(delayed2_ms=90.0, noise=0.2)),
     "e9_layerwise_not_slower": (lambda: _e9(), lambda: _e9(layerwise_ms=99.0),
                                 lambda: _e9(layerwise_ms=90.0, noise=0.2)),
+    # delayed-2 - sync: -4, -4, -5 pass (< -1 point); 0, 0, 0 fail; -1.5, 0, -2 straddle -1
+    "e9_stale_hurts": (lambda: _e9(acc_curve=FLAT, acc=_acc([76.0, 74.0, 74.0])),
+                       lambda: _e9(acc_curve=FLAT),
+                       lambda: _e9(acc_curve=FLAT, acc=_acc([78.5, 78.0, 77.0]))),
 }
 
 

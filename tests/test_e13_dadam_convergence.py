@@ -91,69 +91,115 @@ def test_allreduce_baseline_equals_averaged_gradient_sgd(pool, algorithm, bucket
 
 # ----------------------------------------------------------------------------- synthetic data
 
+LRS = (1e-3, 2e-3, 4e-3)
+FLAT = (1.5, 1.05, 1.001, 1.0)  # validation loss over a run, as a factor of the final one
 
-def _finals(ar=(1.0, 1.1, 0.9), accum=(1.05, 1.12, 0.95), tasks=("digits", "lm")):
+
+def _e13(ar=(1.0, 1.1, 0.9), accum=(1.05, 1.12, 0.95), tasks=("digits", "lm"), lrs=LRS,
+         curve=FLAT, accum_best=2):
+    """Synthetic E13 data: seed 0 sweeps ``lrs`` (the middle one, or ``accum_best`` for
+    AccumAdam, is best on validation), seeds 1-2 run the best; eval rows every 25 of 100 steps
+    whose validation loss follows ``curve``; final test losses ``ar`` / ``accum`` per seed."""
     rows = []
     for task in tasks:
-        for method, losses in (
-            ("allreduce-adam", ar),
-            ("accumadam-complete", accum),
-            ("accumadam-aer", accum),
-            ("dadam-aer", tuple(x + 0.1 for x in ar)),
+        for method, k, losses in (
+            ("allreduce-adam", 1, ar),
+            ("accumadam-complete", 2, accum),
+            ("accumadam-aer", 2, accum),
+            ("dadam-aer", 1, tuple(x + 0.1 for x in ar)),
         ):
-            for seed, loss in enumerate(losses):
-                rows.append(
-                    {
-                        "task": task,
-                        "method": method,
-                        "seed": seed,
-                        "record": "final",
-                        "iteration": 10,
-                        "wall_s": 1.0,
-                        "loss": loss,
-                        "accuracy": 0.9 if task == "digits" else np.nan,
-                        "world_size": 4,
-                        "backend": "gloo",
-                        "network": "real",
-                    }
-                )
+            best = lrs[min(accum_best, len(lrs) - 1)] if method.startswith("accum") else lrs[
+                len(lrs) // 2]
+            runs = [(0, lr, "sweep") for lr in lrs] + [(s, best, "final") for s in (1, 2)]
+            for seed, lr, phase in runs:
+                loss = losses[seed] + (0.0 if lr == best else 0.3)
+                common = {"task": task, "method": method, "accum_iter": k,
+                          "config": e13.config_label(method, k), "seed": seed, "lr": lr,
+                          "phase": phase, "selected": lr == best, "samples_seen": 6400,
+                          "epochs": 4.45, "world_size": 4, "backend": "gloo",
+                          "network": "real", "algorithm": "torch",
+                          "schedule": "warmup-cosine(warmup=5,min=0.1)"}
+                for n, f in enumerate(curve, start=1):
+                    rows.append({**common, "record": "eval", "iteration": 25 * n,
+                                 "wall_s": 0.5 * n, "train_loss": loss * f + 0.1,
+                                 "val_loss": loss * f, "lr_now": lr})
+                rows.append({**common, "record": "final", "iteration": 100, "wall_s": 2.0,
+                             "val_loss": loss, "val_accuracy": 0.9, "loss": loss,
+                             "accuracy": 0.9 if task == "digits" else 0.5})
     return pd.DataFrame(rows)
 
 
-ARGS = {"max_rel_gap": 0.02, "min_seeds": 3}
+ARGS = {"max_rel_gap": 0.02, "min_seeds": 3, "accum_iter": 2, "min_lrs": 3, "tail": 0.1}
 CLAIM_CASES = {
     # AllReduce mean 1.0: margin 0.02. Paired differences 0.005 +- 0.002 pass, 0.05 +- 0.002
     # fail, 0.01 +- 0.02 straddle the margin
-    "e13_accumadam_within": (lambda: _finals(accum=(1.003, 1.105, 0.907)),
-                             lambda: _finals(accum=(1.048, 1.15, 0.952)),
-                             lambda: _finals(accum=(0.99, 1.13, 0.91))),
+    "e13_accumadam_within": (lambda: _e13(accum=(1.003, 1.105, 0.907)),
+                             lambda: _e13(accum=(1.048, 1.15, 0.952)),
+                             lambda: _e13(accum=(0.99, 1.13, 0.91))),
 }
 
 
 def test_claim_is_a_paired_interval_against_a_margin():
-    assert e13.check_accumadam_within(_finals(accum=(0.5, 0.6, 0.4)), **ARGS).passed  # better
-    v = e13.check_accumadam_within(_finals(accum=(1.003, 1.105, 0.907)), **ARGS)
+    assert e13.check_accumadam_within(_e13(accum=(0.5, 0.6, 0.4)), **ARGS).passed  # better
+    v = e13.check_accumadam_within(_e13(accum=(1.003, 1.105, 0.907)), **ARGS)
     assert "paired diff +0.0050" in v.measured and "margin 0.0200" in v.measured
+    assert "AccumAdam K=2 (AER)" in v.measured and "cannot decide" not in v.measured
+
+
+def test_claim_is_inconclusive_without_a_sweep_or_before_convergence():
+    """The same finals that PASS (or FAIL) become INCONCLUSIVE, with the reason, when only one
+    rate was tried or AllReduce Adam's validation loss still falls (4% over the last 25 steps)."""
+    for bad in ({"accum": (0.5, 0.6, 0.4)}, {"accum": (1.048, 1.15, 0.952)}):
+        one_rate = e13.check_accumadam_within(_e13(lrs=(2e-3,), **bad), **ARGS)
+        assert one_rate.verdict == "INCONCLUSIVE"
+        assert "1 learning rate(s) swept, need >= 3" in one_rate.measured
+        falling = e13.check_accumadam_within(_e13(curve=(1.5, 1.2, 1.04, 1.0), **bad), **ARGS)
+        assert falling.verdict == "INCONCLUSIVE" and "not converged" in falling.measured
 
 
 def test_claim_needs_paired_seeds_and_enough_of_them():
-    df = _finals()
+    df = _e13()
     with pytest.raises(ValueError, match="seeds"):
         e13.check_accumadam_within(df[df.seed < 2], **ARGS)
-    assert e13.check_accumadam_within(df[df.seed < 2], max_rel_gap=0.2, min_seeds=2).verdict in (
-        "PASS", "INCONCLUSIVE")
-    unpaired = df[~((df.method == "accumadam-aer") & (df.seed == 0))]
+    unpaired = df[~((df.method == "accumadam-aer") & (df.seed == 1))]
     with pytest.raises(ValueError, match="pairs"):
         e13.check_accumadam_within(unpaired, **ARGS)
     with pytest.raises(ValueError, match="AccumAdam"):
         e13.check_accumadam_within(df[~df.method.str.startswith("accum")], **ARGS)
+    with pytest.raises(ValueError, match="K=4"):
+        e13.check_accumadam_within(df, **{**ARGS, "accum_iter": 4})
 
 
-def test_summary_mean_two_sigma_and_paired_difference():
-    s = e13.summary(_finals()).set_index(["task", "method"])
-    assert s.loc[("digits", "AllReduce Adam"), "final loss (mean +- 2 sigma)"] == "1.0000 +- 0.2000"
-    assert s.loc[("digits", "DAdam (AER)"), "loss - AllReduce (paired)"] == "0.1000 +- 0.0000"
-    assert s.loc[("lm", "AllReduce Adam"), "accuracy (mean +- 2 sigma)"] == ""
+def test_summary_and_sweep_table():
+    df = _e13(accum_best=2)
+    s = e13.summary(df).set_index(["task", "configuration"])
+    row = s.loc[("digits", "AccumAdam K=2 (AER)")]
+    assert row["seeds"] == 3 and row["lr"] == 4e-3 and row["lr / AllReduce's"] == 2.0
+    assert row["loss - AllReduce, paired [95% CI]"].startswith("0.0400 [")
+    assert s.loc[("digits", "AllReduce Adam"), "test loss [95% CI]"].startswith("1.0000 [")
+    assert s.loc[("lm", "AllReduce Adam"), "samples seen (epochs)"] == "6,400 (4.45)"
+    sw = e13.sweep_table(df)
+    assert sw.loc[("digits", "AllReduce Adam"), 2e-3].endswith("*")
+    assert not sw.loc[("digits", "AllReduce Adam"), 1e-3].endswith("*")
+    assert sw.loc[("lm", "AccumAdam K=2 (complete)"), 4e-3].endswith("*")
+
+
+def test_configurations_and_eval_splits_are_disjoint():
+    assert e13.configurations({"methods": ["allreduce-adam", "accumadam-aer"],
+                               "accum_iters": [2, 4]}) == [
+        ("allreduce-adam", 1), ("accumadam-aer", 2), ("accumadam-aer", 4)]
+    (xv, yv), (xt, _) = e13.eval_split("lm", "val"), e13.eval_split("lm", "test")
+    ids = D.corpus().val
+    half = len(ids) // 2
+    torch.testing.assert_close(xv.flatten(), ids[: xv.numel()])  # first half of the text
+    torch.testing.assert_close(xt.flatten(), ids[half : half + xt.numel()])  # second half
+    torch.testing.assert_close(xv[:, 1:], yv[:, :-1])  # y is x shifted by one
+    assert xv.numel() <= half and len(xv) > 300
+    dv, dt = e13.eval_split("digits", "val")[0], e13.eval_split("digits", "test")[0]
+    x_all, _ = e13._digits("test")
+    assert len(dv) + len(dt) == len(x_all) and len(dv) >= 150
+    with pytest.raises(ValueError, match="part"):
+        e13.eval_split("lm", "train")
 
 
 def test_method_names_split_into_optimizer_and_topology():
@@ -169,9 +215,14 @@ def test_method_names_split_into_optimizer_and_topology():
         ({"tasks": ["imagenet"]}, "tasks"),
         ({"methods": []}, "methods"),
         ({"seeds": []}, "seeds"),
-        ({"lm_lr": 0.0}, "lm_lr"),
-        ({"accum_iter": 0}, "accum_iter"),
-        ({"lm_accum_lr_scale": -1.0}, "lm_accum_lr_scale"),
+        ({"lm_lrs": [0.0]}, "lm_lrs"),
+        ({"lm_lrs": []}, "lm_lrs"),
+        ({"digits_lrs": [1e-3, 1e-3]}, "digits_lrs"),
+        ({"accum_iters": [1]}, "accum_iters"),
+        ({"methods": ["dadam-aer"]}, "allreduce-adam"),
+        ({"schedule": "step"}, "schedule"),
+        ({"warmup_fraction": 1.5}, "warmup_fraction"),
+        ({"min_lr_ratio": 2.0}, "min_lr_ratio|min_ratio"),
         ({"emulated": "yes"}, "emulated"),
         ({"backend": "mpi"}, "backend"),
         ({"backend": "nccl", "emulated": True}, "emulated network"),
@@ -183,32 +234,39 @@ def test_bad_parameters_name_the_parameter(bad, match):
 
 
 @pytest.mark.timeout(240)
-def test_tiny_end_to_end_run():
-    df = e13.run(
-        world_size=2,
-        ranks_per_node=1,
-        tasks=["digits", "lm"],
-        methods=["allreduce-adam", "accumadam-aer"],
-        seeds=[0],
-        digits_iterations=3,
-        lm_iterations=2,
-        eval_every=2,
-    )
-    assert {"backend", "world_size", "network"} <= set(df.columns)
+def test_tiny_end_to_end_run(tmp_path, monkeypatch):
+    """Sweep on seed 0, selected rate on seed 1; curves at fixed intervals; a second run with
+    the same run directory resumes from the finished runs instead of training again."""
+    from pipecomm import results
+
+    monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
+    params = dict(world_size=2, ranks_per_node=1, tasks=["digits", "lm"],
+                  methods=["allreduce-adam", "accumadam-aer"], accum_iters=[2, 3], seeds=[0, 1],
+                  digits_iterations=4, lm_iterations=3, eval_every=2, digits_lrs=[1e-3, 1e-2],
+                  lm_lrs=[3e-3])
+    df = e13.run(**params)
+    assert {"backend", "world_size", "network", "seed", "lr", "schedule"} <= set(df.columns)
     assert (df.network == "real").all() and (df.backend == "gloo").all()
     f = e13.finals(df)
-    assert len(f) == 4 and f.loss.notna().all()
+    assert len(f) == 2 * 3 * 2 and f.loss.notna().all() and f.val_loss.notna().all()
     assert f[f.task == "digits"].accuracy.between(0, 1).all()
-    train = df[df.record == "train"]
-    assert train.groupby(["task", "method"]).iteration.max().to_dict() == {
-        ("digits", "accumadam-aer"): 3,
-        ("digits", "allreduce-adam"): 3,
-        ("lm", "accumadam-aer"): 2,
-        ("lm", "allreduce-adam"): 2,
-    }
-    assert (train.groupby(["task", "method"]).wall_s.diff().dropna() > 0).all()
-    assert len(e13.summary(df)) == 4
+    sweep = df[(df.record == "final") & (df.phase == "sweep")]
+    assert len(sweep) == 3 * 2 + 3 * 1  # digits: 3 configurations x 2 rates; lm: x 1
+    for (task, method, k), g in f.groupby(["task", "method", "accum_iter"]):
+        assert sorted(g.seed) == [0, 1] and g.lr.nunique() == 1  # the selected rate, both seeds
+        s0 = sweep[(sweep.task == task) & (sweep.method == method) & (sweep.accum_iter == k)]
+        assert g.lr.iloc[0] == s0.loc[s0.val_loss.idxmin(), "lr"]
+    ev = df[df.record == "eval"]
+    assert ev.groupby(["task", "method", "accum_iter", "seed", "lr"]).iteration.apply(list).map(
+        tuple).isin([(2, 4), (2, 3)]).all()
+    assert (ev.groupby(["task", "method", "accum_iter", "seed", "lr"]).wall_s.diff().dropna()
+            > 0).all()
+    assert ev.lr_now.le(ev.lr).all()
+    assert len(e13.summary(df)) == 6
     e13.plot(df)
+    assert len(list(tmp_path.glob("*.pkl"))) == len(sweep) + 6
+    again = e13.run(**params)  # every run from the run directory: same numbers
+    pd.testing.assert_frame_equal(again, df)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 4, reason="needs fewer than 4 visible GPUs")

@@ -39,6 +39,7 @@ from pipecomm.experiments._cli import parse_value
 ROOT = results.REPO_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ROOT / "artifact" / "profiles"
+PROFILE_NAMES = ["cpu", "cpu-full", "gpu"]
 RESULTS = ROOT / "results"
 REFERENCE = ROOT / "artifact" / "reference"
 KERNEL = "pipecomm"
@@ -102,13 +103,23 @@ def auto_profile() -> str:
 
 
 def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Attach a profile's parameters and budgets; profile names are checked like ``-p``."""
+    """Attach a profile's parameters and budgets; profile names are checked like ``-p``.
+
+    A profile with ``extends: <other>`` starts from the other profile's experiments and replaces
+    the budgets and parameters it names (``cpu-full`` extends ``cpu``)."""
     path = PROFILES / f"{name}.yaml"
     if not path.exists():
         choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
         raise UsageError(f"unknown profile {name!r}; choose from {choices}")
     spec = yaml.safe_load(path.read_text()) or {}
-    for eid, entry in (spec.get("experiments") or {}).items():
+    entries = dict(spec.get("experiments") or {})
+    if spec.get("extends"):  # a profile that changes some experiments of another one
+        parent = yaml.safe_load((PROFILES / f"{spec['extends']}.yaml").read_text()) or {}
+        for eid, entry in (parent.get("experiments") or {}).items():
+            own = entries.get(eid) or {}
+            entries[eid] = {**entry, **own,
+                            "params": {**(entry.get("params") or {}), **(own.get("params") or {})}}
+    for eid, entry in entries.items():
         if eid not in experiments:
             continue  # a profile may describe experiments whose notebooks are not here yet
         exp = experiments[eid]
@@ -228,11 +239,15 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     limit = max(120.0, exp.budget_s * timeout_factor)
+    # finished training runs survive an interruption here (results.Runs): re-running resumes
+    runs_dir = out.parent / ".runs" / f"{out.name}-{results.git_commit()[:12]}"
+    os.environ[results.RUNS_ENV] = str(runs_dir)
     start = time.perf_counter()
     try:
         results.write_json(tmp / "env.json", {"profile": profile})
-        execute_notebook(exp.notebook, tmp / "notebook.ipynb",
-                         {**params, "out_dir": str(tmp)}, timeout_s=limit)
+        with _run_progress(runs_dir, exp.id):
+            execute_notebook(exp.notebook, tmp / "notebook.ipynb",
+                             {**params, "out_dir": str(tmp)}, timeout_s=limit)
         wall = time.perf_counter() - start
         if not (tmp / "data.csv").exists():
             raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
@@ -241,9 +256,47 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
                 "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name}
         results.write_json(tmp / "env.json", env)
         results.replace_dir(tmp, out)
+        shutil.rmtree(runs_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            runs_dir.parent.rmdir()  # only when no other experiment keeps runs there
         return wall
     finally:
+        os.environ.pop(results.RUNS_ENV, None)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
+    """A progress bar of an experiment's training runs (done, total, time remaining), read from
+    the ``progress.json`` that :class:`pipecomm.results.Runs` writes inside the notebook."""
+    import threading
+
+    from tqdm.auto import tqdm
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        bar = None
+        while not stop.wait(every_s):
+            try:
+                prog = results.read_json(runs_dir / "progress.json")
+            except (OSError, ValueError):
+                continue
+            if bar is None:
+                bar = tqdm(total=prog["total"], desc=f"{eid} runs", unit="run", file=sys.stdout,
+                           leave=False)
+            bar.n = prog["done"]
+            bar.set_postfix_str(f"~{prog['remaining_s'] / 60:.1f} min left")
+        if bar is not None:
+            bar.close()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def reference_values(profile: str) -> dict[str, str] | None:
@@ -318,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
         "and check every claim.",
     )
-    p.add_argument("--profile", choices=["cpu", "gpu"], default=None,
+    p.add_argument("--profile", choices=PROFILE_NAMES, default=None,
                    help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
     p.add_argument("--only", nargs="+", metavar="E", default=None,
                    help="run only these experiments (e.g. E0 E3)")

@@ -120,6 +120,44 @@ def combine(verdicts: list[str]) -> str:
     return PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
 
 
+def still_improving(curve: pd.Series, tail: float, tolerance: float,
+                    higher_is_better: bool = False) -> str | None:
+    """The convergence gate of a comparison of training runs: the reason why it cannot be
+    decided when the reference run's metric (``curve``: value per step, mean over seeds) still
+    improved by more than ``tolerance`` over the last ``tail`` fraction of its steps -- a gap
+    within a margin could then open or close with more training. None when it has levelled off.
+
+    Example::
+
+        still_improving(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25, 0.02)
+        # None: 1.20 -> 1.19 over the last 25 steps
+    """
+    curve = curve.dropna().sort_index()
+    if len(curve) < 2:
+        return "the reference has fewer than 2 evaluations: convergence unknown"
+    last = curve.index[-1]
+    start = curve[curve.index <= last - tail * last]
+    if start.empty:
+        return "no evaluation before the last part of the run: convergence unknown"
+    gain = float(curve.iloc[-1] - start.iloc[-1])
+    gain = gain if higher_is_better else -gain
+    if gain > tolerance:
+        return (f"not converged: the reference improved by {gain:.4g} over its last "
+                f"{tail:.0%} of steps (> {tolerance:.4g})")
+    return None
+
+
+def gate(verdict: str, reasons: list[str]) -> str:
+    """INCONCLUSIVE when a protocol condition of the claim is not met (``reasons`` non-empty),
+    whatever the interval says; else ``verdict``.
+
+    Example::
+
+        gate(PASS, ["only 1 learning rate swept"])   # INCONCLUSIVE
+    """
+    return INCONCLUSIVE if reasons else verdict
+
+
 def interval(values: list[float]) -> tuple[float, float, float]:
     """Median of a timed point's repeats with its 95% interval; fewer than
     :data:`MIN_REPEATS` repeats give an unbounded interval (cannot decide).

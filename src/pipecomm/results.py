@@ -110,6 +110,72 @@ def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- resumable runs
+
+RUNS_ENV = "PIPECOMM_RUNS_DIR"
+"""Set by the orchestrator (``pipecomm.artifact``) to a directory that outlives an interrupted
+experiment: :class:`Runs` keeps each finished run there, and ``progress.json`` for the
+orchestrator's progress bar. Unset (a notebook opened by hand), runs are not kept."""
+
+
+class Runs:
+    """The training runs of one experiment, resumable run by run, with a progress bar.
+
+    ``runs(key, fn, *args)`` returns ``fn(*args)``; when :data:`RUNS_ENV` names a directory, the
+    result is pickled there under a hash of ``key`` (written atomically), so re-running an
+    interrupted experiment skips the runs already done. Each call also updates a tqdm bar (time
+    remaining from the mean time of the runs done so far) and ``progress.json``.
+
+    Example::
+
+        runs = results.Runs(total=len(configs), desc="E13 runs")
+        out = [runs(cfg, ranks.run, train_rank, cfg) for cfg in configs]
+        runs.close()
+    """
+
+    def __init__(self, total: int, desc: str = "runs", directory: str | os.PathLike | None = None):
+        from tqdm.auto import tqdm
+
+        directory = directory or os.environ.get(RUNS_ENV)
+        self.dir = Path(directory) if directory else None
+        self.total, self.done, self.ran_s, self.ran = total, 0, 0.0, 0
+        self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout)
+
+    def __call__(self, key: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        import pickle
+        import time
+
+        path = None
+        if self.dir is not None:
+            digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode())
+            path = self.dir / f"{digest.hexdigest()[:20]}.pkl"
+            if path.exists():
+                with open(path, "rb") as f:
+                    value = pickle.load(f)
+                self._advance(0.0)
+                return value
+        t0 = time.perf_counter()
+        value = fn(*args, **kwargs)
+        if path is not None:
+            with atomic_path(path) as tmp, open(tmp, "wb") as f:
+                pickle.dump(value, f)
+        self._advance(time.perf_counter() - t0)
+        return value
+
+    def _advance(self, seconds: float) -> None:
+        self.done += 1
+        if seconds:
+            self.ran_s, self.ran = self.ran_s + seconds, self.ran + 1
+        self.bar.update(1)
+        if self.dir is not None:
+            left = (self.total - self.done) * (self.ran_s / self.ran if self.ran else 0.0)
+            write_json(self.dir / "progress.json",
+                       {"done": self.done, "total": self.total, "remaining_s": left})
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 # --------------------------------------------------------------------------- provenance
 
 

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import bench, cost, data, launch, models, schedules, vocab
+from pipecomm import bench, claims, cost, data, launch, models, schedules, stats, vocab
 
 #: Training configuration keys and their defaults (experiments override some).
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -873,3 +873,92 @@ def is_true(values: pd.Series) -> pd.Series:
         df[is_true(df["final"])]
     """
     return values.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
+
+# --------------------------------------------------------------------------- accuracy claims (E7, E9)
+
+
+def final_accuracy(df: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy after ``finish()`` per method and seed."""
+    ev = df[(df["kind"] == "eval") & (is_true(df["final"]))]
+    return ev[["method", "seed", "accuracy", "wall_s"]].reset_index(drop=True)
+
+
+def paired_accuracy(df: pd.DataFrame, method: str, reference: str = "sync"
+                    ) -> tuple[float, float, float, int]:
+    """Mean paired (same seed) difference of final accuracy ``method - reference`` in points,
+    with its 95% Student-t interval, and the number of pairs."""
+    fin = final_accuracy(df)
+    ref = fin[fin["method"] == reference].set_index("seed")["accuracy"]
+    other = fin[fin["method"] == method].set_index("seed")["accuracy"]
+    seeds = sorted(set(ref.index) & set(other.index))
+    if not seeds:
+        raise ValueError(f"no paired seeds with both {reference!r} and {method!r}")
+    d, lo, hi = stats.paired_diff_ci(other.loc[seeds].to_numpy(), ref.loc[seeds].to_numpy())
+    return d, lo, hi, len(seeds)
+
+
+def convergence_gap(df: pd.DataFrame, reference: str, tail: float, tolerance: float) -> list[str]:
+    """Why an accuracy comparison against ``reference`` cannot be decided: its held-out
+    accuracy (mean over seeds) still rose by more than ``tolerance`` points over the last
+    ``tail`` fraction of its steps (see :func:`pipecomm.claims.still_improving`)."""
+    ev = df[(df["kind"] == "eval") & (df["method"] == reference)]
+    gap = claims.still_improving(ev.groupby("iteration")["accuracy"].mean(), tail, tolerance,
+                                 higher_is_better=True)
+    return [f"{reference} {gap}"] if gap else []
+
+
+def accuracy_within(df: pd.DataFrame, max_points: float, methods: list[str],
+                          tail: float) -> claims.Verdict:
+    """For each method: the mean paired difference (same seed) of final accuracy to sync, with
+    its 95% Student-t interval, lies within ``+- max_points`` (PASS), entirely outside (FAIL),
+    or straddles the bound (INCONCLUSIVE: the seeds cannot tell). Gated on convergence: when
+    sync's accuracy still rose by more than ``max_points / 2`` over the last ``tail`` of its
+    steps the comparison is INCONCLUSIVE whatever the interval says.
+
+    Example::
+
+        accuracy_within(df, 1.0, ["pipe", "pipe+fp16", "pipe+int8"], 0.1)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "accuracy", "final", "iteration")
+    fin = final_accuracy(df)
+    sync = fin[fin["method"] == "sync"]["accuracy"]
+    parts, verdicts = [], []
+    for m in methods:
+        d, lo, hi, _ = paired_accuracy(df, m)
+        verdicts.append(claims.within(lo, hi, max_points))
+        parts.append(f"{m} {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+    reasons = convergence_gap(df, "sync", tail, max_points / 2)
+    measured = f"paired over {len(sync)} seeds, points vs sync ({sync.mean():.1f}%): "
+    measured += ", ".join(parts) + (f" -- cannot decide: {reasons[0]}" if reasons else "")
+    return claims.Verdict(
+        measured,
+        f"|difference| <= {max_points:g} point (95% interval), sync converged",
+        claims.gate(claims.combine(verdicts), reasons),
+    )
+
+
+def stale_hurts(df: pd.DataFrame, method: str, reference: str, min_points: float,
+                      tail: float) -> claims.Verdict:
+    """The negative control: ``method`` (a stale method at a stress learning rate, e.g.
+    ``"pipe@4x"``) ends more than ``min_points`` below ``reference`` (the same rate without
+    staleness): the paired difference's 95% interval lies entirely below ``-min_points`` (PASS),
+    entirely above it (FAIL: staleness did not hurt), or straddles it. Gated on the reference's
+    convergence as :func:`accuracy_within`.
+
+    Example::
+
+        stale_hurts(df, "pipe@4x", "sync@4x", 1.0, 0.1)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "accuracy", "final", "iteration")
+    d, lo, hi, n = paired_accuracy(df, method, reference)
+    reasons = convergence_gap(df, reference, tail, min_points / 2)
+    fin = final_accuracy(df)
+    ref = fin[fin["method"] == reference]["accuracy"].mean()
+    measured = (f"{method} - {reference} ({ref:.1f}%): {d:+.2f} [{lo:+.2f}, {hi:+.2f}] points, "
+                f"{n} paired seeds" + (f" -- cannot decide: {reasons[0]}" if reasons else ""))
+    return claims.Verdict(
+        measured,
+        f"difference < -{min_points:g} point (95% interval), reference converged",
+        claims.gate(claims.at_most(lo, hi, -min_points), reasons),
+    )
