@@ -285,7 +285,7 @@ def test_bad_parameters_name_the_parameter(bad):
 def test_tiny_run_fixed_bandwidth():
     df = e7.run(
         seeds=[0],
-        methods=["sync", "pipe", "pipe+int8"],
+        methods=["sync", "pipe", "pipe+int8@4x"],
         iterations=4,
         eval_every=2,
         skip=1,
@@ -293,6 +293,8 @@ def test_tiny_run_fixed_bandwidth():
         model_kw={"hidden": [16]},
         batch_size=8,
         lr=0.1,
+        schedule="warmup-cosine",
+        warmup_steps=1,
         bandwidth_Bps=1e9,
         alpha_s=1e-4,
         calib_iters=2,
@@ -300,8 +302,13 @@ def test_tiny_run_fixed_bandwidth():
     )
     assert {"backend", "world_size", "network"} <= set(df.columns)
     ev = df[df["kind"] == "eval"]
-    assert sorted(set(ev["method"])) == ["pipe", "pipe+int8", "sync"]
+    assert sorted(set(ev["method"])) == ["pipe", "pipe+int8@4x", "sync"]
     assert sorted(ev[ev["method"] == "sync"]["iteration"]) == [2, 4]
+    # the curve carries seed, rate in force and schedule: warm-up 1 step, cosine to 0 at step 4
+    assert (ev["schedule"] == "warmup-cosine(warmup=1,min=0)").all() and (ev["seed"] == 0).all()
+    stress = ev[ev["method"] == "pipe+int8@4x"].sort_values("iteration")
+    assert stress["lr"].tolist() == pytest.approx([0.4, 0.0], abs=1e-12)
+    assert stress["lr_peak"].tolist() == pytest.approx([0.4, 0.4]) and ev["train_loss"].notna().all()
     assert ev["accuracy"].between(0, 100).all()
     fin = e7.final_accuracy(df)
     assert len(fin) == 3

@@ -62,21 +62,29 @@ def experiments_section() -> str:
     sys.path.insert(0, str(ROOT / "src"))
     from pipecomm import artifact
 
-    profiles = {}
-    for name in ("cpu", "gpu"):
-        spec = yaml.safe_load((ROOT / "artifact" / "profiles" / f"{name}.yaml").read_text())
-        profiles[name] = spec.get("experiments") or {}
     found = artifact.discover()
-    lines = ["| id | notebook | command | cpu budget | gpu budget | outputs |",
-             "|---|---|---|---|---|---|"]
+    names = artifact.PROFILE_NAMES
+    budgets = {}
+    for name in names:  # resolved as the orchestrator resolves them (cpu-full extends cpu)
+        exps = artifact.load_profile(name, artifact.discover())
+        spec = yaml.safe_load((ROOT / "artifact" / "profiles" / f"{name}.yaml").read_text())
+        own = set(spec.get("experiments") or {})
+        if spec.get("extends"):
+            parent = yaml.safe_load(
+                (ROOT / "artifact" / "profiles" / f"{spec['extends']}.yaml").read_text())
+            own |= set(parent.get("experiments") or {})
+        budgets[name] = {eid: e.budget_s for eid, e in exps.items() if eid in own}
+    lines = ["| id | notebook | command | " + " | ".join(f"{n} budget" for n in names)
+             + " | outputs |", "|---|---|---|" + "---|" * len(names) + "---|"]
     for eid, exp in found.items():
-        cpu = profiles["cpu"].get(eid, {}).get("budget_s", "-")
-        gpu = profiles["gpu"].get(eid, {}).get("budget_s", "-")
-        lines.append(f"| {eid} | `{exp.notebook.name}` | `./run_all.sh --only {eid}` | {cpu} s | "
-                     f"{gpu} s | `results/<profile>/{eid}/` |")
-    total = sum(v.get("budget_s", 0) for v in profiles["cpu"].values())
+        cells = " | ".join(f"{budgets[n][eid]:.0f} s" if eid in budgets[n] else "-"
+                           for n in names)
+        lines.append(f"| {eid} | `{exp.notebook.name}` | `./run_all.sh --only {eid}` | {cells} | "
+                     f"`results/<profile>/{eid}/` |")
     lines.append("")
-    lines.append(f"cpu-profile budgets add up to {total / 60:.1f} minutes. Each notebook's first "
+    totals = ", ".join(f"{n} {sum(budgets[n].values()) / 60:.1f} min" for n in names)
+    lines.append(f"Budgets add up to: {totals} (cpu-full: every experiment; its own protocols, "
+                 "E7, E9 and E13, take the rest of the time). Each notebook's first "
                  "markdown cell says what its figure shows and which claims it tests; its last "
                  "cell shows their verdicts.")
     return "\n".join(lines)
@@ -84,7 +92,8 @@ def experiments_section() -> str:
 
 def render(text: str) -> str:
     sections = (("claims", claims_section()), ("experiments", experiments_section()),
-                ("reference-cpu", reference_section("cpu")))
+                ("reference-cpu", reference_section("cpu")),
+                ("reference-cpu-full", reference_section("cpu-full")))
     for key, body in sections:
         pattern = re.compile(rf"(<!-- {key}:begin[^>]*-->\n).*?(<!-- {key}:end -->)", re.S)
         text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)

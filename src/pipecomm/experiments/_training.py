@@ -459,6 +459,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
                 {
                     "iteration": it,
                     "lr": lrs[it - 1],
+                    "lr_peak": cfg["lr"] * lr_scale(cfg["method"]),
                     "wall_s": float(elapsed[-1]) if last else by_iter[it],
                     "accuracy": acc,
                     "test_loss": tl,
@@ -786,6 +787,7 @@ def calibrate_and_train(
     return pd.DataFrame(rows).assign(
         backend=p["backend"],
         world_size=world,
+        schedule=schedules.describe(cfg0["schedule"], cfg0["warmup_steps"], cfg0["min_lr_ratio"]),
         network=network_text(net),
         bandwidth_Bps=1.0 / link.beta,
         skip=p["skip"],
