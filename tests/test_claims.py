@@ -126,3 +126,17 @@ def test_thresholds_live_only_in_claims_yaml(tmp_path):
             claims.load_claims(path)
     finally:
         del claims.CHECKS["test_only_with_default"]
+
+
+def test_convergence_gate():
+    loss = pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100])
+    assert claims.tail_gain(loss, 0.25) == pytest.approx(0.01)
+    assert claims.tail_gain(loss, 0.5) == pytest.approx(0.31)
+    assert claims.tail_gain(loss.iloc[:1], 0.25) != claims.tail_gain(loss.iloc[:1], 0.25)  # NaN
+    assert claims.still_improving(loss, 0.25, 0.02) is None
+    assert "not converged" in claims.still_improving(loss, 0.5, 0.02)
+    acc = pd.Series([50.0, 80.0, 90.0], index=[10, 20, 30])
+    assert claims.tail_gain(acc, 0.2, higher_is_better=True) == pytest.approx(10.0)
+    assert "unknown" in claims.still_improving(acc.iloc[-1:], 0.1, 1.0, higher_is_better=True)
+    assert claims.gate(claims.PASS, []) == claims.PASS
+    assert claims.gate(claims.FAIL, ["why"]) == claims.INCONCLUSIVE

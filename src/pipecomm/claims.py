@@ -120,27 +120,42 @@ def combine(verdicts: list[str]) -> str:
     return PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
 
 
+def tail_gain(curve: pd.Series, tail: float, higher_is_better: bool = False) -> float:
+    """How much a training curve (value per step, indexed by step) still improved over the last
+    ``tail`` fraction of its steps: last value against the last one at or before
+    ``(1 - tail) x last step`` (positive = better; NaN without two such evaluations).
+
+    Example::
+
+        tail_gain(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25)   # 0.01
+    """
+    curve = curve.dropna().sort_index()
+    if len(curve) < 2:
+        return math.nan
+    last = curve.index[-1]
+    start = curve[curve.index <= last - tail * last]
+    if start.empty:
+        return math.nan
+    gain = float(curve.iloc[-1] - start.iloc[-1])
+    return gain if higher_is_better else -gain
+
+
 def still_improving(curve: pd.Series, tail: float, tolerance: float,
                     higher_is_better: bool = False) -> str | None:
     """The convergence gate of a comparison of training runs: the reason why it cannot be
     decided when the reference run's metric (``curve``: value per step, mean over seeds) still
-    improved by more than ``tolerance`` over the last ``tail`` fraction of its steps -- a gap
-    within a margin could then open or close with more training. None when it has levelled off.
+    improved by more than ``tolerance`` over the last ``tail`` fraction of its steps
+    (:func:`tail_gain`) -- a gap within a margin could then open or close with more training.
+    None when it has levelled off.
 
     Example::
 
         still_improving(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25, 0.02)
         # None: 1.20 -> 1.19 over the last 25 steps
     """
-    curve = curve.dropna().sort_index()
-    if len(curve) < 2:
-        return "the reference has fewer than 2 evaluations: convergence unknown"
-    last = curve.index[-1]
-    start = curve[curve.index <= last - tail * last]
-    if start.empty:
-        return "no evaluation before the last part of the run: convergence unknown"
-    gain = float(curve.iloc[-1] - start.iloc[-1])
-    gain = gain if higher_is_better else -gain
+    gain = tail_gain(curve, tail, higher_is_better)
+    if math.isnan(gain):
+        return "the reference has no evaluation before its last steps: convergence unknown"
     if gain > tolerance:
         return (f"not converged: the reference improved by {gain:.4g} over its last "
                 f"{tail:.0%} of steps (> {tolerance:.4g})")

@@ -900,6 +900,14 @@ def paired_accuracy(df: pd.DataFrame, method: str, reference: str = "sync"
     return d, lo, hi, len(seeds)
 
 
+def accuracy_rise(df: pd.DataFrame, method: str, tail: float) -> float:
+    """Points of held-out accuracy (mean over seeds) ``method`` still gained over the last
+    ``tail`` fraction of its steps: how close to converged the run ended."""
+    ev = df[(df["kind"] == "eval") & (df["method"] == method)]
+    return claims.tail_gain(ev.groupby("iteration")["accuracy"].mean(), tail,
+                            higher_is_better=True)
+
+
 def convergence_gap(df: pd.DataFrame, reference: str, tail: float, tolerance: float) -> list[str]:
     """Why an accuracy comparison against ``reference`` cannot be decided: its held-out
     accuracy (mean over seeds) still rose by more than ``tolerance`` points over the last

@@ -235,6 +235,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             "method": m,
             "seeds": len(fm),
             "final_acc_%": fm.mean(),
+            "rise_last_10%_points": T.accuracy_rise(df, m, 0.1),
             "vs_sync_points": (
                 fm - fin[fin["method"] == "sync"].set_index("seed")["accuracy"]
             ).mean(),

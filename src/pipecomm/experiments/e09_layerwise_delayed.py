@@ -260,6 +260,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                     "reached": f"{int(reached.sum())}/{len(g)} (of {g['max_iteration'].max()})",
                     "s_to_target": g.loc[reached, "wall_s"].mean() if reached.any() else np.nan,
                     "final_acc_%": g["final_acc"].mean(),
+                    "rise_last_10%_points": T.accuracy_rise(df, m, 0.1),
                 }
             )
         rows.append(row)
