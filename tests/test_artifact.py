@@ -232,6 +232,35 @@ def test_interrupted_run_leaves_no_result(tmp_path):
     assert list((tmp_path / "results").iterdir()) == []
 
 
+def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
+    """results.Runs inside a notebook keeps each finished run under results/<profile>/.runs/
+    while the experiment is unfinished; re-running skips them; success removes them."""
+    artifact.ensure_kernel()
+    nb = tmp_path / "98_runs.ipynb"
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
+    cell = nbformat.v4.new_code_cell("out_dir = None\nfail = True\ncounter = ''")
+    cell.metadata["tags"] = ["parameters"]
+    book.cells = [cell, nbformat.v4.new_code_cell(
+        "import pathlib\nfrom pipecomm import results\nruns = results.Runs(2)\n"
+        "def work(i):\n    with open(counter, 'a') as f:\n        f.write('x')\n    return i * 10\n"
+        "a = runs({'i': 0}, work, 0)\n"
+        "if fail:\n    raise RuntimeError('interrupted on purpose')\n"
+        "b = runs({'i': 1}, work, 1)\n"
+        "(pathlib.Path(out_dir) / 'data.csv').write_text(f'a,b\\n{a},{b}\\n')")]
+    nbformat.write(book, nb)
+    exp = artifact.Experiment("E98", nb, {}, budget_s=30)
+    out, counter = tmp_path / "results" / "E98", tmp_path / "calls.txt"
+    with pytest.raises(Exception, match="interrupted on purpose"):
+        artifact.run_experiment(exp, "cpu", {"fail": True, "counter": str(counter)}, out)
+    kept = list((tmp_path / "results" / ".runs").glob("E98-*/*.pkl"))
+    assert not out.exists() and len(kept) == 1 and counter.read_text() == "x"
+    artifact.run_experiment(exp, "cpu", {"fail": False, "counter": str(counter)}, out)
+    assert counter.read_text() == "xx"  # run 0 came from the run directory, only run 1 ran
+    assert (out / "data.csv").read_text() == "a,b\n0,10\n"
+    assert not (tmp_path / "results" / ".runs").exists()
+
+
 def test_e0_through_papermill(tmp_path):
     """E0 end to end through papermill: every result file, calibration, a claim verdict."""
     artifact.ensure_kernel()
