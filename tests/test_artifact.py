@@ -294,3 +294,20 @@ def test_artifact_appendix_is_in_sync_with_claims_and_profiles():
     proc = subprocess.run([sys.executable, str(ROOT / "tools/make_artifact_md.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
+    """cpu-full extends cpu: its reference holds E7, E9 and E13 only; cpu needs every one."""
+    assert artifact.own_experiments("cpu-full") == ["E7", "E9", "E13"]
+    assert artifact.own_experiments("cpu") is None
+    src = tmp_path / "results"
+    for eid in ("E7", "E9", "E13"):
+        (src / eid).mkdir(parents=True)
+        (src / eid / "data.csv").write_text("a\n1\n")
+        nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
+    for name in ("claims.md", "claims.csv"):
+        (src / name).write_text("x")
+    dest = artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref")
+    assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == ["E13", "E7", "E9"]
+    with pytest.raises(artifact.UsageError, match="lacks results"):
+        artifact.save_reference("cpu", source=src, dest=tmp_path / "ref-cpu")

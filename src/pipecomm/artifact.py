@@ -132,6 +132,13 @@ def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Exp
     return experiments
 
 
+def own_experiments(name: str) -> list[str] | None:
+    """The experiments a profile that ``extends`` another sets itself (``cpu-full``: E7, E9,
+    E13); None for a self-contained profile (all of them)."""
+    spec = yaml.safe_load((PROFILES / f"{name}.yaml").read_text()) or {}
+    return list(spec.get("experiments") or {}) if spec.get("extends") else None
+
+
 def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
     """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names are errors."""
     per_exp: dict[str, dict[str, Any]] = {e.id: {} for e in selected}
@@ -322,7 +329,8 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
 
 
 def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
-    """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly:
+    """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly (a
+    profile that extends another keeps only the experiments it changes, :func:`own_experiments`):
     data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
     beside it), params.json, env.json, and the claims table (claims.md, claims.csv).
 
@@ -336,12 +344,14 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 
     source = source or RESULTS / profile
     dest = dest or REFERENCE / profile
-    missing = [e for e in discover() if not (source / e / "data.csv").exists()]
+    wanted = own_experiments(profile) if (PROFILES / f"{profile}.yaml").exists() else None
+    wanted = [e for e in discover() if wanted is None or e in wanted]
+    missing = [e for e in wanted if not (source / e / "data.csv").exists()]
     if missing:
         raise UsageError(f"{source} lacks results for {missing}: run them first")
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    for eid in discover():
+    for eid in wanted:
         src, out = source / eid, tmp / eid
         out.mkdir(parents=True)
         with gzip.open(out / "data.csv.gz", "wb", compresslevel=9) as f:
