@@ -282,8 +282,11 @@ def test_bad_parameters_name_the_parameter(bad):
         e7.run(**bad)
 
 
-def test_tiny_run_fixed_bandwidth():
-    df = e7.run(
+def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
+    from pipecomm import results
+
+    monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
+    params = dict(
         seeds=[0],
         methods=["sync", "pipe", "pipe+int8@4x"],
         iterations=4,
@@ -300,6 +303,10 @@ def test_tiny_run_fixed_bandwidth():
         calib_iters=2,
         timeout_s=120.0,
     )
+    df = e7.run(**params)
+    assert len(list(tmp_path.glob("*.pkl"))) == 1 + 3  # calibration and 3 training runs kept
+    # re-running resumes from them: the same rows, nothing trained again
+    pd.testing.assert_frame_equal(e7.run(**params), df)
     assert {"backend", "world_size", "network"} <= set(df.columns)
     ev = df[df["kind"] == "eval"]
     assert sorted(set(ev["method"])) == ["pipe", "pipe+int8@4x", "sync"]

@@ -732,12 +732,14 @@ def calibrate_and_train(
     iteration times) and the iteration and eval rows of every run, in the order run (for each
     seed, every method: side by side).
     """
-    from pipecomm import launch, timing_model
+    from pipecomm import launch, results, timing_model
 
     world = p["world_size"]
     fetch_data(p)
     cfg0 = config(p, seeds[0], "sync")
     nbytes = gradient_bytes(cfg0)
+    # resumable run by run (results.Runs): the calibration, then every training run
+    runs = results.Runs(1 + len(seeds) * len(methods), desc="training runs")
 
     def calibrate(ranks) -> dict[str, float]:
         return calibration_summary(
@@ -746,14 +748,15 @@ def calibrate_and_train(
 
     nccl = p["backend"] == "nccl"
     cal = None
+    key = {"calibration": cfg0, "world_size": world, "backend": p["backend"]}
     if p["bandwidth_Bps"] is None and not nccl:
         with launch.Ranks(world) as ranks:
-            cal = calibrate(ranks)
+            cal = runs(key, calibrate, ranks)
     net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
     rows: list[dict[str, Any]] = []
     with launch.pool(world, backend=p["backend"], network=net) as ranks:
         if cal is None:
-            cal = calibrate(ranks)
+            cal = runs({**key, "network": network_text(net)}, calibrate, ranks)
         kw = dict(
             compute_s=cal["compute_s"],
             update_s=cal["update_s"],
@@ -781,9 +784,11 @@ def calibrate_and_train(
                 cfg = config(p, seed, method)
                 if iterations and method in iterations:
                     cfg["iterations"] = iterations[method]
-                res = ranks.run(train_rank, cfg, timeout_s=p["timeout_s"])
+                res = runs({"train": cfg, "network": network_text(net)}, ranks.run, train_rank,
+                           cfg, timeout_s=p["timeout_s"])
                 rows += iteration_rows(res, method=method, seed=seed)
                 rows += eval_rows(res, method=method, seed=seed)
+    runs.close()
     return pd.DataFrame(rows).assign(
         backend=p["backend"],
         world_size=world,
