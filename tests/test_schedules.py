@@ -67,3 +67,17 @@ def test_bad_arguments_name_the_argument(args, name):
 def test_describe():
     assert schedules.describe("constant", 0, 0.0) == "constant"
     assert schedules.describe("warmup-cosine", 50, 0.1) == "warmup-cosine(warmup=50,min=0.1)"
+
+
+def test_step_is_silent_when_the_optimizer_has_not_stepped_yet():
+    """A pipelined optimizer skips its first step (the pipeline fills); the schedule still counts
+    it, and torch's order warning is not shown."""
+    import warnings
+
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=1.0)
+    sched = schedules.build(opt, "warmup-cosine", total_steps=10, warmup_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schedules.step(sched)  # no optimizer.step() before it
+    assert opt.param_groups[0]["lr"] == pytest.approx(1.0)  # step 1: end of warm-up

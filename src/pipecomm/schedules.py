@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 
@@ -64,6 +65,20 @@ def build(
         factor, total_steps=total_steps, warmup_steps=warmup_steps, min_ratio=min_ratio
     )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """``scheduler.step()`` without torch's warning that it ran before ``optimizer.step()``: a
+    pipelined optimizer (``PipeSGD`` with staleness k) applies nothing during its first k
+    iterations while the pipeline fills, yet the schedule counts every iteration.
+
+    Example::
+
+        schedules.step(sched)
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        scheduler.step()
 
 
 def check(schedule: str, total_steps: int, warmup_steps: int, min_ratio: float) -> None:

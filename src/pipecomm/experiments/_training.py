@@ -424,7 +424,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             trainer.step()
         lrs.append(opt.param_groups[0]["lr"])
-        sched.step()
+        schedules.step(sched)
         losses.append(float(loss.item()))
         if (
             rank == 0

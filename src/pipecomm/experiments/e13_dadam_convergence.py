@@ -307,7 +307,7 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
                 ar.step()
             bench.synchronize(device)
             elapsed += time.perf_counter() - t0
-            sched.step()
+            schedules.step(sched)
             window.append(float(loss.detach()))
             if it % cfg["eval_every"] == 0 or it == iterations:
                 val = _evaluate(model, task, "val", cfg["seq_len"])[0]
