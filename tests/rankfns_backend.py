@@ -132,6 +132,13 @@ def other_ops(algorithm: str) -> dict:
     sc = torch.empty(5)
     dist.scatter(sc, gathered if rank == p - 1 else None, src=p - 1, group=pg)
     out["scatter"] = torch.equal(sc, gathered[rank])
+    if rank in (0, 1):  # then collectives on the same group (p2p_then_collectives repeats this)
+        if rank == 0:
+            dist.send(torch.full((3,), 7.0), dst=1, group=pg)
+        else:
+            r = torch.empty(3)
+            dist.recv(r, src=0, group=pg)
+            out["send_recv"] = torch.equal(r, torch.full((3,), 7.0))
     objs = [None] * p
     dist.all_gather_object(objs, {"rank": rank}, group=pg)
     out["all_gather_object"] = objs == [{"rank": i} for i in range(p)]
@@ -142,18 +149,67 @@ def other_ops(algorithm: str) -> dict:
     out["noncontiguous"] = torch.equal(
         nc, (torch.arange(12.0).reshape(3, 4) * sum(range(1, p + 1))).t()
     )
-    # send/recv last: a collective right after a send/recv on a pipecomm group hung in about one
-    # run of five at p = 3 (README, "What torch 2.13 allows"; root cause not found)
-    if rank in (0, 1):
-        if rank == 0:
-            dist.send(torch.full((3,), 7.0), dst=1, group=pg)
-        else:
-            r = torch.empty(3)
-            dist.recv(r, src=0, group=pg)
-            out["send_recv"] = torch.equal(r, torch.full((3,), 7.0))
     out["backend_name"] = dist.get_backend(pg)
     out["repr"] = repr(pg)
     return out
+
+
+def p2p_then_collectives(algorithm: str, iters: int) -> list[str]:
+    """``iters`` times: a send/recv from rank 0 to rank 1 on a pipecomm group, then collectives on
+    the same group that run on its inner gloo backend (all_gather_object, barrier, all_gather,
+    all_to_all_single, coalesced all_reduce / all_gather_into_tensor / reduce_scatter_tensor)
+    and pipecomm's own all_reduce. Returns the mismatches (empty when all agree).
+
+    The regression test of a deadlock: torch's trampoline for a Python ProcessGroup held the GIL
+    while the operation it forwarded to gloo waited for gloo's work-queue lock, which a gloo worker
+    held while freeing the previous operation's tensors, which needs the GIL (see "the inner
+    backend's" operations of PipecommProcessGroup). Before the fix one rank hung in every
+    30-iteration run at p = 3 (5 runs of 5), and in one run of two with a single iteration.
+    """
+    pg = backend.new_group(algorithm=algorithm)
+    rank, p = dist.get_rank(), dist.get_world_size()
+    bad = []
+    for i in range(iters):
+        if rank == 0:
+            dist.send(torch.full((3,), float(i)), dst=1, group=pg)
+        elif rank == 1:
+            r = torch.empty(3)
+            dist.recv(r, src=0, group=pg)
+            if not torch.equal(r, torch.full((3,), float(i))):
+                bad.append(f"{i}: recv {r.tolist()}")
+        objs: list[Any] = [None] * p
+        dist.all_gather_object(objs, (rank, i), group=pg)
+        if objs != [(j, i) for j in range(p)]:
+            bad.append(f"{i}: all_gather_object {objs}")
+        dist.barrier(group=pg)
+        gathered = [torch.empty(2) for _ in range(p)]
+        dist.all_gather(gathered, torch.full((2,), float(rank + i)), group=pg)
+        if [float(g[0]) for g in gathered] != [float(j + i) for j in range(p)]:
+            bad.append(f"{i}: all_gather {gathered}")
+        a2a = torch.empty(p)
+        dist.all_to_all_single(a2a, torch.arange(float(p)) + 10 * rank, group=pg)
+        if not torch.equal(a2a, 10 * torch.arange(float(p)) + rank):
+            bad.append(f"{i}: all_to_all_single {a2a.tolist()}")
+        xs = [torch.full((3,), float(rank)), torch.full((2,), 1.0)]
+        flat, rs = torch.empty(2 * p), torch.empty(2)
+        with dist._coalescing_manager(group=pg):
+            for x in xs:
+                dist.all_reduce(x, group=pg)
+        with dist._coalescing_manager(group=pg):
+            dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)), group=pg)
+        with dist._coalescing_manager(group=pg):
+            dist.reduce_scatter_tensor(rs, torch.arange(2.0 * p) + rank, group=pg)
+        if [float(x[0]) for x in xs] != [float(sum(range(p))), float(p)]:
+            bad.append(f"{i}: coalesced all_reduce {xs}")
+        if not torch.equal(flat, torch.arange(float(p)).repeat_interleave(2)):
+            bad.append(f"{i}: coalesced all_gather_into_tensor {flat.tolist()}")
+        if not torch.equal(rs, p * torch.arange(2.0 * rank, 2.0 * rank + 2) + sum(range(p))):
+            bad.append(f"{i}: coalesced reduce_scatter_tensor {rs.tolist()}")
+        y = torch.full((5,), float(rank + 1))
+        dist.all_reduce(y, group=pg)
+        if float(y[0]) != sum(range(1, p + 1)):
+            bad.append(f"{i}: all_reduce {y.tolist()}")
+    return bad
 
 
 def async_work(algorithm: str) -> dict:

@@ -63,6 +63,15 @@ def test_other_operations_run_on_the_inner_group(pool, world, algorithm):
     assert "send_recv" in results[1]
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "torch"])
+def test_send_recv_then_collectives_do_not_hang(pool, algorithm):
+    # 30 rounds of send/recv (rank 0 -> 1) then collectives on the same pipecomm group: before
+    # the fix of the GIL / gloo work-queue deadlock every such run hung one rank (see
+    # rankfns_backend.p2p_then_collectives); the pool's timeout turns a hang into a failure
+    results = pool(3).run(fns.p2p_then_collectives, algorithm, 30, timeout_s=TIMEOUT)
+    assert results == [[], [], []]
+
+
 @pytest.mark.parametrize("algorithm", ["lp", "be", "torch"])
 def test_async_work_and_future(pool, algorithm):
     for res in pool(3).run(fns.async_work, algorithm, timeout_s=TIMEOUT):

@@ -14,8 +14,11 @@ Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"m
   complex tensors (through ``view_as_real``; SUM and AVG only) take that path;
 * everything else runs on the group's *inner* backend — a gloo backend for CPU tensors (and NCCL
   for CUDA tensors when CUDA is available) built on the same store, registered under the group
-  so that torch dispatches every operation this class does not define (allgather, barrier,
-  reduce_scatter, alltoall, gather, scatter, send/recv, ...) to it, and raises that backend's
+  so that torch dispatches every operation this class does not define (gather, scatter,
+  all_gather_into_tensor, alltoall, ...) to it; the operations torch's trampoline forwards to
+  Python (allgather, barrier, reduce_scatter, all_to_all_single, send/recv and the coalesced
+  ones) are defined here and call the inner backend themselves (left to torch's default they
+  could deadlock, see "the inner backend's" section of the class). It raises that backend's
   error for an operation it does not support: ReduceOp PRODUCT, BAND, BOR, BXOR and other dtypes
   (bool, int8, uint8, ...) go there too, as does every operation under ``algorithm="torch"``
   (AVG there is the inner SUM divided by the group size, since gloo has no AVG). AVG of an
@@ -50,8 +53,11 @@ replaces torch's own group object. torch's ``_create_work_from_future`` was not 
 ``wait()`` neither re-raises the future's error nor accepts a finite timeout, so ``Work`` here
 is a Python subclass. C++ code that calls ``reduce``, ``gather``, ``scatter`` or ``alltoall`` on
 the group (torch's trampoline forwards only allreduce, broadcast, allgather, barrier,
-reduce_scatter, all_to_all_single, send and recv to Python) reaches the inner backend directly;
-Python callers (``dist.reduce``) and the functional collectives reach this class.
+reduce_scatter, all_to_all_single, send, recv and the coalesced allreduce / allgather /
+reduce-scatter to Python) reaches the inner backend directly; Python callers (``dist.reduce``)
+and the functional collectives reach this class. The trampoline holds the GIL while it runs
+torch's default for an operation the subclass does not define, so this class defines every
+forwarded operation (gloo's worker threads need the GIL to free tensors).
 
 Example::
 
@@ -501,6 +507,98 @@ class PipecommProcessGroup(dist.ProcessGroup):
             async_op=True,
         )
         return self._work("reduce", handle, tensors)
+
+    # ----------------------------------------------------------------- the inner backend's
+    #
+    # torch's trampoline for a Python ProcessGroup forwards these operations to Python; for one
+    # that the subclass does not define it runs torch's C++ default *while holding the GIL*, and
+    # that default waits for gloo's work-queue lock. A gloo worker holds that lock while it drops
+    # the last reference to the previous operation's work, whose tensors may own their Python
+    # objects: freeing those needs the GIL. The two threads then wait for each other forever and
+    # the other ranks for that one (left to the default, a send/recv followed by collectives on
+    # the group hung in about one run of five at p = 3; any two operations of the inner backend
+    # in a row could). Defined here, they call the inner backend through its Python binding,
+    # which releases the GIL while it waits for the lock.
+
+    def _inner_of(self, device: Any) -> Any:
+        kind = "cuda" if device is not None and torch.device(device).type == "cuda" else "cpu"
+        if kind not in self._inner:
+            raise RuntimeError(
+                f"pipecomm group has no inner backend for {device} tensors (it has "
+                f"{sorted(self._inner)})"
+            )
+        return self._inner[kind][1]
+
+    def _all_of(self, works: list[Any], tensors: list[torch.Tensor], what: str) -> _Work:
+        """One Work for several inner works, done when all are (re-raises the first error).
+
+        They are waited for on the completion thread: gloo's reduce-scatter works have no future.
+        """
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def settle() -> None:
+            try:
+                for w in works:
+                    w.wait(self._timeout)
+            except BaseException as exc:  # handed to the future's waiters
+                fut.set_exception(exc)
+            else:
+                fut.set_result(tensors)
+
+        _enqueue(settle)
+        return _Work(fut, f"{what}(inner)", self._timeout)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        """``dist.all_gather`` (and ``all_gather_object``) on the inner backend."""
+        opts = dist.AllgatherOptions() if opts is None else opts
+        backend = self._backend_of(input_tensors[0])
+        return backend.allgather(output_tensors, input_tensors, opts)
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> _Work:
+        """Coalesced ``all_gather_into_tensor``: one inner ``_allgather_base`` per pair."""
+        opts = dist.AllgatherOptions() if opts is None else opts
+        backend = self._backend_of(inputs[0])
+        works = [backend._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._all_of(works, list(outputs), "all_gather_single_coalesced")
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
+        """Coalesced ``all_reduce`` on the inner backend."""
+        opts = dist.AllreduceCoalescedOptions() if opts is None else opts
+        return self._backend_of(tensors[0]).allreduce_coalesced(tensors, opts)
+
+    def all_to_all_single(
+        self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, opts=None
+    ) -> dist.Work:
+        """``dist.all_to_all_single`` on the inner backend."""
+        opts = dist.AllToAllOptions() if opts is None else opts
+        backend = self._backend_of(input)
+        return backend.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        """``dist.barrier`` on the inner backend of ``opts.device`` (CPU when unset)."""
+        opts = dist.BarrierOptions() if opts is None else opts
+        return self._inner_of(opts.device).barrier(opts)
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        """``dist.reduce_scatter`` on the inner backend."""
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        backend = self._backend_of(output_tensors[0])
+        return backend.reduce_scatter(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        """Coalesced ``reduce_scatter_tensor``: one inner ``_reduce_scatter_base`` per pair."""
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        backend = self._backend_of(inputs[0])
+        works = [backend._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._all_of(works, list(outputs), "reduce_scatter_single_coalesced")
+
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
+        """``dist.send`` / ``isend`` on the inner backend (``dst`` is a group rank)."""
+        return self._backend_of(tensors[0]).send(tensors, dst, tag)
+
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
+        """``dist.recv`` / ``irecv`` on the inner backend (``src`` is a group rank)."""
+        return self._backend_of(tensors[0]).recv(tensors, src, tag)
 
 
 # --------------------------------------------------------------------------- creation
