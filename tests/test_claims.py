@@ -130,13 +130,16 @@ def test_thresholds_live_only_in_claims_yaml(tmp_path):
 
 def test_convergence_gate():
     loss = pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100])
-    assert claims.tail_gain(loss, 0.25) == pytest.approx(0.01)
-    assert claims.tail_gain(loss, 0.5) == pytest.approx(0.31)
+    assert claims.tail_gain(loss, 0.25) == pytest.approx(0.81)  # >= 3 intervals: from step 25
+    longer = pd.Series([3.0, 2.0, 1.5, 1.2, 1.19, 1.19], index=range(10, 70, 10))
+    assert claims.tail_gain(longer, 0.1) == pytest.approx(0.31)  # from step 30 (3 intervals)
+    assert claims.tail_gain(longer, 0.7) == pytest.approx(1.81)  # from step 10 (70% of 60)
     assert claims.tail_gain(loss.iloc[:1], 0.25) != claims.tail_gain(loss.iloc[:1], 0.25)  # NaN
-    assert claims.still_improving(loss, 0.25, 0.02) is None
-    assert "not converged" in claims.still_improving(loss, 0.5, 0.02)
-    acc = pd.Series([50.0, 80.0, 90.0], index=[10, 20, 30])
-    assert claims.tail_gain(acc, 0.2, higher_is_better=True) == pytest.approx(10.0)
+    flat = pd.Series([2.0, 1.5, 1.2, 1.195, 1.19, 1.19], index=range(1, 7))
+    assert claims.still_improving(flat, 0.1, 0.02) is None
+    assert "not converged" in claims.still_improving(loss, 0.1, 0.02)
+    acc = pd.Series([40.0, 50.0, 80.0, 90.0], index=[10, 20, 30, 40])
+    assert claims.tail_gain(acc, 0.1, higher_is_better=True) == pytest.approx(50.0)
     assert "unknown" in claims.still_improving(acc.iloc[-1:], 0.1, 1.0, higher_is_better=True)
     assert claims.gate(claims.PASS, []) == claims.PASS
     assert claims.gate(claims.FAIL, ["why"]) == claims.INCONCLUSIVE

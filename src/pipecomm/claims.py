@@ -120,14 +120,20 @@ def combine(verdicts: list[str]) -> str:
     return PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
 
 
+#: The convergence gate looks back at least this many evaluation intervals (see tail_gain).
+GATE_INTERVALS = 3
+
+
 def tail_gain(curve: pd.Series, tail: float, higher_is_better: bool = False) -> float:
     """How much a training curve (value per step, indexed by step) still improved over the last
-    ``tail`` fraction of its steps: last value against the last one at or before
-    ``(1 - tail) x last step`` (positive = better; NaN without two such evaluations).
+    ``tail`` fraction of its steps, and at least over its last :data:`GATE_INTERVALS` evaluation
+    intervals (one interval of a noisy curve says nothing): last value against the one at the
+    start of that window (positive = better; NaN without an evaluation before the window).
 
     Example::
 
-        tail_gain(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25)   # 0.01
+        tail_gain(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25)   # 0.81
+        # (from step 25: the window spans at least the last 3 evaluation intervals)
     """
     curve = curve.dropna().sort_index()
     if len(curve) < 2:
@@ -136,7 +142,8 @@ def tail_gain(curve: pd.Series, tail: float, higher_is_better: bool = False) -> 
     start = curve[curve.index <= last - tail * last]
     if start.empty:
         return math.nan
-    gain = float(curve.iloc[-1] - start.iloc[-1])
+    first = min(len(start) - 1, max(0, len(curve) - 1 - GATE_INTERVALS))
+    gain = float(curve.iloc[-1] - curve.iloc[first])
     return gain if higher_is_better else -gain
 
 
@@ -150,15 +157,15 @@ def still_improving(curve: pd.Series, tail: float, tolerance: float,
 
     Example::
 
-        still_improving(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25, 0.02)
-        # None: 1.20 -> 1.19 over the last 25 steps
+        still_improving(pd.Series([2.0, 1.5, 1.2, 1.195, 1.19, 1.19], index=range(1, 7)), 0.1,
+                        0.02)   # None: 1.20 -> 1.19 over the last 3 evaluations
     """
     gain = tail_gain(curve, tail, higher_is_better)
     if math.isnan(gain):
         return "the reference has no evaluation before its last steps: convergence unknown"
     if gain > tolerance:
         return (f"not converged: the reference improved by {gain:.4g} over its last "
-                f"{tail:.0%} of steps (> {tolerance:.4g})")
+                f"{tail:.0%} of steps or {GATE_INTERVALS} evaluations (> {tolerance:.4g})")
     return None
 
 
