@@ -241,6 +241,7 @@ def test_e13_through_torchrun_on_two_nodes_matches_a_local_pool(tmp_path):
         slurm = ["bash", str(ROOT / "artifact/slurm/node.sh"), "E13", "-p", "backend=gloo",
                  "-p", "seeds=[0]", "-p", "tasks=['digits']", "-p", "digits_iterations=3",
                  "-p", "eval_every=2", "-p", "methods=['allreduce-adam', 'dadam-complete']",
+                 "-p", "digits_lrs=[0.003]",  # the local run's rate: no sweep
                  "--no-plot"]
         env = {"PYTHON": sys.executable, "OUT": str(tmp_path / "slurm"), "RDZV_PORT": "29411",
                "TORCHRUN_EXTRA": ""}
