@@ -38,30 +38,3 @@ def fail_on(rank: int) -> int:
     if dist.get_rank() == rank:
         raise ValueError(f"rank {rank} fails on purpose")
     return dist.get_rank()
-
-
-def fan_out(nbytes: int, iters: int = 3) -> float | None:
-    """Rank 0 sends ``nbytes`` to every other rank at once (gloo isend), each answers with one
-    byte; rank 0 returns the median time of the whole fan-out, the others None."""
-    import statistics
-    import time
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    buf = torch.zeros(nbytes, dtype=torch.uint8)
-    ack = torch.zeros(1, dtype=torch.uint8)
-    times = []
-    for i in range(iters + 1):  # the first opens the connections
-        dist.barrier()
-        start = time.perf_counter()
-        if rank == 0:
-            for w in [dist.isend(buf, r) for r in range(1, world)]:
-                w.wait()
-            for r in range(1, world):
-                dist.recv(ack, r)
-        else:
-            dist.recv(buf, 0)
-            dist.send(ack, 0)
-        if i:
-            times.append(time.perf_counter() - start)
-    dist.barrier()
-    return statistics.median(times) if rank == 0 else None

@@ -44,3 +44,12 @@ def timed_sleep(seconds_by_rank):
 
     s = seconds_by_rank[dist.get_rank()]
     return bench.time_fn(lambda: time.sleep(s), warmup=0, repeats=3)
+
+
+def start_state(name):
+    """What a rank got from the process that started it; prints a line to stdout and stderr."""
+    import sys
+
+    print(f"stdout of rank {dist.get_rank()}", flush=True)
+    print(f"stderr of rank {dist.get_rank()}", file=sys.stderr, flush=True)
+    return os.environ.get(name), os.getcwd(), os.environ["OMP_NUM_THREADS"], os.getppid()

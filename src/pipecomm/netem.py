@@ -547,7 +547,8 @@ _STATS: dict[str, float] = {}
 def setup(network: Network, world_size: int, ranks_per_node: int | None) -> _Handle:
     """Create the shared port table of ``network`` (in the parent, before ranks start).
 
-    The handle is passed to each rank as a ``multiprocessing`` (spawn) process argument.
+    The handle is passed to each rank as a ``multiprocessing`` process argument (launch's
+    forkserver or spawn start method).
 
     Example::
 
