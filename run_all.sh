@@ -10,11 +10,13 @@ cd "$(dirname "$0")"
 
 usage() {
   cat <<'USAGE'
-usage: ./run_all.sh [--profile cpu|cpu-full|gpu] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
+usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
                     [--list] [--tests [PYTEST ARGS...]] [--help]
 
   --profile P         parameter set: cpu (quick, <= 20 min), cpu-full (convergence protocols of
-                      E7, E9, E13, <= 2 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu)
+                      E7, E9, E13, <= 2 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu),
+                      shaped (network experiments on a virtual cluster of network namespaces
+                      with tc-shaped links; needs root)
   --only E...         run only these experiments
   -p NAME=VALUE       override a parameter of the selected experiments (repeatable); the run is
                       written to results/<profile>/<E>__NAME=VALUE/, never over the default

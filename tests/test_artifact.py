@@ -59,6 +59,16 @@ def test_unknown_experiment_is_a_usage_error(capsys):
     assert "unknown experiment id(s) ['E99']" in capsys.readouterr().err
 
 
+def test_a_profile_runs_only_the_experiments_it_names(capsys):
+    cpu = artifact.load_profile("cpu", artifact.discover())
+    shaped = artifact.load_profile("shaped", artifact.discover())
+    assert "E14" not in cpu and list(shaped) == ["E14"]
+    assert "E14" not in artifact.load_profile("cpu-full", artifact.discover())
+    assert _main("--profile", "cpu", "--only", "E14") == 2
+    assert "not in profile 'cpu'" in capsys.readouterr().err
+    assert artifact.profiles_of("E14") == ["shaped"]
+
+
 def test_unknown_parameter_is_a_usage_error(capsys):
     assert _main("--only", "E0", "-p", "no_such_param=1") == 2
     assert "unknown parameter 'no_such_param'" in capsys.readouterr().err

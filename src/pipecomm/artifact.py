@@ -39,7 +39,7 @@ from pipecomm.experiments._cli import parse_value
 ROOT = results.REPO_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ROOT / "artifact" / "profiles"
-PROFILE_NAMES = ["cpu", "cpu-full", "gpu"]
+PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
 RESULTS = ROOT / "results"
 REFERENCE = ROOT / "artifact" / "reference"
 KERNEL = "pipecomm"
@@ -103,10 +103,13 @@ def auto_profile() -> str:
 
 
 def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Experiment]:
-    """Attach a profile's parameters and budgets; profile names are checked like ``-p``.
+    """The experiments a profile runs (those it names), with its parameters and budgets;
+    profile names are checked like ``-p``.
 
     A profile with ``extends: <other>`` starts from the other profile's experiments and replaces
-    the budgets and parameters it names (``cpu-full`` extends ``cpu``)."""
+    the budgets and parameters it names (``cpu-full`` extends ``cpu``). An experiment no profile
+    entry names does not run in that profile (E14 needs the virtual cluster: it is in
+    ``shaped`` only)."""
     path = PROFILES / f"{name}.yaml"
     if not path.exists():
         choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
@@ -129,7 +132,17 @@ def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Exp
         if unknown:
             raise ValueError(f"{path}: {eid} sets unknown parameter(s) {unknown}")
         exp.profile_params = params
-    return experiments
+    return {eid: exp for eid, exp in experiments.items() if eid in entries}
+
+
+def profiles_of(eid: str) -> list[str]:
+    """The profiles that run experiment ``eid``.
+
+    Example::
+
+        profiles_of("E14")   # ['shaped']
+    """
+    return [name for name in PROFILE_NAMES if eid in load_profile(name, discover())]
 
 
 def own_experiments(name: str) -> list[str] | None:
@@ -404,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         experiments = load_profile(profile, discover())
         if args.only:
             bad = [e for e in args.only if e.upper() not in experiments]
+            elsewhere = {e: profiles_of(e.upper()) for e in bad}
+            unknown = [e for e in bad if not elsewhere[e]]
+            if unknown:
+                raise UsageError(f"unknown experiment id(s) {unknown}; available: "
+                                 f"{list(experiments)}")
             if bad:
-                raise UsageError(f"unknown experiment id(s) {bad}; available: {list(experiments)}")
+                raise UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the "
+                                 f"profiles that run them: {elsewhere}")
             selected = [experiments[e.upper()] for e in args.only]
         else:
             selected = list(experiments.values())

@@ -97,7 +97,8 @@ def network(p: dict[str, Any], ports: str | None = None):
 
 
 def measure_points(points: list[dict[str, Any]], device: str | None = None) -> list[dict]:
-    """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``.
+    """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``, with an
+    optional ``block_bytes`` for LP (default: ``lp.default_block_bytes``).
 
     Points run in the given order; a point with ``p`` < world size runs on the subgroup of global
     ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
@@ -128,6 +129,7 @@ def measure_points(points: list[dict[str, Any]], device: str | None = None) -> l
         if rank >= q:
             continue
         g, n, op, alg = groups[q], pt["nbytes"], pt["op"], pt["algorithm"]
+        block = pt.get("block_bytes") if alg == "lp" else None
         key = (q, n)
         if key not in buf:
             buf.clear()
@@ -135,16 +137,19 @@ def measure_points(points: list[dict[str, Any]], device: str | None = None) -> l
         t = buf[key]
         if op == "broadcast":
 
-            def fn(t=t, alg=alg, g=g):
-                collectives.broadcast(t, 0, algorithm=alg, group=g)
+            def fn(t=t, alg=alg, g=g, b=block):
+                collectives.broadcast(t, 0, algorithm=alg, group=g,
+                                      block_bytes=b)
         elif op == "reduce":
 
-            def fn(t=t, alg=alg, g=g):
-                collectives.reduce(t, 0, algorithm=alg, group=g)
+            def fn(t=t, alg=alg, g=g, b=block):
+                collectives.reduce(t, 0, algorithm=alg, group=g,
+                                      block_bytes=b)
         else:
 
-            def fn(t=t, alg=alg, g=g):
-                collectives.allreduce(t, algorithm=alg, group=g)
+            def fn(t=t, alg=alg, g=g, b=block):
+                collectives.allreduce(t, algorithm=alg, group=g,
+                                      block_bytes=b)
 
         if (q, op, alg) not in warmed and pt.get("first_warmup", False):
             small = torch.zeros(1024, dtype=torch.float32, device=dev)
@@ -162,7 +167,8 @@ def measure_points(points: list[dict[str, Any]], device: str | None = None) -> l
             group=g,
             device=dev if dev.type == "cuda" else None,
         )
-        block = lp.default_block_bytes(op, t.numel() * 4, q) if alg == "lp" else None
+        if alg == "lp" and block is None:
+            block = lp.default_block_bytes(op, t.numel() * 4, q)
         if rank == 0:
             rows.append(
                 {

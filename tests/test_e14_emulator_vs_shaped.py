@@ -1,0 +1,118 @@
+"""E14: the emulator against the shaped virtual cluster -- parameters, plan, link fit, the claim
+on synthetic data, and one small run on a real 2-node cluster (skipped without root / tc)."""
+
+import pandas as pd
+import pytest
+from claimdata import repeats_around
+
+from pipecomm import claims, cluster
+from pipecomm.experiments import e14_emulator_vs_shaped as e14
+
+ARGS = {"min_bytes": 1 << 20, "tolerance": 0.15}
+
+
+def _points(error: float = 0.0, spread: float = 0.01, small_error: float = 0.0) -> pd.DataFrame:
+    """Both networks for two ops x two algorithms x {512 KiB, 1 MiB, 4 MiB}; the emulated
+    medians off by ``error`` (``small_error`` below 1 MiB)."""
+    rows = []
+    for op, alg in (("broadcast", "lp"), ("broadcast", "be"), ("allreduce", "ring")):
+        for n in (512 << 10, 1 << 20, 4 << 20):
+            shaped = n / 47e6 * (2 if op == "allreduce" else 1)
+            emulated = shaped * (1 + (error if n >= 1 << 20 else small_error))
+            for kind, t, s in (("shaped", shaped, 0.01), ("emulated", emulated, spread)):
+                rows.append({"section": "collective", "network_kind": kind, "op": op,
+                             "algorithm": alg, "nbytes": n, "world_size": 8, "time_s": t,
+                             "ci_lo_s": t * 0.99, "ci_hi_s": t * 1.01,
+                             "times_s": repeats_around(t, s)})
+    return pd.DataFrame(rows)
+
+
+CLAIM_CASES = {
+    # 20% slower emulated: FAIL; 10% off with +-40% repeats: cannot decide
+    "e14_emulator_matches_shaped": (lambda: _points(0.03), lambda: _points(0.2),
+                                    lambda: _points(0.1, spread=0.4)),
+}
+
+
+def test_check_ignores_small_messages_and_reports_bias():
+    df = _points(0.05, small_error=0.6)  # 512 KiB is latency territory: not judged
+    v = e14.check_emulator_matches_shaped(df, **ARGS)
+    assert v.verdict == claims.PASS
+    assert "bias +5.0%" in v.measured and "6/6 same sign" in v.measured
+    assert e14.check_emulator_matches_shaped(df, 0, 0.15).verdict == claims.FAIL
+
+
+def test_check_needs_both_networks():
+    df = _points()
+    with pytest.raises(ValueError, match="both networks"):
+        e14.check_emulator_matches_shaped(df[df.network_kind == "shaped"], **ARGS)
+
+
+def test_compare_signs_the_error_against_the_shaped_network():
+    cmp = e14.compare(_points(-0.1))
+    assert len(cmp) == 9
+    big = cmp[cmp.nbytes >= 1 << 20]
+    assert big.error.to_numpy() == pytest.approx(-0.1, abs=1e-4)
+    assert (big.error_lo <= big.error).all() and (big.error <= big.error_hi).all()
+
+
+def test_fit_link_recovers_alpha_and_bandwidth():
+    rows = [{"nbytes": n, "time_s": 2e-4 + n / 45e6} for n in (1 << 20, 4 << 20, 16 << 20)]
+    alpha, bw = e14.fit_link(rows)
+    assert alpha == pytest.approx(2e-4, rel=1e-3) and bw == pytest.approx(45e6, rel=1e-3)
+    with pytest.raises(ValueError, match="bandwidth"):
+        e14.fit_link([{"nbytes": 1 << 20, "time_s": 0.08}, {"nbytes": 2 << 20, "time_s": 0.04}])
+
+
+def test_plan_and_blocks_are_the_same_for_both_networks():
+    p = e14.Params.make(sizes=[1 << 20, 3 << 20], world_size=8)
+    pts = e14.plan(p)
+    assert len(pts) == 2 * (4 + 3) and {pt["p"] for pt in pts} == {8}
+    blocked = e14.with_blocks(pts, 1e-4, 47e6)
+    lp = [pt for pt in blocked if pt["algorithm"] == "lp"]
+    assert all(0 < pt["block_bytes"] <= pt["nbytes"] for pt in lp)
+    assert all("block_bytes" not in pt for pt in blocked if pt["algorithm"] != "lp")
+    assert blocked == e14.with_blocks(pts, 1e-4, 47e6)  # deterministic: ranks agree
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"world_size": 1}, "world_size"),
+    ({"bandwidth_Bps": 10.0}, "bandwidth_Bps"),
+    ({"sizes": []}, "sizes"),
+    ({"sizes": [100]}, "sizes"),
+    ({"link_sizes": [1 << 20]}, "link_sizes"),
+    ({"cases": {"gather": ["lp"]}}, "cases"),
+    ({"cases": {"broadcast": ["tree"]}}, "cases"),
+    ({"iters": 0}, "iters"),
+    ({"timeout_s": 0.0}, "timeout_s"),
+    ({"nodes": 2}, "nodes"),
+])
+def test_bad_parameters_name_the_parameter(bad, match):
+    with pytest.raises(ValueError, match=match):
+        e14.Params.make(**bad)
+
+
+def test_without_the_cluster_it_says_why(monkeypatch):
+    monkeypatch.setenv("PIPECOMM_NO_CLUSTER", "1")
+    with pytest.raises(RuntimeError, match="PIPECOMM_NO_CLUSTER"):
+        e14.run(world_size=2)
+
+
+def test_small_run_on_a_shaped_cluster():
+    ok, why = cluster.available()
+    if not ok:
+        pytest.skip(f"shaped network unavailable: {why}")
+    df = e14.run(world_size=2, sizes=[1 << 20], cases={"broadcast": ["lp", "mst"]}, iters=3,
+                 link_sizes=[1 << 20, 2 << 20], link_iters=3, bandwidth_Bps=100e6)
+    link = df[df.section == "link"]
+    assert sorted(link.nbytes) == [1 << 20, 2 << 20]
+    assert link.achieved_Bps.between(40e6, 110e6).all()  # the bucket (1 ms) may add a little
+    col = df[df.section == "collective"]
+    assert sorted(col.network_kind.unique()) == ["emulated", "shaped"]
+    assert col.network[col.network_kind == "shaped"].str.startswith("shaped: Linux tc tbf").all()
+    # both networks ran LP with the same block size, from the same fitted link
+    lp = col[col.algorithm == "lp"]
+    assert lp.block_bytes.nunique() == 1 and df.fit_bandwidth_Bps.nunique() == 1
+    cmp = e14.compare(df)
+    assert len(cmp) == 2 and cmp.shaped_s.gt(0).all()
+    assert not cluster.cleanup_stale()  # nothing left behind
