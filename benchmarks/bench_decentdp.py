@@ -85,12 +85,12 @@ def rank_bench(cfg: dict) -> dict:
     import torch.nn.functional as F
 
     from pipecomm import bench
-    from pipecomm.experiments import _decentralized as D
+    from pipecomm.experiments._workloads import build_task_model, corpus
 
     if cfg["target"] not in sys.path:
         sys.path.insert(0, cfg["target"])
     rank = dist.get_rank()
-    model = D.build_task_model(cfg["model"], seed=0)
+    model = build_task_model(cfg["model"], seed=0)
     optim_fn = functools.partial(_adam, lr=cfg["lr"])
     if cfg["impl"] == "pipecomm":
         from pipecomm.decentralized import DecentralizedDataParallel
@@ -119,8 +119,8 @@ def rank_bench(cfg: dict) -> dict:
         xs = [torch.randn(cfg["batch"], 1, 8, 8, generator=g) for _ in range(8)]
         ys = [torch.randint(0, 10, (cfg["batch"],), generator=g) for _ in range(8)]
     else:
-        corpus = D.corpus()
-        pairs = [corpus.batch(cfg["batch"], 32, g) for _ in range(8)]
+        text = corpus()
+        pairs = [text.batch(cfg["batch"], 32, g) for _ in range(8)]
         xs, ys = [x for x, _ in pairs], [y for _, y in pairs]
     k = 0
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from pipecomm import claims, cost, netem
-from pipecomm.experiments import _training as T
 from pipecomm.experiments import e05_bsp_sgd as e5
+from pipecomm.experiments._network import network_and_link, network_text
+from pipecomm.experiments._pipesgd_training import iteration_rows
 
 MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
 
@@ -42,7 +43,7 @@ def _fake(comm_scale=None, loss_noise=1e-7, lp_ms=None, iterations=12, ranks=2,
                 for t in range(iterations)
             ]
             per_rank.append({"timings": timings, "losses": list(base + noise), "evals": []})
-        rows += T.iteration_rows(
+        rows += iteration_rows(
             per_rank, algorithm=alg, nbytes=1 << 20, model_comm_s=model_ms / 1e3
         )
     return pd.DataFrame(rows).assign(
@@ -135,10 +136,10 @@ def test_nccl_without_gpus_is_refused_before_starting_ranks(module):
 
 def test_network_and_link_nccl_uses_the_calibrated_link(monkeypatch):
     monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
-    net, link = T.network_and_link({"backend": "nccl"}, lambda: pytest.fail("no emulation"))
+    net, link = network_and_link({"backend": "nccl"}, lambda: pytest.fail("no emulation"))
     assert net is None and link == cost.calibrated_link()
-    assert T.network_text(net).startswith("real")
+    assert network_text(net).startswith("real")
     emulated = netem.Network(1e-3, 50e6)
-    net, link = T.network_and_link({"backend": "gloo"}, lambda: emulated)
+    net, link = network_and_link({"backend": "gloo"}, lambda: emulated)
     assert net is emulated and link == cost.link_from_network(emulated)
-    assert T.network_text(net) == emulated.describe()
+    assert network_text(net) == emulated.describe()

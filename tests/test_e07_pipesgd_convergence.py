@@ -6,8 +6,11 @@ import pandas as pd
 import pytest
 
 from pipecomm import cost
-from pipecomm.experiments import _training as T
 from pipecomm.experiments import e07_pipesgd_convergence as e7
+from pipecomm.experiments._network import choose_bandwidth
+from pipecomm.experiments._pipesgd_analysis import first_reach, per_iteration, steady
+from pipecomm.experiments._pipesgd_config import check_config, lr_scale, parse_method
+from pipecomm.experiments._pipesgd_training import eval_rows, iteration_rows
 
 METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
 
@@ -69,8 +72,8 @@ def fake_training(
                             }
                         )
                 per_rank.append({"timings": timings, "losses": [1.0] * iterations, "evals": evals})
-            rows += T.iteration_rows(per_rank, method=m, seed=seed)
-            rows += T.eval_rows(per_rank, method=m, seed=seed)
+            rows += iteration_rows(per_rank, method=m, seed=seed)
+            rows += eval_rows(per_rank, method=m, seed=seed)
     return pd.DataFrame(rows).assign(
         backend="gloo",
         world_size=ranks,
@@ -126,39 +129,39 @@ def test_accuracy_claims_wait_for_convergence():
 
 
 def test_lr_scale_in_method_names():
-    assert T.lr_scale("pipe@4x") == 4.0 and T.lr_scale("sync") == 1.0
-    assert T.lr_scale("pipe+int8@0.5x") == 0.5
-    assert T.parse_method("pipe+int8@4x") == ("pipe", 1, "int8")
+    assert lr_scale("pipe@4x") == 4.0 and lr_scale("sync") == 1.0
+    assert lr_scale("pipe+int8@0.5x") == 0.5
+    assert parse_method("pipe+int8@4x") == ("pipe", 1, "int8")
     for bad in ("pipe@x", "pipe@-2x", "pipe@4", "pipe@nanx", "sync@0x"):
         with pytest.raises(ValueError, match="after '@'"):
-            T.parse_method(bad)
+            parse_method(bad)
 
 
 # --------------------------------------------------------------------------- shared helpers
 
 
 def test_parse_method():
-    assert T.parse_method("sync") == ("sync", None, None)
-    assert T.parse_method("pipe") == ("pipe", 1, None)
-    assert T.parse_method("pipe+int8") == ("pipe", 1, "int8")
-    assert T.parse_method("delayed-2") == ("pipe", 2, None)
-    assert T.parse_method("layerwise+fp16") == ("layerwise", None, "fp16")
-    assert T.parse_method("nocomm") == ("nocomm", None, None)
+    assert parse_method("sync") == ("sync", None, None)
+    assert parse_method("pipe") == ("pipe", 1, None)
+    assert parse_method("pipe+int8") == ("pipe", 1, "int8")
+    assert parse_method("delayed-2") == ("pipe", 2, None)
+    assert parse_method("layerwise+fp16") == ("layerwise", None, "fp16")
+    assert parse_method("nocomm") == ("nocomm", None, None)
     for bad in ("async", "pipe+zip", "nocomm+fp16", 3):
         with pytest.raises(ValueError, match="method"):
-            T.parse_method(bad)
+            parse_method(bad)
 
 
 def test_check_config_rejects_bad_settings():
     with pytest.raises(ValueError, match="unknown"):
-        T.check_config({"speed": 1})
+        check_config({"speed": 1})
     with pytest.raises(ValueError, match="batch_size"):
-        T.check_config({"batch_size": 0})
+        check_config({"batch_size": 0})
     with pytest.raises(ValueError, match="model"):
-        T.check_config({"model": "vgg"})
+        check_config({"model": "vgg"})
     with pytest.raises(ValueError, match="lr"):
-        T.check_config({"lr": float("nan")})
-    assert T.check_config({"method": "delayed-1"})["method"] == "delayed-1"
+        check_config({"lr": float("nan")})
+    assert check_config({"method": "delayed-1"})["method"] == "delayed-1"
 
 
 @pytest.mark.parametrize(
@@ -166,11 +169,11 @@ def test_check_config_rejects_bad_settings():
 )
 def test_choose_bandwidth_inverts_the_cost_model(alg, p, ports):
     n, alpha, gamma = 830_000, 1e-3, 1e-9
-    bw = T.choose_bandwidth(0.02, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
+    bw = choose_bandwidth(0.02, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
     link = cost.LinkModel.from_bandwidth(alpha, bw, gamma=gamma, ports=ports)
     assert cost.allreduce_time(alg, n, p, link) == pytest.approx(0.02, rel=1e-6)
     with pytest.raises(ValueError, match="comm_ratio"):
-        T.choose_bandwidth(1e-4, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
+        choose_bandwidth(1e-4, n, p, alpha, algorithm=alg, ports=ports, gamma=gamma)
 
 
 def test_per_iteration_takes_the_slowest_rank():
@@ -216,9 +219,9 @@ def test_per_iteration_takes_the_slowest_rank():
         },
     ]
     df = pd.DataFrame(rows)
-    st = T.steady(df, 0)
+    st = steady(df, 0)
     assert len(st) == 2  # the finish() record (iteration -1) is not a step
-    agg = T.per_iteration(st, ["m"]).iloc[0]
+    agg = per_iteration(st, ["m"]).iloc[0]
     assert agg["T"] == pytest.approx(0.051)
     assert agg["C"] == pytest.approx(0.030)  # the slower computer
     assert agg["M"] == pytest.approx(0.021)
@@ -229,8 +232,8 @@ def test_first_reach():
     ev = pd.DataFrame(
         {"iteration": [10, 20, 30], "wall_s": [1.0, 2.0, 3.0], "accuracy": [50.0, 71.0, 69.0]}
     )
-    assert T.first_reach(ev, 70.0) == (20.0, 2.0)
-    it, wall = T.first_reach(ev, 90.0)
+    assert first_reach(ev, 70.0) == (20.0, 2.0)
+    it, wall = first_reach(ev, 90.0)
     assert np.isnan(it) and np.isnan(wall)
 
 

@@ -8,8 +8,10 @@ from claimdata import repeats_around
 
 from pipecomm import cost
 from pipecomm.decentralized import topology
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import e10_topology_comm_time as e10
+from pipecomm.experiments._dadam_timing import model_gossip_time
+from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.experiments._workloads import workload_bucket_bytes
 
 
 def _table(error=0.1, aer_factor=0.6, spread=0.01):
@@ -51,34 +53,34 @@ CLAIM_CASES = {
 
 
 def test_model_gossip_time_is_the_ring_formula_on_each_level():
-    net = D.make_network(D.DEFAULT_NETWORK)
-    intra, inter = D.link_models(net)
+    net = make_network(DEFAULT_NETWORK)
+    intra, inter = link_models(net)
     n = 1 << 20
     # a group inside one node (2 ranks per node): ring on the intra-node link
-    t = D.model_gossip_time([(0, 1), (2, 3)], [n], 2, net, "ring")
+    t = model_gossip_time([(0, 1), (2, 3)], [n], 2, net, "ring")
     assert t == pytest.approx(2 * (intra.alpha + n / 2 * intra.beta) + n / 2 * intra.gamma)
     # one group over two nodes: one stream per uplink, inter-node link
-    t = D.model_gossip_time([(0, 1, 2, 3)], [n, n], 2, net, "ring")
+    t = model_gossip_time([(0, 1, 2, 3)], [n, n], 2, net, "ring")
     one = 6 * (inter.alpha + n / 4 * inter.beta) + 3 / 4 * n * inter.gamma
     assert t == pytest.approx(2 * one)
     # two pairs crossing nodes at once: both streams of a node share its uplink (beta x 2)
-    t = D.model_gossip_time([(0, 2), (1, 3)], [n], 2, net, "ring")
+    t = model_gossip_time([(0, 2), (1, 3)], [n], 2, net, "ring")
     shared = cost.LinkModel(inter.alpha, 2 * inter.beta, inter.gamma)
     assert t == pytest.approx(cost.allreduce_time("ring", n, 2, shared))
 
 
 def test_aer_model_is_below_complete_for_the_models_in_use():
     """The parameters were chosen from the model: AER's mean gossip time < complete's."""
-    net = D.make_network(D.DEFAULT_NETWORK)
+    net = make_network(DEFAULT_NETWORK)
     for model in ("timing", "mlp", "char_transformer"):
-        sizes = D.workload_bucket_bytes(model)
+        sizes = workload_bucket_bytes(model)
         for world in (4, 8):
             mean = {}
             for name in ("complete", "alternating-exp-ring"):
                 topo = topology.get_topology(name, world, ranks_per_node=2)
                 mean[name] = (
                     sum(
-                        D.model_gossip_time(topo.groups(s), sizes, 2, net, "ring")
+                        model_gossip_time(topo.groups(s), sizes, 2, net, "ring")
                         for s in range(topo.period)
                     )
                     / topo.period

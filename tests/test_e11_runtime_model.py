@@ -11,8 +11,18 @@ from claimdata import repeats_around
 
 from pipecomm import netem
 from pipecomm.decentralized import runtime_model
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import e11_runtime_model as e11
+from pipecomm.experiments._calibration import summarize_buckets
+from pipecomm.experiments._dadam_timing import _factors, method_name, predict_training
+from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.experiments._workloads import (
+    EmulatedCompute,
+    bucket_bytes_forward,
+    bucket_layout,
+    build_timing_net,
+    timing_bucket_mb,
+    timing_spec,
+)
 
 
 def _rows(error=0.1, spread=0.01):
@@ -26,7 +36,7 @@ def _rows(error=0.1, spread=0.01):
                     "compute_scale": scale,
                     "compute_cv": 0.0,
                     "kind": kind,
-                    "method": D.method_name(kind, "alternating-exp-ring"),
+                    "method": method_name(kind, "alternating-exp-ring"),
                     "measured_s": ms * (1 + error) / 1e3,
                     "times_s": repeats_around(ms * (1 + error) / 1e3, spread),
                     "predicted_s": ms / 1e3,
@@ -63,7 +73,7 @@ def test_cases_change_one_factor_at_a_time():
 
 
 def test_emulated_compute_sleeps_in_forward_and_backward():
-    layer = D.EmulatedCompute(0.02, 0.04)
+    layer = EmulatedCompute(0.02, 0.04)
     x = torch.ones(3, requires_grad=True)
     t0 = time.perf_counter()
     y = layer(x)
@@ -77,25 +87,25 @@ def test_emulated_compute_sleeps_in_forward_and_backward():
     layer(x).sum().backward()
     assert time.perf_counter() - t0 < 0.02
     with pytest.raises(ValueError):
-        D.EmulatedCompute(-1.0, 0.0)
+        EmulatedCompute(-1.0, 0.0)
 
 
 def test_timing_net_has_one_bucket_per_layer():
-    spec = D.timing_spec(2, width=64, layers=3)
-    net = D._build_timing_net(spec)
+    spec = timing_spec(2, width=64, layers=3)
+    net = build_timing_net(spec)
     params = list(net.parameters())
-    assert D.bucket_layout(params, D._bucket_mb(spec)) == [[2], [1], [0]]
-    assert D.bucket_bytes_forward(params, D._bucket_mb(spec)) == [64 * 64 * 4] * 3
+    assert bucket_layout(params, timing_bucket_mb(spec)) == [[2], [1], [0]]
+    assert bucket_bytes_forward(params, timing_bucket_mb(spec)) == [64 * 64 * 4] * 3
     with pytest.raises(ValueError, match="unknown timing"):
-        D.timing_spec(2, widht=3)
+        timing_spec(2, widht=3)
 
 
 def test_bucket_layout_follows_decentralized_data_parallel():
     ps = [torch.zeros(1), torch.zeros(2), torch.zeros(1 << 18), torch.zeros(1 << 18)]
-    assert D.bucket_layout(ps, 1.0) == [[3], [2], [1, 0]]  # closes once it reaches 1 MiB
-    assert D.bucket_layout(ps, 100.0) == [[3, 2, 1, 0]]
+    assert bucket_layout(ps, 1.0) == [[3], [2], [1, 0]]  # closes once it reaches 1 MiB
+    assert bucket_layout(ps, 100.0) == [[3, 2, 1, 0]]
     with pytest.raises(ValueError):
-        D.bucket_layout(ps, 0.0)
+        bucket_layout(ps, 0.0)
 
 
 def test_summarize_calibration_means_over_ranks():
@@ -103,11 +113,11 @@ def test_summarize_calibration_means_over_ranks():
         {"fwd_s": [1.0, 2.0], "bwd_s": [3.0, 4.0], "step_s": [0.5, 0.5], "bucket_bytes": [8, 8]},
         {"fwd_s": [3.0, 2.0], "bwd_s": [5.0, 4.0], "step_s": [0.5, 0.5], "bucket_bytes": [8, 8]},
     ]
-    c = D.summarize_calibration(per_rank)
+    c = summarize_buckets(per_rank)
     assert c["fwd_s"] == [2.0, 2.0] and c["bwd_s"] == [4.0, 4.0]
     assert c["compute_s"] == pytest.approx(2 + 2 + 4 + 4 + 1)
     with pytest.raises(ValueError):
-        D.summarize_calibration([])
+        summarize_buckets([])
 
 
 def test_prediction_without_communication_cost_is_the_compute_time():
@@ -120,21 +130,21 @@ def test_prediction_without_communication_cost_is_the_compute_time():
         "step_s": [0.001, 0.001],
     }
     for kind in ("allreduce", "decentralized"):
-        spec = D.timing_spec(4, kind=kind)
-        assert D.predict_training(spec, calib, net)["iteration_s"] == pytest.approx(0.062)
+        spec = timing_spec(4, kind=kind)
+        assert predict_training(spec, calib, net)["iteration_s"] == pytest.approx(0.062)
 
 
 def test_prediction_uses_the_injected_factors_and_the_block_median():
-    net = D.make_network(D.DEFAULT_NETWORK)
+    net = make_network(DEFAULT_NETWORK)
     calib = {
         "bucket_bytes": [1 << 20, 1 << 20],
         "fwd_s": [0.01, 0.01],
         "bwd_s": [0.02, 0.02],
         "step_s": [0.001, 0.001],
     }
-    spec = D.timing_spec(8, kind="allreduce", compute_cv=0.5, blocks=3, block_iters=4)
-    pred = D.predict_training(spec, calib, net)
-    intra, inter = D.link_models(net)
+    spec = timing_spec(8, kind="allreduce", compute_cv=0.5, blocks=3, block_iters=4)
+    pred = predict_training(spec, calib, net)
+    intra, inter = link_models(net)
     r = runtime_model.simulate(
         "allreduce",
         bucket_bytes=calib["bucket_bytes"],
@@ -152,7 +162,7 @@ def test_prediction_uses_the_injected_factors_and_the_block_median():
     )
     blocks = np.asarray(r["iteration_s"]).reshape(3, 4).sum(axis=1)
     assert pred["iteration_s"] == pytest.approx(np.median(blocks) / 4)
-    factors = D._factors(spec, 15)
+    factors = _factors(spec, 15)
     assert factors.shape == (15, 8)
     assert np.array_equal(
         factors, runtime_model.lognormal_factors(0.5, (15, 8), np.random.default_rng(0))

@@ -5,8 +5,9 @@ import pytest
 from claimdata import repeats_around
 
 from pipecomm.decentralized import runtime_model
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import e12_dadam_scaling as e12
+from pipecomm.experiments._dadam_timing import method_name
+from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
 
 
 def _rows(aer_ms_at_8=70.0, spread=0.01):
@@ -19,7 +20,7 @@ def _rows(aer_ms_at_8=70.0, spread=0.01):
         ):
             rows.append(
                 {
-                    "method": D.method_name(kind, topo),
+                    "method": method_name(kind, topo),
                     "kind": kind,
                     "topology": topo,
                     "iteration_s": (aer_ms_at_8 if world == 8 and topo == AER else ms) / 1e3,
@@ -46,8 +47,8 @@ CLAIM_CASES = {
 
 def test_model_predicts_aer_faster_at_8_for_the_chosen_parameters():
     """The profile's parameters come from the runtime model: AllReduce / AER ~ 2.5 at p = 8."""
-    net = D.make_network(D.DEFAULT_NETWORK)
-    intra, inter = D.link_models(net)
+    net = make_network(DEFAULT_NETWORK)
+    intra, inter = link_models(net)
     kw = dict(
         bucket_bytes=[1 << 20] * 2,
         fwd_s=0.01,

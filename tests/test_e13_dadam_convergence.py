@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import e13_dadam_convergence as e13
+from pipecomm.experiments._trainers import AllReduceTrainer
+from pipecomm.experiments._workloads import corpus
 
 # ----------------------------------------------------------------------------- rank functions
 
@@ -45,7 +46,7 @@ def rank_allreduce_dp(algorithm, bucket_mb, steps, skip_bias_at):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    ar = D.AllReduceTrainer(
+    ar = AllReduceTrainer(
         model, torch.optim.SGD(model.parameters(), lr=0.1), bucket_mb=bucket_mb, algorithm=algorithm
     )
     for step in range(steps):
@@ -190,7 +191,7 @@ def test_configurations_and_eval_splits_are_disjoint():
                                "accum_iters": [2, 4]}) == [
         ("allreduce-adam", 1), ("accumadam-aer", 2), ("accumadam-aer", 4)]
     (xv, yv), (xt, _) = e13.eval_split("lm", "val"), e13.eval_split("lm", "test")
-    ids = D.corpus().val
+    ids = corpus().val
     half = len(ids) // 2
     torch.testing.assert_close(xv.flatten(), ids[: xv.numel()])  # first half of the text
     torch.testing.assert_close(xt.flatten(), ids[half : half + xt.numel()])  # second half

@@ -16,10 +16,13 @@ An experiment module defines, in this order:
   artifact/claims.yaml only);
 * ``if __name__ == "__main__": main(sys.modules[__name__])`` (the command line).
 
-Experiments never import each other: what two experiments share is a library module
-(:mod:`pipecomm.sweep`, the workloads in ``pipecomm.experiments._training`` and
-``pipecomm.experiments._decentralized``). :func:`check_module` verifies the shape (tests run it on
-every module).
+Experiments never import each other: what two experiments share is a library module of one
+concept (:mod:`pipecomm.sweep`; under ``pipecomm.experiments``: ``_workloads`` models, tasks and
+batch streams, ``_calibration`` compute calibration, ``_network`` the emulated network and its
+label, ``_trainers`` the trainer interface, ``_checks`` parameter checks; the Pipe-SGD family's
+``_pipesgd_config`` (its shared ``Params`` bases), ``_pipesgd_training`` and
+``_pipesgd_analysis``; the DAdam family's ``_dadam_timing``). :func:`check_module` verifies the
+shape (tests run it on every module).
 
 Example::
 

@@ -37,20 +37,24 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import claims, cost, launch, netem, vocab
-from pipecomm.experiments import _training as T
-from pipecomm.experiments import base
+from pipecomm.experiments._checks import require
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._network import network_and_link, network_text
+from pipecomm.experiments._pipesgd_analysis import steady
+from pipecomm.experiments._pipesgd_config import PoolParams, check_config, config
+from pipecomm.experiments._pipesgd_training import iteration_rows, train_rank
+from pipecomm.experiments._workloads import fetch_data, gradient_bytes
 
 ID = "E5"
 NOTEBOOK = "05_bsp_sgd"
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(PoolParams):
     """E5's parameters with their quick defaults (the notebook's parameters cell); the
-    profiles in artifact/profiles/*.yaml override them."""
+    profiles in artifact/profiles/*.yaml override them. The fields E5-E9 share are
+    :class:`~pipecomm.experiments._pipesgd_config.PoolParams`'."""
 
-    world_size: int = 2
     algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
     model: str = "mlp"
     model_kw: dict[str, Any] = field(default_factory=lambda: {"hidden": [256, 256]})
@@ -60,67 +64,48 @@ class Params(base.Params):
     iterations: int = 10
     skip: int = 2
     seed: int = 0
-    alpha_s: float = 0.001
     bandwidth_Bps: float | None = 50e6
-    ports: str = "single"
     timeout_s: float = 300.0
-    backend: str = "gloo"
-    dataset: str = "digits"
-    data_root: str | None = None
 
     def validate(self) -> None:
+        super().validate()
         p = self
-        T.check_backend(p)
-        T.positive_int(p, "world_size", "batch_size", "iterations")
-        T.require(
-            p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks to communicate"
-        )
-        T.require(
-            0 <= p["skip"] < p["iterations"],
-            "skip",
-            p["skip"],
-            f"must be in [0, iterations={p['iterations']})",
-        )
         algs = list(p["algorithms"])
-        T.require(
+        require(
             len(algs) >= 2 and len(set(algs)) == len(algs) and set(algs) <= set(ALGORITHMS),
             "algorithms",
             algs,
             f"must be >= 2 distinct names from {ALGORITHMS}",
         )
-        T.positive_float(p, "alpha_s", "bandwidth_Bps", "timeout_s")
-        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-        T.check_config(_config(p, algs[0]))
-        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-
+        check_config(_config(p, algs[0]))
 
 DEFAULTS = Params.defaults()
 ALGORITHMS = vocab.MODELLED_ALGORITHMS  # the algorithms that run over the emulated network
 
 
 def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
-    return T.config(p, method="sync", algorithm=algorithm, barrier_before_step=True)
+    return config(p, method="sync", algorithm=algorithm, barrier_before_step=True)
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Train BSP-SGD once per algorithm on one emulated-network pool; tidy per-iteration rows."""
     p = Params.make(**params)
-    net, link = T.network_and_link(
+    net, link = network_and_link(
         p, lambda: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=p["ports"])
     )
-    T.fetch_data(p)
-    nbytes = T.gradient_bytes(_config(p, "lp"))
+    fetch_data(p)
+    nbytes = gradient_bytes(_config(p, "lp"))
     rows: list[dict[str, Any]] = []
     with launch.pool(p["world_size"], backend=p["backend"], network=net) as ranks:
         for alg in p["algorithms"]:
             model_s = cost.allreduce_time(alg, nbytes, p["world_size"], link)
-            res = ranks.run(T.train_rank, _config(p, alg), timeout_s=p["timeout_s"])
-            rows += T.iteration_rows(res, algorithm=alg, nbytes=nbytes, model_comm_s=model_s)
+            res = ranks.run(train_rank, _config(p, alg), timeout_s=p["timeout_s"])
+            rows += iteration_rows(res, algorithm=alg, nbytes=nbytes, model_comm_s=model_s)
     df = pd.DataFrame(rows)
     return df.assign(
         backend=p["backend"],
         world_size=p["world_size"],
-        network=T.network_text(net),
+        network=network_text(net),
         skip=p["skip"],
         gamma_s_per_byte=link.gamma,
     )
@@ -165,7 +150,7 @@ def comm_times(df: pd.DataFrame) -> pd.DataFrame:
     """Per algorithm: measured AllReduce time (median over steady iterations of the max over
     ranks of ``comm_s``), the model's, and the steady iteration's other parts."""
     skip = int(df["skip"].iloc[0]) if "skip" in df else 0
-    st = T.steady(df, skip)
+    st = steady(df, skip)
     per_it = st.groupby(["algorithm", "iteration"], as_index=False).agg(
         comm_s=("comm_s", "max"),
         compute_s=("compute_s", "max"),
@@ -262,7 +247,7 @@ def comm_samples(df: pd.DataFrame) -> dict[str, list[float]]:
         comm_samples(df)["lp"][:3]
     """
     skip = int(df["skip"].iloc[0]) if "skip" in df else 0
-    st = T.steady(df, skip)
+    st = steady(df, skip)
     per_it = st.groupby(["algorithm", "iteration"], sort=False).comm_s.max().reset_index()
     return {alg: g.comm_s.tolist() for alg, g in per_it.groupby("algorithm", sort=False)}
 

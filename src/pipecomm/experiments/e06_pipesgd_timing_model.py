@@ -7,7 +7,7 @@ width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.timing_model`).
 
 How it is measured: for each (world size p, emulated bandwidth) pair in ``pools`` one pool of p
 ranks on a ``netem`` network (``alpha_s``, single port by default; gloo underneath). In it, for
-each batch size, first a separate **compute-timing run** (``_training.compute_timing_rank``:
+each batch size, first a separate **compute-timing run** (``_calibration.rank_calibrate_step``:
 forward + backward + packing = C, optimizer step = U, on all ranks at once, no communication),
 then the **training runs** of ``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` with
 ``algorithm`` (ring, as Pipe-SGD's AllReduce). The model's inputs are C and U of the
@@ -18,7 +18,7 @@ over ranks of PipeSGD's ``iter_s``, median over the steady iterations.
 The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
 default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
 communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``_training.gil_switch_interval``).
+see ``_trainers.gil_switch_interval``).
 
 Claim (artifact/claims.yaml, with its threshold): C6.1 the model's signed error at every
 measured iteration time.
@@ -54,39 +54,38 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import claims, cost, launch, netem, stats, timing_model, vocab
-from pipecomm.experiments import _training as T
-from pipecomm.experiments import base
+from pipecomm.experiments._calibration import rank_calibrate_step, summarize_step
+from pipecomm.experiments._checks import require
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._pipesgd_analysis import per_iteration, steady
+from pipecomm.experiments._pipesgd_config import CalibratedParams, check_config, config
+from pipecomm.experiments._pipesgd_training import iteration_rows, train_rank
+from pipecomm.experiments._workloads import check_batch_size, gradient_bytes
 
 ID = "E6"
 NOTEBOOK = "06_pipesgd_timing_model"
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(CalibratedParams):
     """E6's parameters with their quick defaults (the notebook's parameters cell); the
-    profiles in artifact/profiles/*.yaml override them."""
+    profiles in artifact/profiles/*.yaml override them. The fields E6-E9 share are
+    :class:`~pipecomm.experiments._pipesgd_config.CalibratedParams`'."""
 
     pools: list[Any] = field(default_factory=lambda: [[2, 30e6]])
     batch_sizes: list[int] = field(default_factory=lambda: [64])
     modes: list[str] = field(default_factory=lambda: ["sync", "pipe"])
-    model: str = "cnn"
-    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
-    lr: float = 0.01
     iterations: int = 12
     skip: int = 4
     calib_iters: int = 6
     seed: int = 0
-    alpha_s: float = 0.001
-    ports: str = "single"
-    algorithm: str = "ring"
     timeout_s: float = 300.0
-    switch_interval_s: float = 0.0001
 
     def validate(self) -> None:
+        super().validate()
         p = self
         pools = p["pools"]
-        T.require(
+        require(
             len(pools) >= 1
             and all(
                 isinstance(x, (list, tuple))
@@ -102,7 +101,7 @@ class Params(base.Params):
             pools,
             "must be a list of [world_size >= 2, bandwidth_Bps > 0] pairs",
         )
-        T.require(
+        require(
             len(p["batch_sizes"]) >= 1
             and all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in p["batch_sizes"]
@@ -111,39 +110,23 @@ class Params(base.Params):
             p["batch_sizes"],
             "must be a non-empty list of ints >= 1",
         )
-        T.require(
+        require(
             len(p["modes"]) >= 1 and set(p["modes"]) <= set(MODES),
             "modes",
             p["modes"],
             f"must be a non-empty list from {MODES}",
         )
-        T.positive_int(p, "iterations", "calib_iters")
-        T.require(
-            0 <= p["skip"] < p["iterations"],
-            "skip",
-            p["skip"],
-            f"must be in [0, iterations={p['iterations']})",
-        )
-        T.positive_float(p, "alpha_s", "timeout_s", "switch_interval_s")
-        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-        T.require(
-            p["algorithm"] in cost.ALGORITHMS,
-            "algorithm",
-            p["algorithm"],
-            f"must be one of {cost.ALGORITHMS}",
-        )
         for b in p["batch_sizes"]:
-            T.check_config(_config(p, b, "sync"))
+            check_config(_config(p, b, "sync"))
             for world, _ in pools:
-                T.check_batch_size(b, world, name="batch_sizes")
-
+                check_batch_size(b, world, name="batch_sizes")
 
 DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
 
 
 def _config(p: dict[str, Any], batch: int, mode: str) -> dict[str, Any]:
-    return T.config(p, batch_size=batch, method=mode)
+    return config(p, batch_size=batch, method=mode)
 
 
 def predict(
@@ -182,10 +165,10 @@ def run(**params: Any) -> pd.DataFrame:
         rows: list[dict[str, Any]] = []
         with launch.Ranks(world, network=net) as ranks:
             for batch in p["batch_sizes"]:
-                nbytes = T.gradient_bytes(_config(p, batch, "sync"))
-                cal = T.calibration_summary(
+                nbytes = gradient_bytes(_config(p, batch, "sync"))
+                cal = summarize_step(
                     ranks.run(
-                        T.compute_timing_rank,
+                        rank_calibrate_step,
                         _config(p, batch, "sync"),
                         p["calib_iters"],
                         3,
@@ -195,11 +178,11 @@ def run(**params: Any) -> pd.DataFrame:
                 meta = dict(bandwidth_Bps=float(bw), batch_size=batch, nbytes=nbytes)
                 rows.append({"kind": "calibration", **meta, **cal})
                 for mode in p["modes"]:
-                    res = ranks.run(T.train_rank, _config(p, batch, mode), timeout_s=p["timeout_s"])
-                    it = T.iteration_rows(res, mode=mode, **meta)
+                    res = ranks.run(train_rank, _config(p, batch, mode), timeout_s=p["timeout_s"])
+                    it = iteration_rows(res, mode=mode, **meta)
                     rows += it
-                    st = T.steady(pd.DataFrame(it), p["skip"])
-                    per_it = T.per_iteration(st, ["mode"])["T"]
+                    st = steady(pd.DataFrame(it), p["skip"])
+                    per_it = per_iteration(st, ["mode"])["T"]
                     rows.append(
                         {
                             "kind": "point",

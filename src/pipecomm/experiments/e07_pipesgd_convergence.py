@@ -11,7 +11,7 @@ How it is measured: p ranks of gloo on an emulated network (``netem``: ``alpha_s
 port), ``PipeSGD`` with a ring AllReduce, methods ``sync``, ``pipe``, ``pipe+fp16``,
 ``pipe+int8``, each trained from the same seed on the same shards (paired seeds). The network's
 bandwidth is chosen **before measuring** from the timing model: a separate compute-timing run
-(no network) gives C + U, and :func:`pipecomm.experiments._training.network_for` picks the
+(no network) gives C + U, and :func:`pipecomm.experiments._network.network_for` picks the
 bandwidth at which the cost model's AllReduce takes ``comm_ratio`` x (C + U) (or give
 ``bandwidth_Bps``). The ratio is reported as chosen (model) and as measured in the sync runs.
 Per-iteration time: per step the max over ranks of PipeSGD's ``iter_s``, median over the steady
@@ -23,7 +23,7 @@ profile, :mod:`pipecomm.schedules`); data.csv records the rate at every evaluati
 The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
 default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
 communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``_training.gil_switch_interval``).
+see ``_trainers.gil_switch_interval``).
 
 Claims (artifact/claims.yaml, with thresholds and the model's predictions): C7.1 pipe's speedup
 per iteration over sync (per-seed ratio over paired seeds; at comm_ratio 1 the model predicts
@@ -47,128 +47,83 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem
-from pipecomm.experiments import _training as T
-from pipecomm.experiments import base
+from pipecomm import claims
+from pipecomm.experiments._checks import require
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._pipesgd_analysis import (
+    accuracy_rise,
+    accuracy_within,
+    final_accuracy,
+    first_reach,
+    median_times,
+    stale_hurts,
+    steady,
+    step_samples,
+)
+from pipecomm.experiments._pipesgd_config import (
+    ConvergenceParams,
+    check_config,
+    config,
+    parse_methods,
+)
+from pipecomm.experiments._pipesgd_training import calibrate_and_train
 
 ID = "E7"
 NOTEBOOK = "07_pipesgd_convergence"
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(ConvergenceParams):
     """E7's parameters with their quick defaults (the notebook's parameters cell); the
-    profiles in artifact/profiles/*.yaml override them."""
+    profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
+    :class:`~pipecomm.experiments._pipesgd_config.ConvergenceParams`'."""
 
-    world_size: int = 2
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
+
     methods: list[str] = field(default_factory=lambda: ["sync", "pipe", "pipe+fp16", "pipe+int8"])
-    seeds: list[int] = field(default_factory=lambda: [0])
     iterations: int = 30
-    eval_every: int = 10
-    skip: int = 5
-    model: str = "cnn"
-    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
     batch_size: int = 128
-    lr: float = 0.01
-    momentum: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    alpha_s: float = 0.001
-    comm_ratio: float = 1.0
-    bandwidth_Bps: float | None = None
-    ports: str = "single"
-    algorithm: str = "ring"
     target_fraction: float = 0.95
-    calib_iters: int = 8
-    timeout_s: float = 600.0
-    switch_interval_s: float = 0.0001
-    backend: str = "gloo"
-    dataset: str = "digits"
-    data_root: str | None = None
 
     def validate(self) -> None:
+        super().validate()
         p = self
-        T.check_backend(p)
-        T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
-        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
         methods = list(p["methods"])
-        T.require(
+        require(
             len(methods) >= 2 and methods[0] == "sync" and len(set(methods)) == len(methods),
             "methods",
             methods,
             "must start with 'sync' (the baseline) and list >= 2 distinct",
         )
-        for m in methods:
-            try:
-                T.parse_method(m)
-            except ValueError as exc:
-                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
-            T.require(
-                not m.startswith("nocomm"),
-                "methods",
-                methods,
-                "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
-            )
-        T.require(
-            len(p["seeds"]) >= 1
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
-            and len(set(p["seeds"])) == len(p["seeds"]),
-            "seeds",
-            p["seeds"],
-            "must be a non-empty list of distinct ints",
+        parse_methods(methods)
+        require(
+            not any(m.startswith("nocomm") for m in methods),
+            "methods",
+            methods,
+            "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
         )
-        T.require(
-            isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
-            "eval_every",
-            p["eval_every"],
-            "must be an int in [0, iterations]",
-        )
-        T.require(
-            0 <= p["skip"] < p["iterations"],
-            "skip",
-            p["skip"],
-            f"must be in [0, iterations={p['iterations']})",
-        )
-        T.positive_float(p, "alpha_s", "comm_ratio", "timeout_s", "switch_interval_s")
-        T.require(
-            p["bandwidth_Bps"] is None
-            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-            "bandwidth_Bps",
-            p["bandwidth_Bps"],
-            "must be None (chosen from comm_ratio) or > 0",
-        )
-        T.require(
+        require(
             0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
         )
-        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-        T.require(
-            p["algorithm"] in ("lp", "ring"),
-            "algorithm",
-            p["algorithm"],
-            "must be 'lp' or 'ring' (the algorithms that compress)",
-        )
-        T.check_config(_config(p, p["seeds"][0], "sync"))
-        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-
+        check_config(_config(p, p["seeds"][0], "sync"))
 
 DEFAULTS = Params.defaults()
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return T.config(p, seed=seed, method=method)
+    return config(p, seed=seed, method=method)
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Train every method for every seed on the chosen emulated network; tidy rows."""
     p = Params.make(**params)
-    df = T.calibrate_and_train(p, _config, list(p["methods"]), list(p["seeds"]))
+    df = calibrate_and_train(p, _config, list(p["methods"]), list(p["seeds"]))
     return df.assign(target_fraction=p["target_fraction"])
 
 
@@ -182,10 +137,10 @@ def _order(df: pd.DataFrame) -> list[str]:
 def iteration_times(df: pd.DataFrame) -> pd.DataFrame:
     """Per method and seed: median steady per-iteration time T and its parts C, M."""
     skip = int(df["skip"].iloc[0])
-    return T.median_times(T.steady(df, skip), ["method", "seed"])
+    return median_times(steady(df, skip), ["method", "seed"])
 
 
-final_accuracy = T.final_accuracy
+final_accuracy = final_accuracy
 
 
 def time_to_accuracy(df: pd.DataFrame) -> pd.DataFrame:
@@ -201,7 +156,7 @@ def time_to_accuracy(df: pd.DataFrame) -> pd.DataFrame:
             continue
         target = frac * float(sync_final.iloc[0])
         for method, gm in g.groupby("method"):
-            it, wall = T.first_reach(gm, target)
+            it, wall = first_reach(gm, target)
             rows.append(
                 {"method": method, "seed": seed, "target": target, "iterations": it, "wall_s": wall}
             )
@@ -235,7 +190,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             "method": m,
             "seeds": len(fm),
             "final_acc_%": fm.mean(),
-            "rise_last_10%_points": T.accuracy_rise(df, m, 0.1),
+            "rise_last_10%_points": accuracy_rise(df, m, 0.1),
             "vs_sync_points": (
                 fm - fin[fin["method"] == "sync"].set_index("seed")["accuracy"]
             ).mean(),
@@ -336,7 +291,7 @@ def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claim
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s",
                            "model_sync_s", "model_pipe_s")
-    r, lo, hi = claims.ratio(T.step_samples(df, "sync"), T.step_samples(df, method))
+    r, lo, hi = claims.ratio(step_samples(df, "sync"), step_samples(df, method))
     cal = df[df["kind"] == "calibration"]
     model = float((cal["model_sync_s"] / cal["model_pipe_s"]).median())
     bound = model * (1 - tolerance) / (1 + tolerance)
@@ -348,9 +303,9 @@ def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claim
     )
 
 
-# C7.2 and C7.3: the paired accuracy comparisons E7 and E9 share (pipecomm.experiments._training)
-check_accuracy_within = claims.check("e7_accuracy_within")(T.accuracy_within)
-check_stale_hurts = claims.check("e7_stale_hurts")(T.stale_hurts)
+# C7.2 and C7.3: the paired accuracy comparisons E7 and E9 share (pipecomm.experiments._pipesgd_analysis)
+check_accuracy_within = claims.check("e7_accuracy_within")(accuracy_within)
+check_stale_hurts = claims.check("e7_stale_hurts")(stale_hurts)
 
 
 if __name__ == "__main__":

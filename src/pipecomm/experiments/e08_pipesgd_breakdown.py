@@ -6,7 +6,7 @@ hides the AllReduce behind compute (``max(C + U, A)`` instead of ``C + A + U``).
 
 How it is measured: p ranks of gloo on an emulated network (``netem``, single port) whose
 bandwidth is chosen *before measuring* from a separate compute-timing run and the cost model
-(AllReduce = ``comm_ratio`` x (C + U); :func:`pipecomm.experiments._training.network_for`), then
+(AllReduce = ``comm_ratio`` x (C + U); :func:`pipecomm.experiments._network.network_for`), then
 one training run per method -- ``sync``, ``sync+fp16``, ``sync+int8``, ``layerwise``, ``pipe``,
 ``pipe+fp16``, ``pipe+int8`` (ring AllReduce) -- side by side in the same pool. PipeSGD records
 per iteration: compute (forward + backward, from the end of the previous step), launch
@@ -19,7 +19,7 @@ runs inside the blocking AllReduce (so it is on the critical path and subtracted
 The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
 default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
 communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``_training.gil_switch_interval``).
+see ``_trainers.gil_switch_interval``).
 
 Claim (artifact/claims.yaml, with its threshold): C8.1 overlap is real -- pipe's iteration time
 against the bound ``max(C, M) + f min(C, M)``, where, in the sync run of the same pool, C is
@@ -43,56 +43,49 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem
-from pipecomm.experiments import _training as T
-from pipecomm.experiments import base
+from pipecomm import claims
+from pipecomm.experiments._checks import positive_float, require
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._pipesgd_analysis import median_times, steady, step_samples
+from pipecomm.experiments._pipesgd_config import (
+    CalibratedPoolParams,
+    check_config,
+    config,
+    parse_method,
+    parse_methods,
+)
+from pipecomm.experiments._pipesgd_training import TIMING_COLUMNS, calibrate_and_train
 
 ID = "E8"
 NOTEBOOK = "08_pipesgd_breakdown"
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(CalibratedPoolParams):
     """E8's parameters with their quick defaults (the notebook's parameters cell); the
-    profiles in artifact/profiles/*.yaml override them."""
+    profiles in artifact/profiles/*.yaml override them. The fields E7-E9 share are
+    :class:`~pipecomm.experiments._pipesgd_config.CalibratedPoolParams`'."""
 
-    world_size: int = 2
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
+
     methods: list[str] = field(default_factory=lambda:
         ["sync", "sync+fp16", "sync+int8", "layerwise", "pipe", "pipe+fp16", "pipe+int8"]
     )
-    iterations: int = 20
-    skip: int = 5
     seed: int = 0
-    model: str = "cnn"
-    model_kw: dict[str, Any] = field(default_factory=lambda: {"channels": [64, 128], "hidden": 256})
     batch_size: int = 192
-    lr: float = 0.01
-    alpha_s: float = 0.001
-    comm_ratio: float = 1.0
-    bandwidth_Bps: float | None = None
-    ports: str = "single"
-    algorithm: str = "ring"
     bucket_mb: float = 0.5
-    calib_iters: int = 8
-    timeout_s: float = 600.0
-    switch_interval_s: float = 0.0001
-    backend: str = "gloo"
-    dataset: str = "digits"
-    data_root: str | None = None
 
     def validate(self) -> None:
+        super().validate()
         p = self
-        T.check_backend(p)
-        T.positive_int(p, "world_size", "iterations", "batch_size", "calib_iters")
-        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
         methods = list(p["methods"])
-        T.require(
+        require(
             len(methods) >= 2
             and "sync" in methods
             and "pipe" in methods
@@ -101,49 +94,23 @@ class Params(base.Params):
             methods,
             "must list distinct methods including 'sync' and 'pipe'",
         )
-        for m in methods:
-            try:
-                mode, _, _ = T.parse_method(m)
-            except ValueError as exc:
-                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
-            T.require(mode != "nocomm", "methods", methods, "'nocomm' has nothing to break down")
-        T.require(
-            0 <= p["skip"] < p["iterations"],
-            "skip",
-            p["skip"],
-            f"must be in [0, iterations={p['iterations']})",
-        )
-        T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
-        T.require(
-            p["bandwidth_Bps"] is None
-            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-            "bandwidth_Bps",
-            p["bandwidth_Bps"],
-            "must be None (chosen from comm_ratio) or > 0",
-        )
-        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-        T.require(
-            p["algorithm"] in ("lp", "ring"),
-            "algorithm",
-            p["algorithm"],
-            "must be 'lp' or 'ring' (the algorithms that compress)",
-        )
-        T.check_config(_config(p, p["seed"], "sync"))
-        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-
+        modes = [mode for mode, _, _ in parse_methods(methods)]
+        require("nocomm" not in modes, "methods", methods, "'nocomm' has nothing to break down")
+        positive_float(p, "bucket_mb")
+        check_config(_config(p, p["seed"], "sync"))
 
 DEFAULTS = Params.defaults()
 PARTS = ("compute", "update", "communication", "compression", "other")
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return T.config(p, seed=seed, method=method)
+    return config(p, seed=seed, method=method)
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then one training run per method in one pool."""
     p = Params.make(**params)
-    return T.calibrate_and_train(p, _config, list(p["methods"]), [p["seed"]])
+    return calibrate_and_train(p, _config, list(p["methods"]), [p["seed"]])
 
 
 # --------------------------------------------------------------------------- analysis
@@ -157,13 +124,13 @@ def breakdown(df: pd.DataFrame) -> pd.DataFrame:
     ``compression_background`` the codec time on the communication thread (pipelined runs).
     """
     skip = int(df["skip"].iloc[0])
-    st = T.steady(df, skip)
+    st = steady(df, skip)
     order = list(dict.fromkeys(st["method"]))
     rows = []
     for m in order:
         g = st[st["method"] == m]
-        mode, _, codec = T.parse_method(m)
-        mean = g[list(T.TIMING_COLUMNS)].mean()
+        mode, _, codec = parse_method(m)
+        mean = g[list(TIMING_COLUMNS)].mean()
         inline = mode != "pipe"  # the codec runs inside the waited-for AllReduce
         comp = mean["compress_s"] if inline else 0.0
         comm = max(mean["comm_s"] - comp, 0.0)
@@ -187,7 +154,7 @@ def overlap_bound(df: pd.DataFrame, method: str = "pipe", tolerance: float = 0.2
     measured per-iteration time T of ``method`` (medians over steady steps, see the module
     docstring)."""
     skip = int(df["skip"].iloc[0])
-    med = T.median_times(T.steady(df, skip), ["method"]).set_index("method")
+    med = median_times(steady(df, skip), ["method"]).set_index("method")
     for m in ("sync", method):
         if m not in med.index:
             raise ValueError(f"no steady iterations of {m!r} in the data")
@@ -205,7 +172,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per method: the breakdown in ms (means), the median iteration time and speedup vs sync."""
     b = breakdown(df)
     skip = int(df["skip"].iloc[0])
-    med = T.median_times(T.steady(df, skip), ["method"]).set_index("method")["T"]
+    med = median_times(steady(df, skip), ["method"]).set_index("method")["T"]
     out = pd.DataFrame({"method": b["method"]})
     for col in (*PARTS, "compression_background", "total"):
         out[f"{col}_ms"] = b[col] * 1e3
@@ -283,7 +250,7 @@ def check_overlap_bound(df: pd.DataFrame, tolerance: float, method: str) -> clai
     """
     claims.require_columns(df, "kind", "method", "iteration", "iter_s", "comm_s", "skip")
     ob = overlap_bound(df, method, tolerance)
-    t, lo, hi = claims.interval(T.step_samples(df, method))
+    t, lo, hi = claims.interval(step_samples(df, method))
     return claims.Verdict(
         f"{method} {claims.fmt_ci(t * 1e3, lo * 1e3, hi * 1e3)} ms vs bound "
         f"{ob['bound'] * 1e3:.1f} ms (C {ob['C'] * 1e3:.1f} ms, M {ob['M'] * 1e3:.1f} ms, sync "

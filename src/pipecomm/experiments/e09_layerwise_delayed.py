@@ -25,7 +25,7 @@ parameter snapshots every ``eval_every`` iterations on the held-out split after 
 The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
 default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
 communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``_training.gil_switch_interval``).
+see ``_trainers.gil_switch_interval``).
 
 Parameters chosen from the model before measuring: with backward hooks timed on one core, a
 simulation of the bucket schedule (the layers' gradient-ready times, the ring cost model per
@@ -54,31 +54,47 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem
-from pipecomm.experiments import _training as T
-from pipecomm.experiments import base
+from pipecomm import claims
+from pipecomm.experiments._checks import positive_float, positive_int, require
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._pipesgd_analysis import (
+    accuracy_rise,
+    first_reach,
+    is_true,
+    median_times,
+    stale_hurts,
+    steady,
+    step_samples,
+)
+from pipecomm.experiments._pipesgd_config import (
+    ConvergenceParams,
+    check_config,
+    config,
+    parse_methods,
+)
+from pipecomm.experiments._pipesgd_training import calibrate_and_train
 
 ID = "E9"
 NOTEBOOK = "09_layerwise_delayed"
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(ConvergenceParams):
     """E9's parameters with their quick defaults (the notebook's parameters cell); the
-    profiles in artifact/profiles/*.yaml override them."""
+    profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
+    :class:`~pipecomm.experiments._pipesgd_config.ConvergenceParams`'."""
 
-    world_size: int = 2
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "mst", "be", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (emulated algorithms)"
+
     methods: list[str] = field(default_factory=lambda:
         ["nocomm", "sync", "layerwise", "delayed-1", "delayed-2"]
     )
-    seeds: list[int] = field(default_factory=lambda: [0])
-    iterations: int = 20
     nocomm_iterations: int = 10
     eval_every: int = 5
     skip: int = 4
@@ -86,83 +102,39 @@ class Params(base.Params):
     model_kw: dict[str, Any] = field(default_factory=lambda:
         {"conv_channels": [64, 256], "fc_width": 1024}
     )
-    batch_size: int = 64
     lr: float = 0.005
     momentum: float = 0.9
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    alpha_s: float = 0.001
     comm_ratio: float = 2.0
-    bandwidth_Bps: float | None = None
-    ports: str = "single"
-    algorithm: str = "ring"
     bucket_mb: float = 4.0
     target_acc: float = 70.0
     calib_iters: int = 6
-    timeout_s: float = 600.0
-    switch_interval_s: float = 0.0001
-    backend: str = "gloo"
-    dataset: str = "digits"
-    data_root: str | None = None
 
     def validate(self) -> None:
+        super().validate()
         p = self
-        T.check_backend(p)
-        T.positive_int(p, "world_size", "iterations", "nocomm_iterations", "batch_size", "calib_iters")
-        T.require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+        positive_int(p, "nocomm_iterations")
         methods = list(p["methods"])
-        T.require(
+        require(
             "sync" in methods and len(set(methods)) == len(methods),
             "methods",
             methods,
             "must list distinct methods including 'sync' (the baseline)",
         )
-        for m in methods:
-            try:
-                T.parse_method(m)
-            except ValueError as exc:
-                raise ValueError(f"parameter methods={methods!r}: {exc}") from None
-        T.require(
-            len(p["seeds"]) >= 1
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
-            and len(set(p["seeds"])) == len(p["seeds"]),
-            "seeds",
-            p["seeds"],
-            "must be a non-empty list of distinct ints",
+        parse_methods(methods)
+        require(
+            0 <= p["skip"] < p["nocomm_iterations"],
+            "skip",
+            p["skip"],
+            f"must be below nocomm_iterations={p['nocomm_iterations']}",
         )
-        T.require(
-            isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
-            "eval_every",
-            p["eval_every"],
-            "must be an int in [0, iterations]",
-        )
-        for name in ("iterations", "nocomm_iterations"):
-            T.require(0 <= p["skip"] < p[name], "skip", p["skip"], f"must be below {name}={p[name]}")
-        T.positive_float(p, "alpha_s", "comm_ratio", "bucket_mb", "timeout_s", "switch_interval_s")
-        T.require(
-            p["bandwidth_Bps"] is None
-            or (isinstance(p["bandwidth_Bps"], (int, float)) and p["bandwidth_Bps"] > 0),
-            "bandwidth_Bps",
-            p["bandwidth_Bps"],
-            "must be None (chosen from comm_ratio) or > 0",
-        )
-        T.require(
+        positive_float(p, "bucket_mb")
+        require(
             0 < p["target_acc"] <= 100,
             "target_acc",
             p["target_acc"],
             "must be a percentage in (0, 100]",
         )
-        T.require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
-        T.require(
-            p["algorithm"] in ("lp", "mst", "be", "ring"),
-            "algorithm",
-            p["algorithm"],
-            "must be one of lp, mst, be, ring (emulated algorithms)",
-        )
-        T.check_config(_config(p, p["seeds"][0], "sync"))
-        T.check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
-
+        check_config(_config(p, p["seeds"][0], "sync"))
 
 DEFAULTS = Params.defaults()
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
@@ -176,13 +148,13 @@ MODEL_OF = {
 
 
 def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return T.config(p, seed=seed, method=method, evaluate=method != "nocomm")
+    return config(p, seed=seed, method=method, evaluate=method != "nocomm")
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then every (seed, method) run in one pool."""
     p = Params.make(**params)
-    df = T.calibrate_and_train(
+    df = calibrate_and_train(
         p,
         _config,
         list(p["methods"]),
@@ -201,7 +173,7 @@ def _order(df: pd.DataFrame) -> list[str]:
 
 def batch_times(df: pd.DataFrame) -> pd.DataFrame:
     """Per method and seed: median steady time per batch T (and its parts C, M)."""
-    return T.median_times(T.steady(df, int(df["skip"].iloc[0])), ["method", "seed"])
+    return median_times(steady(df, int(df["skip"].iloc[0])), ["method", "seed"])
 
 
 def iterations_to_target(df: pd.DataFrame) -> pd.DataFrame:
@@ -212,7 +184,7 @@ def iterations_to_target(df: pd.DataFrame) -> pd.DataFrame:
     for (m, seed), g in ev.groupby(["method", "seed"], sort=False):
         if m == "nocomm":
             continue
-        it, wall = T.first_reach(g, target)
+        it, wall = first_reach(g, target)
         rows.append(
             {
                 "method": m,
@@ -221,7 +193,7 @@ def iterations_to_target(df: pd.DataFrame) -> pd.DataFrame:
                 "iterations": it,
                 "wall_s": wall,
                 "max_iteration": int(g["iteration"].max()),
-                "final_acc": float(g.loc[T.is_true(g["final"]), "accuracy"].iloc[0]),
+                "final_acc": float(g.loc[is_true(g["final"]), "accuracy"].iloc[0]),
             }
         )
     return pd.DataFrame(rows)
@@ -260,7 +232,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                     "reached": f"{int(reached.sum())}/{len(g)} (of {g['max_iteration'].max()})",
                     "s_to_target": g.loc[reached, "wall_s"].mean() if reached.any() else np.nan,
                     "final_acc_%": g["final_acc"].mean(),
-                    "rise_last_10%_points": T.accuracy_rise(df, m, 0.1),
+                    "rise_last_10%_points": accuracy_rise(df, m, 0.1),
                 }
             )
         rows.append(row)
@@ -355,10 +327,10 @@ def check_delayed_faster(df: pd.DataFrame, methods: list[str],
         check_delayed_faster(df, ["delayed-1", "delayed-2"], 1.0)
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
-    sync = T.step_samples(df, "sync")
+    sync = step_samples(df, "sync")
     parts, verdicts = [], []
     for m in methods:
-        r, lo, hi = claims.ratio(T.step_samples(df, m), sync)
+        r, lo, hi = claims.ratio(step_samples(df, m), sync)
         verdicts.append(claims.at_most(lo, hi, max_ratio))
         parts.append(f"{m} {claims.fmt_ci(r, lo, hi)}x sync")
     return claims.Verdict(
@@ -377,13 +349,13 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
         check_layerwise_not_slower(df, 1.0)
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
-    r, lo, hi = claims.ratio(T.step_samples(df, "layerwise"), T.step_samples(df, "sync"))
+    r, lo, hi = claims.ratio(step_samples(df, "layerwise"), step_samples(df, "sync"))
     return claims.Verdict(f"layerwise / sync {claims.fmt_ci(r, lo, hi)}x",
                           f"<= {max_ratio:g}x (95% interval)", claims.at_most(lo, hi, max_ratio))
 
 
 # C9.3: a delay of 2 costs accuracy at a fixed step budget (the paired comparison of E7's C7.3)
-check_stale_hurts = claims.check("e9_stale_hurts")(T.stale_hurts)
+check_stale_hurts = claims.check("e9_stale_hurts")(stale_hurts)
 
 
 if __name__ == "__main__":

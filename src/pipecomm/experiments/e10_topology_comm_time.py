@@ -44,9 +44,16 @@ import pandas as pd
 
 from pipecomm import claims, launch, stats
 from pipecomm.decentralized import topology
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import base
+from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._dadam_timing import (
+    bars_with_markers,
+    model_gossip_time,
+    rank_gossip_times,
+)
+from pipecomm.experiments._network import make_network, network_text
+from pipecomm.experiments._workloads import TASK_MODELS, workload_bucket_bytes
 
 ID = "E10"
 NOTEBOOK = "10_topology_comm_time"
@@ -78,11 +85,11 @@ class Params(base.Params):
 
     def validate(self) -> None:
         p = self
-        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-        D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_sizes", p["world_sizes"], rpn)
         if not p["models"] or not isinstance(p["models"], (list, tuple)):
             raise ValueError(f"parameter models must be a non-empty list, got {p['models']!r}")
-        known = ["timing", *D.TASK_MODELS]
+        known = ["timing", *TASK_MODELS]
         for m in p["models"]:
             if m not in known:
                 raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
@@ -96,9 +103,9 @@ class Params(base.Params):
                 f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
                 f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
             )
-        D.check_positive_int("warmup", p["warmup"], 0)
-        D.check_positive_int("iters", p["iters"])
-        D.make_network(p)  # validates the link parameters
+        check_int("warmup", p["warmup"], 0)
+        check_int("iters", p["iters"])
+        make_network(p)  # validates the link parameters
 
 
 DEFAULTS = Params.defaults()
@@ -107,9 +114,9 @@ DEFAULTS = Params.defaults()
 def run(**params: Any) -> pd.DataFrame:
     """Measure the gossip time of every step of every topology; add the cost model's time."""
     p = Params.make(**params)
-    net = D.make_network(p)
+    net = make_network(p)
     rpn = p["ranks_per_node"]
-    sizes = {m: D.workload_bucket_bytes(m) for m in p["models"]}
+    sizes = {m: workload_bucket_bytes(m) for m in p["models"]}
     rows = []
     for world in p["world_sizes"]:
         with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
@@ -117,7 +124,7 @@ def run(**params: Any) -> pd.DataFrame:
                 for topo_name in p["topologies"]:
                     topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)
                     per_rank = ranks.run(
-                        D.rank_gossip_times,
+                        rank_gossip_times,
                         sizes[model],
                         topo_name,
                         rpn,
@@ -140,14 +147,14 @@ def run(**params: Any) -> pd.DataFrame:
                                 "model_bytes": sum(sizes[model]),
                                 **{k: r[k] for k in ("time_s", "ci_lo_s", "ci_hi_s",
                                                      "repeats", "times_s")},
-                                "model_s": D.model_gossip_time(
+                                "model_s": model_gossip_time(
                                     groups, sizes[model], rpn, net, p["algorithm"]
                                 ),
                                 "spectral_gap": topo.spectral_gap(),
                                 "algorithm": p["algorithm"],
                                 "ranks_per_node": rpn,
                                 "backend": "gloo",
-                                "network": D.network_text(net, rpn),
+                                "network": network_text(net, rpn),
                             }
                         )
     return pd.DataFrame(rows)
@@ -197,7 +204,7 @@ def plot(df: pd.DataFrame, **params: Any):
     order = [SHORT[x] for x in TOPOLOGIES if SHORT[x] in set(t.topology)]
     for ax, model in zip(axes[0], models):
         sub = t[t.model == model]
-        D.bars_with_markers(
+        bars_with_markers(
             ax,
             sub.assign(ms=sub.measured_s * 1e3, model_ms=sub.model_s * 1e3),
             x="topology",

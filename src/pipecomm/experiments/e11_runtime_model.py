@@ -50,13 +50,23 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import claims, launch, stats
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import base
+from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._dadam_timing import (
+    bars_with_markers,
+    check_timing_workload,
+    method_name,
+    predict_training,
+    rank_time_training,
+)
+from pipecomm.experiments._network import DEFAULT_NETWORK, FLAT_NETWORK, make_network, network_text
+from pipecomm.experiments._workloads import timing_spec
 
 ID = "E11"
 NOTEBOOK = "11_runtime_model"
-NETWORKS = {"two-level": D.DEFAULT_NETWORK, "flat": D.FLAT_NETWORK}
+NETWORKS = {"two-level": DEFAULT_NETWORK, "flat": FLAT_NETWORK}
 
 
 @dataclass(frozen=True)
@@ -84,8 +94,8 @@ class Params(base.Params):
 
     def validate(self) -> None:
         p = self
-        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-        D.check_world_sizes("world_size", [p["world_size"]], rpn)
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_size", [p["world_size"]], rpn)
         for key in ("compute_scales", "compute_cvs"):
             v = p[key]
             if not isinstance(v, (list, tuple)) or any(
@@ -103,7 +113,7 @@ class Params(base.Params):
                 raise ValueError(
                     f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
                 )
-        D.check_timing_workload(p)
+        check_timing_workload(p)
 
 
 DEFAULTS = Params.defaults()
@@ -142,7 +152,7 @@ def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _spec(p: dict[str, Any], case: dict[str, Any], kind: str) -> dict[str, Any]:
-    return D.timing_spec(
+    return timing_spec(
         p["world_size"],
         ranks_per_node=p["ranks_per_node"],
         width=p["width"],
@@ -170,19 +180,19 @@ def run(**params: Any) -> pd.DataFrame:
     calib: dict[float, dict[str, Any]] = {}
     rows = []
     for net_name in dict.fromkeys(c["net"] for c in todo):
-        net = D.make_network(NETWORKS[net_name])
+        net = make_network(NETWORKS[net_name])
         with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
             for case in (c for c in todo if c["net"] == net_name):
                 scale = case["compute_scale"]
                 if scale not in calib:  # a separate, compute-only run (no communication)
                     spec = _spec(p, case, "allreduce")
-                    calib[scale] = D.summarize_calibration(
-                        ranks.run(D.rank_calibrate_compute, spec, timeout_s=p["timeout_s"])
+                    calib[scale] = summarize_buckets(
+                        ranks.run(rank_calibrate_buckets, spec, timeout_s=p["timeout_s"])
                     )
                 for kind in ("allreduce", "decentralized"):
                     spec = _spec(p, case, kind)
-                    res = ranks.run(D.rank_time_training, spec, timeout_s=p["timeout_s"])[0]
-                    pred = D.predict_training(spec, calib[scale], net)
+                    res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                    pred = predict_training(spec, calib[scale], net)
                     rows.append(
                         {
                             "factor": case["factor"],
@@ -190,7 +200,7 @@ def run(**params: Any) -> pd.DataFrame:
                             "compute_scale": scale,
                             "compute_cv": case["compute_cv"],
                             "kind": kind,
-                            "method": D.method_name(kind, p["topology"]),
+                            "method": method_name(kind, p["topology"]),
                             "topology": None if kind == "allreduce" else p["topology"],
                             "measured_s": res["iteration_s"],
                             "predicted_s": pred["iteration_s"],
@@ -202,7 +212,7 @@ def run(**params: Any) -> pd.DataFrame:
                             "ranks_per_node": rpn,
                             "world_size": world,
                             "backend": "gloo",
-                            "network": D.network_text(net, rpn),
+                            "network": network_text(net, rpn),
                         }
                     )
     df = pd.DataFrame(rows)
@@ -257,7 +267,7 @@ def plot(df: pd.DataFrame, **params: Any):
     ax0.legend(fontsize=7)
     cases_order = list(dict.fromkeys(d.case))
     methods = list(dict.fromkeys(d.method))
-    D.bars_with_markers(
+    bars_with_markers(
         ax1,
         d,
         x="case",

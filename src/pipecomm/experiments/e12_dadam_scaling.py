@@ -45,9 +45,18 @@ from typing import Any
 import pandas as pd
 
 from pipecomm import claims, launch, stats
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import base
+from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._dadam_timing import (
+    check_timing_workload,
+    method_name,
+    predict_training,
+    rank_time_training,
+)
+from pipecomm.experiments._network import make_network, network_text
+from pipecomm.experiments._workloads import timing_spec
 
 ID = "E12"
 NOTEBOOK = "12_dadam_scaling"
@@ -82,15 +91,15 @@ class Params(base.Params):
 
     def validate(self) -> None:
         p = self
-        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-        D.check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_sizes", p["world_sizes"], rpn)
         if not isinstance(p["topologies"], (list, tuple)):
             raise ValueError(f"parameter topologies must be a list, got {p['topologies']!r}")
         for t in p["topologies"]:
             if t not in TOPOLOGIES:
                 raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-        D.check_timing_workload(p, "compute_cv")
-        D.make_network(p)
+        check_timing_workload(p, "compute_cv")
+        make_network(p)
 
 
 DEFAULTS = Params.defaults()
@@ -100,11 +109,11 @@ def run(**params: Any) -> pd.DataFrame:
     """For every world size: calibrate compute, then time AllReduce and every topology."""
     p = Params.make(**params)
     rpn = p["ranks_per_node"]
-    net = D.make_network(p)
+    net = make_network(p)
     methods = [("allreduce", None)] + [("decentralized", t) for t in p["topologies"]]
     rows = []
     for world in p["world_sizes"]:
-        base = D.timing_spec(
+        base = timing_spec(
             world,
             ranks_per_node=rpn,
             width=p["width"],
@@ -120,16 +129,16 @@ def run(**params: Any) -> pd.DataFrame:
             calib_iters=p["calib_iters"],
         )
         with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
-            calib = D.summarize_calibration(
-                ranks.run(D.rank_calibrate_compute, base, timeout_s=p["timeout_s"])
+            calib = summarize_buckets(
+                ranks.run(rank_calibrate_buckets, base, timeout_s=p["timeout_s"])
             )
             for kind, topo in methods:
                 spec = dict(base, kind=kind, topology=topo or "complete")
-                res = ranks.run(D.rank_time_training, spec, timeout_s=p["timeout_s"])[0]
-                pred = D.predict_training(spec, calib, net)
+                res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                pred = predict_training(spec, calib, net)
                 rows.append(
                     {
-                        "method": D.method_name(kind, topo),
+                        "method": method_name(kind, topo),
                         "kind": kind,
                         "topology": topo,
                         "iteration_s": res["iteration_s"],
@@ -143,7 +152,7 @@ def run(**params: Any) -> pd.DataFrame:
                         "nodes": world // rpn,
                         "world_size": world,
                         "backend": "gloo",
-                        "network": D.network_text(net, rpn),
+                        "network": network_text(net, rpn),
                     }
                 )
     return pd.DataFrame(rows)

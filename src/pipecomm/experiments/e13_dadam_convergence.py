@@ -70,9 +70,18 @@ import torch.nn.functional as F
 
 from pipecomm import bench, claims, launch, results, schedules, stats
 from pipecomm.decentralized import AccumAdam, topology
-from pipecomm.experiments import _decentralized as D
 from pipecomm.experiments import base
+from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import check_backend, main
+from pipecomm.experiments._network import DEFAULT_NETWORK, make_network, network_text
+from pipecomm.experiments._trainers import make_trainer
+from pipecomm.experiments._workloads import (
+    TASK_BUCKET_MB,
+    batch_stream,
+    build_task_model,
+    corpus,
+    dataset,
+)
 
 ID = "E13"
 NOTEBOOK = "13_dadam_convergence"
@@ -115,8 +124,8 @@ class Params(base.Params):
 
     def validate(self) -> None:
         p = self
-        rpn = D.check_positive_int("ranks_per_node", p["ranks_per_node"])
-        D.check_world_sizes("world_size", [p["world_size"]], rpn)
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_size", [p["world_size"]], rpn)
         for key, allowed in (("tasks", list(TASKS)), ("methods", METHODS)):
             v = p[key]
             if not isinstance(v, (list, tuple)) or not v or any(x not in allowed for x in v):
@@ -129,12 +138,12 @@ class Params(base.Params):
                 raise ValueError(f"parameter {key} must be a non-empty list of distinct values, "
                                  f"got {v!r}")
         for s in p["seeds"]:
-            D.check_positive_int("seeds", s, 0)
+            check_int("seeds", s, 0)
         for k in p["accum_iters"]:
-            D.check_positive_int("accum_iters", k, 2)
+            check_int("accum_iters", k, 2)
         for key in ("digits_iterations", "lm_iterations", "eval_every", "digits_batch",
                     "lm_batch", "seq_len"):
-            D.check_positive_int(key, p[key])
+            check_int(key, p[key])
         for key in ("digits_lrs", "lm_lrs"):
             for lr in p[key]:
                 if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
@@ -198,11 +207,8 @@ def _optim(named: list, lr: float, accum: int, kind: str) -> torch.optim.Optimiz
     return torch.optim.Adam(params, lr=lr)
 
 
-@functools.lru_cache(maxsize=4)
 def _digits(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from pipecomm import data
-
-    return data.load_dataset("digits", split=split, seed=0)
+    return dataset("digits", split, 0)
 
 
 @functools.lru_cache(maxsize=4)
@@ -222,7 +228,7 @@ def eval_split(task: str, part: str, seq_len: int = 32) -> tuple[torch.Tensor, t
         idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(7))
         half = idx[: len(X) // 2] if part == "val" else idx[len(X) // 2 :]
         return X[half], y[half]
-    ids = D.corpus().val
+    ids = corpus().val
     half = len(ids) // 2
     ids = ids[:half] if part == "val" else ids[half:]
     n = (len(ids) - 1) // seq_len
@@ -240,20 +246,15 @@ def _evaluate(model: torch.nn.Module, task: str, part: str, seq_len: int) -> tup
 
 
 def _batches(task: str, cfg: dict[str, Any], rank: int, world: int):
-    """Endless minibatches for this rank: disjoint digits shards per epoch, or LM windows."""
-    from pipecomm import data
-
+    """Endless minibatches for this rank: disjoint digits shards per epoch
+    (:func:`~pipecomm.experiments._workloads.batch_stream`), or LM windows."""
     seed = cfg["seed"]
     if task == "digits":
-        X, y = _digits("train")
-        epoch = 0
-        while True:
-            idx = data.shard(len(X), rank, world, seed, epoch)
-            yield from data.batches(X, y, idx, cfg["digits_batch"], seed, epoch)
-            epoch += 1
+        yield from batch_stream({"dataset": "digits", "data_seed": 0, "data_root": None,
+                                 "seed": seed, "batch_size": cfg["digits_batch"]}, rank, world)
     g = torch.Generator().manual_seed(1_000_003 * seed + rank)
     while True:
-        yield D.corpus().batch(cfg["lm_batch"], cfg["seq_len"], g)
+        yield corpus().batch(cfg["lm_batch"], cfg["seq_len"], g)
 
 
 def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -264,29 +265,17 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
     the mean training loss of the window, the local model's validation loss and the rate; and
     the evaluation of the parameters averaged over all ranks at the end (val and test).
     """
-    from pipecomm.decentralized import DecentralizedDataParallel
-
     rank, world = dist.get_rank(), dist.get_world_size()
     task, method, lr = cfg["task"], cfg["method"], cfg["lr"]
     opt_kind, topo_name = _split(method)
     iterations = cfg[f"{task}_iterations"]
     device = launch.device()
-    model = D.build_task_model(TASKS[task], cfg["seed"]).to(device)
-    ar = ddp = None
-    if topo_name is None:
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        ar = D.AllReduceTrainer(model, opt, bucket_mb=D.TASK_BUCKET_MB, algorithm=cfg["algorithm"])
-        net = model
-    else:
-        topo = topology.get_topology(topo_name, world, ranks_per_node=cfg["ranks_per_node"])
-        ddp = DecentralizedDataParallel(
-            model,
-            functools.partial(_optim, lr=lr, accum=cfg["k"], kind=opt_kind),
-            topology=topo,
-            bucket_mb=D.TASK_BUCKET_MB,
-            algorithm=cfg["algorithm"],
-        )
-        opt, net = ddp.optimizer, ddp
+    model = build_task_model(TASKS[task], cfg["seed"]).to(device)
+    topo = None if topo_name is None else topology.get_topology(
+        topo_name, world, ranks_per_node=cfg["ranks_per_node"])
+    trainer = make_trainer(model, functools.partial(_optim, lr=lr, accum=cfg["k"], kind=opt_kind),
+                           topology=topo, bucket_mb=TASK_BUCKET_MB, algorithm=cfg["algorithm"])
+    opt = trainer.optimizer
     sched = schedules.build(opt, cfg["schedule"], total_steps=iterations,
                             warmup_steps=_warmup(cfg, iterations), min_ratio=cfg["min_lr_ratio"])
     batches = _batches(task, cfg, rank, world)
@@ -298,13 +287,11 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
             x, y = (b.to(device) for b in next(batches))
             rate = opt.param_groups[0]["lr"]
             t0 = time.perf_counter()
-            if ar is not None:
-                ar.zero_grad()
-            out = net(x)
+            trainer.zero_grad()
+            out = trainer.module(x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
             loss.backward()
-            if ar is not None:
-                ar.step()
+            trainer.step()
             bench.synchronize(device)
             elapsed += time.perf_counter() - t0
             schedules.step(sched)
@@ -313,18 +300,11 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
                 val = _evaluate(model, task, "val", cfg["seq_len"])[0]
                 evals.append((it, elapsed, float(np.mean(window)), val, rate))
                 window = []
-        if ddp is not None:
-            with ddp.averaged() as avg:
-                final = (*_evaluate(avg, task, "val", cfg["seq_len"]),
-                         *_evaluate(avg, task, "test", cfg["seq_len"]))
-        else:
-            final = (*_evaluate(model, task, "val", cfg["seq_len"]),
-                     *_evaluate(model, task, "test", cfg["seq_len"]))
+        with trainer.averaged() as avg:
+            final = (*_evaluate(avg, task, "val", cfg["seq_len"]),
+                     *_evaluate(avg, task, "test", cfg["seq_len"]))
     finally:
-        if ddp is not None:
-            ddp.close()
-        if ar is not None:
-            ar.close()
+        trainer.close()
     return {"rank": rank, "evals": evals, "final": final}
 
 
@@ -338,7 +318,7 @@ def data_seen(p: dict[str, Any], task: str) -> tuple[int, float]:
     if task == "digits":
         n, size = iters * world * p["digits_batch"], len(_digits("train")[0])
     else:
-        n, size = iters * world * p["lm_batch"] * p["seq_len"], len(D.corpus().train)
+        n, size = iters * world * p["lm_batch"] * p["seq_len"], len(corpus().train)
     return n, n / size
 
 
@@ -362,9 +342,9 @@ def run(**params: Any) -> pd.DataFrame:
     selected rate on the other seeds; tidy rows of curves and final metrics."""
     p = Params.make(**params)
     rpn, world = p["ranks_per_node"], p["world_size"]
-    net = D.make_network(D.DEFAULT_NETWORK) if p["emulated"] else None
+    net = make_network(DEFAULT_NETWORK) if p["emulated"] else None
     algorithm = "ring" if p["emulated"] else "torch"
-    netname = D.network_text(net, rpn)
+    netname = network_text(net, rpn)
     confs = configurations(p)
     seeds = [int(s) for s in p["seeds"]]
     total = sum(len(confs) * (len(p[f"{t}_lrs"]) + len(seeds) - 1) for t in p["tasks"])
