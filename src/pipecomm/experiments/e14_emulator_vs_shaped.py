@@ -60,8 +60,9 @@ class Params(base.Params):
         "broadcast": ["lp", "mst", "be", "ring"], "allreduce": ["lp", "be", "ring"]})
     iters: int = 5
     warmup: int = 1
-    link_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
+    link_sizes: list[int] = field(default_factory=lambda: [4 << 10, 1 << 20, 4 << 20])
     link_iters: int = 5
+    min_block_bytes: int = 256 << 10
     timeout_s: float = 600.0
 
     def validate(self) -> None:
@@ -86,7 +87,8 @@ class Params(base.Params):
             if not algs or any(a not in ALGORITHMS for a in algs):
                 raise ValueError(f"parameter cases[{op!r}] must list algorithms from "
                                  f"{ALGORITHMS}, got {algs!r}")
-        for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1)):
+        for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1),
+                              ("min_block_bytes", 1024)):
             if self[name] < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got {self[name]!r}")
         if not self.timeout_s > 0:
@@ -121,29 +123,31 @@ def fit_link(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return float(alpha), float(1.0 / beta)
 
 
-def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: float
-                ) -> list[dict[str, Any]]:
-    """The points with LP's block size: the alpha-beta optimum on the fitted link (the same on
-    both networks, so both run the same schedule).
+def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: float,
+                min_block_bytes: int) -> list[dict[str, Any]]:
+    """The points with LP's block size: the alpha-beta optimum on the fitted link, at least
+    ``min_block_bytes`` (the same on both networks, so both run the same schedule; the floor
+    keeps every message bandwidth-dominated and within what the host can deliver at p = 8).
 
     Example::
 
-        with_blocks(plan(Params.make()), 1e-4, 47e6)[0]["block_bytes"]
+        with_blocks(plan(Params.make()), 1e-4, 47e6, 256 << 10)[0]["block_bytes"]
     """
     link = cost.LinkModel.from_bandwidth(alpha_s, bandwidth_Bps)
-    return [dict(pt, block_bytes=cost.lp_optimal_block_bytes(pt["op"], pt["nbytes"], pt["p"], link))
-            if pt["algorithm"] == "lp" else dict(pt) for pt in points]
+    return [dict(pt, block_bytes=cost.lp_optimal_block_bytes(
+        pt["op"], pt["nbytes"], pt["p"], link, min_bytes=min_block_bytes))
+        if pt["algorithm"] == "lp" else dict(pt) for pt in points]
 
 
-def _shaped_rank(points: list[dict[str, Any]], link_sizes: list[int], link_iters: int
-                 ) -> dict[str, Any]:
+def _shaped_rank(points: list[dict[str, Any]], link_sizes: list[int], link_iters: int,
+                 min_block_bytes: int) -> dict[str, Any]:
     """On every rank of the cluster: calibrate node 0 -> node 1, fit it (rank 0, shared with
     all), then time every point with LP's blocks from the fit."""
     link = cluster.link_bandwidth(link_sizes, link_iters)
     fitted = [fit_link(link) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
     alpha_s, bandwidth_Bps = fitted[0]
-    rows = sweep.measure_points(with_blocks(points, alpha_s, bandwidth_Bps))
+    rows = sweep.measure_points(with_blocks(points, alpha_s, bandwidth_Bps, min_block_bytes))
     return {"link": link, "alpha_s": alpha_s, "bandwidth_Bps": bandwidth_Bps, "points": rows}
 
 
@@ -157,11 +161,11 @@ def run(**params: Any) -> pd.DataFrame:
     points = plan(p)
     with cluster.VirtualCluster(p.world_size, 1, p.bandwidth_Bps) as c:
         shaped = c.run(_shaped_rank, points, list(p.link_sizes), p.link_iters,
-                       timeout_s=p.timeout_s)[0]
+                       p.min_block_bytes, timeout_s=p.timeout_s)[0]
         where = c.describe()
     alpha_s, bandwidth_Bps = shaped["alpha_s"], shaped["bandwidth_Bps"]
     net = netem.Network(alpha_s=alpha_s, bandwidth_Bps=bandwidth_Bps, ports="single")
-    blocked = with_blocks(points, alpha_s, bandwidth_Bps)
+    blocked = with_blocks(points, alpha_s, bandwidth_Bps, p.min_block_bytes)
     with launch.Ranks(p.world_size, network=net) as ranks:
         probe = sorted({pt.get("block_bytes") or pt["nbytes"] for pt in blocked})
         netem.check_host(ranks, probe, timeout_s=p.timeout_s)
@@ -177,6 +181,17 @@ def run(**params: Any) -> pd.DataFrame:
                                       network=net.describe(), **common),
     ]
     return pd.concat(frames, ignore_index=True)
+
+
+def size_text(nbytes: float) -> str:
+    """``"4 KiB"``, ``"16 MiB"``: a message size for tables.
+
+    Example::
+
+        size_text(1 << 20)   # '1 MiB'
+    """
+    n = int(nbytes)
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:g} KiB"
 
 
 def compare(df: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:
@@ -206,12 +221,12 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     """The link record (achieved vs configured rate per size) and the per-point comparison."""
     link = df[df.section == "link"]
     rec = pd.DataFrame({
-        "what": [f"link {int(n) >> 20} MiB" for n in link.nbytes],
+        "what": [f"link {size_text(n)}" for n in link.nbytes],
         "value": [f"{a / 1e6:.1f} MB/s of {c / 1e6:.0f} ({a / c:.3f})"
                   for a, c in zip(link.achieved_Bps, link.bandwidth_Bps)]})
     cmp = compare(df)
     pts = pd.DataFrame({
-        "what": [f"{r.op} {r.algorithm} {int(r.nbytes) >> 20} MiB, p={int(r.world_size)}"
+        "what": [f"{r.op} {r.algorithm} {size_text(r.nbytes)}, p={int(r.world_size)}"
                  for r in cmp.itertuples()],
         "value": [f"shaped {r.shaped_s * 1e3:.1f} ms, emulated {r.emulated_s * 1e3:.1f} ms, "
                   f"error {claims.fmt_ci(r.error, r.error_lo, r.error_hi, '+.1%')}"
@@ -282,8 +297,8 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
     w = cmp.iloc[int(np.argmax(np.abs(cmp.error.to_numpy())))]
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (claims.PASS, claims.INCONCLUSIVE,
                                                             claims.FAIL) if verdicts.count(v))
-    text = (f"worst {claims.fmt_ci(w.error, w.error_lo, w.error_hi, '+.1%')} ({w.op} "
-            f"{w.algorithm}, {int(w.nbytes) >> 20} MiB, p={int(w.world_size)}); bias "
+    text = (f"worst {claims.fmt_ci(w['error'], w['error_lo'], w['error_hi'], '+.1%')} "
+            f"({w['op']} {w['algorithm']}, {size_text(w['nbytes'])}, p={int(w['world_size'])}); bias "
             f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(cmp))}/{len(cmp)} same sign; "
             f"points: {counts}")
     return claims.Verdict(text, f"|emulated / shaped - 1| <= {tolerance:.0%} at every point "
