@@ -112,7 +112,8 @@ def test_bad_parameters_name_the_parameter(bad):
         e6.run(**bad)
 
 
-def test_tiny_run():
+def test_tiny_run(monkeypatch):
+    monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
     df = e6.run(
         pools=[[2, 1e9]],
         batch_sizes=[8],

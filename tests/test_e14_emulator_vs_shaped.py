@@ -117,6 +117,7 @@ def test_small_run_on_a_shaped_cluster():
     # both networks ran LP with the same block size, from the same fitted link
     lp = col[col.algorithm == "lp"]
     assert lp.block_bytes.nunique() == 1 and df.fit_bandwidth_Bps.nunique() == 1
+    assert df.chain_Bps.iloc[0] > 0.5 * df.fit_bandwidth_Bps.iloc[0]  # the host probe ran
     cmp = e14.compare(df)
     assert len(cmp) == 2 and cmp.shaped_s.gt(0).all()
     assert not cluster.cleanup_stale()  # nothing left behind

@@ -71,6 +71,7 @@ __all__ = [
     "available",
     "cleanup_stale",
     "current",
+    "chain_bandwidth",
     "link_bandwidth",
     "measure_bandwidth",
     "experiment_module",
@@ -758,6 +759,38 @@ def link_bandwidth(sizes: Sequence[int], iters: int = 3, src: int = 0, dst: int 
                      "bandwidth_Bps": n / times[len(times) // 2]})
     dist.barrier()
     return rows[1:] if rank == src else []
+
+
+def chain_bandwidth(nbytes: int, iters: int = 3) -> float:
+    """Rank function: every rank ``i`` sends ``nbytes`` to rank ``i + 1`` while receiving from
+    ``i - 1``, all links busy at once; the achieved rate per link (B/s, median over ``iters``,
+    the same on every rank). Against :func:`link_bandwidth` (one link alone) it says whether the
+    host carries every shaped link at once: the kernel's copies and shaping of p concurrent
+    flows share the host's cores, and a shaped network the host cannot carry measures the host.
+
+    Example::
+
+        rate = c.run(cluster.chain_bandwidth, 4 << 20)[0]
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    into = torch.zeros(nbytes, dtype=torch.uint8)
+    times = []
+    for i in range(iters + 1):  # the first opens the connections, not counted
+        dist.barrier()
+        start = time.perf_counter()
+        works = ([dist.isend(out, rank + 1)] if rank + 1 < world else []) + (
+            [dist.irecv(into, rank - 1)] if rank > 0 else [])
+        for w in works:
+            w.wait()
+        dist.barrier()
+        if i:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return nbytes / times[len(times) // 2]
 
 
 def measure_bandwidth(

@@ -53,12 +53,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
+import os
 import threading
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -76,6 +79,7 @@ __all__ = [
     "clock",
     "current",
     "deactivate",
+    "pool",
     "reset_stats",
     "setup",
     "stats",
@@ -85,6 +89,7 @@ __all__ = [
 
 PORTS = ("single", "per-neighbor")
 _LOCK_TIMEOUT_S = 60.0
+SKIP_CHECK_ENV = "PIPECOMM_SKIP_HOST_CHECK"  # set: netem.pool does not probe the host (tests)
 MAX_LAG_S = 0.02  # most lateness a rank is forgiven; the port table keeps this much past
 
 
@@ -829,6 +834,34 @@ def check_host(
     if not ok and raise_error:
         raise HostTooSlow(message)
     return result
+
+
+@contextlib.contextmanager
+def pool(world_size: int, network: Network, smallest_bytes: int, *,
+         ranks_per_node: int | None = None, timeout_s: float = 120.0) -> Iterator[Any]:
+    """A local rank pool on the emulated ``network`` that is known to be valid: before anything
+    is measured, :func:`check_host` probes this host at this p with the smallest message the
+    measurement sends (``smallest_bytes``) and with 1 MiB, and raises :class:`HostTooSlow`
+    (naming the link parameter to relax) when a real transfer is slower than the emulated one.
+    ``PIPECOMM_SKIP_HOST_CHECK=1`` skips the probe with a warning (the tests' tiny end-to-end runs
+    on fast links check plumbing, not timing).
+
+    Example::
+
+        with netem.pool(8, net, smallest_bytes=64 << 10) as ranks:
+            rows = ranks.run(sweep.measure_points, points)[0]
+    """
+    from pipecomm import launch
+
+    sizes = sorted({max(1, int(smallest_bytes)), 1 << 20})
+    with launch.Ranks(world_size, network=network, ranks_per_node=ranks_per_node) as ranks:
+        if os.environ.get(SKIP_CHECK_ENV, "") in ("", "0"):
+            check_host(ranks, sizes, timeout_s=timeout_s)
+        else:
+            warnings.warn(f"{SKIP_CHECK_ENV} is set: the emulated network ({network.describe()})"
+                          f" was not checked against this host; its timings may be the host's",
+                          stacklevel=3)
+        yield ranks
 
 
 # --------------------------------------------------------------------------- counters

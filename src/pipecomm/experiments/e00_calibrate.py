@@ -164,7 +164,7 @@ def run(**params: Any) -> pd.DataFrame:
         net = netem.Network(alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"])
         emu_sizes = message_sizes(p["sizes_min"], p["emu_sizes_max"], p["size_factor"])
         for world in p["emu_world_sizes"]:
-            with launch.Ranks(world, network=net) as ranks:
+            with netem.pool(world, net, min(emu_sizes), timeout_s=p["timeout_s"]) as ranks:
                 per_rank = ranks.run(_measure_rank, emu_sizes, p["iters"], p["warmup"], 0,
                                      timeout_s=p["timeout_s"])
             frames.append(pd.DataFrame([r for rows in per_rank for r in rows]).assign(

@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipecomm import bench, claims, collectives, cost, launch, stats
+from pipecomm import bench, claims, collectives, cost, launch, netem, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import (
@@ -354,7 +354,8 @@ def run(**params: Any) -> pd.DataFrame:
         ]
         if not points:
             continue
-        with launch.Ranks(p["world_size"], network=net) as ranks:
+        smallest = min(pt["nbytes"] for pt in points) // p["world_size"]  # a BE / ring chunk
+        with netem.pool(p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
             out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
         d = pd.DataFrame(out[0])
         d["model_s"] = [

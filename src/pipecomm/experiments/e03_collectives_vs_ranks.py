@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, stats
+from pipecomm import claims, cost, netem, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import (
@@ -151,7 +151,9 @@ def run(**params: Any) -> pd.DataFrame:
         for q in ws
         for a in p["algorithms"]
     ]
-    with launch.Ranks(max(ws), network=net) as ranks:
+    smallest = min(p["nbytes"] // max(ws),  # a BE / ring chunk, or LP's block
+                   cost.lp_optimal_block_bytes(p["op"], p["nbytes"], max(ws), link))
+    with netem.pool(max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
         out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
     df = pd.DataFrame(out[0])
     df["model_s"] = [

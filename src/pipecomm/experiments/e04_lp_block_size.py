@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, stats
+from pipecomm import claims, cost, netem, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 from pipecomm.sweep import ALG_COLORS, check_link_params, network
@@ -225,7 +225,8 @@ def run(**params: Any) -> pd.DataFrame:
     net = network(p)
     pl = plan(**params)
     points = pl.drop(columns="model_s").to_dict("records")
-    with launch.Ranks(p["world_size"], network=net) as ranks:
+    smallest = int(pl.block_bytes.min())
+    with netem.pool(p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
         out = ranks.run(
             measure_blocks, points, p["nbytes"], p["warmup"], p["iters"], timeout_s=p["timeout_s"]
         )

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, netem, stats, timing_model, vocab
+from pipecomm import claims, cost, netem, stats, timing_model, vocab
 from pipecomm.experiments._calibration import rank_calibrate_step, summarize_step
 from pipecomm.experiments._checks import require
 from pipecomm.experiments._cli import main
@@ -163,7 +163,8 @@ def run(**params: Any) -> pd.DataFrame:
         net = netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=float(bw), ports=p["ports"])
         link = cost.link_from_network(net)
         rows: list[dict[str, Any]] = []
-        with launch.Ranks(world, network=net) as ranks:
+        ring_chunk = gradient_bytes(_config(p, p["batch_sizes"][0], "sync")) // world
+        with netem.pool(world, net, ring_chunk, timeout_s=p["timeout_s"]) as ranks:
             for batch in p["batch_sizes"]:
                 nbytes = gradient_bytes(_config(p, batch, "sync"))
                 cal = summarize_step(

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, launch, stats
+from pipecomm import claims, netem, stats
 from pipecomm.decentralized import topology
 from pipecomm.experiments import base
 from pipecomm.experiments._checks import check_int, check_world_sizes
@@ -119,7 +119,9 @@ def run(**params: Any) -> pd.DataFrame:
     sizes = {m: workload_bucket_bytes(m) for m in p["models"]}
     rows = []
     for world in p["world_sizes"]:
-        with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+        smallest = min(min(b) for b in sizes.values()) // world  # a ring chunk
+        with netem.pool(world, net, smallest, ranks_per_node=rpn,
+                        timeout_s=p["timeout_s"]) as ranks:
             for model in p["models"]:
                 for topo_name in p["topologies"]:
                     topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, launch, stats
+from pipecomm import claims, netem, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
 from pipecomm.experiments._checks import check_int, check_world_sizes
@@ -181,7 +181,9 @@ def run(**params: Any) -> pd.DataFrame:
     rows = []
     for net_name in dict.fromkeys(c["net"] for c in todo):
         net = make_network(NETWORKS[net_name])
-        with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
+        with netem.pool(world, net, layer_chunk, ranks_per_node=rpn,
+                        timeout_s=p["timeout_s"]) as ranks:
             for case in (c for c in todo if c["net"] == net_name):
                 scale = case["compute_scale"]
                 if scale not in calib:  # a separate, compute-only run (no communication)

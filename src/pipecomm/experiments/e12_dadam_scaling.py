@@ -44,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipecomm import claims, launch, stats
+from pipecomm import claims, netem, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
 from pipecomm.experiments._checks import check_int, check_world_sizes
@@ -128,7 +128,9 @@ def run(**params: Any) -> pd.DataFrame:
             block_iters=p["block_iters"],
             calib_iters=p["calib_iters"],
         )
-        with launch.Ranks(world, network=net, ranks_per_node=rpn) as ranks:
+        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
+        with netem.pool(world, net, layer_chunk, ranks_per_node=rpn,
+                        timeout_s=p["timeout_s"]) as ranks:
             calib = summarize_buckets(
                 ranks.run(rank_calibrate_buckets, base, timeout_s=p["timeout_s"])
             )

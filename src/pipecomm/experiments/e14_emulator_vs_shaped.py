@@ -9,13 +9,17 @@ TCP stack and its token-bucket shaper -- and compares:
    (one rank per network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by
    ``tc tbf``), one torchrun agent per node. First the link is calibrated (node 0 -> node 1,
    :func:`pipecomm.cluster.link_bandwidth`: achieved vs configured rate per size) and fitted with
-   the alpha-beta model (:func:`pipecomm.cost.fit_alpha_beta`); then every collective point is
-   timed (:func:`pipecomm.sweep.measure_points`, common start instant, every repeat kept).
+   the alpha-beta model (:func:`pipecomm.cost.fit_alpha_beta`); the host must carry every link
+   at once (:func:`pipecomm.cluster.chain_bandwidth`, all nodes sending: at least
+   ``HOST_MARGIN`` of one link's rate, else the run is refused: the kernel's work for p
+   concurrent flows shares the host's cores, and a network the host cannot carry measures the
+   host); then every collective point is timed (:func:`pipecomm.sweep.measure_points`, common
+   start instant, every repeat kept).
 2. **emulated**: a local pool of the same p on :class:`pipecomm.netem.Network` configured with
    the *fitted* alpha and bandwidth of that link (what a user of the emulator does: calibrate the
-   link, then emulate it), after :func:`pipecomm.netem.check_host` confirmed the host can deliver
-   it. The same points with the same LP block sizes (the alpha-beta optimum on the fitted link,
-   :func:`pipecomm.cost.lp_optimal_block_bytes`).
+   link, then emulate it), opened by :func:`pipecomm.netem.pool` (the host must deliver it). The
+   same points with the same LP block sizes (the alpha-beta optimum on the fitted link,
+   :func:`pipecomm.cost.lp_optimal_block_bytes`, no smaller than ``min_block_bytes``).
 
 Claim C14.1 compares every point of at least ``min_bytes`` (bandwidth-dominated: latency cannot
 be added to the shaped links, the kernel here has no ``netem`` qdisc): signed error
@@ -38,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch.distributed as dist
 
-from pipecomm import claims, cluster, cost, launch, netem, stats, sweep
+from pipecomm import claims, cluster, cost, netem, stats, sweep
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
 
@@ -46,6 +50,7 @@ ID = "E14"
 NOTEBOOK = "14_emulator_vs_shaped"
 OPS = ("broadcast", "allreduce")
 ALGORITHMS = ("lp", "mst", "be", "ring")
+HOST_MARGIN = 0.9  # every link busy at once must keep this much of one link's rate
 
 
 @dataclass(frozen=True)
@@ -140,15 +145,25 @@ def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: flo
 
 
 def _shaped_rank(points: list[dict[str, Any]], link_sizes: list[int], link_iters: int,
-                 min_block_bytes: int) -> dict[str, Any]:
+                 min_block_bytes: int, configured_Bps: float) -> dict[str, Any]:
     """On every rank of the cluster: calibrate node 0 -> node 1, fit it (rank 0, shared with
-    all), then time every point with LP's blocks from the fit."""
+    all), check that the host carries every link at once (``cluster.chain_bandwidth`` at least
+    ``HOST_MARGIN`` of the lone link's rate, else the run is refused with the bandwidth to use),
+    then time every point with LP's blocks from the fit."""
     link = cluster.link_bandwidth(link_sizes, link_iters)
     fitted = [fit_link(link) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
     alpha_s, bandwidth_Bps = fitted[0]
+    chain = cluster.chain_bandwidth(max(link_sizes), link_iters)
+    if chain < HOST_MARGIN * bandwidth_Bps:  # every rank sees the same numbers: all raise
+        raise cluster.ClusterError(
+            f"this host cannot carry {dist.get_world_size()} shaped links at once: each moved "
+            f"{chain / 1e6:.1f} MB/s with all busy against {bandwidth_Bps / 1e6:.1f} MB/s alone "
+            f"(< {HOST_MARGIN:.0%}); lower bandwidth_Bps to about "
+            f"{0.8 * chain / bandwidth_Bps * configured_Bps:.3g} B/s, or world_size")
     rows = sweep.measure_points(with_blocks(points, alpha_s, bandwidth_Bps, min_block_bytes))
-    return {"link": link, "alpha_s": alpha_s, "bandwidth_Bps": bandwidth_Bps, "points": rows}
+    return {"link": link, "alpha_s": alpha_s, "bandwidth_Bps": bandwidth_Bps, "points": rows,
+            "chain_Bps": chain}
 
 
 def run(**params: Any) -> pd.DataFrame:
@@ -161,17 +176,17 @@ def run(**params: Any) -> pd.DataFrame:
     points = plan(p)
     with cluster.VirtualCluster(p.world_size, 1, p.bandwidth_Bps) as c:
         shaped = c.run(_shaped_rank, points, list(p.link_sizes), p.link_iters,
-                       p.min_block_bytes, timeout_s=p.timeout_s)[0]
+                       p.min_block_bytes, p.bandwidth_Bps, timeout_s=p.timeout_s)[0]
         where = c.describe()
     alpha_s, bandwidth_Bps = shaped["alpha_s"], shaped["bandwidth_Bps"]
     net = netem.Network(alpha_s=alpha_s, bandwidth_Bps=bandwidth_Bps, ports="single")
     blocked = with_blocks(points, alpha_s, bandwidth_Bps, p.min_block_bytes)
-    with launch.Ranks(p.world_size, network=net) as ranks:
-        probe = sorted({pt.get("block_bytes") or pt["nbytes"] for pt in blocked})
-        netem.check_host(ranks, probe, timeout_s=p.timeout_s)
+    smallest = min(min(pt.get("block_bytes") or pt["nbytes"], pt["nbytes"] // p.world_size)
+                   for pt in blocked)
+    with netem.pool(p.world_size, net, smallest, timeout_s=p.timeout_s) as ranks:
         emulated = ranks.run(sweep.measure_points, blocked, timeout_s=p.timeout_s)[0]
     common = {"bandwidth_Bps": p.bandwidth_Bps, "fit_alpha_s": alpha_s,
-              "fit_bandwidth_Bps": bandwidth_Bps}
+              "fit_bandwidth_Bps": bandwidth_Bps, "chain_Bps": shaped["chain_Bps"]}
     link = pd.DataFrame(shaped["link"]).rename(columns={"bandwidth_Bps": "achieved_Bps"})
     frames = [
         link.assign(section="link", world_size=2, network=where, **common),
