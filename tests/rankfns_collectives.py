@@ -629,3 +629,59 @@ def batched_posts():
     finally:
         _group.Comm.batched = saved
     return failures
+
+
+def duplex_routes():
+    """Each direction of a pair on its own connection: where messages toward lower ranks go."""
+    from pipecomm import launch
+    from pipecomm.collectives._group import make_comm
+
+    failures = []
+    world = launch.reverse_transport(None)
+    comm = launch.reverse_transport(launch.comm_group())
+    if world is None or comm is None or world[1] != 0 or comm[1] != 0 or world[0] is comm[0]:
+        failures.append(f"world / comm reverse transports wrong: {world}, {comm}")
+    sub = groups()[(1, 4, 6)]
+    tag = None
+    if dist.get_rank() in (1, 4, 6):
+        rev = make_comm((1, 4, 6), sub).reverse
+        if rev is None or rev[0] is not world[0] or rev[1] <= 0:
+            failures.append(f"subgroup reverse transport wrong: {rev}")
+        tag = rev[1] if rev else None
+        c = make_comm((1, 4, 6), sub)
+        for lower, want in ((True, rev), (False, (sub, 0))):
+            if c._route(lower) != want:
+                failures.append(f"route(lower={lower}) = {c._route(lower)}, want {want}")
+    return failures, tag
+
+
+def concurrent_groups(rounds: int, numel: int):
+    """Two threads on ranks 1 and 2 run synchronous LP allreduces on two groups that share
+    them at the same time: their reverse traffic shares one connection under different tags
+    and must never match the other group's messages (checked against the float64 oracle)."""
+    import threading
+
+    specs = [(0, 1, 2), (1, 2, 3)]
+    if specs[0] not in _GROUPS:  # on every rank, in the same order
+        for spec in specs:
+            _GROUPS[spec] = dist.new_group(list(spec))
+    gs = _GROUPS
+    mine = [s for s in specs if dist.get_rank() in s]
+    failures: list[str] = []
+
+    def work(spec):
+        for i in range(rounds):
+            x = make_input(1000 + i + 17 * spec[0], dist.get_rank(), numel, torch.float32)
+            C.allreduce(x, algorithm="lp", group=gs[spec], block_bytes=4096)
+            want, absum = oracle(1000 + i + 17 * spec[0], spec, numel, torch.float32, "sum")
+            bad = mismatch(x, want, absum, len(spec), "sum", torch.float32)
+            if bad:
+                failures.append(f"group {spec} round {i}: {bad}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in mine]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dist.barrier()
+    return failures

@@ -642,3 +642,16 @@ def test_under_emulated_network(pool):
         for kind, b in blocks.items():  # the default LP block comes from the emulated link
             assert b == cost.lp_optimal_block_bytes(kind, numel * 4, 4, link)
     assert blocks["allreduce"] != lp.default_block_bytes("allreduce", numel * 4, 4)
+
+
+@pytest.mark.timeout(240)
+def test_each_direction_of_a_pair_has_its_own_connection(pool):
+    results = pool(8).run(fns.duplex_routes, timeout_s=120)
+    _check(results)
+    tags = {r[1] for rank, r in enumerate(results) if rank in (1, 4, 6)}
+    assert len(tags) == 1 and None not in tags  # the members agree on the subgroup's tag
+
+
+@pytest.mark.timeout(240)
+def test_concurrent_collectives_on_groups_sharing_ranks(pool):
+    _check(pool(8).run(fns.concurrent_groups, 30, 5000, timeout_s=200))

@@ -54,6 +54,7 @@ __all__ = [
     "TorchrunJob",
     "check_gpus",
     "comm_group",
+    "reverse_transport",
     "device",
     "init_from_env",
     "local_world_size",
@@ -141,6 +142,7 @@ class RankInfo:
 # --------------------------------------------------------------------------- helpers in a rank
 
 _COMM_GROUP = None  # the process group that asynchronous collectives use (one per process)
+_REVERSE: dict[str, Any] = {}  # world-wide groups for the other direction of each pair (duplex)
 
 
 _PG_TIMEOUT: datetime.timedelta | None = None  # the world's timeout, reused for the comm group
@@ -166,8 +168,46 @@ def comm_group():
                 "torch.distributed is not initialised: start ranks with pipecomm.launch.spawn / "
                 "Ranks, or call pipecomm.launch.init_from_env() under torchrun"
             )
-        _COMM_GROUP = dist.new_group(backend=dist.get_backend(), timeout=_PG_TIMEOUT)
+        backend = dist.get_backend()
+        _COMM_GROUP = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
+        _REVERSE.clear()
+        if backend != "nccl":  # NCCL has its own channels per direction
+            _REVERSE["comm"] = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
+            _REVERSE["world"] = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
     return _COMM_GROUP
+
+
+def reverse_transport(transport: Any) -> tuple[Any, int] | None:
+    """Where pipecomm's messages to a *lower* global rank travel when ``transport`` carries
+    those to a higher one: ``(group, tag)``, or ``None`` (one group carries both directions).
+
+    On gloo one TCP connection per pair of ranks carries both directions of the pair, and a
+    send and a receive posted together on it often run one after the other instead of at once
+    (measured on shaped links, E14): half the link's duplex bandwidth is lost exactly where LP
+    allreduce, BE and two-rank rings send and receive between the same two ranks. So each
+    direction gets a connection of its own: a world-wide duplicate of the transport (created
+    with :func:`comm_group`, on every rank) carries the reverse direction; a subgroup's reverse
+    traffic shares the world's duplicate under a tag of its own, so concurrent collectives on
+    different groups never match each other's messages. Before :func:`comm_group` exists (a
+    process that initialised torch.distributed itself and has not used pipecomm's asynchronous
+    collectives yet) and on NCCL: ``None``.
+
+    Example::
+
+        launch.reverse_transport(None)   # (<world duplicate>, 0) in a pipecomm pool
+    """
+    import zlib
+
+    import torch.distributed as dist
+
+    if _COMM_GROUP is None or not _REVERSE:
+        return None
+    if transport is _COMM_GROUP:
+        return _REVERSE["comm"], 0
+    if transport is None or transport is dist.group.WORLD:
+        return _REVERSE["world"], 0
+    name = dist.distributed_c10d._get_process_group_name(transport)
+    return _REVERSE["world"], 1 + (zlib.crc32(name.encode()) & 0x3FFFFFFF)
 
 
 def device():
@@ -255,6 +295,7 @@ def _init_distributed(
         timeout=_PG_TIMEOUT,
     )
     _COMM_GROUP = None
+    _REVERSE.clear()
     comm_group()
 
 

@@ -6,7 +6,8 @@ Schedules address peers by *group index* (0..p-1, the order of
 the step to :func:`pipecomm.collectives.p2p.exchange`; :meth:`Comm.isend` / :meth:`Comm.irecv`
 post single messages for the progress engine (:mod:`._engine`) through
 :func:`pipecomm.collectives.p2p.post_send` / ``post_recv``. These are the only transports
-pipecomm's own algorithms use.
+pipecomm's own algorithms use. Messages toward a lower global rank travel on a connection of
+their own (:func:`pipecomm.launch.reverse_transport`), so both directions of a pair move at once.
 
 NCCL: a lone ``isend`` can wait for its matching receive on the GPU stream, so two ranks that
 each post a send before the receive from the other could deadlock. On an NCCL group the posts
@@ -41,10 +42,19 @@ class Comm:
     members: tuple[int, ...]
     index: int
     transport: dist.ProcessGroup | None
+    reverse: tuple[dist.ProcessGroup, int] | None = None  # (group, tag) toward lower ranks
 
     @property
     def size(self) -> int:
         return len(self.members)
+
+    def _route(self, lower: bool) -> tuple[dist.ProcessGroup | None, int]:
+        """Group and tag of a message that travels toward the lower global rank (``lower``)
+        or the higher one: each direction of a pair on a connection of its own
+        (:func:`pipecomm.launch.reverse_transport`)."""
+        if lower and self.reverse is not None:
+            return self.reverse
+        return self.transport, 0
 
     def exchange(
         self,
@@ -67,15 +77,19 @@ class Comm:
 
     def isend(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
         """Post the send of ``t`` to group index ``peer``; ``.wait()`` on the result."""
+        dst = self.members[peer]
         if self.batched:
-            return _batch(self.transport).add(dist.isend, t, self.members[peer])
-        return p2p.post_send(t, self.members[peer], self.transport)
+            return _batch(self.transport).add(dist.isend, t, dst)
+        group, tag = self._route(dst < self.members[self.index])
+        return p2p.post_send(t, dst, group, tag)
 
     def irecv(self, t: torch.Tensor, peer: int) -> p2p.Transfer | _Batched:
         """Post a receive into ``t`` from group index ``peer``; ``.wait()`` on the result."""
+        src = self.members[peer]
         if self.batched:
-            return _batch(self.transport).add(dist.irecv, t, self.members[peer])
-        return p2p.post_recv(t, self.members[peer], self.transport)
+            return _batch(self.transport).add(dist.irecv, t, src)
+        group, tag = self._route(self.members[self.index] < src)
+        return p2p.post_recv(t, src, group, tag)
 
 
 class _Batch:
@@ -144,5 +158,9 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
 
 
 def make_comm(members: tuple[int, ...], transport: dist.ProcessGroup | None) -> Comm:
-    """The :class:`Comm` of this rank in ``members`` (it must be one of them)."""
-    return Comm(members, members.index(dist.get_rank()), transport)
+    """The :class:`Comm` of this rank in ``members`` (it must be one of them), with the
+    transport of the reverse direction where there is one."""
+    from pipecomm import launch
+
+    return Comm(members, members.index(dist.get_rank()), transport,
+                launch.reverse_transport(transport))

@@ -181,12 +181,14 @@ class Transfer:
         )
 
 
-def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None) -> Transfer:
+def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
+              tag: int = 0) -> Transfer:
     """Post the send of a contiguous tensor to global rank ``dst`` now; wait on the result.
 
     The tensor must not change until the transfer has been waited. Under emulation the message
     is reserved on the emulated ports now (its deadline travels in front of it), as
-    :func:`exchange` does. Messages between two ranks arrive in the order they were posted.
+    :func:`exchange` does. Messages between two ranks with the same group and ``tag`` arrive in
+    the order they were posted.
 
     Example::
 
@@ -197,20 +199,21 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None)
     payload = _as_bytes(t, "sends", 0)
     emu = netem._emulator()
     if emu is None:
-        return Transfer([dist.isend(t.detach(), dst, group)], sent=payload.numel())
+        return Transfer([dist.isend(t.detach(), dst, group, tag)], sent=payload.numel())
     (deadline,) = emu.post([(int(dst), payload.numel())])
     if payload.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
         buf[_HEADER:].copy_(payload)
         buf[:_HEADER].view(torch.float64)[0] = deadline
-        works = [dist.isend(buf, dst, group)]
+        works = [dist.isend(buf, dst, group, tag)]
     else:
         head = torch.tensor([deadline], dtype=torch.float64, device=payload.device)
-        works = [dist.isend(head, dst, group), dist.isend(payload, dst, group)]
+        works = [dist.isend(head, dst, group, tag), dist.isend(payload, dst, group, tag)]
     return Transfer(works, deadline=deadline, sent=payload.numel())
 
 
-def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> Transfer:
+def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
+              tag: int = 0) -> Transfer:
     """Post the receive of global rank ``src``'s next message into a contiguous tensor.
 
     The tensor holds the message once the transfer has been waited (under emulation, no earlier
@@ -223,12 +226,13 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None)
     """
     target = _as_bytes(t, "recvs", 0)
     if netem._emulator() is None:
-        return Transfer([dist.irecv(t.detach(), src, group)], received=target.numel())
+        return Transfer([dist.irecv(t.detach(), src, group, tag)], received=target.numel())
     if target.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
         return Transfer(
-            [dist.irecv(buf, src, group)], head=buf, target=target, received=target.numel()
+            [dist.irecv(buf, src, group, tag)], head=buf, target=target,
+            received=target.numel(),
         )
     head = torch.empty(1, dtype=torch.float64, device=target.device)
-    works = [dist.irecv(head, src, group), dist.irecv(target, src, group)]
+    works = [dist.irecv(head, src, group, tag), dist.irecv(target, src, group, tag)]
     return Transfer(works, head=head, received=target.numel())
