@@ -20,7 +20,7 @@ gamma`` on the intra-node link for groups inside a node, on the inter-node link 
 number of streams sharing the busiest node uplink) for groups spanning nodes; alpha and beta are
 the emulated network's configured values, gamma E0's calibration (or its fallback).
 
-Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
 50 MB/s, single port (docs/network_model.md); gloo underneath. Claims (thresholds in
 artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2 AER's time
 against complete's.
@@ -76,9 +76,9 @@ class Params(base.Params):
     algorithm: str = "ring"
     warmup: int = 1
     iters: int = 2
-    intra_alpha_s: float = 0.001
+    intra_alpha_s: float = 0.003
     intra_bandwidth_Bps: float = 400000000.0
-    inter_alpha_s: float = 0.002
+    inter_alpha_s: float = 0.005
     inter_bandwidth_Bps: float = 50000000.0
     ports: str = 'single'
     timeout_s: float = 300.0

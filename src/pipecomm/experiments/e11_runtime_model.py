@@ -28,7 +28,7 @@ workload on the same ranks (no communication), the emulated network's configured
 bandwidth (intra and inter), gamma from E0 (or its fallback), the topology, and the same
 log-normal factors the measured run injects (same seed), summarised the same way.
 
-Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
 50 MB/s, single port; gloo underneath. Claim C11.1: the model's signed error
 in every configuration (threshold: artifact/claims.yaml).
 

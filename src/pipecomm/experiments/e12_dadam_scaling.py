@@ -23,7 +23,7 @@ cannot compute in parallel). Iteration time: median over blocks of ``block_iters
 (``bench.time_fn``: barrier, max over ranks) / ``block_iters``. Dashed lines: the runtime model
 (``runtime_model.simulate``) from a separate compute-only calibration and the configured links.
 
-Emulated network (cpu profile): 2 ranks per node, intra-node 1 ms / 400 MB/s, inter-node 2 ms /
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
 50 MB/s, single port; gloo underneath. The model's prediction for every method and world size is
 a column of the result's data.csv. Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration
 than AllReduce.
@@ -82,9 +82,9 @@ class Params(base.Params):
     block_iters: int = 3
     calib_iters: int = 3
     seed: int = 0
-    intra_alpha_s: float = 0.001
+    intra_alpha_s: float = 0.003
     intra_bandwidth_Bps: float = 400000000.0
-    inter_alpha_s: float = 0.002
+    inter_alpha_s: float = 0.005
     inter_bandwidth_Bps: float = 50000000.0
     ports: str = 'single'
     timeout_s: float = 300.0
