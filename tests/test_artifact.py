@@ -321,3 +321,15 @@ def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == ["E13", "E7", "E9"]
     with pytest.raises(artifact.UsageError, match="lacks results"):
         artifact.save_reference("cpu", source=src, dest=tmp_path / "ref-cpu")
+
+
+def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path):
+    """shaped runs only E14: its reference needs E14 and nothing else."""
+    src = tmp_path / "results"
+    (src / "E14").mkdir(parents=True)
+    (src / "E14" / "data.csv").write_text("a\n1\n")
+    nbformat.write(nbformat.v4.new_notebook(), src / "E14" / "notebook.ipynb")
+    for name in ("claims.md", "claims.csv"):
+        (src / name).write_text("x")
+    dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
+    assert [p.name for p in dest.iterdir() if p.is_dir()] == ["E14"]

@@ -357,8 +357,10 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 
     source = source or RESULTS / profile
     dest = dest or REFERENCE / profile
-    wanted = own_experiments(profile) if (PROFILES / f"{profile}.yaml").exists() else None
-    wanted = [e for e in discover() if wanted is None or e in wanted]
+    known = (PROFILES / f"{profile}.yaml").exists()
+    wanted = own_experiments(profile) if known else None
+    if wanted is None:  # a self-contained profile keeps every experiment it runs
+        wanted = list(load_profile(profile, discover())) if known else list(discover())
     missing = [e for e in wanted if not (source / e / "data.csv").exists()]
     if missing:
         raise UsageError(f"{source} lacks results for {missing}: run them first")
