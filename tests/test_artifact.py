@@ -333,3 +333,12 @@ def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path)
         (src / name).write_text("x")
     dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
     assert [p.name for p in dest.iterdir() if p.is_dir()] == ["E14"]
+
+
+def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):
+    """The cpu table has no row for E14 (profile shaped), the shaped table only E14's."""
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    cpu = artifact.claims_table("cpu", write=False)
+    shaped = artifact.claims_table("shaped", write=False)
+    assert "E14" not in set(cpu.experiment) and {"E0", "E13"} <= set(cpu.experiment)
+    assert set(shaped.experiment) == {"E14"} and set(shaped.verdict) == {"NOT RUN"}

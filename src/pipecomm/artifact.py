@@ -330,8 +330,12 @@ def reference_values(profile: str) -> dict[str, str] | None:
 
 
 def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True):
-    """Evaluate every claim on ``results/<profile>``; write claims.md and claims.csv."""
-    entries = claims.load_claims()
+    """Evaluate every claim of the profile's experiments on ``results/<profile>``; write
+    claims.md and claims.csv (the claims of experiments another profile runs, such as E14's in
+    the cpu profile, are not listed)."""
+    runs = set(load_profile(profile, discover())) if (PROFILES / f"{profile}.yaml").exists() \
+        else None
+    entries = [e for e in claims.load_claims() if runs is None or e["experiment"] in runs]
     table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
                             reference=reference_values(profile))
     if write:
