@@ -1,0 +1,159 @@
+"""Overlap of the communication thread's CUDA work with compute on one GPU (issue 13, item 6).
+
+Pipe-SGD (Li et al., NeurIPS 2018) hides an AllReduce behind the next step's compute. On a GPU
+that needs the communication's kernels on a stream of their own
+(:mod:`pipecomm.collectives._streams`). With one GPU no collective between two ranks can run
+(NCCL needs a GPU per rank), so this measures the stream mechanism itself: a job on pipecomm's
+communication thread (:func:`pipecomm.collectives.async_.submit`) that does what LP's reduce does
+on a GPU -- add blocks into an accumulator, block by block -- races a loop of matrix products on
+the caller's stream.
+
+Reported, each the median of ``--repeats`` (CUDA-synchronised wall time):
+
+* ``compute_s``: the matmul loop alone; ``comm_s``: the communication job alone;
+* ``both_s``: the job submitted, then the matmul loop, then ``wait()`` and a synchronize;
+* ``serial_s``: the same work with the job run on the caller's stream (no overlap possible);
+* ``overlap`` = (compute_s + comm_s - both_s) / min(compute_s, comm_s): 1 is full overlap,
+  0 none;
+* ``correct``: the job's result after ``wait()`` equals the expected sum although the tensor it
+  reads was produced by a kernel still queued when the job was submitted (stream ordering under
+  ``CUDA_LAUNCH_BLOCKING=0``).
+
+Without CUDA it runs on the CPU (the fallback path: no streams) so the script itself is tested.
+
+Run::
+
+    python benchmarks/bench_cuda_overlap.py --repeats 10 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from pipecomm.collectives import async_
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(device: torch.device, n: int, matmuls: int, numel: int, blocks: int, adds: int,
+            repeats: int, job: str = "reduce") -> dict:
+    """Time compute alone, the communication job alone, both at once and both serialised.
+
+    ``job="reduce"``: LP's reduce (block adds, SM work); ``job="copy"``: every block copied to
+    pinned host memory and back (what a backend staging GPU data through the host does, copy
+    engines)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    data = torch.randn(blocks, numel // blocks, device=device)
+    acc = torch.zeros(numel // blocks, device=device)
+
+    def compute() -> None:
+        for _ in range(matmuls):
+            torch.mm(a, b)
+
+    pinned = device.type == "cuda"
+    host = torch.empty(data.shape, pin_memory=pinned)
+
+    def reduce_job() -> None:  # LP's reduce on one rank: add every block into the accumulator
+        if job == "copy":  # staging through the host: device -> pinned host -> device
+            for _ in range(adds):
+                for k in range(blocks):
+                    host[k].copy_(data[k], non_blocking=pinned)
+                    data[k].copy_(host[k], non_blocking=pinned)
+            return
+        for _ in range(adds):
+            for k in range(blocks):
+                acc.add_(data[k])
+
+    def comm() -> None:
+        async_.submit(reduce_job, acc, "lp-reduce").wait()
+
+    def both() -> None:
+        handle = async_.submit(reduce_job, acc, "lp-reduce")
+        compute()
+        handle.wait()
+
+    def serial() -> None:
+        reduce_job()
+        compute()
+
+    for fn in (compute, comm, both, serial):  # warm-up (kernels, the comm thread, the stream)
+        fn()
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "matmul": f"{matmuls} x {n}x{n} {str(dtype).replace('torch.', '')}",
+           "comm_job": f"{adds} x {blocks} block {'adds' if job == 'reduce' else 'host round trips'}"
+                       f" of {numel // blocks} float32",
+           "repeats": repeats}
+    for name, fn in (("compute_s", compute), ("comm_s", comm), ("both_s", both),
+                     ("serial_s", serial)):
+        out[name] = _timed(fn, device, repeats)
+    out["overlap"] = ((out["compute_s"] + out["comm_s"] - out["both_s"])
+                      / min(out["compute_s"], out["comm_s"]))
+    out["correct"] = ordering_correct(device, n)
+    return out
+
+
+def ordering_correct(device: torch.device, n: int) -> bool:
+    """Submit a job that reads a tensor whose producing kernel is still queued behind a long
+    matmul on the caller's stream; after ``wait()`` its result must be the producer's."""
+    dtype = torch.float32
+    big = torch.randn(n, n, device=device, dtype=dtype)
+    ok = True
+    for trial in range(5):
+        x = torch.zeros(1 << 20, device=device)
+        torch.mm(big, big)  # keeps the caller's stream busy
+        x.fill_(float(trial + 1))  # the producer, queued behind the matmul
+        out = torch.zeros_like(x)
+        handle = async_.submit(lambda x=x, out=out: out.add_(x).mul_(2.0), out, "ordering")
+        handle.wait()
+        ok &= bool(torch.all(out == 2.0 * (trial + 1)).item())
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=8192, help="matrix size of the compute loop")
+    p.add_argument("--matmuls", type=int, default=20)
+    p.add_argument("--numel", type=int, default=1 << 26, help="float32 elements reduced")
+    p.add_argument("--blocks", type=int, default=16)
+    p.add_argument("--adds", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--job", choices=["reduce", "copy"], default="reduce")
+    p.add_argument("--json", default=None, help="write the result here")
+    args = p.parse_args(argv)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":  # the fallback: small sizes, the same code path without streams
+        args.n, args.matmuls, args.numel = min(args.n, 256), min(args.matmuls, 4), 1 << 16
+    out = measure(device, args.n, args.matmuls, args.numel, args.blocks, args.adds, args.repeats,
+                  args.job)
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if out["correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
