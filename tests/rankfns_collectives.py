@@ -685,3 +685,37 @@ def concurrent_groups(rounds: int, numel: int):
         t.join()
     dist.barrier()
     return failures
+
+
+def staged_transport(numel: int):
+    """Every message through host buffers, as for CUDA tensors on gloo (forced on CPU tensors
+    here: ``p2p._staged`` answers yes): each algorithm's allreduce, sync and async, and broadcast
+    against the float64 oracle."""
+    from pipecomm.collectives import p2p
+
+    original, p2p._staged = p2p._staged, lambda t, group: True
+    try:
+        return _staged_cases(numel)
+    finally:
+        p2p._staged = original  # the pool serves other tests
+
+
+def _staged_cases(numel: int) -> list[str]:
+    failures = []
+    world = dist.get_world_size()
+    for i, alg in enumerate(ALGS):
+        for async_op in (False, True):
+            x = make_input(500 + i, dist.get_rank(), numel, torch.float32)
+            res = C.allreduce(x, algorithm=alg, async_op=async_op, block_bytes=4096)
+            if async_op:
+                res.wait()
+            want, absum = oracle(500 + i, range(world), numel, torch.float32, "sum")
+            bad = mismatch(x, want, absum, world, "sum", torch.float32)
+            if bad:
+                failures.append(f"staged allreduce {alg} async={async_op}: {bad}")
+        y = make_input(900 + i, dist.get_rank(), numel, torch.float32)
+        C.broadcast(y, 1, algorithm=alg, block_bytes=4096)
+        if not torch.equal(y, make_input(900 + i, 1, numel, torch.float32)):
+            failures.append(f"staged broadcast {alg}: differs from the root's data")
+    dist.barrier()
+    return failures

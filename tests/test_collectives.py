@@ -675,3 +675,10 @@ def test_cuda_overlap_benchmark_runs_its_cpu_fallback(tmp_path):
         res = json.loads(out.read_text())
         assert res["correct"] and res["device"] == "cpu"
         assert {"compute_s", "comm_s", "both_s", "serial_s", "overlap"} <= set(res)
+
+
+@pytest.mark.timeout(240)
+def test_host_staged_transport(pool):
+    """The path CUDA tensors take on gloo (through host buffers), forced on CPU tensors: the
+    results equal the oracle's. The GPU itself ran tools/gpu_collectives_check.py (ARTIFACT.md)."""
+    _check(pool(3).run(fns.staged_transport, 5003, timeout_s=200))

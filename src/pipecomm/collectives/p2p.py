@@ -12,6 +12,10 @@ behind an 8-byte header, a larger one as the 8-byte header followed by the tenso
 both sides decide from the byte count, which they share). ``exchange`` returns when the real
 transfers are done *and* every deadline of its messages (sends included: a send completes when it
 is delivered) has passed; :meth:`Transfer.wait` does the same for one message. Waits sleep.
+
+gloo moves host memory only: on a gloo group, CUDA tensors travel through host buffers (copied
+to the host when a send is posted, into the device when a receive is waited). The emulated
+network carries CPU tensors only.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ def _as_bytes(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
     if not t.is_contiguous():
         raise ValueError(f"{what}[{i}]: the tensor is not contiguous; pass t.contiguous()")
     return t.detach().reshape(-1).view(torch.uint8)
+
+
+def _staged(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
+    """Whether ``t`` must travel through host memory: gloo moves only host memory point to
+    point (a CUDA tensor handed to it aborts the process with "Bad address"), so CUDA tensors on a
+    gloo group are copied to the host to be sent and received into the host, then copied back."""
+    return t.is_cuda and dist.get_backend(group) == "gloo"
+
+
+def _no_cuda_under_emulation(tensors: Sequence[torch.Tensor]) -> None:
+    if any(t.is_cuda for t in tensors):
+        raise ValueError("the emulated network (pipecomm.netem) carries CPU tensors only; got a "
+                         "CUDA tensor (move it to the CPU, or leave the network unemulated)")
 
 
 def _sleep_until(deadline: float) -> float:
@@ -68,12 +85,18 @@ def exchange(
             _as_bytes(t, "sends", i)
         for i, (t, _) in enumerate(recvs):
             _as_bytes(t, "recvs", i)
-        ops = [dist.P2POp(dist.isend, t, peer, group) for t, peer in sends]
-        ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in recvs]
+        host_sends = [(t.to("cpu") if _staged(t, group) else t, peer) for t, peer in sends]
+        host_recvs = [(torch.empty_like(t, device="cpu") if _staged(t, group) else t, peer)
+                      for t, peer in recvs]
+        ops = [dist.P2POp(dist.isend, t, peer, group) for t, peer in host_sends]
+        ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in host_recvs]
         if not ops:
             return
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+        for (t, _), (h, _) in zip(recvs, host_recvs):
+            if h is not t:
+                t.copy_(h)
         netem._record(
             sum(t.numel() * t.element_size() for t, _ in sends),
             len(sends),
@@ -88,6 +111,7 @@ def exchange(
 def _emulated_exchange(emu, sends, recvs, group) -> None:
     payloads = [_as_bytes(t, "sends", i) for i, (t, _) in enumerate(sends)]
     targets = [_as_bytes(t, "recvs", i) for i, (t, _) in enumerate(recvs)]
+    _no_cuda_under_emulation([*payloads, *targets])
     if not payloads and not targets:
         return
     # reserve first (the emulated clock starts at the post), then frame: copying is real cost
@@ -150,10 +174,13 @@ class Transfer:
         t.wait()
     """
 
-    __slots__ = ("_works", "_deadline", "_head", "_target", "_sent", "_received", "_done")
+    __slots__ = ("_works", "_deadline", "_head", "_target", "_sent", "_received", "_done",
+                 "_staged")
 
-    def __init__(self, works, deadline=None, head=None, target=None, sent=0, received=0) -> None:
+    def __init__(self, works, deadline=None, head=None, target=None, sent=0, received=0,
+                 staged=None) -> None:
         self._works = works
+        self._staged = staged  # (host buffer, device tensor): gloo and CUDA, copied on wait
         self._deadline = deadline
         self._head = head  # receive under emulation: where the deadline arrives
         self._target = target  # framed receive: the payload is copied out of ``head``
@@ -167,6 +194,9 @@ class Transfer:
         for work in self._works:
             work.wait()
         self._done = True
+        if self._staged is not None and self._staged[1] is not None:
+            host, device_tensor = self._staged
+            device_tensor.copy_(host)
         deadline, waited = self._deadline, 0.0
         if self._head is not None:
             if self._target is None:
@@ -199,7 +229,12 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
     payload = _as_bytes(t, "sends", 0)
     emu = netem._emulator()
     if emu is None:
+        if _staged(t, group):  # the host copy is taken now: the tensor may change after posting
+            host = t.detach().to("cpu")
+            return Transfer([dist.isend(host, dst, group, tag)], sent=payload.numel(),
+                            staged=(host, None))
         return Transfer([dist.isend(t.detach(), dst, group, tag)], sent=payload.numel())
+    _no_cuda_under_emulation([t])
     (deadline,) = emu.post([(int(dst), payload.numel())])
     if payload.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
@@ -226,7 +261,12 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
     """
     target = _as_bytes(t, "recvs", 0)
     if netem._emulator() is None:
+        if _staged(t, group):
+            host = torch.empty_like(t, device="cpu")
+            return Transfer([dist.irecv(host, src, group, tag)], received=target.numel(),
+                            staged=(host, t.detach()))
         return Transfer([dist.irecv(t.detach(), src, group, tag)], received=target.numel())
+    _no_cuda_under_emulation([t])
     if target.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
         return Transfer(
