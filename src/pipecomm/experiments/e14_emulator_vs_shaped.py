@@ -151,16 +151,18 @@ def _shaped_rank(points: list[dict[str, Any]], link_sizes: list[int], link_iters
     ``HOST_MARGIN`` of the lone link's rate, else the run is refused with the bandwidth to use),
     then time every point with LP's blocks from the fit."""
     link = cluster.link_bandwidth(link_sizes, link_iters)
-    fitted = [fit_link(link) if dist.get_rank() == 0 else None]
+    largest = max(link_sizes)
+    fitted = [(*fit_link(link), next(r["bandwidth_Bps"] for r in link if r["nbytes"] == largest))
+              if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(fitted, src=0)
-    alpha_s, bandwidth_Bps = fitted[0]
-    chain = cluster.chain_bandwidth(max(link_sizes), link_iters)
-    if chain < HOST_MARGIN * bandwidth_Bps:  # every rank sees the same numbers: all raise
+    alpha_s, bandwidth_Bps, alone = fitted[0]
+    chain = cluster.chain_bandwidth(largest, link_iters)  # the same size, every link busy
+    if chain < HOST_MARGIN * alone:  # every rank sees the same numbers: all raise
         raise cluster.ClusterError(
             f"this host cannot carry {dist.get_world_size()} shaped links at once: each moved "
-            f"{chain / 1e6:.1f} MB/s with all busy against {bandwidth_Bps / 1e6:.1f} MB/s alone "
+            f"{chain / 1e6:.1f} MB/s with all busy against {alone / 1e6:.1f} MB/s alone "
             f"(< {HOST_MARGIN:.0%}); lower bandwidth_Bps to about "
-            f"{0.8 * chain / bandwidth_Bps * configured_Bps:.3g} B/s, or world_size")
+            f"{0.8 * chain / alone * configured_Bps:.3g} B/s, or world_size")
     rows = sweep.measure_points(with_blocks(points, alpha_s, bandwidth_Bps, min_block_bytes))
     return {"link": link, "alpha_s": alpha_s, "bandwidth_Bps": bandwidth_Bps, "points": rows,
             "chain_Bps": chain}
