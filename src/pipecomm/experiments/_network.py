@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pipecomm import cost, netem
+from pipecomm.experiments import base
 
 __all__ = [
     "DEFAULT_NETWORK",
     "FLAT_NETWORK",
+    "TwoLevelParams",
     "NETWORK_KEYS",
     "choose_bandwidth",
     "link_models",
@@ -59,6 +62,18 @@ FLAT_NETWORK: dict[str, Any] = {
 }
 
 NETWORK_KEYS = tuple(DEFAULT_NETWORK)
+
+
+@dataclass(frozen=True)
+class TwoLevelParams(base.Params):
+    """The two-level network's parameters of an experiment (E10, E12), defaults from
+    :data:`DEFAULT_NETWORK` (written once there); :func:`make_network` validates them."""
+
+    intra_alpha_s: float = DEFAULT_NETWORK["intra_alpha_s"]
+    intra_bandwidth_Bps: float = DEFAULT_NETWORK["intra_bandwidth_Bps"]
+    inter_alpha_s: float = DEFAULT_NETWORK["inter_alpha_s"]
+    inter_bandwidth_Bps: float = DEFAULT_NETWORK["inter_bandwidth_Bps"]
+    ports: str = DEFAULT_NETWORK["ports"]
 
 
 # ------------------------------------------------------------------------------------ network

@@ -44,7 +44,6 @@ import pandas as pd
 
 from pipecomm import claims, netem, stats
 from pipecomm.decentralized import topology
-from pipecomm.experiments import base
 from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
 from pipecomm.experiments._dadam_timing import (
@@ -52,7 +51,7 @@ from pipecomm.experiments._dadam_timing import (
     model_gossip_time,
     rank_gossip_times,
 )
-from pipecomm.experiments._network import make_network, network_text
+from pipecomm.experiments._network import TwoLevelParams, make_network, network_text
 from pipecomm.experiments._workloads import TASK_MODELS, workload_bucket_bytes
 
 ID = "E10"
@@ -65,7 +64,7 @@ SHORT = {
     "alternating-exp-ring": "AER",
 }
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(TwoLevelParams):
     """E10's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them."""
 
@@ -76,11 +75,6 @@ class Params(base.Params):
     algorithm: str = "ring"
     warmup: int = 1
     iters: int = 2
-    intra_alpha_s: float = 0.003
-    intra_bandwidth_Bps: float = 400000000.0
-    inter_alpha_s: float = 0.005
-    inter_bandwidth_Bps: float = 50000000.0
-    ports: str = 'single'
     timeout_s: float = 300.0
 
     def validate(self) -> None:

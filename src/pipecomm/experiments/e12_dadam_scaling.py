@@ -45,7 +45,6 @@ from typing import Any
 import pandas as pd
 
 from pipecomm import claims, netem, stats
-from pipecomm.experiments import base
 from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
 from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
@@ -55,7 +54,7 @@ from pipecomm.experiments._dadam_timing import (
     predict_training,
     rank_time_training,
 )
-from pipecomm.experiments._network import make_network, network_text
+from pipecomm.experiments._network import TwoLevelParams, make_network, network_text
 from pipecomm.experiments._workloads import timing_spec
 
 ID = "E12"
@@ -64,7 +63,7 @@ TOPOLOGIES = ["complete", "ring", "one-peer-exp", "alternating-exp-ring"]
 
 
 @dataclass(frozen=True)
-class Params(base.Params):
+class Params(TwoLevelParams):
     """E12's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them."""
 
@@ -82,11 +81,6 @@ class Params(base.Params):
     block_iters: int = 3
     calib_iters: int = 3
     seed: int = 0
-    intra_alpha_s: float = 0.003
-    intra_bandwidth_Bps: float = 400000000.0
-    inter_alpha_s: float = 0.005
-    inter_bandwidth_Bps: float = 50000000.0
-    ports: str = 'single'
     timeout_s: float = 300.0
 
     def validate(self) -> None:
