@@ -413,15 +413,28 @@ def model_points(
         errs.append(e)
         spans.append((elo, ehi))
         verdicts.append(within(elo, ehi, tol))
-    summ = stats.error_summary(errs)
-    i = int(np.argmax(np.abs(errs)))
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (PASS, INCONCLUSIVE, FAIL)
-                       if verdicts.count(v))
-    lo, hi = spans[i]
-    text = (f"worst {errs[i]:+.1%} [{lo:+.1%}, {hi:+.1%}] ({labels[i]}); bias "
-            f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(errs))}/{len(errs)} same sign; "
-            f"points: {counts}")
     bound = f"|error| <= {tolerance:.0%}"
     if abs_tolerance_s:
         bound += f" or <= {abs_tolerance_s * 1e3:g} ms"
-    return Verdict(text, bound + " at every point (95% interval)", combine(verdicts))
+    return Verdict(error_report(errs, spans, labels, verdicts),
+                   bound + " at every point (95% interval)", combine(verdicts))
+
+
+def error_report(errors: list[float], spans: list[tuple[float, float]], labels: list[str],
+                 verdicts: list[str]) -> str:
+    """What a many-point error claim measured: the worst signed error with its interval and
+    label, the mean signed bias, how many errors share the bias' sign, and the count of each
+    point verdict.
+
+    Example::
+
+        error_report([0.05, -0.2], [(0.0, 0.1), (-0.3, -0.1)], ["a", "b"], [PASS, FAIL])
+    """
+    summ = stats.error_summary(errors)
+    i = int(np.argmax(np.abs(errors)))
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (PASS, INCONCLUSIVE, FAIL)
+                       if verdicts.count(v))
+    lo, hi = spans[i]
+    return (f"worst {errors[i]:+.1%} [{lo:+.1%}, {hi:+.1%}] ({labels[i]}); bias "
+            f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(errors))}/{len(errors)} same "
+            f"sign; points: {counts}")

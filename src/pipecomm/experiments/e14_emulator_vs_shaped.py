@@ -309,15 +309,11 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
     cmp = compare(df, min_bytes)
     if cmp.empty:
         raise ValueError(f"no point of >= {min_bytes} bytes was measured on both networks")
-    verdicts = [claims.within(lo, hi, tolerance) for lo, hi in zip(cmp.error_lo, cmp.error_hi)]
-    summ = stats.error_summary(cmp.error.tolist())
-    w = cmp.iloc[int(np.argmax(np.abs(cmp.error.to_numpy())))]
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (claims.PASS, claims.INCONCLUSIVE,
-                                                            claims.FAIL) if verdicts.count(v))
-    text = (f"worst {claims.fmt_ci(w['error'], w['error_lo'], w['error_hi'], '+.1%')} "
-            f"({w['op']} {w['algorithm']}, {size_text(w['nbytes'])}, p={int(w['world_size'])}); bias "
-            f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(cmp))}/{len(cmp)} same sign; "
-            f"points: {counts}")
+    spans = list(zip(cmp.error_lo, cmp.error_hi))
+    verdicts = [claims.within(lo, hi, tolerance) for lo, hi in spans]
+    labels = [f"{r.op} {r.algorithm}, {size_text(r.nbytes)}, p={int(r.world_size)}"
+              for r in cmp.itertuples()]
+    text = claims.error_report(cmp.error.tolist(), spans, labels, verdicts)
     return claims.Verdict(text, f"|emulated / shaped - 1| <= {tolerance:.0%} at every point "
                           "(95% interval)", claims.combine(verdicts))
 
