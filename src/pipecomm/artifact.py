@@ -142,7 +142,19 @@ def profiles_of(eid: str) -> list[str]:
 
         profiles_of("E14")   # ['shaped']
     """
-    return [name for name in PROFILE_NAMES if eid in load_profile(name, discover())]
+    return [name for name in PROFILE_NAMES if eid in profile_runs(name)]
+
+
+def profile_runs(name: str) -> list[str] | None:
+    """The experiments profile ``name`` runs (None for a name without a profile file).
+
+    Example::
+
+        profile_runs("shaped")   # ['E14']
+    """
+    if not (PROFILES / f"{name}.yaml").exists():
+        return None
+    return list(load_profile(name, discover()))
 
 
 def own_experiments(name: str) -> list[str] | None:
@@ -333,8 +345,7 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
     """Evaluate every claim of the profile's experiments on ``results/<profile>``; write
     claims.md and claims.csv (the claims of experiments another profile runs, such as E14's in
     the cpu profile, are not listed)."""
-    runs = set(load_profile(profile, discover())) if (PROFILES / f"{profile}.yaml").exists() \
-        else None
+    runs = profile_runs(profile)
     entries = [e for e in claims.load_claims() if runs is None or e["experiment"] in runs]
     table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
                             reference=reference_values(profile))
@@ -361,10 +372,10 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 
     source = source or RESULTS / profile
     dest = dest or REFERENCE / profile
-    known = (PROFILES / f"{profile}.yaml").exists()
-    wanted = own_experiments(profile) if known else None
+    runs = profile_runs(profile)
+    wanted = own_experiments(profile) if runs is not None else None
     if wanted is None:  # a self-contained profile keeps every experiment it runs
-        wanted = list(load_profile(profile, discover())) if known else list(discover())
+        wanted = runs if runs is not None else list(discover())
     missing = [e for e in wanted if not (source / e / "data.csv").exists()]
     if missing:
         raise UsageError(f"{source} lacks results for {missing}: run them first")
