@@ -38,3 +38,22 @@ def fail_on(rank: int) -> int:
     if dist.get_rank() == rank:
         raise ValueError(f"rank {rank} fails on purpose")
     return dist.get_rank()
+
+
+_CALLS = 0
+
+
+def count_calls() -> int:
+    """How many times this rank process has run this function (state kept across a job's
+    calls)."""
+    global _CALLS
+    _CALLS += 1
+    return _CALLS
+
+
+def sleep_s(seconds: float) -> int:
+    """Sleep, then return the rank."""
+    import time
+
+    time.sleep(seconds)
+    return dist.get_rank()

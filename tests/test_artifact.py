@@ -62,7 +62,7 @@ def test_unknown_experiment_is_a_usage_error(capsys):
 def test_a_profile_runs_only_the_experiments_it_names(capsys):
     cpu = artifact.load_profile("cpu", artifact.discover())
     shaped = artifact.load_profile("shaped", artifact.discover())
-    assert "E14" not in cpu and list(shaped) == ["E14"]
+    assert "E14" not in cpu and "E14" in shaped and "E13" not in shaped and "E1" not in shaped
     assert "E14" not in artifact.load_profile("cpu-full", artifact.discover())
     assert _main("--profile", "cpu", "--only", "E14") == 2
     assert "not in profile 'cpu'" in capsys.readouterr().err
@@ -324,21 +324,29 @@ def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
 
 
 def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path):
-    """shaped runs only E14: its reference needs E14 and nothing else."""
+    """shaped runs the network experiments and E14: its reference keeps those, nothing else."""
     src = tmp_path / "results"
-    (src / "E14").mkdir(parents=True)
-    (src / "E14" / "data.csv").write_text("a\n1\n")
-    nbformat.write(nbformat.v4.new_notebook(), src / "E14" / "notebook.ipynb")
+    runs = artifact.profile_runs("shaped")
+    assert "E14" in runs and "E13" not in runs and "E1" not in runs
+    for eid in [*runs, "E13"]:  # E13: a stray result of another profile, not kept
+        (src / eid).mkdir(parents=True)
+        (src / eid / "data.csv").write_text("a\n1\n")
+        nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
     for name in ("claims.md", "claims.csv"):
         (src / name).write_text("x")
     dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
-    assert [p.name for p in dest.iterdir() if p.is_dir()] == ["E14"]
+    assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == sorted(runs)
 
 
 def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):
-    """The cpu table has no row for E14 (profile shaped), the shaped table only E14's."""
+    """The cpu table has no row for E14 (profile shaped); the shaped table has its experiments'
+    claims except those limited to other profiles (the real-backend targets, accuracy)."""
     monkeypatch.setattr(artifact, "RESULTS", tmp_path)
     cpu = artifact.claims_table("cpu", write=False)
     shaped = artifact.claims_table("shaped", write=False)
     assert "E14" not in set(cpu.experiment) and {"E0", "E13"} <= set(cpu.experiment)
-    assert set(shaped.experiment) == {"E14"} and set(shaped.verdict) == {"NOT RUN"}
+    assert {"C2.5", "C2.6", "C7.2"} <= set(cpu.claim)
+    assert set(shaped.experiment) == set(artifact.profile_runs("shaped")) - {"E1"}
+    assert {"C14.1", "C2.1", "C10.1"} <= set(shaped.claim)
+    assert not {"C2.5", "C2.6", "C7.2", "C7.3", "C9.3"} & set(shaped.claim)
+    assert set(shaped.verdict) == {"NOT RUN"} and "network" in shaped.columns

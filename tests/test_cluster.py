@@ -146,6 +146,27 @@ def test_two_level_cluster_runs_ranks_in_their_node_namespaces():
 
 @needs_ns
 @pytest.mark.timeout(120)
+def test_a_job_keeps_its_ranks_across_calls_and_stops_on_failure():
+    with VirtualCluster(2, ranks_per_node=1, bandwidth_Bps=None) as c:
+        with c.job() as job:  # one torchrun start: the rank processes stay up between calls
+            assert job.run(rf.count_calls) == [1, 1]
+            assert job.run(rf.count_calls) == [2, 2]
+            assert job.run(rf.allreduce_sum, 3) == [[1.0, 3.0, 5.0]] * 2
+            with pytest.raises(launch.RankError, match="on purpose") as err:
+                job.run(rf.fail_on, 1, timeout_s=60)
+            assert err.value.rank == 1
+            with pytest.raises(cluster.ClusterError, match="stopped"):
+                job.run(rf.count_calls)
+        with c.job() as job, pytest.raises(TimeoutError, match="still running"):
+            job.run(rf.sleep_s, 30.0, timeout_s=2.0)
+        with pytest.raises(ValueError, match="timeout_s"), c.job() as job:
+            job.run(rf.count_calls, timeout_s=0)
+        assert c.run(rf.count_calls) == [1, 1]  # a new job: new rank processes
+    assert _ours() == []
+
+
+@needs_ns
+@pytest.mark.timeout(120)
 def test_shaped_link_carries_the_configured_bandwidth():
     rows = cluster.measure_bandwidth(50e6, [4 << 20], iters=3)
     achieved = rows[0]["bandwidth_Bps"] / rows[0]["configured_Bps"]

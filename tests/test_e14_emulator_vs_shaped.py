@@ -56,14 +56,6 @@ def test_compare_signs_the_error_against_the_shaped_network():
     assert (big.error_lo <= big.error).all() and (big.error <= big.error_hi).all()
 
 
-def test_fit_link_recovers_alpha_and_bandwidth():
-    rows = [{"nbytes": n, "time_s": 2e-4 + n / 45e6} for n in (1 << 20, 4 << 20, 16 << 20)]
-    alpha, bw = e14.fit_link(rows)
-    assert alpha == pytest.approx(2e-4, rel=1e-3) and bw == pytest.approx(45e6, rel=1e-3)
-    with pytest.raises(ValueError, match="bandwidth"):
-        e14.fit_link([{"nbytes": 1 << 20, "time_s": 0.08}, {"nbytes": 2 << 20, "time_s": 0.04}])
-
-
 def test_plan_and_blocks_are_the_same_for_both_networks():
     p = e14.Params.make(sizes=[1 << 20, 3 << 20], world_size=8)
     pts = e14.plan(p)

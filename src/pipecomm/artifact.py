@@ -344,9 +344,10 @@ def reference_values(profile: str) -> dict[str, str] | None:
 def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True):
     """Evaluate every claim of the profile's experiments on ``results/<profile>``; write
     claims.md and claims.csv (the claims of experiments another profile runs, such as E14's in
-    the cpu profile, are not listed)."""
+    the cpu profile, and claims limited to other ``profiles`` in claims.yaml, are not listed)."""
     runs = profile_runs(profile)
-    entries = [e for e in claims.load_claims() if runs is None or e["experiment"] in runs]
+    entries = [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
+               and (e["profiles"] is None or profile in e["profiles"])]
     table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
                             reference=reference_values(profile))
     if write:

@@ -270,7 +270,9 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
     """Read artifact/claims.yaml and validate each entry: ids unique; a checked claim names a
     known check, gives every argument of it, and states its ``prediction`` and the
     ``threshold_reason`` (why this threshold, chosen before the run); an entry with
-    ``kind: illustration`` is an analytic statement shown without a verdict.
+    ``kind: illustration`` is an analytic statement shown without a verdict. An optional
+    ``profiles`` list limits the profiles whose claims table lists the claim (for example the
+    real-backend targets, which the ``shaped`` profile's network runs do not measure).
 
     Example::
 
@@ -293,6 +295,10 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
             raise ValueError(f"claim id {entry['id']} appears twice in {path}")
         seen.add(entry["id"])
         entry.setdefault("args", {})
+        profiles = entry.setdefault("profiles", None)
+        if profiles is not None and (not isinstance(profiles, list) or not profiles):
+            raise ValueError(f"claim {entry['id']}: profiles must be a non-empty list, got "
+                             f"{profiles!r}")
         entry.setdefault("paper_value", "")
         entry.setdefault("prediction", "")
         if kind == "claim":
@@ -333,6 +339,7 @@ def evaluate(
             "statement": entry["statement"],
             "paper_value": entry.get("paper_value", ""),
             "prediction": entry.get("prediction", ""),
+            "network": "",
             "measured": "",
             "threshold": "",
             "verdict": NOT_RUN,
@@ -342,7 +349,9 @@ def evaluate(
             row["verdict"] = MODEL
         elif csv.exists():
             try:
-                verdict = run_check(entry, pd.read_csv(csv))
+                df = pd.read_csv(csv)
+                row["network"] = network_kinds(df)
+                verdict = run_check(entry, df)
                 row.update(measured=verdict.measured, threshold=verdict.threshold,
                            verdict=verdict.verdict)
             except Exception as exc:  # a broken check must show, not vanish
@@ -353,9 +362,26 @@ def evaluate(
     return pd.DataFrame(rows)
 
 
+def network_kinds(df: pd.DataFrame) -> str:
+    """The kinds of network a data.csv was measured on (``"emulated"``, ``"shaped"``,
+    ``"real"``, ...; :func:`pipecomm.results.network_kind`), comma-separated: the claims table
+    says which network decided each verdict.
+
+    Example::
+
+        network_kinds(pd.DataFrame({"network": ["real", "shaped: Linux tc tbf, ..."]}))
+    """
+    from pipecomm.results import NETWORK_COLUMN, network_kind
+
+    if NETWORK_COLUMN not in df:
+        return ""
+    return ", ".join(sorted({network_kind(n) for n in df[NETWORK_COLUMN].dropna()}))
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     """Render a claims table as GitHub markdown, with the count of each verdict."""
-    cols = ["claim", "experiment", "statement", "paper_value", "prediction", "measured"]
+    cols = ["claim", "experiment", "statement", "paper_value", "prediction", "network",
+            "measured"]
     cols = [c for c in cols if c in table.columns]
     if "reference" in table.columns:
         cols.append("reference")

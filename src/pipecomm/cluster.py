@@ -59,16 +59,18 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "ClusterError",
+    "ClusterJob",
     "NodeResult",
     "VirtualCluster",
     "available",
+    "calibrate",
     "cleanup_stale",
     "current",
     "chain_bandwidth",
@@ -544,6 +546,15 @@ class VirtualCluster:
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
         if not limit > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        with self._started(argv, env, cwd) as (procs, files):
+            self._wait(procs, files, limit)
+            return [NodeResult(i, p.returncode, *_read(f)) for i, (p, f) in
+                    enumerate(zip(procs, files))]
+
+    @contextlib.contextmanager
+    def _started(self, argv: Callable[[int], Sequence[str]] | Sequence[str],
+                 env: Mapping[str, str] | None, cwd: str | os.PathLike | None):
+        """One program per node started inside its namespace; stopped on leaving."""
         assert self._tmp is not None
         run_dir = Path(tempfile.mkdtemp(prefix="run", dir=self._tmp.name))
         procs, files = [], []
@@ -562,9 +573,7 @@ class VirtualCluster:
                     with self._lock:
                         self._procs.append(proc)
                     procs.append(proc)
-                self._wait(procs, files, limit)
-                return [NodeResult(i, p.returncode, *_read(f)) for i, (p, f) in
-                        enumerate(zip(procs, files))]
+                yield procs, files
             finally:
                 for proc in procs:
                     _stop(proc)
@@ -574,21 +583,10 @@ class VirtualCluster:
     def _wait(self, procs: list[subprocess.Popen], files: list, limit: float) -> None:
         deadline = time.monotonic() + limit
         while True:
-            codes = [p.poll() for p in procs]
-            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                time.sleep(1.0)  # let the others print why they stop too
-                i = failed[0]
-                tail = _read(files[i])[1][-3000:]
-                raise ClusterError(f"node {i} exited with status {codes[i]}:\n{tail}")
-            if all(c == 0 for c in codes):
+            if all(c == 0 for c in _check_procs(procs, files)):
                 return
             if time.monotonic() > deadline:
-                running = [i for i, c in enumerate(codes) if c is None]
-                tails = "\n".join(f"--- node {i}\n{_read(files[i])[1][-1500:]}" for i in running)
-                raise TimeoutError(
-                    f"nodes {running} still running after {limit:.0f} s; stopped\n{tails}"
-                )
+                _timed_out(procs, files, limit)
             time.sleep(0.1)
 
     def torchrun(
@@ -617,45 +615,141 @@ class VirtualCluster:
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
             backend: str = "gloo", **kwargs: Any) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every rank of the cluster (a torchrun job); results in
-        rank order. ``fn`` must be importable (module level). A rank that raises gives
-        :class:`pipecomm.launch.RankError` with its traceback.
+        """``fn(*args, **kwargs)`` on every rank of the cluster (one torchrun job for this
+        call); results in rank order. ``fn`` must be importable (module level). A rank that
+        raises gives :class:`pipecomm.launch.RankError` with its traceback. For many calls,
+        :meth:`job` starts the ranks once.
 
         Example::
 
             out = c.run(mymodule.measure, 1 << 20)
         """
-        from pipecomm import launch
+        with self.job(backend) as job:
+            return job.run(fn, *args, timeout_s=timeout_s, **kwargs)
 
-        payload = launch._check_picklable(fn, args, kwargs)
-        assert self._tmp is not None or not self.started
+    @contextlib.contextmanager
+    def job(self, backend: str = "gloo") -> Iterator[ClusterJob]:
+        """A torchrun job on the cluster whose ranks stay up and run one call after another
+        (:meth:`ClusterJob.run`): torchrun and the process groups start once per job, as a
+        local :class:`pipecomm.launch.Ranks` pool does. The ranks are stopped on leaving.
+
+        Example::
+
+            with c.job() as ranks:
+                for n in sizes:
+                    out = ranks.run(mymodule.measure, n, timeout_s=60)
+        """
         if not self.started:
             raise ClusterError("the cluster is not started (use `with VirtualCluster(...)`)")
-        call_dir = Path(tempfile.mkdtemp(prefix="call", dir=self._tmp.name))
-        (call_dir / "call.pkl").write_bytes(pickle.dumps((backend, payload)))
+        assert self._tmp is not None
+        job_dir = Path(tempfile.mkdtemp(prefix="job", dir=self._tmp.name))
+        (job_dir / "backend").write_text(backend)
         # the ranks import fn's module as this process does (e.g. a module next to a notebook)
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        program = ["-m", "pipecomm.cluster", "serve", str(job_dir)]
+        with self._started(lambda i: self.torchrun_argv(i, program), {"PYTHONPATH": path},
+                           None) as (procs, files):
+            job = ClusterJob(self, job_dir, procs, files)
+            try:
+                yield job
+            finally:
+                job.close()
+
+
+class ClusterJob:
+    """The ranks of a :meth:`VirtualCluster.job`: ``run(fn, *args)`` on all of them.
+
+    Calls travel through the (shared) file system: call ``k`` is ``call-<k>.pkl`` in the job's
+    directory, written atomically; every rank runs it and writes ``result-<k>-<rank>.pkl``. A
+    rank that raises writes its error and exits (the job is over: the others may wait in a
+    collective); a node whose agent exits, or a call past its ``timeout_s``, stops the job.
+    """
+
+    def __init__(self, cluster: VirtualCluster, job_dir: Path, procs: list, files: list) -> None:
+        self.cluster, self.dir, self._procs, self._files = cluster, job_dir, procs, files
+        self.world_size = cluster.world_size
+        self._calls = 0
+        self._dead = False
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank of the job; results in rank order.
+
+        Example::
+
+            per_rank = job.run(sweep.measure_points, points, timeout_s=120)
+        """
+        from pipecomm import launch
+
+        if self._dead:
+            raise ClusterError("this cluster job has stopped (an earlier call failed)")
+        limit = self.cluster.timeout_s if timeout_s is None else float(timeout_s)
+        if not limit > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        payload = launch._check_picklable(fn, args, kwargs)
+        k = self._calls
+        self._calls += 1
+        _write_atomic(self.dir / f"call-{k}.pkl", payload)
+        paths = [self.dir / f"result-{k}-{rank}.pkl" for rank in range(self.world_size)]
+        deadline = time.monotonic() + limit
         try:
-            self.torchrun(["-m", "pipecomm.cluster", "call", str(call_dir)], timeout_s=timeout_s,
-                          env={"PYTHONPATH": path})
-        except ClusterError:
-            _raise_rank_error(call_dir, self.world_size)
+            while True:
+                _raise_rank_error(paths)
+                if all(p.exists() for p in paths):
+                    return [pickle.loads(p.read_bytes())[1] for p in paths]
+                if time.monotonic() > deadline:
+                    _timed_out(self._procs, self._files, limit)
+                codes = _check_procs(self._procs, self._files, results=paths)
+                if any(c == 0 for c in codes):
+                    raise ClusterError("a node's torchrun agent ended during a call")
+                time.sleep(0.02)
+        except BaseException:
+            self._dead = True
             raise
-        _raise_rank_error(call_dir, self.world_size)
-        results = []
-        for rank in range(self.world_size):
-            path = call_dir / f"result-{rank}.pkl"
-            if not path.exists():
-                raise ClusterError(f"rank {rank} wrote no result")
-            results.append(pickle.loads(path.read_bytes())[1])
-        return results
+
+    def close(self) -> None:
+        """Ask the ranks to leave (they exit after the current call); the cluster's context
+        stops whatever is still running."""
+        if self._dead:
+            return
+        _write_atomic(self.dir / "stop", b"")
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
+            time.sleep(0.05)
+        self._dead = True
 
 
-def _raise_rank_error(call_dir: Path, world_size: int) -> None:
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.rename(path)
+
+
+def _check_procs(procs: list[subprocess.Popen], files: list, results: list[Path] = ()
+                 ) -> list[int | None]:
+    """Exit codes of the node programs; a failed one raises (a rank's own error first)."""
+    codes = [p.poll() for p in procs]
+    failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+    if failed:
+        time.sleep(1.0)  # let the others print why they stop too, and results land
+        _raise_rank_error(results)
+        i = failed[0]
+        tail = _read(files[i])[1][-3000:]
+        raise ClusterError(f"node {i} exited with status {codes[i]}:\n{tail}")
+    return codes
+
+
+def _timed_out(procs: list[subprocess.Popen], files: list, limit: float) -> None:
+    codes = [p.poll() for p in procs]
+    running = [i for i, c in enumerate(codes) if c is None]
+    tails = "\n".join(f"--- node {i}\n{_read(files[i])[1][-1500:]}" for i in running)
+    raise TimeoutError(f"nodes {running} still running after {limit:.0f} s; stopped\n{tails}")
+
+
+def _raise_rank_error(paths: Sequence[Path]) -> None:
     from pipecomm import launch
 
-    for rank in range(world_size):
-        path = call_dir / f"result-{rank}.pkl"
+    for rank, path in enumerate(paths):
         if path.exists():
             kind, value = pickle.loads(path.read_bytes())
             if kind == "error":
@@ -699,28 +793,33 @@ def _stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
 # --------------------------------------------------------------------------- rank side
 
 
-def _call_main(call_dir: str) -> None:
-    """Body of a rank of :meth:`VirtualCluster.run` (under torchrun)."""
+def _serve_main(job_dir: str) -> None:
+    """Body of a rank of :meth:`VirtualCluster.job` (under torchrun): run the calls as they
+    come, until the orchestrator writes ``stop``."""
     from pipecomm import launch
 
-    path = Path(call_dir)
-    backend, payload = pickle.loads((path / "call.pkl").read_bytes())
-    info = launch.init_from_env(backend)
-    try:
-        fn, args, kwargs = pickle.loads(payload)
-        result: tuple[str, Any] = ("ok", launch._to_cpu(fn(*args, **kwargs)))
-    except BaseException as exc:
-        result = ("error", (repr(exc), traceback.format_exc()))
-    tmp = path / f".result-{info.rank}.tmp"
-    tmp.write_bytes(pickle.dumps(result))
-    tmp.rename(path / f"result-{info.rank}.pkl")
-    import torch.distributed as dist
-
-    if result[0] == "ok":
-        dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if result[0] == "ok" else 1)  # see experiments._cli._leave_job
+    path = Path(job_dir)
+    info = launch.init_from_env((path / "backend").read_text())
+    k = 0
+    while True:
+        call = path / f"call-{k}.pkl"
+        while not call.exists():
+            if (path / "stop").exists():
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)  # see experiments._cli._leave_job
+            time.sleep(0.01)
+        try:
+            fn, args, kwargs = pickle.loads(call.read_bytes())
+            result: tuple[str, Any] = ("ok", launch._to_cpu(fn(*args, **kwargs)))
+        except BaseException as exc:
+            result = ("error", (repr(exc), traceback.format_exc()))
+        _write_atomic(path / f"result-{k}-{info.rank}.pkl", pickle.dumps(result))
+        if result[0] != "ok":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        k += 1
 
 
 # --------------------------------------------------------------------------- measurements
@@ -761,11 +860,12 @@ def link_bandwidth(sizes: Sequence[int], iters: int = 3, src: int = 0, dst: int 
     return rows[1:] if rank == src else []
 
 
-def chain_bandwidth(nbytes: int, iters: int = 3) -> float:
-    """Rank function: every rank ``i`` sends ``nbytes`` to rank ``i + 1`` while receiving from
-    ``i - 1``, all links busy at once; the achieved rate per link (B/s, median over ``iters``,
-    the same on every rank). Against :func:`link_bandwidth` (one link alone) it says whether the
-    host carries every shaped link at once: the kernel's copies and shaping of p concurrent
+def chain_bandwidth(nbytes: int, iters: int = 3, stride: int = 1) -> float:
+    """Rank function: every ``stride``-th rank ``i`` sends ``nbytes`` to rank ``i + stride``
+    while receiving from ``i - stride``, all those links busy at once (``stride`` = ranks per
+    node: one flow per node link); the achieved rate per link (B/s, median over ``iters``, the
+    same on every rank). Against :func:`link_bandwidth` (one link alone) it says whether the
+    host carries every shaped link at once: the kernel's copies and shaping of concurrent
     flows share the host's cores, and a shaped network the host cannot carry measures the host.
 
     Example::
@@ -776,14 +876,20 @@ def chain_bandwidth(nbytes: int, iters: int = 3) -> float:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride < world:
+        raise ValueError(f"stride must be an int in [1, {world - 1}], got {stride!r}")
     out = torch.zeros(nbytes, dtype=torch.uint8)
     into = torch.zeros(nbytes, dtype=torch.uint8)
+    chained = rank % stride == 0
     times = []
     for i in range(iters + 1):  # the first opens the connections, not counted
         dist.barrier()
         start = time.perf_counter()
-        works = ([dist.isend(out, rank + 1)] if rank + 1 < world else []) + (
-            [dist.irecv(into, rank - 1)] if rank > 0 else [])
+        works = []
+        if chained and rank + stride < world:
+            works.append(dist.isend(out, rank + stride))
+        if chained and rank >= stride:
+            works.append(dist.irecv(into, rank - stride))
         for w in works:
             w.wait()
         dist.barrier()
@@ -791,6 +897,61 @@ def chain_bandwidth(nbytes: int, iters: int = 3) -> float:
             times.append(time.perf_counter() - start)
     times.sort()
     return nbytes / times[len(times) // 2]
+
+
+def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,
+              host_margin: float = 0.9, configured_Bps: float | None = None) -> dict[str, Any]:
+    """Rank function: the cluster's links as the cost models see them, and a check that the
+    host carries them all at once.
+
+    * inter-node link: node 0 -> node 1 (rank 0 -> rank ``ranks_per_node``),
+      :func:`link_bandwidth` per size and its alpha-beta fit (``time = alpha + n / B``);
+    * intra-node link (``ranks_per_node > 1``): rank 0 -> rank 1 over the node's loopback;
+    * every node link busy at once (:func:`chain_bandwidth` at the largest size) must keep
+      ``host_margin`` of the lone link's rate at that size, else :class:`ClusterError` (on every
+      rank) naming the bandwidth to configure instead.
+
+    Returns (the same on every rank) ``{"inter": {...}, "intra": {...} | None, "chain_Bps":
+    rate}`` where each link is ``{"alpha_s", "bandwidth_Bps", "rows"}`` (``rows``: ``nbytes``,
+    ``time_s``, ``bandwidth_Bps`` per size).
+
+    Example::
+
+        cal = c.run(cluster.calibrate, [4096, 1 << 20, 4 << 20], 5, 2)[0]
+        cal["inter"]["bandwidth_Bps"]
+    """
+    import torch.distributed as dist
+
+    from pipecomm import cost
+
+    if len(set(sizes)) < 2:
+        raise ValueError(f"sizes must hold >= 2 message sizes to fit alpha and beta, got {sizes!r}")
+
+    def link(src: int, dst: int) -> dict[str, Any] | None:
+        rows = link_bandwidth(sizes, iters, src, dst)
+        out = [None]
+        if dist.get_rank() == src:
+            alpha, beta = cost.fit_alpha_beta([r["nbytes"] for r in rows],
+                                              [r["time_s"] for r in rows])
+            out = [{"alpha_s": float(alpha), "bandwidth_Bps": float(1.0 / beta) if beta > 0
+                    else float("inf"), "rows": rows}]
+        dist.broadcast_object_list(out, src=src)
+        return out[0]
+
+    inter = link(0, ranks_per_node)
+    intra = link(0, 1) if ranks_per_node > 1 else None
+    largest = max(sizes)
+    alone = next(r["bandwidth_Bps"] for r in inter["rows"] if r["nbytes"] == largest)
+    chain = chain_bandwidth(largest, iters, ranks_per_node)
+    if chain < host_margin * alone:  # every rank sees the same numbers: all raise
+        nodes = dist.get_world_size() // ranks_per_node
+        advice = (f"lower the link bandwidth to about {0.8 * chain / alone * configured_Bps:.3g}"
+                  " B/s" if configured_Bps else "lower the link bandwidth")
+        raise ClusterError(
+            f"this host cannot carry {nodes} shaped node links at once: each moved "
+            f"{chain / 1e6:.1f} MB/s with all busy against {alone / 1e6:.1f} MB/s alone "
+            f"(< {host_margin:.0%}); {advice}, or use fewer nodes")
+    return {"inter": inter, "intra": intra, "chain_Bps": float(chain)}
 
 
 def measure_bandwidth(
@@ -885,7 +1046,7 @@ def _main(argv: list[str] | None = None) -> int:
     bw.add_argument("--rate", type=float, default=50e6, help="configured B/s (50e6)")
     bw.add_argument("--sizes", type=int, nargs="+", default=[1 << 20, 4 << 20, 16 << 20, 64 << 20])
     bw.add_argument("--iters", type=int, default=3)
-    c = sub.add_parser("call", help="(internal) rank side of VirtualCluster.run")
+    c = sub.add_parser("serve", help="(internal) rank side of VirtualCluster.job")
     c.add_argument("dir")
     pa = sub.add_parser("program", help="torchrun program of a profile's experiment, one "
                         "argument a line")
@@ -910,8 +1071,8 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"{r['nbytes']},{r['time_s']:.4f},{r['bandwidth_Bps']:.4g},"
                   f"{r['configured_Bps']:.4g},{r['bandwidth_Bps'] / r['configured_Bps']:.3f}")
         return 0
-    if args.cmd == "call":
-        _call_main(args.dir)
+    if args.cmd == "serve":
+        _serve_main(args.dir)
         return 0
     print("\n".join(program_args(args.profile, args.experiment, args.out, args.world_size,
                                   args.ranks_per_node, extra)))

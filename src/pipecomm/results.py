@@ -32,7 +32,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this package was installed from (editable install) — where results/ lives."""
 
 NETWORK_COLUMN = "network"
-"""Every data.csv says which network: "real", netem's "emulated, ..." text, or "analytic ..."."""
+"""Every data.csv says which network: "real", netem's "emulated, ..." text, a virtual cluster's
+"shaped: Linux tc tbf, real TCP; ..." text, or "analytic ..."."""
+NETWORK_KINDS = ("real", "emulated", "shaped", "analytic")
+
+
+def network_kind(text: Any) -> str:
+    """The kind of a ``network`` column's text: ``"real"``, ``"emulated"`` (pipecomm.netem),
+    ``"shaped"`` (a real network shaped by Linux tc) or ``"analytic"``.
+
+    Example::
+
+        network_kind("shaped: Linux tc tbf, real TCP; 8 nodes x 1 rank, ...")   # 'shaped'
+    """
+    head = (str(text).split() or [""])[0].rstrip(":,")
+    if head not in NETWORK_KINDS:
+        raise ValueError(f"network {text!r} is none of {NETWORK_KINDS}")
+    return head
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -242,6 +258,7 @@ def describe_runs(df: pd.DataFrame) -> dict[str, Any]:
             values = sorted({v for v in df[col].dropna().tolist()}, key=str)
             out[key] = [v.item() if hasattr(v, "item") else v for v in values]
     nets = out.get("networks", [])
+    out["network_kinds"] = sorted({network_kind(n) for n in nets})
     out["emulated_network"] = any(str(n).startswith("emulated") for n in nets)
     out["analytic_only"] = bool(nets) and all(str(n).startswith("analytic") for n in nets)
     return out

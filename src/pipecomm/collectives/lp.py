@@ -42,8 +42,10 @@ from pipecomm.collectives._reduce import combine, finish
 def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float = 1.0) -> int:
     """The LP block size the cost model predicts to be fastest for this collective.
 
-    Under an emulated network (``pipecomm.netem.current()``): the alpha-beta optimum
-    ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` on its (intra-node) link. On
+    Under an emulated network (``pipecomm.netem.current()``), or a network this rank was told
+    about (:func:`set_model_network`: a shaped cluster's calibrated links): the alpha-beta
+    optimum ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` on its (intra-node)
+    link. On
     the real gloo backend: ``pipecomm.cost.lp_block_bytes_on_host`` on ``cost.host_link()`` (E0's
     per-size link table and the host's shared bandwidth; the ranks of a local pool share one
     host). On NCCL: the alpha-beta optimum on ``cost.calibrated_link()``.
@@ -61,6 +63,7 @@ def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float
 
     current = getattr(netem, "current", None)
     network = current() if current is not None else None
+    network = network if network is not None else _MODEL_NETWORK
     ratio = float(compression_ratio)
     if network is not None:
         link = cost.link_from_network(network)
@@ -70,6 +73,22 @@ def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float
         wire = max(1, int(nbytes / ratio))
         return max(1, int(ratio * cost.lp_block_bytes_on_host(kind, wire, p, _host_link())))
     return _optimal_block_bytes(kind, nbytes, p, link, ratio)
+
+
+_MODEL_NETWORK: Any = None
+
+
+def set_model_network(network: Any) -> None:
+    """Rank function: plan LP's default blocks on ``network`` (a :class:`pipecomm.netem.Network`
+    that describes the real links, e.g. a shaped cluster's calibration; nothing is emulated)
+    instead of this host's loopback calibration; ``None`` restores the default.
+
+    Example::
+
+        job.run(lp.set_model_network, calibrated_net)
+    """
+    global _MODEL_NETWORK
+    _MODEL_NETWORK = network
 
 
 @functools.lru_cache(maxsize=8)

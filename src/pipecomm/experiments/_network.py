@@ -12,6 +12,10 @@ given multiple of compute).
   and its intra-/inter-node link models (:func:`link_models`).
 * Every data.csv's ``network`` column: :func:`network_text` (``"real"`` or the emulated
   network's ``describe()``, as :data:`pipecomm.results.NETWORK_COLUMN` documents).
+* Where an experiment measures: :func:`ranks_on` -- the same rank functions on the emulated
+  network (``network="emulated"``, a local pool on :mod:`pipecomm.netem`) or on a real shaped one
+  (``network="shaped"``, a :class:`pipecomm.cluster.VirtualCluster` of Linux network namespaces,
+  tc tbf links, real TCP, one torchrun agent per node), with the network the cost models use.
 
 Example::
 
@@ -22,9 +26,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipecomm import cost, netem
@@ -33,14 +38,18 @@ from pipecomm.experiments import base
 __all__ = [
     "DEFAULT_NETWORK",
     "FLAT_NETWORK",
+    "NETWORK_KINDS",
+    "NetworkRanks",
     "TwoLevelParams",
     "NETWORK_KEYS",
+    "check_network_kind",
     "choose_bandwidth",
     "link_models",
     "make_network",
     "network_and_link",
     "network_for",
     "network_text",
+    "ranks_on",
 ]
 
 #: The cpu profile's two-level network (docs/network_model.md): nodes of 2 ranks, intra-node links
@@ -63,17 +72,29 @@ FLAT_NETWORK: dict[str, Any] = {
 
 NETWORK_KEYS = tuple(DEFAULT_NETWORK)
 
+#: Where a network experiment measures: pipecomm's emulator, or a real network the kernel shapes.
+NETWORK_KINDS = ("emulated", "shaped")
+#: Link calibration of a shaped cluster (:func:`pipecomm.cluster.calibrate`): 4 KiB is the latency.
+SHAPED_CALIBRATION_SIZES = (4 << 10, 1 << 20, 4 << 20)
+
 
 @dataclass(frozen=True)
 class TwoLevelParams(base.Params):
     """The two-level network's parameters of an experiment (E10, E12), defaults from
-    :data:`DEFAULT_NETWORK` (written once there); :func:`make_network` validates them."""
+    :data:`DEFAULT_NETWORK` (written once there), and where the experiment measures
+    (``network``: the emulator, or a shaped cluster of nodes of ``ranks_per_node`` ranks whose
+    node links run at ``inter_bandwidth_Bps``, see :func:`ranks_on`)."""
 
     intra_alpha_s: float = DEFAULT_NETWORK["intra_alpha_s"]
     intra_bandwidth_Bps: float = DEFAULT_NETWORK["intra_bandwidth_Bps"]
     inter_alpha_s: float = DEFAULT_NETWORK["inter_alpha_s"]
     inter_bandwidth_Bps: float = DEFAULT_NETWORK["inter_bandwidth_Bps"]
     ports: str = DEFAULT_NETWORK["ports"]
+    network: str = "emulated"  # "emulated" or "shaped": where it measures (ranks_on)
+
+    def validate(self) -> None:
+        check_network_kind(self.network)
+        make_network(self)
 
 
 # ------------------------------------------------------------------------------------ network
@@ -215,3 +236,131 @@ def choose_bandwidth(
         if hi / lo < 1 + 1e-9:
             break
     return math.sqrt(lo * hi)
+
+
+# ------------------------------------------------------------------------- where it measures
+
+
+@dataclass
+class NetworkRanks:
+    """The ranks an experiment measures on, and the network its cost models use.
+
+    Attributes:
+        kind: ``"emulated"`` (:mod:`pipecomm.netem`), ``"shaped"`` (a virtual cluster) or
+            ``"real"`` (no network model: NCCL's interconnect).
+        net: the network the models use: the emulated network itself, or the shaped cluster's
+            calibrated links (alpha and bandwidth fitted per link, the requested ports) as a
+            :class:`pipecomm.netem.Network` (a description; nothing is emulated with it);
+            ``None`` when real.
+        text: the data.csv ``network`` column (``describe()`` of the emulator or the cluster).
+        calibration: the shaped cluster's :func:`pipecomm.cluster.calibrate` record (``None``
+            when emulated).
+
+    Example::
+
+        with ranks_on("shaped", 8, netem.Network(1e-3, 20e6), 1 << 20) as ranks:
+            rows = ranks.run(sweep.measure_points, points)[0]
+            link = cost.link_from_network(ranks.net)     # the calibrated link
+    """
+
+    kind: str
+    net: netem.Network | None
+    text: str
+    runner: Any = field(repr=False)
+    calibration: dict[str, Any] | None = None
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list:
+        """``fn(*args)`` on every rank; results in rank order."""
+        return self.runner.run(fn, *args, **({} if timeout_s is None else
+                                              {"timeout_s": timeout_s}))
+
+
+def check_network_kind(network: Any) -> str:
+    """``network`` if it is one of :data:`NETWORK_KINDS`, else a ValueError naming it.
+
+    Example::
+
+        check_network_kind("shaped")   # 'shaped'
+    """
+    if network not in NETWORK_KINDS:
+        raise ValueError(f"parameter network must be one of {NETWORK_KINDS}, got {network!r}")
+    return network
+
+
+@contextlib.contextmanager
+def ranks_on(
+    network: str,
+    world_size: int,
+    net: netem.Network | None,
+    smallest_bytes: int | None = None,
+    *,
+    ranks_per_node: int | None = None,
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+    calibration_sizes: Sequence[int] = SHAPED_CALIBRATION_SIZES,
+    calibration_iters: int = 5,
+) -> Iterator[NetworkRanks]:
+    """Ranks on the ``network`` kind an experiment asked for, shaped like ``net``.
+
+    * ``"emulated"``: :func:`pipecomm.netem.pool`, which first checks that the host delivers
+      ``net``'s links with messages of ``smallest_bytes``; ``smallest_bytes=None`` skips that
+      probe (:func:`pipecomm.launch.pool`: the training experiments time whole iterations).
+      ``net=None`` (NCCL, or no network): the real interconnect, ``kind="real"``.
+    * ``"shaped"``: a :class:`pipecomm.cluster.VirtualCluster` of ``world_size /
+      ranks_per_node`` nodes whose links the kernel shapes to ``net``'s inter-node bandwidth
+      (``ports="per-neighbor"``: a link per pair of nodes); the ranks of a node share its
+      namespace (intra-node traffic over its loopback, unshaped), and one torchrun job serves
+      every call (:meth:`pipecomm.cluster.VirtualCluster.job`). Latency cannot be added to the
+      links, so ``net``'s latencies do not apply; instead every link kind is calibrated first
+      (:func:`pipecomm.cluster.calibrate`: alpha and bandwidth as measured), the host must carry
+      every node link at once, and ``NetworkRanks.net`` holds the calibrated links for the cost
+      models (and for LP's default block size on the ranks,
+      :func:`pipecomm.collectives.lp.set_model_network`). Needs root, iproute2 and tc tbf
+      (:func:`pipecomm.cluster.available`) and gloo; without them a RuntimeError says why (the
+      emulator is the fallback: ``network="emulated"``).
+
+    Example::
+
+        with ranks_on(p["network"], 8, net, 64 << 10) as ranks:
+            out = ranks.run(sweep.measure_points, points)
+    """
+    from pipecomm import cluster, launch
+    from pipecomm.collectives import lp
+
+    check_network_kind(network)
+    rpn = ranks_per_node or 1
+    if network == "emulated" or net is None:
+        if net is None:
+            with launch.pool(world_size, backend=backend) as ranks:
+                yield NetworkRanks("real", None, network_text(None), ranks)
+        elif smallest_bytes is None:
+            with launch.pool(world_size, backend=backend, network=net,
+                             ranks_per_node=ranks_per_node) as ranks:
+                yield NetworkRanks("emulated", net, network_text(net, ranks_per_node), ranks)
+        else:
+            with netem.pool(world_size, net, smallest_bytes, ranks_per_node=ranks_per_node,
+                            timeout_s=timeout_s) as ranks:
+                yield NetworkRanks("emulated", net, network_text(net, ranks_per_node), ranks)
+        return
+    if backend != "gloo":
+        raise ValueError(f"network='shaped' runs gloo ranks on CPU, got backend={backend!r}")
+    ok, why = cluster.available()
+    if not ok:
+        raise RuntimeError(f"network='shaped' needs the virtual cluster (root, iproute2, tc tbf): "
+                           f"{why}; network='emulated' runs on pipecomm's emulator instead")
+    if world_size % rpn or world_size // rpn < 2:
+        raise ValueError(f"a shaped cluster needs >= 2 nodes of ranks_per_node={rpn} ranks; "
+                         f"world_size={world_size} does not divide into them")
+    bandwidth = net.inter_bandwidth
+    links = "per-neighbor" if net.ports == "per-neighbor" else "bridge"
+    with cluster.VirtualCluster(world_size // rpn, rpn, bandwidth, links=links,
+                                timeout_s=timeout_s) as c, c.job() as job:
+        cal = job.run(cluster.calibrate, list(calibration_sizes), calibration_iters, rpn,
+                      configured_Bps=bandwidth, timeout_s=timeout_s)[0]
+        inter, intra = cal["inter"], cal["intra"] or cal["inter"]
+        model_net = netem.Network(
+            alpha_s=intra["alpha_s"], bandwidth_Bps=intra["bandwidth_Bps"], ports=net.ports,
+            inter_alpha_s=inter["alpha_s"] if rpn > 1 else None,
+            inter_bandwidth_Bps=inter["bandwidth_Bps"] if rpn > 1 else None)
+        job.run(lp.set_model_network, model_net, timeout_s=timeout_s)  # LP's default blocks
+        yield NetworkRanks("shaped", model_net, c.describe(), job, cal)

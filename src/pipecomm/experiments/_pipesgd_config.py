@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 from pipecomm import cost, data, launch, models, netem, schedules, vocab
 from pipecomm.experiments import base
 from pipecomm.experiments._checks import positive_float, positive_int, require
+from pipecomm.experiments._network import check_network_kind
 from pipecomm.experiments._workloads import check_batch_size
 
 __all__ = [
@@ -296,9 +297,11 @@ class CalibratedParams(TrainingParams):
 @dataclass(frozen=True)
 class PoolParams(TrainingParams):
     """A training experiment on one pool of ``world_size`` ranks (E5, E7-E9): ``backend``
-    ``"gloo"`` (CPU ranks on an emulated network of ``bandwidth_Bps``) or ``"nccl"`` (one GPU per
-    rank, the real interconnect; ``alpha_s``, ``bandwidth_Bps``, ``ports`` and ``comm_ratio`` are
-    then unused), each rank training ``batch_size`` images of ``dataset`` per step."""
+    ``"gloo"`` (CPU ranks on a network of ``bandwidth_Bps``: emulated, or with
+    ``network="shaped"`` a virtual cluster of one rank per node on Linux tc tbf links, whose
+    calibrated link then replaces ``alpha_s`` in the model) or ``"nccl"`` (one GPU per rank, the
+    real interconnect; ``alpha_s``, ``bandwidth_Bps``, ``ports`` and ``comm_ratio`` are then
+    unused), each rank training ``batch_size`` images of ``dataset`` per step."""
 
     #: Whether ``bandwidth_Bps=None`` is allowed (chosen from ``comm_ratio``).
     BANDWIDTH_OPTIONAL: ClassVar[bool] = False
@@ -309,9 +312,13 @@ class PoolParams(TrainingParams):
     backend: str = "gloo"
     dataset: str = "digits"
     data_root: str | None = None
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on; gloo only)
 
     def validate(self) -> None:
         p = self
+        check_network_kind(p["network"])
+        require(p["network"] == "emulated" or p["backend"] == "gloo", "network", p["network"],
+                "'shaped' runs gloo ranks: use backend='gloo'")
         _check_pool_backend(p["backend"], p["world_size"])
         super().validate()
         positive_int(p, "world_size", "batch_size")

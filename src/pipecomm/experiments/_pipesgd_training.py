@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from pipecomm import bench, cost, launch, results, schedules, timing_model
 from pipecomm.experiments._calibration import rank_calibrate_step, summarize_step
-from pipecomm.experiments._network import network_and_link, network_for, network_text
+from pipecomm.experiments._network import network_and_link, network_for, ranks_on
 from pipecomm.experiments._pipesgd_config import check_config, lr_scale, parse_method
 from pipecomm.experiments._trainers import gil_switch_interval, rank_world
 from pipecomm.experiments._workloads import (
@@ -277,9 +277,12 @@ def calibrate_and_train(
             cal = runs(key, calibrate, ranks)
     net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
     rows: list[dict[str, Any]] = []
-    with launch.pool(world, backend=p["backend"], network=net) as ranks:
+    with ranks_on(p["network"], world, net, backend=p["backend"],
+                  timeout_s=p["timeout_s"]) as ranks:
+        if ranks.net is not None:  # a shaped network: the model's link is its calibration
+            link = cost.link_from_network(ranks.net)
         if cal is None:
-            cal = runs({**key, "network": network_text(net)}, calibrate, ranks)
+            cal = runs({**key, "network": ranks.text}, calibrate, ranks)
         kw = dict(
             compute_s=cal["compute_s"],
             update_s=cal["update_s"],
@@ -307,7 +310,7 @@ def calibrate_and_train(
                 cfg = config(p, seed, method)
                 if iterations and method in iterations:
                     cfg["iterations"] = iterations[method]
-                res = runs({"train": cfg, "network": network_text(net)}, ranks.run, train_rank,
+                res = runs({"train": cfg, "network": ranks.text}, ranks.run, train_rank,
                            cfg, timeout_s=p["timeout_s"])
                 rows += iteration_rows(res, method=method, seed=seed)
                 rows += eval_rows(res, method=method, seed=seed)
@@ -316,7 +319,8 @@ def calibrate_and_train(
         backend=p["backend"],
         world_size=world,
         schedule=schedules.describe(cfg0["schedule"], cfg0["warmup_steps"], cfg0["min_lr_ratio"]),
-        network=network_text(net),
+        network=ranks.text,
+        network_kind=ranks.kind,
         bandwidth_Bps=1.0 / link.beta,
         skip=p["skip"],
         algorithm=p["algorithm"],

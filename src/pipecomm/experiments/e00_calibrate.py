@@ -12,6 +12,12 @@ reported beside it.
 With an emulated network (``pipecomm.netem``) the same ping-pong measures the *emulated* alpha and
 bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; claim C0.2
 compares every message with the configured values (threshold: artifact/claims.yaml).
+With ``network="shaped"`` that section runs on a real network instead (section ``shaped``: a
+virtual cluster of single-port nodes whose links Linux tc tbf shapes to ``emu_bandwidth_Bps``,
+real TCP; :func:`pipecomm.experiments._network.ranks_on`): latency cannot be added there, so the
+reference line is the cluster's own link calibration (node 0 -> 1, alpha and bandwidth fitted;
+recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``), and C0.2 then asks whether 4 concurrent
+pairs at p = 8 still see that link.
 
 ``backend="nccl"`` (gpu profile) ping-pongs between two GPUs over NCCL and times gamma on the GPU
 (every timed interval ends with a device synchronisation); its calibration.json then feeds the
@@ -39,6 +45,7 @@ from pipecomm import bench, claims, cost, launch, results, stats
 from pipecomm.collectives.p2p import exchange
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import check_backend, main
+from pipecomm.experiments._network import NETWORK_KINDS, check_network_kind, ranks_on
 from pipecomm.sweep import message_sizes
 
 ID = "E0"
@@ -64,8 +71,10 @@ class Params(base.Params):
     emu_sizes_max: int = 4 << 20
     backend: str = "gloo"
     timeout_s: float = 300.0
+    network: str = "emulated"  # where the emu_* section runs: "emulated" or "shaped"
 
     def validate(self) -> None:
+        check_network_kind(self.network)
         message_sizes(self.sizes_min, self.sizes_max, self.size_factor)
         message_sizes(self.sizes_min, self.emu_sizes_max, self.size_factor)
         for name, minimum in (("iters", 1), ("warmup", 0), ("gamma_bytes", 0),
@@ -164,12 +173,13 @@ def run(**params: Any) -> pd.DataFrame:
         net = netem.Network(alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"])
         emu_sizes = message_sizes(p["sizes_min"], p["emu_sizes_max"], p["size_factor"])
         for world in p["emu_world_sizes"]:
-            with netem.pool(world, net, min(emu_sizes), timeout_s=p["timeout_s"]) as ranks:
+            with ranks_on(p["network"], world, net, min(emu_sizes),
+                          timeout_s=p["timeout_s"]) as ranks:
                 per_rank = ranks.run(_measure_rank, emu_sizes, p["iters"], p["warmup"], 0,
                                      timeout_s=p["timeout_s"])
             frames.append(pd.DataFrame([r for rows in per_rank for r in rows]).assign(
-                section="emulated", world_size=world, backend="gloo", network=net.describe(),
-                emu_alpha_s=p["emu_alpha_s"], emu_bandwidth_Bps=p["emu_bandwidth_Bps"]))
+                section=ranks.kind, world_size=world, backend="gloo", network=ranks.text,
+                emu_alpha_s=ranks.net.alpha_s, emu_bandwidth_Bps=ranks.net.bandwidth_Bps))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -202,7 +212,7 @@ def fit(df: pd.DataFrame, min_bytes: int = DEFAULTS["fit_min_bytes"]) -> dict[st
 def fit_emulated(df: pd.DataFrame, min_bytes: int = 64 << 10) -> pd.DataFrame:
     """Per world size: the emulated alpha and bandwidth fitted from messages >= min_bytes."""
     rows = []
-    emu = df[(df.section == "emulated") & (df.nbytes >= min_bytes)]
+    emu = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     for world, g in emu.groupby("world_size"):
         a, b = cost.fit_alpha_beta(g.nbytes.to_numpy(), g.time_s.to_numpy())
         rows.append({"world_size": world, "alpha_s": a, "bandwidth_Bps": 1 / b,
@@ -222,8 +232,9 @@ def summary(df: pd.DataFrame, fit_min_bytes: int = DEFAULTS["fit_min_bytes"]) ->
     rows = [{"link": f"{_real_link(df)} (real)", "alpha_us": f["alpha_s"] * 1e6,
              "bandwidth_MBps": f["bandwidth_Bps"] / 1e6,
              "gamma_GBps": 1e-9 / f["gamma_s_per_byte"]}]
+    kind = df[df.section.isin(NETWORK_KINDS)].section
     for _, r in fit_emulated(df).iterrows():
-        rows.append({"link": f"emulated, p={int(r.world_size)} (configured "
+        rows.append({"link": f"{kind.iloc[0]}, p={int(r.world_size)} (its link: "
                              f"{r.config_alpha_s * 1e3:g} ms, {r.config_bandwidth_Bps / 1e6:g} MB/s)",
                      "alpha_us": r.alpha_s * 1e6, "bandwidth_MBps": r.bandwidth_Bps / 1e6,
                      "gamma_GBps": float("nan")})
@@ -236,7 +247,7 @@ def plot(df: pd.DataFrame, **params: Any):
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="paper")
-    emulated = df[df.section == "emulated"]
+    emulated = df[df.section.isin(NETWORK_KINDS)]
     ncols = 2 if len(emulated) else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 4), squeeze=False)
     real = df[df.section == "real"]
@@ -256,9 +267,12 @@ def plot(df: pd.DataFrame, **params: Any):
             ax.loglog(g.nbytes, g.time_s, "o", alpha=0.7, label=f"measured, p={world}")
         a, bw = emulated.emu_alpha_s.iloc[0], emulated.emu_bandwidth_Bps.iloc[0]
         xs = np.geomspace(emulated.nbytes.min(), emulated.nbytes.max(), 100)
-        ax.loglog(xs, a + xs / bw, "k-", label=f"configured: {a * 1e3:g} ms + n / {bw / 1e6:g} MB/s")
+        shaped = emulated.section.iloc[0] == "shaped"
+        ax.loglog(xs, a + xs / bw, "k-", label=f"{'calibrated' if shaped else 'configured'}: "
+                  f"{a * 1e3:.3g} ms + n / {bw / 1e6:.3g} MB/s")
         ax.set(xlabel="message size (bytes)", ylabel="one-way time (s)",
-               title=f"emulated network (gloo underneath)\n{emulated.network.iloc[0]}")
+               title=f"{emulated.section.iloc[0]} network (gloo underneath)\n"
+                     f"{emulated.network.iloc[0]}")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -289,7 +303,7 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "times_s", "world_size",
                            "emu_alpha_s", "emu_bandwidth_Bps", "pair")
-    emu = df[(df.section == "emulated") & (df.nbytes >= min_bytes)]
+    emu = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     missing = sorted(set(world_sizes) - set(emu.world_size.tolist()))
     if missing:
         raise ValueError(f"no emulated measurements for world sizes {missing}")

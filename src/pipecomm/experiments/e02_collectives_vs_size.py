@@ -18,6 +18,11 @@ Two sections, one tidy table (column ``section``):
   Broadcast schedules move at most one message in and one out of a rank per step, so their
   modelled time is the same under both port models; the profile measures broadcast with single
   ports and allreduce (where LP's two streams share or do not share a port) with both.
+  With ``network="shaped"`` the same cases run on a real network instead (section ``shaped``:
+  a virtual cluster of single-port nodes, Linux tc tbf links of ``emu_bandwidth_Bps``, real TCP;
+  :func:`pipecomm.experiments._network.ranks_on`): latency cannot be added there, so
+  ``emu_alpha_s`` does not apply and the model uses the cluster's calibrated link (alpha and
+  bandwidth as measured), recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``.
 * ``real``: no emulation (loopback gloo on the cpu profile, NCCL on the gpu profile): lp, mst,
   be, ring and the backend's built-in ``torch`` at ``real_sizes_*`` for every p of
   ``real_world_sizes`` (subgroups of ranks 0..p-1 of one pool of max(p) ranks), time and busbw
@@ -60,9 +65,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipecomm import bench, claims, collectives, cost, launch, netem, stats
+from pipecomm import bench, claims, collectives, cost, launch, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._network import NETWORK_KINDS, check_network_kind, ranks_on
 from pipecomm.sweep import (
     ALG_COLORS,
     measure_points,
@@ -106,9 +112,11 @@ class Params(base.Params):
     real_warmup: int = 1
     backend: str = "gloo"
     timeout_s: float = 900.0
+    network: str = "emulated"  # where emu_cases run: "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
         p = self
+        check_network_kind(p["network"])
         _check_int("world_size", p["world_size"], 2)
         for name in ("iters", "iters_large", "real_iters"):
             _check_int(name, p[name], 1)
@@ -338,7 +346,6 @@ def run(**params: Any) -> pd.DataFrame:
     pl = plan(**params)
     for ports in [q for q in PORTS if q in set(pl.ports)]:
         net = network(p, ports)
-        link = cost.link_from_network(net)
         todo = pl[(pl.ports == ports) & pl.measure]
         points = [
             {
@@ -355,8 +362,10 @@ def run(**params: Any) -> pd.DataFrame:
         if not points:
             continue
         smallest = min(pt["nbytes"] for pt in points) // p["world_size"]  # a BE / ring chunk
-        with netem.pool(p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(p["network"], p["world_size"], net, smallest,
+                      timeout_s=p["timeout_s"]) as ranks:
             out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+        link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
         d = pd.DataFrame(out[0])
         d["model_s"] = [
             cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
@@ -364,12 +373,12 @@ def run(**params: Any) -> pd.DataFrame:
         ]
         frames.append(
             d.assign(
-                section="emulated",
+                section=ranks.kind,
                 ports=ports,
                 backend="gloo",
-                network=net.describe(),
-                emu_alpha_s=float(p["emu_alpha_s"]),
-                emu_bandwidth_Bps=float(p["emu_bandwidth_Bps"]),
+                network=ranks.text,
+                emu_alpha_s=link.alpha,
+                emu_bandwidth_Bps=link.bandwidth_Bps,
                 model_gamma_s_per_byte=link.gamma,
             )
         )
@@ -404,7 +413,7 @@ def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict
 
 def _emulated(df: pd.DataFrame, op: str, ports: str) -> pd.DataFrame:
     claims.require_columns(df, "section", "ports", "op", "algorithm", "nbytes", "time_s")
-    d = df[(df.section == "emulated") & (df.ports == ports) & (df.op == op)]
+    d = df[df.section.isin(NETWORK_KINDS) & (df.ports == ports) & (df.op == op)]
     if d.empty:
         raise ValueError(f"no emulated {op} measurements with {ports!r} ports")
     return d
@@ -444,13 +453,13 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
     rows = []
     emu = (
-        df[(df.section == "emulated") & (df.nbytes >= (1 << 20))]
+        df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= (1 << 20))]
         if "section" in df
         else df.iloc[:0]
     )
-    for (ports, op, n), g in emu.groupby(["ports", "op", "nbytes"]):
+    for (kind, ports, op, n), g in emu.groupby(["section", "ports", "op", "nbytes"]):
         base = {
-            "section": "emulated",
+            "section": kind,
             "setting": f"{ports} ports, p={int(g.world_size.iloc[0])}",
             "op": op,
             "MiB": n / 2**20,
@@ -495,7 +504,7 @@ def plot(df: pd.DataFrame, **params: Any):
 
     sns.set_theme(style="whitegrid", context="paper")
     df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
-    emu = df[df.section == "emulated"]
+    emu = df[df.section.isin(NETWORK_KINDS)]
     real = df[df.section == "real"]
     if len(real) and "busbw_Bps" not in real:
         real = _add_bandwidths(real.copy())
@@ -578,9 +587,10 @@ def plot(df: pd.DataFrame, **params: Any):
         for j in range(len(real_ops) + 1, ncols):
             axes[row, j].axis("off")
     backend = ", ".join(sorted(set(df.backend)))
+    where = "; ".join(sorted(set(emu.network))) if len(emu) else "none"
     fig.suptitle(
-        f"E2 — collectives vs message size ({backend}); top: emulated network, "
-        "measured with the alpha-beta-gamma model overlaid; bottom: real backend",
+        f"E2 — collectives vs message size ({backend}); top: measured on {where}, with the "
+        "alpha-beta-gamma model of its link overlaid; bottom: real backend",
         fontsize=9,
     )
     fig.tight_layout()
@@ -694,7 +704,7 @@ def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
     _times_at(d, n, ("lp", "be"))
     r, lo, hi = claims.ratio(_samples(d, n, "be"), _samples(d, n, "lp"))
     text = f"per-neighbor BE/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)}"
-    s = df[(df.section == "emulated") & (df.ports == "single") & (df.op == "allreduce")]
+    s = df[df.section.isin(NETWORK_KINDS) & (df.ports == "single") & (df.op == "allreduce")]
     if {"lp", "be"} <= set(s[s.nbytes == n].algorithm):
         rs = claims.ratio(_samples(s, n, "be"), _samples(s, n, "lp"))
         text += f"; single-port BE/LP {claims.fmt_ci(*rs)} (information)"
@@ -712,7 +722,7 @@ def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float) -> cl
         check_model_within(df, 1 << 20, 0.25)
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "model_s", "times_s")
-    d = df[(df.section == "emulated") & (df.nbytes >= min_bytes)]
+    d = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     if d.empty:
         raise ValueError(f"no emulated measurements >= {min_bytes} B")
     labels = [f"{r.op} {r.algorithm}, {r.ports}, {_mib(r.nbytes)}" for r in d.itertuples()]

@@ -15,7 +15,11 @@ Timing: :func:`pipecomm.bench.time_fn` (barrier, max over ranks, median of ``ite
 untimed call of each algorithm on a small message; no warm-up at the large size (a call costs
 seconds and is deterministic to a few percent under the emulator). Each point carries the model
 time (``model_s``, :func:`pipecomm.cost.collective_time` on
-:func:`pipecomm.cost.link_from_network`, LP with the block size it used).
+:func:`pipecomm.cost.link_from_network`, LP with the block size it used). With
+``network="shaped"`` the pool is a virtual cluster of single-port nodes on Linux tc tbf links
+of ``emu_bandwidth_Bps`` (real TCP; :func:`pipecomm.experiments._network.ranks_on`): latency
+cannot be added there, and the model uses the cluster's calibrated link instead of
+``emu_alpha_s`` (recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
 
 Claim (artifact/claims.yaml C3.1, with its threshold and the model's prediction; cpu profile:
 2 ms, 50 MB/s, single-port, 64 MiB, p = 2..8): the growth of LP's and of MST's broadcast time
@@ -40,9 +44,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, netem, stats
+from pipecomm import claims, cost, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._network import check_network_kind, ranks_on
 from pipecomm.sweep import (
     ALG_COLORS,
     check_link_params,
@@ -69,9 +74,11 @@ class Params(base.Params):
     iters: int = 2
     warmup: int = 0
     timeout_s: float = 600.0
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
         p = self
+        check_network_kind(p["network"])
         ws = p["world_sizes"]
         if (
             not isinstance(ws, (list, tuple))
@@ -153,8 +160,9 @@ def run(**params: Any) -> pd.DataFrame:
     ]
     smallest = min(p["nbytes"] // max(ws),  # a BE / ring chunk, or LP's block
                    cost.lp_optimal_block_bytes(p["op"], p["nbytes"], max(ws), link))
-    with netem.pool(max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
+    with ranks_on(p["network"], max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
         out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+    link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
     df = pd.DataFrame(out[0])
     df["model_s"] = [
         cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
@@ -163,9 +171,10 @@ def run(**params: Any) -> pd.DataFrame:
     return df.assign(
         ports=p["ports"],
         backend="gloo",
-        network=net.describe(),
-        emu_alpha_s=float(p["emu_alpha_s"]),
-        emu_bandwidth_Bps=float(p["emu_bandwidth_Bps"]),
+        network=ranks.text,
+        network_kind=ranks.kind,
+        emu_alpha_s=link.alpha,
+        emu_bandwidth_Bps=link.bandwidth_Bps,
         model_gamma_s_per_byte=link.gamma,
     )
 

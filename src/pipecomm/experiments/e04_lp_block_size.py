@@ -13,7 +13,11 @@ explicit ``block_bytes`` on a geometric grid around the modelled optimum b*: ``b
 steps_per_octave)`` for ``|j| <= steps_per_octave * log2(block_range)`` (rounded to 8 bytes and
 capped at the message; the grid contains b*/8, b* and 8 b* exactly when block_range >= 8).
 Timing: :func:`pipecomm.bench.time_fn` (barrier, max over ranks, median of ``iters`` after
-``warmup``). Each point carries the model time (``model_s``).
+``warmup``). Each point carries the model time (``model_s``). With ``network="shaped"`` the
+ranks are a virtual cluster of single-port nodes on Linux tc tbf links of ``emu_bandwidth_Bps``
+(real TCP; :func:`pipecomm.experiments._network.ranks_on`); latency cannot be added there, so
+the optimum b*, the grid around it and the model come from the cluster's calibrated link
+(recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
 
 Claims (artifact/claims.yaml C4.*, with thresholds and the model's predictions; cpu profile:
 p = 8, 2 ms, 50 MB/s, single-port, 4 MiB, where the model puts b* at 256 KiB, k = 16): the
@@ -39,9 +43,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, netem, stats
+from pipecomm import claims, cost, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._network import check_network_kind, ranks_on
 from pipecomm.sweep import ALG_COLORS, check_link_params, network
 
 ID = "E4"
@@ -64,9 +69,11 @@ class Params(base.Params):
     iters: int = 2
     warmup: int = 1
     timeout_s: float = 600.0
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
         p = self
+        check_network_kind(p["network"])
         for name, minimum in (
             ("world_size", 3),
             ("nbytes", 64),
@@ -132,7 +139,10 @@ def plan(**params: Any) -> pd.DataFrame:
         plan(world_size=8, nbytes=4 << 20).model_s.sum()
     """
     p = Params.make(**params)
-    link = cost.link_from_network(network(p))
+    return _plan(p, cost.link_from_network(network(p)))
+
+
+def _plan(p: Params, link: cost.LinkModel) -> pd.DataFrame:
     rows = []
     for op in p["ops"]:
         b_opt = optimum(op, p["nbytes"], p["world_size"], link)
@@ -223,10 +233,11 @@ def run(**params: Any) -> pd.DataFrame:
     """
     p = Params.make(**params)
     net = network(p)
-    pl = plan(**params)
-    points = pl.drop(columns="model_s").to_dict("records")
-    smallest = int(pl.block_bytes.min())
-    with netem.pool(p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
+    smallest = int(plan(**params).block_bytes.min())
+    with ranks_on(p["network"], p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
+        link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
+        pl = _plan(p, link)  # the block grid around the optimum on that link
+        points = pl.drop(columns="model_s").to_dict("records")
         out = ranks.run(
             measure_blocks, points, p["nbytes"], p["warmup"], p["iters"], timeout_s=p["timeout_s"]
         )
@@ -240,10 +251,11 @@ def run(**params: Any) -> pd.DataFrame:
         warmup=p["warmup"],
         iters=p["iters"],
         backend="gloo",
-        network=net.describe(),
-        emu_alpha_s=float(p["emu_alpha_s"]),
-        emu_bandwidth_Bps=float(p["emu_bandwidth_Bps"]),
-        model_gamma_s_per_byte=cost.link_from_network(net).gamma,
+        network=ranks.text,
+        network_kind=ranks.kind,
+        emu_alpha_s=link.alpha,
+        emu_bandwidth_Bps=link.bandwidth_Bps,
+        model_gamma_s_per_byte=link.gamma,
     )
 
 

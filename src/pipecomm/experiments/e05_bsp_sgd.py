@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, cost, launch, netem, vocab
+from pipecomm import claims, cost, netem, vocab
 from pipecomm.experiments._checks import require
 from pipecomm.experiments._cli import main
-from pipecomm.experiments._network import network_and_link, network_text
+from pipecomm.experiments._network import network_and_link, ranks_on
 from pipecomm.experiments._pipesgd_analysis import steady
 from pipecomm.experiments._pipesgd_config import PoolParams, check_config, config
 from pipecomm.experiments._pipesgd_training import iteration_rows, train_rank
@@ -96,7 +96,10 @@ def run(**params: Any) -> pd.DataFrame:
     fetch_data(p)
     nbytes = gradient_bytes(_config(p, "lp"))
     rows: list[dict[str, Any]] = []
-    with launch.pool(p["world_size"], backend=p["backend"], network=net) as ranks:
+    with ranks_on(p["network"], p["world_size"], net, backend=p["backend"],
+                  timeout_s=p["timeout_s"]) as ranks:
+        if ranks.net is not None:  # a shaped network: the model's link is its calibration
+            link = cost.link_from_network(ranks.net)
         for alg in p["algorithms"]:
             model_s = cost.allreduce_time(alg, nbytes, p["world_size"], link)
             res = ranks.run(train_rank, _config(p, alg), timeout_s=p["timeout_s"])
@@ -105,7 +108,8 @@ def run(**params: Any) -> pd.DataFrame:
     return df.assign(
         backend=p["backend"],
         world_size=p["world_size"],
-        network=network_text(net),
+        network=ranks.text,
+        network_kind=ranks.kind,
         skip=p["skip"],
         gamma_s_per_byte=link.gamma,
     )

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem, stats
+from pipecomm import claims, stats
 from pipecomm.decentralized import topology
 from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
@@ -51,7 +51,7 @@ from pipecomm.experiments._dadam_timing import (
     model_gossip_time,
     rank_gossip_times,
 )
-from pipecomm.experiments._network import TwoLevelParams, make_network, network_text
+from pipecomm.experiments._network import TwoLevelParams, make_network, ranks_on
 from pipecomm.experiments._workloads import TASK_MODELS, workload_bucket_bytes
 
 ID = "E10"
@@ -99,7 +99,7 @@ class Params(TwoLevelParams):
             )
         check_int("warmup", p["warmup"], 0)
         check_int("iters", p["iters"])
-        make_network(p)  # validates the link parameters
+        super().validate()  # the network's parameters
 
 
 DEFAULTS = Params.defaults()
@@ -114,8 +114,8 @@ def run(**params: Any) -> pd.DataFrame:
     rows = []
     for world in p["world_sizes"]:
         smallest = min(min(b) for b in sizes.values()) // world  # a ring chunk
-        with netem.pool(world, net, smallest, ranks_per_node=rpn,
-                        timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(p["network"], world, net, smallest, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
             for model in p["models"]:
                 for topo_name in p["topologies"]:
                     topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)
@@ -144,13 +144,14 @@ def run(**params: Any) -> pd.DataFrame:
                                 **{k: r[k] for k in ("time_s", "ci_lo_s", "ci_hi_s",
                                                      "repeats", "times_s")},
                                 "model_s": model_gossip_time(
-                                    groups, sizes[model], rpn, net, p["algorithm"]
+                                    groups, sizes[model], rpn, ranks.net, p["algorithm"]
                                 ),
                                 "spectral_gap": topo.spectral_gap(),
                                 "algorithm": p["algorithm"],
                                 "ranks_per_node": rpn,
                                 "backend": "gloo",
-                                "network": network_text(net, rpn),
+                                "network": ranks.text,
+                                "network_kind": ranks.kind,
                             }
                         )
     return pd.DataFrame(rows)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import claims, netem, stats
+from pipecomm import claims, stats
 from pipecomm.experiments import base
 from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
 from pipecomm.experiments._checks import check_int, check_world_sizes
@@ -61,7 +61,13 @@ from pipecomm.experiments._dadam_timing import (
     predict_training,
     rank_time_training,
 )
-from pipecomm.experiments._network import DEFAULT_NETWORK, FLAT_NETWORK, make_network, network_text
+from pipecomm.experiments._network import (
+    DEFAULT_NETWORK,
+    FLAT_NETWORK,
+    check_network_kind,
+    make_network,
+    ranks_on,
+)
 from pipecomm.experiments._workloads import timing_spec
 
 ID = "E11"
@@ -91,9 +97,12 @@ class Params(base.Params):
     calib_iters: int = 4
     seed: int = 0
     timeout_s: float = 300.0
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
+    inter_bandwidth_Bps: float | None = None  # None: each network's own inter-node bandwidth
 
     def validate(self) -> None:
         p = self
+        check_network_kind(p["network"])
         rpn = check_int("ranks_per_node", p["ranks_per_node"])
         check_world_sizes("world_size", [p["world_size"]], rpn)
         for key in ("compute_scales", "compute_cvs"):
@@ -113,6 +122,9 @@ class Params(base.Params):
                 raise ValueError(
                     f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
                 )
+        bw = p["inter_bandwidth_Bps"]
+        if bw is not None and not (isinstance(bw, (int, float)) and bw > 0):
+            raise ValueError(f"parameter inter_bandwidth_Bps must be None or > 0, got {bw!r}")
         check_timing_workload(p)
 
 
@@ -180,10 +192,12 @@ def run(**params: Any) -> pd.DataFrame:
     calib: dict[float, dict[str, Any]] = {}
     rows = []
     for net_name in dict.fromkeys(c["net"] for c in todo):
-        net = make_network(NETWORKS[net_name])
+        over = {} if p["inter_bandwidth_Bps"] is None else {
+            "inter_bandwidth_Bps": p["inter_bandwidth_Bps"]}
+        net = make_network({**NETWORKS[net_name], **over})
         layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
-        with netem.pool(world, net, layer_chunk, ranks_per_node=rpn,
-                        timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
             for case in (c for c in todo if c["net"] == net_name):
                 scale = case["compute_scale"]
                 if scale not in calib:  # a separate, compute-only run (no communication)
@@ -194,7 +208,7 @@ def run(**params: Any) -> pd.DataFrame:
                 for kind in ("allreduce", "decentralized"):
                     spec = _spec(p, case, kind)
                     res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
-                    pred = predict_training(spec, calib[scale], net)
+                    pred = predict_training(spec, calib[scale], ranks.net)
                     rows.append(
                         {
                             "factor": case["factor"],
@@ -214,7 +228,8 @@ def run(**params: Any) -> pd.DataFrame:
                             "ranks_per_node": rpn,
                             "world_size": world,
                             "backend": "gloo",
-                            "network": network_text(net, rpn),
+                            "network": ranks.text,
+                            "network_kind": ranks.kind,
                         }
                     )
     df = pd.DataFrame(rows)

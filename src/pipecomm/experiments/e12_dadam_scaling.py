@@ -44,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipecomm import claims, netem, stats
+from pipecomm import claims, stats
 from pipecomm.experiments._calibration import rank_calibrate_buckets, summarize_buckets
 from pipecomm.experiments._checks import check_int, check_world_sizes
 from pipecomm.experiments._cli import main
@@ -54,7 +54,7 @@ from pipecomm.experiments._dadam_timing import (
     predict_training,
     rank_time_training,
 )
-from pipecomm.experiments._network import TwoLevelParams, make_network, network_text
+from pipecomm.experiments._network import TwoLevelParams, make_network, ranks_on
 from pipecomm.experiments._workloads import timing_spec
 
 ID = "E12"
@@ -93,7 +93,7 @@ class Params(TwoLevelParams):
             if t not in TOPOLOGIES:
                 raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
         check_timing_workload(p, "compute_cv")
-        make_network(p)
+        super().validate()  # the network's parameters
 
 
 DEFAULTS = Params.defaults()
@@ -123,15 +123,15 @@ def run(**params: Any) -> pd.DataFrame:
             calib_iters=p["calib_iters"],
         )
         layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
-        with netem.pool(world, net, layer_chunk, ranks_per_node=rpn,
-                        timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
             calib = summarize_buckets(
                 ranks.run(rank_calibrate_buckets, base, timeout_s=p["timeout_s"])
             )
             for kind, topo in methods:
                 spec = dict(base, kind=kind, topology=topo or "complete")
                 res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
-                pred = predict_training(spec, calib, net)
+                pred = predict_training(spec, calib, ranks.net)
                 rows.append(
                     {
                         "method": method_name(kind, topo),
@@ -148,7 +148,8 @@ def run(**params: Any) -> pd.DataFrame:
                         "nodes": world // rpn,
                         "world_size": world,
                         "backend": "gloo",
-                        "network": network_text(net, rpn),
+                        "network": ranks.text,
+                        "network_kind": ranks.kind,
                     }
                 )
     return pd.DataFrame(rows)

@@ -9,11 +9,11 @@ TCP stack and its token-bucket shaper -- and compares:
    (one rank per network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by
    ``tc tbf``), one torchrun agent per node. First the link is calibrated (node 0 -> node 1,
    :func:`pipecomm.cluster.link_bandwidth`: achieved vs configured rate per size) and fitted with
-   the alpha-beta model (:func:`pipecomm.cost.fit_alpha_beta`); the host must carry every link
-   at once (:func:`pipecomm.cluster.chain_bandwidth`, all nodes sending: at least
-   ``HOST_MARGIN`` of one link's rate, else the run is refused: the kernel's work for p
-   concurrent flows shares the host's cores, and a network the host cannot carry measures the
-   host); then every collective point is timed (:func:`pipecomm.sweep.measure_points`, common
+   the alpha-beta model (:func:`pipecomm.cluster.calibrate`, through
+   :func:`pipecomm.experiments._network.ranks_on`); the host must carry every link at once
+   (:func:`pipecomm.cluster.chain_bandwidth`, all nodes sending: at least 90% of one link's
+   rate, else the run is refused: the kernel's work for p concurrent flows shares the host's
+   cores, and a network the host cannot carry measures the host); then every collective point is timed (:func:`pipecomm.sweep.measure_points`, common
    start instant, every repeat kept).
 2. **emulated**: a local pool of the same p on :class:`pipecomm.netem.Network` configured with
    the *fitted* alpha and bandwidth of that link (what a user of the emulator does: calibrate the
@@ -40,17 +40,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch.distributed as dist
 
 from pipecomm import claims, cluster, cost, netem, stats, sweep
 from pipecomm.experiments import base
 from pipecomm.experiments._cli import main
+from pipecomm.experiments._network import ranks_on
 
 ID = "E14"
 NOTEBOOK = "14_emulator_vs_shaped"
 OPS = ("broadcast", "allreduce")
 ALGORITHMS = ("lp", "mst", "be", "ring")
-HOST_MARGIN = 0.9  # every link busy at once must keep this much of one link's rate
 
 
 @dataclass(frozen=True)
@@ -115,19 +114,6 @@ def plan(p: Params) -> list[dict[str, Any]]:
             for op, algs in p.cases.items() for alg in algs for n in p.sizes]
 
 
-def fit_link(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """alpha (s) and bandwidth (B/s) of ``time = alpha + n / B`` through a link's rows.
-
-    Example::
-
-        fit_link([{"nbytes": 1e6, "time_s": 0.021}, {"nbytes": 4e6, "time_s": 0.081}])
-    """
-    alpha, beta = cost.fit_alpha_beta([r["nbytes"] for r in rows], [r["time_s"] for r in rows])
-    if not beta > 0:
-        raise ValueError(f"the link's fit has no bandwidth term (beta={beta}): rows {rows}")
-    return float(alpha), float(1.0 / beta)
-
-
 def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: float,
                 min_block_bytes: int) -> list[dict[str, Any]]:
     """The points with LP's block size: the alpha-beta optimum on the fitted link, at least
@@ -144,30 +130,6 @@ def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: flo
         if pt["algorithm"] == "lp" else dict(pt) for pt in points]
 
 
-def _shaped_rank(points: list[dict[str, Any]], link_sizes: list[int], link_iters: int,
-                 min_block_bytes: int, configured_Bps: float) -> dict[str, Any]:
-    """On every rank of the cluster: calibrate node 0 -> node 1, fit it (rank 0, shared with
-    all), check that the host carries every link at once (``cluster.chain_bandwidth`` at least
-    ``HOST_MARGIN`` of the lone link's rate, else the run is refused with the bandwidth to use),
-    then time every point with LP's blocks from the fit."""
-    link = cluster.link_bandwidth(link_sizes, link_iters)
-    largest = max(link_sizes)
-    fitted = [(*fit_link(link), next(r["bandwidth_Bps"] for r in link if r["nbytes"] == largest))
-              if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(fitted, src=0)
-    alpha_s, bandwidth_Bps, alone = fitted[0]
-    chain = cluster.chain_bandwidth(largest, link_iters)  # the same size, every link busy
-    if chain < HOST_MARGIN * alone:  # every rank sees the same numbers: all raise
-        raise cluster.ClusterError(
-            f"this host cannot carry {dist.get_world_size()} shaped links at once: each moved "
-            f"{chain / 1e6:.1f} MB/s with all busy against {alone / 1e6:.1f} MB/s alone "
-            f"(< {HOST_MARGIN:.0%}); lower bandwidth_Bps to about "
-            f"{0.8 * chain / alone * configured_Bps:.3g} B/s, or world_size")
-    rows = sweep.measure_points(with_blocks(points, alpha_s, bandwidth_Bps, min_block_bytes))
-    return {"link": link, "alpha_s": alpha_s, "bandwidth_Bps": bandwidth_Bps, "points": rows,
-            "chain_Bps": chain}
-
-
 def run(**params: Any) -> pd.DataFrame:
     """Calibrate and time the collectives on the shaped cluster, then on the emulator
     configured from that calibration (module docstring)."""
@@ -176,23 +138,25 @@ def run(**params: Any) -> pd.DataFrame:
     if not ok:
         raise RuntimeError(f"E14 needs the virtual cluster (root, iproute2, tc tbf): {why}")
     points = plan(p)
-    with cluster.VirtualCluster(p.world_size, 1, p.bandwidth_Bps) as c:
-        shaped = c.run(_shaped_rank, points, list(p.link_sizes), p.link_iters,
-                       p.min_block_bytes, p.bandwidth_Bps, timeout_s=p.timeout_s)[0]
-        where = c.describe()
-    alpha_s, bandwidth_Bps = shaped["alpha_s"], shaped["bandwidth_Bps"]
+    with ranks_on("shaped", p.world_size, netem.Network(0.0, p.bandwidth_Bps), None,
+                  timeout_s=p.timeout_s, calibration_sizes=p.link_sizes,
+                  calibration_iters=p.link_iters) as shaped_ranks:
+        cal = shaped_ranks.calibration
+        alpha_s, bandwidth_Bps = cal["inter"]["alpha_s"], cal["inter"]["bandwidth_Bps"]
+        blocked = with_blocks(points, alpha_s, bandwidth_Bps, p.min_block_bytes)
+        shaped = shaped_ranks.run(sweep.measure_points, blocked, timeout_s=p.timeout_s)[0]
+        where = shaped_ranks.text
     net = netem.Network(alpha_s=alpha_s, bandwidth_Bps=bandwidth_Bps, ports="single")
-    blocked = with_blocks(points, alpha_s, bandwidth_Bps, p.min_block_bytes)
     smallest = min(min(pt.get("block_bytes") or pt["nbytes"], pt["nbytes"] // p.world_size)
                    for pt in blocked)
     with netem.pool(p.world_size, net, smallest, timeout_s=p.timeout_s) as ranks:
         emulated = ranks.run(sweep.measure_points, blocked, timeout_s=p.timeout_s)[0]
     common = {"bandwidth_Bps": p.bandwidth_Bps, "fit_alpha_s": alpha_s,
-              "fit_bandwidth_Bps": bandwidth_Bps, "chain_Bps": shaped["chain_Bps"]}
-    link = pd.DataFrame(shaped["link"]).rename(columns={"bandwidth_Bps": "achieved_Bps"})
+              "fit_bandwidth_Bps": bandwidth_Bps, "chain_Bps": cal["chain_Bps"]}
+    link = pd.DataFrame(cal["inter"]["rows"]).rename(columns={"bandwidth_Bps": "achieved_Bps"})
     frames = [
         link.assign(section="link", world_size=2, network=where, **common),
-        pd.DataFrame(shaped["points"]).assign(section="collective", network_kind="shaped",
+        pd.DataFrame(shaped).assign(section="collective", network_kind="shaped",
                                               network=where, **common),
         pd.DataFrame(emulated).assign(section="collective", network_kind="emulated",
                                       network=net.describe(), **common),
