@@ -84,6 +84,7 @@ class _SimComm:
         self.net, self.index = net, index
         self.open_sends: list[_SimTransfer] = []
         self.open_recvs: dict[int, list[_SimTransfer]] = {i: [] for i in range(net.p)}
+        self.max_peers_sending = 0  # most distinct peers with a send in flight at once
 
     @property
     def size(self) -> int:
@@ -101,6 +102,8 @@ class _SimComm:
         self.net.sent_bytes[self.index] += t.nbytes
         self.net.messages[self.index] += 1
         self.open_sends.append(tr)
+        self.max_peers_sending = max(self.max_peers_sending,
+                                     len({o.peer for o in self.open_sends}))
         return tr
 
     def irecv(self, t, peer):
@@ -172,6 +175,39 @@ def _sim_oracle(inputs, op):
     if op == "avg":
         return xs.mean(0), absum / len(inputs)
     return (xs.max(0).values if op == "max" else xs.min(0).values), absum
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_tree_sends_go_one_child_at_a_time(p):
+    """The single-port discipline of tree schedules: a rank never has sends to two children in
+    flight (on a real network they would share its link and the first child's copy, which its
+    subtree waits for, would arrive last); the data is still right (the oracle: the input)."""
+    from pipecomm.collectives import mst
+    from pipecomm.collectives._chunks import even_offsets
+    from pipecomm.collectives._engine import Engine
+    from pipecomm.collectives._trees import binomial_scatter
+
+    n = 1001
+    x = torch.arange(n, dtype=torch.float64)
+
+    def bcast(comm):
+        flat = x.clone() if comm.index == 1 else torch.zeros(n, dtype=torch.float64)
+        mst.broadcast(flat, comm, root=1)
+        return flat, comm.max_peers_sending
+
+    def scatter(comm):
+        flat = x.clone() if comm.index == 0 else torch.zeros(n, dtype=torch.float64)
+        eng = Engine(comm)
+        offsets = even_offsets(n, p)
+        binomial_scatter(flat, eng, offsets, comm.index, p, lambda u: u)
+        eng.finish()
+        lo, hi = offsets[comm.index], offsets[comm.index + 1]
+        return torch.equal(flat[lo:hi], x[lo:hi]), comm.max_peers_sending
+
+    out, _ = simulate(p, bcast)
+    assert all(torch.equal(t, x) for t, _ in out) and max(m for _, m in out) == 1
+    out, _ = simulate(p, scatter)
+    assert all(ok for ok, _ in out) and max(m for _, m in out) == 1
 
 
 @pytest.mark.timeout(120)

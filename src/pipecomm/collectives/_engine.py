@@ -8,7 +8,8 @@ next step. That makes every step a barrier between neighbours. Here a rank inste
 * posts a send the moment its data is ready (a block arrived and, for reductions, was combined),
 * waits for a send only when its buffer is about to be written again (:meth:`Engine.release`,
   called by every receive post and before every local write into a buffer) or at the end
-  (:meth:`Engine.finish`),
+  (:meth:`Engine.finish`) -- except a tree's sends to its children, which go one at a time in
+  tree order (``send(..., exclusive=True)``, the single-port model),
 
 so a step waits only for the neighbour whose data it needs. The order of the combines, and so the
 bits of the result, is that of the lock-step schedule. Messages between two ranks are matched in
@@ -63,10 +64,19 @@ class Engine:
         self._sends: dict[int, list[tuple[int, Any, torch.Tensor]]] = {}
         self._longest = 0
 
-    def send(self, t: torch.Tensor, peer: int) -> None:
-        """Post the send of ``t`` to group index ``peer`` now (empty tensors are skipped)."""
+    def send(self, t: torch.Tensor, peer: int, exclusive: bool = False) -> None:
+        """Post the send of ``t`` to group index ``peer`` now (empty tensors are skipped).
+
+        ``exclusive``: first wait for this rank's outstanding sends (one message on the port at
+        a time, in schedule order: the single-port model). Tree schedules use it for a rank's
+        sends to its children: on a real network concurrent sends share the link (TCP shares it
+        fairly), so the first child's message, which the rest of its subtree waits for, would
+        arrive last instead of first.
+        """
         if t.numel() == 0:
             return
+        if exclusive:
+            self.finish()
         transfer = self.comm.isend(t, peer)
         start, end = _span(t)
         if start not in self._sends:

@@ -7,8 +7,10 @@ indices through ``to_group``; chunk ``v`` (``offsets``, see :mod:`._chunks`) end
 starts from (gather) virtual rank ``v``. ``ceil(log2 m)`` steps, ``(m - 1)/m n`` bytes out of the
 root. Data lands directly in the flat buffer (no copies).
 
-On the progress engine (:mod:`._engine`): a rank waits only for the message it needs and posts
-all its sends of a phase at once (a scatter's forwards, a gather's upward send).
+On the progress engine (:mod:`._engine`): a rank waits only for the message it needs; a
+scatter's forwards go one child at a time in round order (``exclusive`` sends: on a real
+network concurrent sends would share the link, and the largest, first-needed chunk would arrive
+last), a gather's upward send goes when the rank's range is complete.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def binomial_scatter(
     """Virtual rank 0 holds all chunks; afterwards virtual rank ``v`` holds chunk ``v``.
 
     Round with distance ``d`` (``2^(L-1)`` down to 1): ``v % 2d == 0`` sends chunks
-    ``[v + d, v + 2d)`` to ``v + d``. Sends are left in flight (``eng.finish`` waits).
+    ``[v + d, v + 2d)`` to ``v + d``, after the rank's previous send has completed; the last
+    is left in flight (``eng.finish`` waits).
 
     Example::
 
@@ -46,7 +49,8 @@ def binomial_scatter(
     for j in range(rounds):
         d = 1 << (rounds - 1 - j)
         if v % (2 * d) == 0 and v + d < m:
-            eng.send(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d))
+            eng.send(span(flat, offsets, v + d, min(v + 2 * d, m)), to_group(v + d),
+                     exclusive=True)  # one child at a time (the single-port model)
         elif v % (2 * d) == d:
             got = eng.recv(span(flat, offsets, v, min(v + d, m)), to_group(v - d))
             if got is not None:

@@ -9,9 +9,11 @@ Wang et al., arXiv 1611.04255, Sec. 2 (MST collectives as in MPICH); schedules e
   ``T = L (alpha + n beta + n gamma)``.
 * allreduce: reduce to group rank 0, then broadcast from group rank 0.
 
-On the progress engine (:mod:`._engine`): a rank posts its sends to all its children at once
-(as gloo's own binomial broadcast does) instead of one per round, and a reduce keeps the
-receives of two children posted while it combines, in the lock-step order of the rounds.
+On the progress engine (:mod:`._engine`): a rank sends to its children one at a time in round
+order (``exclusive`` sends: the single-port model; posted all at once, as gloo's own binomial
+broadcast does, they share a real link and the first child's copy, which its whole subtree
+waits for, arrives last), and a reduce keeps the receives of two children posted while it
+combines, in the lock-step order of the rounds.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, eng: Engine | None =
     for j in range((p - 1).bit_length()):
         d = 1 << j
         if r < d and r + d < p:
-            eng.send(flat, (root + r + d) % p)
+            eng.send(flat, (root + r + d) % p, exclusive=True)  # one child at a time
         elif d <= r < 2 * d:
             eng.recv(flat, (root + r - d) % p).wait()
     if own:
