@@ -534,7 +534,7 @@ def plot(df: pd.DataFrame, **params: Any):
             ax.set(
                 xlabel="message size (bytes)",
                 ylabel="time (s)",
-                title=f"{op}, {ports} ports, p={q}\n{g.network.iloc[0]}",
+                title=f"{op}, {ports} ports, p={q}, {g.section.iloc[0]}",
             )
             ax.legend(fontsize=7, title="measured (dots), model (lines)", title_fontsize=7)
         for j in range(len(cases), ncols):
@@ -587,12 +587,12 @@ def plot(df: pd.DataFrame, **params: Any):
         for j in range(len(real_ops) + 1, ncols):
             axes[row, j].axis("off")
     backend = ", ".join(sorted(set(df.backend)))
-    where = "; ".join(sorted(set(emu.network))) if len(emu) else "none"
-    fig.suptitle(
-        f"E2 — collectives vs message size ({backend}); top: measured on {where}, with the "
-        "alpha-beta-gamma model of its link overlaid; bottom: real backend",
-        fontsize=9,
-    )
+    parts = ["measured, with the alpha-beta-gamma model of its link overlaid, on\n"
+             + "\n".join(sorted(set(emu.network)))] if len(emu) else []
+    parts += ["real backend"] if len(real) else []
+    rows = ["top: ", "bottom: "] if len(parts) == 2 else [""]
+    fig.suptitle(f"E2 — collectives vs message size ({backend})\n"
+                 + "\n".join(r + t for r, t in zip(rows, parts)), fontsize=9)
     fig.tight_layout()
     return fig
 
