@@ -306,17 +306,22 @@ def test_artifact_appendix_is_in_sync_with_claims_and_profiles():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
-    """cpu-full extends cpu: its reference holds E7, E9 and E13 only; cpu needs every one."""
-    assert artifact.own_experiments("cpu-full") == ["E7", "E9", "E13"]
-    assert artifact.own_experiments("cpu") is None
-    src = tmp_path / "results"
-    for eid in ("E7", "E9", "E13"):
+def _fake_results(src, eids):
+    """A results directory with a minimal run of each experiment in ``eids`` and a claims table."""
+    for eid in eids:
         (src / eid).mkdir(parents=True)
         (src / eid / "data.csv").write_text("a\n1\n")
         nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
     for name in ("claims.md", "claims.csv"):
         (src / name).write_text("x")
+    return src
+
+
+def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
+    """cpu-full extends cpu: its reference holds E7, E9 and E13 only; cpu needs every one."""
+    assert artifact.own_experiments("cpu-full") == ["E7", "E9", "E13"]
+    assert artifact.own_experiments("cpu") is None
+    src = _fake_results(tmp_path / "results", ["E7", "E9", "E13"])
     dest = artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref")
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == ["E13", "E7", "E9"]
     with pytest.raises(artifact.UsageError, match="lacks results"):
@@ -325,15 +330,9 @@ def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
 
 def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path):
     """shaped runs the network experiments and E14: its reference keeps those, nothing else."""
-    src = tmp_path / "results"
     runs = artifact.profile_runs("shaped")
     assert "E14" in runs and "E13" not in runs and "E1" not in runs
-    for eid in [*runs, "E13"]:  # E13: a stray result of another profile, not kept
-        (src / eid).mkdir(parents=True)
-        (src / eid / "data.csv").write_text("a\n1\n")
-        nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
-    for name in ("claims.md", "claims.csv"):
-        (src / name).write_text("x")
+    src = _fake_results(tmp_path / "results", [*runs, "E13"])  # E13: another profile's, not kept
     dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == sorted(runs)
 

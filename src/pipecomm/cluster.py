@@ -679,7 +679,7 @@ class ClusterJob:
 
             per_rank = job.run(sweep.measure_points, points, timeout_s=120)
         """
-        from pipecomm import launch
+        from pipecomm import launch, results
 
         if self._dead:
             raise ClusterError("this cluster job has stopped (an earlier call failed)")
@@ -689,7 +689,7 @@ class ClusterJob:
         payload = launch._check_picklable(fn, args, kwargs)
         k = self._calls
         self._calls += 1
-        _write_atomic(self.dir / f"call-{k}.pkl", payload)
+        results.write_bytes(self.dir / f"call-{k}.pkl", payload)
         paths = [self.dir / f"result-{k}-{rank}.pkl" for rank in range(self.world_size)]
         deadline = time.monotonic() + limit
         try:
@@ -710,19 +710,15 @@ class ClusterJob:
     def close(self) -> None:
         """Ask the ranks to leave (they exit after the current call); the cluster's context
         stops whatever is still running."""
+        from pipecomm import results
+
         if self._dead:
             return
-        _write_atomic(self.dir / "stop", b"")
+        results.write_bytes(self.dir / "stop", b"")
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
             time.sleep(0.05)
         self._dead = True
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.rename(path)
 
 
 def _check_procs(procs: list[subprocess.Popen], files: list, results: list[Path] = ()
@@ -796,7 +792,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
 def _serve_main(job_dir: str) -> None:
     """Body of a rank of :meth:`VirtualCluster.job` (under torchrun): run the calls as they
     come, until the orchestrator writes ``stop``."""
-    from pipecomm import launch
+    from pipecomm import launch, results
 
     path = Path(job_dir)
     info = launch.init_from_env((path / "backend").read_text())
@@ -814,7 +810,7 @@ def _serve_main(job_dir: str) -> None:
             result: tuple[str, Any] = ("ok", launch._to_cpu(fn(*args, **kwargs)))
         except BaseException as exc:
             result = ("error", (repr(exc), traceback.format_exc()))
-        _write_atomic(path / f"result-{k}-{info.rank}.pkl", pickle.dumps(result))
+        results.write_bytes(path / f"result-{k}-{info.rank}.pkl", pickle.dumps(result))
         if result[0] != "ok":
             sys.stdout.flush()
             sys.stderr.flush()

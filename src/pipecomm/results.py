@@ -82,6 +82,12 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Atomically write ``data`` to ``path``."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON (numpy scalars converted)."""
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
