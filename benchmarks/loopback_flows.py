@@ -1,0 +1,121 @@
+"""What gloo over loopback can move on this host, and where an LP rank's time goes.
+
+``flows``: one local pool of 8 gloo ranks; one flow alone (:func:`pipecomm.cluster.link_bandwidth`)
+against every hop of an 8-rank chain at once (:func:`pipecomm.cluster.chain_bandwidth`, what LP's
+pipeline runs) and 3 flows at once, ``--nbytes`` each: the host's aggregate byte rate, which
+bounds every schedule's time on one machine (ARTIFACT.md, "Where LP's time goes").
+
+``profile``: every rank loops ``--algorithm``'s ``--op`` of ``--nbytes`` for ``--seconds``, the
+built-in first, and ``py-spy record --idle`` samples rank 3 meanwhile (``pip install py-spy``;
+it writes collapsed stacks to ``--out``). Prints calls and time per call of each algorithm, and
+the share of samples per innermost function.
+
+Usage::
+
+    .venv/bin/python benchmarks/loopback_flows.py flows
+    .venv/bin/python benchmarks/loopback_flows.py profile --op allreduce --out /tmp/lp.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipecomm import cluster, collectives, launch
+
+
+def rank_pid() -> int:
+    """This rank's process id."""
+    return os.getpid()
+
+
+def rank_loop(algorithm: str, op: str, nbytes: int, seconds: float) -> tuple[int, float]:
+    """Run the collective back to back for ``seconds`` (ranks agree when to stop); calls and
+    seconds per call."""
+    x = torch.randn(nbytes // 4)
+    calls = 0
+    dist.barrier()
+    end = time.monotonic() + seconds
+    start = time.perf_counter()
+    while True:
+        go = torch.tensor([1 if time.monotonic() < end else 0])
+        dist.all_reduce(go, op=dist.ReduceOp.MIN)
+        if not go.item():
+            break
+        if op == "allreduce":
+            collectives.allreduce(x, algorithm=algorithm)
+        else:
+            collectives.broadcast(x, src=0, algorithm=algorithm)
+        calls += 1
+    return calls, (time.perf_counter() - start) / max(calls, 1)
+
+
+def flows(nbytes: int, iters: int) -> None:
+    with launch.Ranks(8) as ranks:
+        alone = ranks.run(cluster.link_bandwidth, [nbytes], iters, timeout_s=300)[0][0]
+        chain = ranks.run(cluster.chain_bandwidth, nbytes, iters, timeout_s=300)[0]
+        three = ranks.run(cluster.chain_bandwidth, nbytes, iters, 2, timeout_s=300)[0]
+    print(f"one flow alone {alone['bandwidth_Bps'] / 1e9:.2f} GB/s; 7 flows at once "
+          f"{chain / 1e9:.2f} GB/s each, {7 * chain / 1e9:.2f} GB/s together; 3 flows "
+          f"{three / 1e9:.2f} GB/s each, {3 * three / 1e9:.2f} GB/s together")
+
+
+def profile(algorithm: str, op: str, nbytes: int, seconds: float, out: str) -> None:
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        raise SystemExit("py-spy is not installed (pip install py-spy)")
+    with launch.Ranks(8) as ranks:
+        pids = ranks.run(rank_pid)
+        for alg in ("torch", algorithm):
+            done: dict = {}
+            worker = threading.Thread(target=lambda a=alg, d=done: d.update(r=ranks.run(
+                rank_loop, a, op, nbytes, seconds, timeout_s=seconds + 120)))
+            worker.start()
+            if alg == algorithm:
+                time.sleep(min(2.0, seconds / 4))
+                subprocess.run([spy, "record", "-p", str(pids[3]), "-d",
+                                str(max(1, int(seconds / 2))), "-r", "200", "--idle", "-f", "raw",
+                                "-o", out], capture_output=True, timeout=seconds + 60)
+            worker.join()
+            calls, per_call = done["r"][0]
+            print(f"{op} {alg}: {calls} calls, {per_call * 1e3:.1f} ms per call", flush=True)
+    leaves: collections.Counter = collections.Counter()
+    with open(out) as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        stack, n = line.rsplit(" ", 1)
+        leaves[re.sub(r" \(.*", "", stack.split(";")[-1])] += int(n)
+    total = sum(leaves.values())
+    print(f"rank 3, {total} samples: " + ", ".join(f"{k} {v / total:.1%}"
+                                                  for k, v in leaves.most_common(8)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("flows", "profile"))
+    parser.add_argument("--nbytes", type=int, default=16 << 20)
+    parser.add_argument("--iters", type=int, default=7)
+    parser.add_argument("--algorithm", default="lp")
+    parser.add_argument("--op", choices=("allreduce", "broadcast"), default="allreduce")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--out", default="loopback_profile.txt")
+    args = parser.parse_args(argv)
+    if args.what == "flows":
+        flows(args.nbytes, args.iters)
+    else:
+        profile(args.algorithm, args.op, args.nbytes, args.seconds, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
