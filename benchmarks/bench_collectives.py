@@ -6,7 +6,10 @@ the time (median over ``--repeats`` repeats and its bootstrap 95% interval), alg
 (nccl-tests' definitions, :func:`pipecomm.bench.busbw`), ``#wrong`` (elements that differ from the
 built-in's result on the same random input beyond float32 round-off; broadcast and integer-valued
 results must match exactly) and the ratio of the median to the built-in's median measured in the
-same run, with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`).
+same run, with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`). LP rows also give
+the default block size (:func:`pipecomm.collectives.lp.default_block_bytes`) and the host model's
+prediction for it (:func:`pipecomm.cost.lp_time_on_host` on the link ``PIPECOMM_CALIBRATION``
+names, else the fallback table), with its signed error.
 
 Every repeat runs all selected algorithms back to back (so drifts of a shared machine hit all of
 them alike), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
@@ -35,7 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import bench, launch, stats
+from pipecomm import bench, cost, launch, netem, stats
+from pipecomm.collectives import lp
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 OPS = ("broadcast", "allreduce", "reduce")
@@ -56,6 +60,8 @@ COLUMNS = (
     "ratio_hi",
     "repeats",
     "times_s",
+    "block_bytes",
+    "model_s",
 )
 
 
@@ -170,7 +176,13 @@ def _point(cfg: dict, op: str, nbytes: int, group: Any, p: int) -> list[dict]:
             "wrong": wrong[alg],
             "repeats": len(times[alg]),
             "times_s": stats.join_repeats(times[alg]),
+            "block_bytes": "",
+            "model_s": float("nan"),
         }
+        if alg == "lp" and netem.current() is None:
+            row["block_bytes"] = lp.default_block_bytes(op, nbytes, p)
+            row["model_s"] = cost.lp_time_on_host(op, nbytes, p, cost.host_link(),
+                                                  row["block_bytes"])
         if "torch" in times:
             row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
                 times[alg], times["torch"]
@@ -211,7 +223,13 @@ def print_row(r: dict) -> None:
     print(
         f" {r['algorithm']:>6} {r['op']:>10} {r['p']:2d} {_fmt_size(r['nbytes']):>6} "
         f"{r['time_s'] * 1e3:9.2f} [{r['ci_lo_s'] * 1e3:7.2f}, {r['ci_hi_s'] * 1e3:7.2f}] "
-        f"{r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} {r['wrong']:6d} {ratio}",
+        f"{r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} {r['wrong']:6d} {ratio}"
+        + (
+            f"  host model {r['model_s'] * 1e3:.1f} ms ({r['time_s'] / r['model_s'] - 1:+.0%}),"
+            f" block {_fmt_size(int(r['block_bytes']))}"
+            if r["model_s"] == r["model_s"]
+            else ""
+        ),
         flush=True,
     )
 

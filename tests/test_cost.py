@@ -3,6 +3,7 @@ the LP optimum against a brute-force scan, fits on synthetic data, and the E1 cl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -544,7 +545,6 @@ def test_host_link_table_interpolation_and_checks():
     assert link.time(500) == pytest.approx(1e-3)  # below the table: its first time
     assert link.time(5000) == pytest.approx(3e-3)  # beyond: the last segment's slope
     assert np.allclose(link.time(np.array([1000, 3000])), [1e-3, 2e-3])
-    assert link.slowdown(1) == 1.0 and link.slowdown(7) == 3.5
     for bad in (((1000, 1e-3),), ((2000, 1e-3), (1000, 2e-3)), ((1000, 0.0), (2000, 1e-3))):
         with pytest.raises(ValueError, match="table"):
             cost.HostLink(bad)
@@ -553,14 +553,18 @@ def test_host_link_table_interpolation_and_checks():
 
 
 def test_lp_on_host_model():
-    link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9, message_overhead_s=0)
-    n = 1 << 26
-    # broadcast: (k + p - 2) steps of one block, (p - 1) links sharing a 2-link host
-    b = 1 << 21
-    want = (32 + 6) * float(link.time(b)) * 3.5
-    assert cost.lp_time_on_host("broadcast", n, 8, link, b) == pytest.approx(want)
-    want_ar = (32 + 13) * (float(link.time(b)) * 7 + 1e-9 * b * 3.5)
-    assert cost.lp_time_on_host("allreduce", n, 8, link, b) == pytest.approx(want_ar)
+    link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9,
+                         message_overhead_s=0, cores=2.0)
+    n, b = 1 << 26, 1 << 21  # k = 32 blocks
+    t = float(link.time(b))
+    # broadcast at p = 8: the host's work (7 * 32 block transfers, 2 at a time) exceeds the
+    # critical path (k + p - 2 = 38 steps of one lone block)
+    assert cost.lp_time_on_host("broadcast", n, 8, link, b) == pytest.approx(7 * 32 * t / 2)
+    # p = 3: the path (33 steps) exceeds the work (2 * 32 / 2 = 32 transfers' time)
+    assert cost.lp_time_on_host("broadcast", n, 3, link, b) == pytest.approx(33 * t)
+    work_ar = 2 * 7 * 32 * t / 2 + 7 * n * 1e-9 / 2  # transfers, then the combines on 2 cores
+    path_ar = (32 + 13) * (t + 1e-9 * b)
+    assert cost.lp_time_on_host("allreduce", n, 8, link, b) == pytest.approx(max(work_ar, path_ar))
     assert cost.lp_time_on_host("reduce", 0, 8, link, b) == 0.0
     assert cost.lp_time_on_host("reduce", n, 1, link, b) == 0.0
     # the chosen block is the grid's best and no worse than neighbours far off
@@ -575,10 +579,12 @@ def test_lp_on_host_model():
     assert cost.lp_block_bytes_on_host("allreduce", 1000, 8, link) == 1000
     with pytest.raises(TypeError, match="HostLink"):
         cost.lp_time_on_host("broadcast", n, 8, cost.calibrated_link(), b)
-    # per-message overhead: two messages a step (four for allreduce), p ranks on `cores` cores
-    busy = cost.HostLink(cost.DEFAULT_LINK_TABLE, 2.0, 1e-9, message_overhead_s=1e-4, cores=2.0)
-    extra = cost.lp_time_on_host("broadcast", n, 8, busy, b) - want
-    assert extra == pytest.approx((32 + 6) * 2 * 1e-4 * 4)
+    # per-message overhead: on the path two per step, in the work two per message on the cores
+    busy = dataclasses.replace(link, message_overhead_s=1e-4)
+    assert cost.lp_time_on_host("broadcast", n, 3, busy, b) == pytest.approx(33 * (t + 2e-4))
+    assert cost.lp_time_on_host("broadcast", n, 8, busy, b) == pytest.approx(
+        7 * 32 * t / 2 + 2 * 7 * 32 * 1e-4 / 2
+    )
     assert cost.lp_block_bytes_on_host("allreduce", n, 8, busy) >= cost.lp_block_bytes_on_host(
         "allreduce", n, 8, link
     )

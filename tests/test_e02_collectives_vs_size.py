@@ -33,13 +33,14 @@ CLAIM_ARGS = {
     "e2_model_within": {"min_bytes": 1 << 20, "tolerance": 0.25},
     "e2_real_lp_broadcast_vs_builtin": {"min_bytes": 16 << 20, "max_ratio": 1.0},
     "e2_real_allreduce_vs_builtin": {"min_bytes": 16 << 20, "max_ratio": {"lp": 1.3, "ring": 1.15}},
+    "e2_real_host_model": {"op": "broadcast", "world_size": 8, "tolerance": 0.25},
 }
 GAMMA = 1e-9
 
 
 def _synthetic(
     lp_bcast=1.0, lp_bcast_top=1.0, pn_lp=1.0, one_off=1.0, real_lp_bcast=0.8, real_ring_ar=1.0,
-    spread=0.01,
+    spread=0.01, real_host_err=1.05,
 ) -> pd.DataFrame:
     """The model as 'measurement' (x 1.05), with factors applied to chosen points; every point
     has 10 repeats within ``+- spread`` of its median."""
@@ -86,6 +87,7 @@ def _synthetic(
         for op in ("broadcast", "allreduce"):
             for alg in ("lp", "mst", "be", "ring", "torch"):
                 for n in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+                    t = n / 1e9 * factor.get((op, alg), 1.0)
                     rows.append(
                         {
                             "section": "real",
@@ -95,7 +97,9 @@ def _synthetic(
                             "world_size": q,
                             "backend": "gloo",
                             "network": "real",
-                            "time_s": n / 1e9 * factor.get((op, alg), 1.0),
+                            "time_s": t,
+                            "block_bytes": n // 4 if alg == "lp" else None,
+                            "model_s": t / real_host_err if alg == "lp" else float("nan"),
                         }
                     )
     return with_repeats(pd.DataFrame(rows), spread)
@@ -114,6 +118,8 @@ CLAIM_CASES = {
                                         lambda: _synthetic(real_lp_bcast=1.0, spread=0.1)),
     "e2_real_allreduce_vs_builtin": (_synthetic, lambda: _synthetic(real_ring_ar=2.0),
                                      lambda: _synthetic(real_ring_ar=1.15, spread=0.1)),
+    "e2_real_host_model": (_synthetic, lambda: _synthetic(real_host_err=1.6),
+                           lambda: _synthetic(real_host_err=1.25, spread=0.1)),
 }
 
 
@@ -143,6 +149,22 @@ def test_claims_need_their_data():
     with pytest.raises(ValueError, match="built-in"):
         e2.check_real_broadcast(df[df.algorithm != "torch"],
                                 **CLAIM_ARGS["e2_real_lp_broadcast_vs_builtin"])
+    with pytest.raises(ValueError, match="host model"):
+        e2.check_real_host_model(df.assign(model_s=float("nan")),
+                                 **CLAIM_ARGS["e2_real_host_model"])
+    v = e2.check_real_host_model(df, **CLAIM_ARGS["e2_real_host_model"])
+    assert "p=8, 64 MiB, block 16 MiB" in v.measured and "+5.0%" in v.measured
+
+
+def test_host_model_of_real_lp_rows():
+    real = pd.DataFrame({"op": ["broadcast", "allreduce", "broadcast"],
+                         "algorithm": ["lp", "lp", "torch"], "nbytes": [1 << 24] * 3,
+                         "world_size": [8, 4, 8], "block_bytes": [1 << 22, 1 << 21, None]})
+    link = cost.host_link()
+    got = e2._host_model(real)
+    assert got[0] == cost.lp_time_on_host("broadcast", 1 << 24, 8, link, 1 << 22)
+    assert got[1] == cost.lp_time_on_host("allreduce", 1 << 24, 4, link, 1 << 21)
+    assert math.isnan(got[2])
 
 
 def test_measured_crossover():

@@ -86,10 +86,10 @@ DEFAULT_MIN_BLOCK_BYTES = 4096
 
 #: Fallback calibration (used when no E0 fit is available): gloo over loopback on a small
 #: development machine -- about 160 us one-way latency, 2.5 GB/s per link, and a local
-#: reduction (``a += b`` in float32) of about 1 GB/s.
+#: reduction (``a += b`` in float32, one thread) of about 20 GB/s (E0's fit on that machine).
 DEFAULT_ALPHA_S = 160e-6
 DEFAULT_BANDWIDTH_BPS = 2.5e9
-DEFAULT_GAMMA_S_PER_BYTE = 1.0 / 1.0e9
+DEFAULT_GAMMA_S_PER_BYTE = 5e-11
 
 _CALIBRATION_ENV = "PIPECOMM_CALIBRATION"
 
@@ -630,7 +630,7 @@ def calibrated_link(path: str | os.PathLike | None = None) -> LinkModel:
     optionally ``ports``) at ``path``, else at the path in the environment variable
     ``PIPECOMM_CALIBRATION``. Without either it returns *fallback* values measured once for gloo
     over loopback on a 2-core development machine -- ``alpha = 160 us``, 2.5 GB/s
-    (``beta = 4e-10 s/B``), ``gamma = 1e-9 s/B`` (a reduction at about 1 GB/s) -- which are
+    (``beta = 4e-10 s/B``), ``gamma = 5e-11 s/B`` (a reduction at about 20 GB/s) -- which are
     only indicative: run E0 on the machine at hand for real numbers.
 
     Example::
@@ -879,8 +879,9 @@ DEFAULT_LINK_TABLE: tuple[tuple[int, float], ...] = (
     (67108864, 1.936e-2),
 )
 #: Assumed CPU time one rank spends per message in pipecomm's progress engine (posting it, being
-#: woken when it completes, bookkeeping), beyond what E0's two-rank table contains; with more
-#: ranks than cores it is paid ``ranks / cores`` times over. An estimate, not a calibration.
+#: woken when it completes, bookkeeping), at each end of a message, beyond what E0's two-rank
+#: table contains; the ranks' overheads share the host's cores. An estimate, not a calibration
+#: (of the order LP block sweeps on a 2-core development machine showed, 8 ranks).
 DEFAULT_MESSAGE_OVERHEAD_S = 1.5e-4
 
 
@@ -897,11 +898,10 @@ class HostLink:
     interpolates linearly between points and extends the last segment's slope beyond the
     largest size. ``host_links``: how many such transfers the host sustains at full speed at
     once (its aggregate bandwidth at any message size, in units of one lone link's): the ranks
-    share the host's cores and memory system, so ``L`` concurrent links each run
-    ``max(1, L / host_links)`` times slower. Default: the number of CPU cores (a loopback
+    share the host's cores and memory system. Default: the number of CPU cores (a loopback
     transfer keeps about one core busy). ``gamma``: seconds per byte reduced.
     ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
-    ``cores`` share it among the ranks (default: the number of CPU cores).
+    ``cores`` share it and the reductions among the ranks (default: the number of CPU cores).
 
     Example::
 
@@ -946,14 +946,6 @@ class HostLink:
         slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
         out = np.where(x > sizes[-1], times[-1] + slope * (x - sizes[-1]), out)
         return float(out) if np.ndim(out) == 0 else out
-
-    def slowdown(self, links: int) -> float:
-        """How much slower each of ``links`` concurrent transfers runs than a lone one."""
-        return max(1.0, links / self.host_links)
-
-    def overhead(self, messages: int, ranks: int) -> float:
-        """Wall time of ``messages`` per-message overheads on each of ``ranks`` busy ranks."""
-        return messages * self.message_overhead_s * max(1.0, ranks / self.cores)
 
 
 def host_link(path: str | os.PathLike | None = None) -> HostLink:
@@ -1007,28 +999,25 @@ def _table_from_e0_csv(folder: str) -> tuple[tuple[int, float], ...] | None:
     return None
 
 
-def _concurrent_links(op: str, p: int) -> int:
-    """Directional links busy at once in LP's steady state (the chain's p - 1 links, both
-    directions for allreduce)."""
-    return 2 * (p - 1) if op == "allreduce" else p - 1
-
-
 def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: int) -> float:
     """Predicted LP time on the real backend, all ``p`` ranks on one host.
 
     LP's schedule (Wang et al., arXiv 1611.04255) of ``S`` steps (``k + p - 2``, or
-    ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``), each one block on a link,
-    ``link.time(b)``, slowed down by the host's sharing among the ``L`` links busy at once
-    (``L = p - 1``, or ``2(p - 1)`` for allreduce: :meth:`HostLink.slowdown`); reductions add
-    ``gamma b`` per step, shared likewise among the ``p - 1`` reducing ranks; every step adds
-    the per-message overhead of a middle rank's messages (two, four for allreduce) with ``p``
-    ranks sharing the cores (:meth:`HostLink.overhead`).
+    ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``) on the progress engine is bounded by two
+    things, and takes the larger (``docs/algorithms.md``, "The real backend on one host"):
+
+    * its critical path: ``S`` times one block over a lone link (``link.time(b)``), plus the
+      block's combine (``gamma b``, reductions) and a rank's two messages' overhead
+      (``2 message_overhead_s``);
+    * the host's work: ``M`` messages (``(p - 1) k``, twice that for allreduce) move at most
+      ``host_links`` at a time (``M link.time(b) / host_links``), and their overheads (one at
+      each end) and the ``(p - 1) n`` bytes combined share the ``cores``.
 
     Example::
 
         >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0, message_overhead_s=0.0)
         >>> round(lp_time_on_host("broadcast", 1 << 26, 8, link, 1 << 21), 3)
-        0.172
+        0.145
     """
     _check_op(op)
     n = _as_count(nbytes, "nbytes", 0)
@@ -1044,12 +1033,17 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
 def _lp_host_vec(op: str, n: int, p: int, link: HostLink, b: np.ndarray) -> np.ndarray:
     b = np.minimum(b.astype(float), n)
     k = np.ceil(n / b)
+    reduces = op != "broadcast"
     steps = k + (2 * p - 3 if op == "allreduce" else p - 2)
-    per_step = link.time(b) * link.slowdown(_concurrent_links(op, p))
-    per_step = per_step + link.overhead(4 if op == "allreduce" else 2, p)
-    if op != "broadcast":
-        per_step = per_step + link.gamma * b * link.slowdown(p - 1)
-    return steps * per_step
+    t_block = link.time(b)
+    path = steps * (t_block + reduces * link.gamma * b + 2 * link.message_overhead_s)
+    messages = (2 if op == "allreduce" else 1) * (p - 1) * k
+    work = (
+        messages * t_block / link.host_links
+        + (2 * messages * link.message_overhead_s + reduces * (p - 1) * n * link.gamma)
+        / link.cores
+    )
+    return np.maximum(path, work)
 
 
 def lp_block_bytes_on_host(

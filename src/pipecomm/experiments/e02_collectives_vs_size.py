@@ -391,15 +391,29 @@ def run(**params: Any) -> pd.DataFrame:
         device = "cuda" if p["backend"] == "nccl" else None
         with launch.Ranks(max(ws), backend=p["backend"]) as ranks:
             out = ranks.run(_measure_real, _real_points(p, ws), device, timeout_s=p["timeout_s"])
-        frames.append(
-            pd.DataFrame(out[0]).assign(section="real", backend=p["backend"], network="real")
-        )
+        real = pd.DataFrame(out[0])
+        if p["backend"] == "gloo":
+            real["model_s"] = _host_model(real)
+        frames.append(real.assign(section="real", backend=p["backend"], network="real"))
     if not frames:
         raise ValueError(
             "nothing to measure: emu_cases and real_world_sizes are both empty "
             "(or no GPU for backend='nccl')"
         )
     return _add_bandwidths(pd.concat(frames, ignore_index=True))
+
+
+def _host_model(real: pd.DataFrame) -> list[float]:
+    """LP rows of the real gloo section: :func:`pipecomm.cost.lp_time_on_host` on this host's
+    link (E0's per-size table when the artifact set ``PIPECOMM_CALIBRATION``) with the block the
+    collective used; NaN for the other algorithms."""
+    link = cost.host_link()
+    return [
+        cost.lp_time_on_host(o, int(n), int(q), link, int(b)) if a == "lp" and pd.notna(b)
+        else float("nan")
+        for o, a, n, q, b in zip(real.op, real.algorithm, real.nbytes, real.world_size,
+                                 real.block_bytes)
+    ]
 
 
 def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict]:
@@ -790,6 +804,30 @@ def check_real_allreduce(df: pd.DataFrame, min_bytes: int,
     return claims.Verdict("; ".join(parts) + " x built-in",
                           "each algorithm <= its bound at every point (95% interval)",
                           claims.combine(verdicts))
+
+
+@claims.check("e2_real_host_model")
+def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
+                          tolerance: float) -> claims.Verdict:
+    """Real gloo backend: LP ``op`` at ``world_size`` and the largest message measured, with its
+    default block, takes the host model's time (``model_s`` of the real section) within
+    ``tolerance``, decided on the interval of the measured median.
+
+    Example::
+
+        check_real_host_model(df, "broadcast", 8, 0.25)
+    """
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "times_s",
+                           "model_s", "block_bytes")
+    d = df[(df.section == "real") & (df.op == op) & (df.algorithm == "lp")
+           & (df.world_size == world_size) & df.model_s.notna()]
+    if d.empty:
+        raise ValueError(f"no real LP {op} at p = {world_size} with a host model (gloo only)")
+    r = d[d.nbytes == d.nbytes.max()].iloc[0]  # a Series: r.nbytes would be its memory size
+    label = f"LP {op}, p={world_size}, {_mib(r['nbytes'])}, block {_mib(r['block_bytes'])}"
+    return claims.model_points([stats.repeats(r["times_s"])], [float(r["model_s"])], [label],
+                               tolerance)
+
 
 if __name__ == "__main__":
     main(sys.modules[__name__])
