@@ -12,7 +12,8 @@ prediction for it (:func:`pipecomm.cost.lp_time_on_host` on the link ``PIPECOMM_
 names, else the fallback table), with its signed error.
 
 Every repeat runs all selected algorithms back to back (so drifts of a shared machine hit all of
-them alike), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
+them alike; :func:`pipecomm.sweep.measure_points` with ``interleave=True``, the protocol of E2's
+real section too), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
 (an allreduce MAX of ``time.monotonic()`` plus a margin, then a sleep; ``CLOCK_MONOTONIC`` is
 shared by the processes of one host) and a repeat's time is the last rank's end minus that start,
 so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
@@ -38,8 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import bench, cost, launch, netem, stats
-from pipecomm.collectives import lp
+from pipecomm import bench, cost, launch, netem, stats, sweep
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 OPS = ("broadcast", "allreduce", "reduce")
@@ -134,63 +134,53 @@ def rank_bench(cfg: dict) -> list[dict]:
                                "sizes": [1 << 20], "repeats": 10, "warmup": 2})
     """
     p = cfg["p"]
+    points = [
+        {"op": op, "algorithm": alg, "nbytes": n, "p": p, "warmup": cfg["warmup"],
+         "iters": cfg["repeats"]}
+        for op in cfg["ops"] for n in cfg["sizes"] for alg in cfg["algorithms"]
+    ]
+    timed = sweep.measure_points(points, interleave=True)  # round-robin, common starts
     group = _group(p)
-    rank = dist.get_rank()
-    rows: list[dict] = []
-    if rank < p:
-        for op in cfg["ops"]:
-            for nbytes in cfg["sizes"]:
-                rows += _point(cfg, op, nbytes, group, p)
+    wrong = {}
+    if dist.get_rank() < p:
+        wrong = {(op, n, a): _wrong(a, op, n // 4, group, p)
+                 for op in cfg["ops"] for n in cfg["sizes"] for a in cfg["algorithms"]}
     dist.barrier()
-    return rows if rank == 0 else []
+    return [_row(r, wrong[(r["op"], r["nbytes"], r["algorithm"])], timed)
+            for r in timed] if dist.get_rank() == 0 else []
 
 
-def _point(cfg: dict, op: str, nbytes: int, group: Any, p: int) -> list[dict]:
-    algs = cfg["algorithms"]
-    t = torch.zeros(nbytes // 4)
-    times: dict[str, list[float]] = {a: [] for a in algs}
-    for alg in algs:  # warm-up (and the first call's allocations) outside the timed repeats
-        for _ in range(cfg["warmup"]):
-            _call(alg, op, t, group)
-    for _ in range(cfg["repeats"]):
-        for alg in algs:
-            t.zero_()
-            res = bench.time_fn(
-                lambda a=alg: _call(a, op, t, group), warmup=0, repeats=1, group=group
-            )
-            times[alg] += res["times_s"]
-    wrong = {a: _wrong(a, op, nbytes // 4, group, p) for a in algs}
-    rows = []
-    for alg in algs:
-        med, lo, hi = stats.median_ci(times[alg])
-        row = {
-            "algorithm": alg,
-            "op": op,
-            "p": p,
-            "nbytes": nbytes,
-            "time_s": med,
-            "ci_lo_s": lo,
-            "ci_hi_s": hi,
-            "algbw_GBps": bench.algbw(nbytes, med) / 1e9,
-            "busbw_GBps": bench.busbw(op, nbytes, med, p) / 1e9,
-            "wrong": wrong[alg],
-            "repeats": len(times[alg]),
-            "times_s": stats.join_repeats(times[alg]),
-            "block_bytes": "",
-            "model_s": float("nan"),
-        }
-        if alg == "lp" and netem.current() is None:
-            row["block_bytes"] = lp.default_block_bytes(op, nbytes, p)
-            row["model_s"] = cost.lp_time_on_host(op, nbytes, p, cost.host_link(),
-                                                  row["block_bytes"])
-        if "torch" in times:
-            row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
-                times[alg], times["torch"]
-            )
-        else:
-            row["ratio"] = row["ratio_lo"] = row["ratio_hi"] = float("nan")
-        rows.append(row)
-    return rows
+def _row(r: dict, wrong: int, timed: list[dict]) -> dict:
+    op, n, p, alg = r["op"], r["nbytes"], r["world_size"], r["algorithm"]
+    times = stats.repeats(r["times_s"])
+    row = {
+        "algorithm": alg,
+        "op": op,
+        "p": p,
+        "nbytes": n,
+        "time_s": r["time_s"],
+        "ci_lo_s": r["ci_lo_s"],
+        "ci_hi_s": r["ci_hi_s"],
+        "algbw_GBps": bench.algbw(n, r["time_s"]) / 1e9,
+        "busbw_GBps": bench.busbw(op, n, r["time_s"], p) / 1e9,
+        "wrong": wrong,
+        "repeats": r["repeats"],
+        "times_s": r["times_s"],
+        "block_bytes": "",
+        "model_s": float("nan"),
+        "ratio": float("nan"),
+        "ratio_lo": float("nan"),
+        "ratio_hi": float("nan"),
+    }
+    base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
+    if base:
+        row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
+            times, stats.repeats(base[0]["times_s"])
+        )
+    if alg == "lp" and netem.current() is None:
+        row["block_bytes"] = r["block_bytes"]
+        row["model_s"] = cost.lp_time_on_host(op, n, p, cost.host_link(), r["block_bytes"])
+    return row
 
 
 # --------------------------------------------------------------------------- driver

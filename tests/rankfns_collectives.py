@@ -719,3 +719,29 @@ def _staged_cases(numel: int) -> list[str]:
             failures.append(f"staged broadcast {alg}: differs from the root's data")
     dist.barrier()
     return failures
+
+
+def interleaved_order(points: list) -> dict:
+    """``sweep.measure_points(points, interleave=True)`` with every timed collective call
+    recorded: the algorithms in call order (rank 0) and the rows."""
+    from pipecomm import sweep
+
+    calls: list[str] = []
+    real = sweep._call
+
+    def recording(op, alg, t, g, block):
+        fn = real(op, alg, t, g, block)
+
+        def call():
+            if t.numel() > 1024:  # not the first_warmup's small tensor
+                calls.append(alg)
+            fn()
+
+        return call
+
+    sweep._call = recording
+    try:
+        rows = sweep.measure_points(points, interleave=True)
+    finally:
+        sweep._call = real
+    return {"calls": calls, "rows": rows}

@@ -266,6 +266,11 @@ def train(cfg: dict) -> dict | None:
         "lrs": lrs,
         "scales": scales,
         "grad_norm": None if ddp.grad_norm is None else float(ddp.grad_norm),
+        # storages per bucket (1: the parameters are views of one block) and whether the
+        # model's parameters are still the wrapper's objects
+        "storages": [len({p.untyped_storage().data_ptr() for p in b.params})
+                     for b in ddp._buckets],
+        "same_objects": all(a is b for a, b in zip(model.parameters(), ddp.parameters())),
     }
     ddp.close()
     return out

@@ -68,6 +68,8 @@ def check_against_rule(c, results, ranks_per_node=None, tol=None):
     assert sorted(n for b in buckets for n in b) == sorted(names)
     expected = n_params(c) if c["bucket_mb"] < 1e-3 else 1
     assert len(buckets) == expected and results[0]["n_optimizers"] == 1
+    # each bucket's parameters live in one block (one copy to and from the gossip buffer)
+    assert all(r["storages"] == [1] * len(buckets) and r["same_objects"] for r in results)
     topo = fns.sim_topology(c["topology"], c["world"], ranks_per_node)
     for i, r in enumerate(results):
         assert r["timing"]["iterations"] == c["iters"]

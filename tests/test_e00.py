@@ -81,3 +81,33 @@ def test_emulated_check_needs_both_world_sizes():
 def test_bad_backend_is_refused_before_starting_ranks(bad, match):
     with pytest.raises(ValueError, match=match):
         e0.run(**bad)
+
+
+def test_host_links_from_the_host_section(tmp_path, monkeypatch):
+    host = pd.DataFrame({"section": "host", "flows": [1, 7], "nbytes": 1 << 24,
+                         "bandwidth_Bps": [2.0e9, 0.5e9]})
+    df = pd.concat([_real(), host], ignore_index=True).assign(backend="gloo")
+    assert e0.host_links(df) == pytest.approx(7 * 0.5 / 2.0)
+    assert e0.host_links(_real()) is None
+    f = e0.fit(df)
+    assert f["host_links"] == pytest.approx(1.75) and "host_links" not in e0.fit(_real())
+    # the real backend's LP model reads it from calibration.json
+    from pipecomm import cost, results
+
+    path = tmp_path / "calibration.json"
+    results.write_json(path, f)
+    monkeypatch.setenv("PIPECOMM_CALIBRATION", str(path))
+    link = cost.host_link()
+    assert link.host_links == pytest.approx(1.75)
+    assert link.table[-1] == (SIZES[-1], pytest.approx(150e-6 + SIZES[-1] / 2.5e9))
+    assert "7 links at once (host_links 1.75)" in e0.summary(df).link.iloc[-1]
+
+
+def test_host_section_runs_on_a_local_pool():
+    df = e0.run(sizes_min=65536, sizes_max=65536, iters=1, warmup=0, gamma_bytes=0,
+                emulated=False, host_world_size=3, host_bytes=1 << 20)
+    host = df[df.section == "host"]
+    assert list(host.flows) == [1, 2] and (host.bandwidth_Bps > 0).all()
+    assert e0.host_links(df) > 0
+    with pytest.raises(ValueError, match="host_world_size"):
+        e0.run(host_world_size=2)

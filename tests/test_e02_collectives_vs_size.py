@@ -250,6 +250,27 @@ def test_measure_points_on_subgroups(pool):
     assert rows.block_bytes[rows.algorithm != "lp"].isna().all()
 
 
+def test_measure_points_interleaved(pool):
+    import rankfns_collectives as fns
+
+    points = [
+        {"op": "allreduce", "algorithm": alg, "nbytes": n, "p": 2, "warmup": 1, "iters": 3}
+        for n in (8192, 16384)
+        for alg in ("lp", "ring", "torch")
+    ]
+    out = pool(4).run(fns.interleaved_order, points, timeout_s=120)
+    rows = pd.DataFrame(out[0]["rows"])
+    assert [out[r]["rows"] for r in (1, 2, 3)] == [[], [], []]
+    assert list(zip(rows.algorithm, rows.nbytes)) == [(p["algorithm"], p["nbytes"]) for p in points]
+    assert (rows.repeats == 3).all() and (rows.time_s > 0).all()
+    # per size: each algorithm's warm-up, then three rounds of lp, ring, torch
+    one = ["lp", "ring", "torch"] + ["lp", "ring", "torch"] * 3
+    assert out[0]["calls"] == one * 2
+    bad = [dict(points[0]), dict(points[1], iters=2)]
+    with pytest.raises(Exception, match="share iters"):
+        pool(4).run(e2.measure_points, bad, timeout_s=60, interleave=True)
+
+
 def test_run_tiny_end_to_end(monkeypatch):
     monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
     df = e2.run(

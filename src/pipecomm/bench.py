@@ -184,10 +184,20 @@ def time_fn(
         times = _max_over_ranks([e - s for s, e in zip(starts, ends)], group, device)
     else:
         times = [e - s for s, e in zip(starts, ends)]
+    return result_of(times, "common-start" if shared or not distributed else "per-rank")
+
+
+def result_of(times: list[float], clock: str = "common-start") -> dict[str, Any]:
+    """A :func:`time_fn` result from repeat times gathered elsewhere (e.g. interleaved calls of
+    ``time_fn(..., repeats=1)``): median with its bootstrap 95% interval, min, max, every repeat.
+
+    Example::
+
+        bench.columns(bench.result_of([0.011, 0.010, 0.012]))["time_s"]   # 0.011
+    """
     med, lo, hi = stats.median_ci(times)
     return {"median_s": med, "ci_lo_s": lo, "ci_hi_s": hi, "min_s": min(times),
-            "max_s": max(times), "times_s": times,
-            "clock": "common-start" if shared or not distributed else "per-rank"}
+            "max_s": max(times), "times_s": list(times), "clock": clock}
 
 
 def columns(result: dict[str, Any]) -> dict[str, Any]:

@@ -952,11 +952,12 @@ def host_link(path: str | os.PathLike | None = None) -> HostLink:
     """The real backend's :class:`HostLink`: E0's per-size table, or documented fallbacks.
 
     ``path`` (else the environment variable ``PIPECOMM_CALIBRATION``) names E0's
-    ``calibration.json``; its ``gamma_s_per_byte`` and, when present, ``link_table``
-    (``{"nbytes": [...], "time_s": [...]}``) and ``host_links`` are used. Otherwise the
-    per-size table is read from E0's ``data.csv`` (or ``data.csv.gz``) next to it (rows of
-    section ``real``, pair ``0-1``; median per size, sizes >= 64 KiB). What is missing falls
-    back to :data:`DEFAULT_LINK_TABLE` and the number of CPU cores.
+    ``calibration.json``; its ``gamma_s_per_byte``, its per-size table (``link_table``
+    ``{"nbytes": [...], "time_s": [...]}``, else E0's record ``per_size``, sizes >= 64 KiB) and
+    ``host_links`` (E0's host section) are used. Without a table there, the per-size table is
+    read from E0's ``data.csv`` (or ``data.csv.gz``) next to it (rows of section ``real``, pair
+    ``0-1``; median per size, sizes >= 64 KiB). What is missing falls back to
+    :data:`DEFAULT_LINK_TABLE` and the number of CPU cores.
 
     Example::
 
@@ -974,6 +975,11 @@ def host_link(path: str | os.PathLike | None = None) -> HostLink:
     if isinstance(data.get("link_table"), dict):
         t = data["link_table"]
         table = tuple(zip(t["nbytes"], t["time_s"]))
+    elif isinstance(data.get("per_size"), dict):  # E0's calibration record
+        t = data["per_size"]
+        table = tuple((int(n), float(s)) for n, s in zip(t["nbytes"], t["one_way_s"])
+                      if n >= 65536)
+        table = table if len(table) >= 2 else None
     else:
         table = _table_from_e0_csv(os.path.dirname(os.fspath(path)))
     return HostLink(

@@ -96,7 +96,41 @@ def network(p: dict[str, Any], ports: str | None = None):
     )
 
 
-def measure_points(points: list[dict[str, Any]], device: str | None = None) -> list[dict]:
+def _call(op: str, alg: str, t: torch.Tensor, g: Any, block: int | None) -> Any:
+    """The timed call of one point: ``op`` with ``alg`` on ``t`` over group ``g`` (root 0)."""
+    if op == "broadcast":
+        return lambda: collectives.broadcast(t, 0, algorithm=alg, group=g, block_bytes=block)
+    if op == "reduce":
+        return lambda: collectives.reduce(t, 0, algorithm=alg, group=g, block_bytes=block)
+    return lambda: collectives.allreduce(t, algorithm=alg, group=g, block_bytes=block)
+
+
+def _row(pt: dict[str, Any], q: int, result: dict[str, Any], block: int | None) -> dict:
+    return {
+        **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
+        "world_size": q,
+        **bench.columns(result),
+        "block_bytes": block,
+    }
+
+
+def _runs(points: list[dict[str, Any]], interleave: bool) -> list[list[dict[str, Any]]]:
+    """Points cut into runs timed together: consecutive points with the same ``p``, ``op`` and
+    ``nbytes`` when ``interleave``, else one point each."""
+    runs: list[list[dict[str, Any]]] = []
+    for pt in points:
+        key = (pt["p"], pt["op"], pt["nbytes"])
+        if interleave and runs and (runs[-1][0]["p"], runs[-1][0]["op"],
+                                    runs[-1][0]["nbytes"]) == key:
+            runs[-1].append(pt)
+        else:
+            runs.append([pt])
+    return runs
+
+
+def measure_points(
+    points: list[dict[str, Any]], device: str | None = None, interleave: bool = False
+) -> list[dict]:
     """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``, with an
     optional ``block_bytes`` for LP (default: ``lp.default_block_bytes``).
 
@@ -104,6 +138,12 @@ def measure_points(points: list[dict[str, Any]], device: str | None = None) -> l
     ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
     same ``p``). Rank 0 returns one row per point (median, min, max over iterations of the max
     over ranks, and the LP block size used); the others return ``[]``.
+
+    ``interleave``: consecutive points with the same ``p``, ``op`` and ``nbytes`` (the algorithms
+    of one comparison) are timed round-robin -- each takes its warm-up calls, then repeat ``r``
+    times one call of every point in list order (they must share ``iters``) -- so a passing
+    disturbance of the host hits all of them alike instead of whichever is timed first. Every
+    call has its own common start (:func:`pipecomm.bench.time_fn`).
 
     Example::
 
@@ -115,69 +155,55 @@ def measure_points(points: list[dict[str, Any]], device: str | None = None) -> l
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device(device) if device else torch.device("cpu")
+    sync = dev if dev.type == "cuda" else None
     sizes_p = sorted({pt["p"] for pt in points})
     groups = {q: (None if q == world else dist.new_group(list(range(q)))) for q in sizes_p}
     rows: list[dict] = []
     warmed: set = set()
     buf: dict = {}
     prev_p = None
-    for pt in points:
-        q = pt["p"]
+    for run in _runs(points, interleave):
+        q, n, op = run[0]["p"], run[0]["nbytes"], run[0]["op"]
+        if len({pt["iters"] for pt in run}) > 1:
+            raise ValueError(f"interleaved points of p={q}, {op}, {n} B must share iters, got "
+                             f"{[pt['iters'] for pt in run]}")
         if prev_p is not None and q != prev_p:
             dist.barrier()
         prev_p = q
         if rank >= q:
             continue
-        g, n, op, alg = groups[q], pt["nbytes"], pt["op"], pt["algorithm"]
-        block = pt.get("block_bytes") if alg == "lp" else None
-        key = (q, n)
-        if key not in buf:
+        g = groups[q]
+        if (q, n) not in buf:
             buf.clear()
-            buf[key] = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
-        t = buf[key]
-        if op == "broadcast":
-
-            def fn(t=t, alg=alg, g=g, b=block):
-                collectives.broadcast(t, 0, algorithm=alg, group=g,
-                                      block_bytes=b)
-        elif op == "reduce":
-
-            def fn(t=t, alg=alg, g=g, b=block):
-                collectives.reduce(t, 0, algorithm=alg, group=g,
-                                      block_bytes=b)
+            buf[(q, n)] = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
+        t = buf[(q, n)]
+        calls = []
+        for pt in run:
+            alg = pt["algorithm"]
+            block = pt.get("block_bytes") if alg == "lp" else None
+            if (q, op, alg) not in warmed and pt.get("first_warmup", False):
+                small = torch.zeros(1024, dtype=torch.float32, device=dev)
+                _call(op, alg, small, g, None)()
+            warmed.add((q, op, alg))
+            calls.append(_call(op, alg, t, g, block))
+        if len(run) == 1:
+            results = [bench.time_fn(calls[0], warmup=run[0]["warmup"], repeats=run[0]["iters"],
+                                     group=g, device=sync)]
         else:
-
-            def fn(t=t, alg=alg, g=g, b=block):
-                collectives.allreduce(t, algorithm=alg, group=g,
-                                      block_bytes=b)
-
-        if (q, op, alg) not in warmed and pt.get("first_warmup", False):
-            small = torch.zeros(1024, dtype=torch.float32, device=dev)
-            if op == "broadcast":
-                collectives.broadcast(small, 0, algorithm=alg, group=g)
-            elif op == "reduce":
-                collectives.reduce(small, 0, algorithm=alg, group=g)
-            else:
-                collectives.allreduce(small, algorithm=alg, group=g)
-        warmed.add((q, op, alg))
-        stats = bench.time_fn(
-            fn,
-            warmup=pt["warmup"],
-            repeats=pt["iters"],
-            group=g,
-            device=dev if dev.type == "cuda" else None,
-        )
-        if alg == "lp" and block is None:
-            block = lp.default_block_bytes(op, t.numel() * 4, q)
+            for pt, fn in zip(run, calls):
+                for _ in range(pt["warmup"]):
+                    fn()
+            times: list[list[float]] = [[] for _ in run]
+            for _ in range(run[0]["iters"]):
+                for ts, fn in zip(times, calls):
+                    ts += bench.time_fn(fn, warmup=0, repeats=1, group=g, device=sync)["times_s"]
+            results = [bench.result_of(ts) for ts in times]
         if rank == 0:
-            rows.append(
-                {
-                    **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
-                    "world_size": q,
-                    **bench.columns(stats),
-                    "block_bytes": block,
-                }
-            )
+            for pt, res in zip(run, results):
+                block = pt.get("block_bytes")
+                if pt["algorithm"] == "lp" and block is None:
+                    block = lp.default_block_bytes(op, t.numel() * 4, q)
+                rows.append(_row(pt, q, res, block if pt["algorithm"] == "lp" else None))
     dist.barrier()
     return rows
 

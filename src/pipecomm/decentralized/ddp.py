@@ -13,7 +13,9 @@ How (one concept: per-bucket update inside backward):
 
 * Parameters are cut into buckets of about ``bucket_mb`` MiB (:func:`pipecomm.bucketing.
   bucket_indices`, one dtype and device each) in the order their gradients become ready in the
-  first backward (rank 0's order is broadcast so that every rank has the same buckets).
+  first backward (rank 0's order is broadcast so that every rank has the same buckets). From
+  then on a bucket's parameters are views of one contiguous block (their ``.data`` is moved
+  there; the parameter objects stay), so the copies to and from the gossip buffer are one each.
 * In iteration ``k >= 1``, as soon as all gradients of a bucket are accumulated (a
   post-accumulate-grad hook), the bucket waits for the gossip it launched in iteration ``k - 1``
   (the average of ``x^k`` over the rank's group of step ``k``, i.e. ``y^k``), copies it into the
@@ -114,6 +116,27 @@ _PROCESS_GROUPS: dict[tuple[Any, ...], dist.ProcessGroup] = {}
 _OWNERS: weakref.WeakValueDictionary[int, DecentralizedDataParallel] = weakref.WeakValueDictionary()
 
 
+@torch.no_grad()
+def _as_one_block(params: list[nn.Parameter]) -> torch.Tensor | None:
+    """Move ``params`` (one dtype and device) into one contiguous tensor, each parameter a view of
+    its slice (``p.data`` is replaced; the parameter objects stay), so that copying the bucket to
+    and from its gossip buffer is one copy, not one per parameter (decent-dp, the DAdam authors'
+    implementation, keeps parameters as views of their bucket the same way). Parameters that are
+    not plain contiguous tensors (e.g. channels-last) keep their storage: returns ``None``.
+    """
+    if not all(p.is_contiguous() for p in params):
+        return None
+    block = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
+                        device=params[0].device)
+    off = 0
+    for p in params:
+        view = block[off : off + p.numel()].view(p.shape)
+        view.copy_(p.detach())
+        p.data = view
+        off += p.numel()
+    return block
+
+
 def _process_group(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     """The process group of the global ``ranks`` (created on first use, then reused).
 
@@ -159,6 +182,21 @@ class _Bucket:
     groups: list[tuple[int, list[nn.Parameter]]]  # (optimizer group, the bucket's share of it)
     flat: torch.Tensor  # gossip buffer: x^{k+1} when launched, y^{k+1} once completed
     views: list[torch.Tensor]  # views of `flat` shaped like the parameters
+    block: torch.Tensor | None = None  # the parameters' own storage when they are views of it
+
+    def to_flat(self) -> None:
+        """``flat <- parameters`` (one copy when the parameters live in ``block``)."""
+        if self.block is not None:
+            self.flat.copy_(self.block)
+        else:
+            torch._foreach_copy_(self.views, [p.detach() for p in self.params])
+
+    def from_flat(self) -> None:
+        """``parameters <- flat``."""
+        if self.block is not None:
+            self.block.copy_(self.flat)
+        else:
+            torch._foreach_copy_([p.detach() for p in self.params], self.views)
     handle: Any = None  # in-flight gossip (None: nothing to mix, e.g. a group of one rank)
     ready: set[int] = field(default_factory=set)  # parameters whose gradient is complete
     updated: bool = False  # mixed and stepped in the current iteration
@@ -726,7 +764,7 @@ class DecentralizedDataParallel(nn.Module):
         if inplace:
             for b in self._buckets or []:
                 if b.handle is not None:  # completed: make it carry the average
-                    torch._foreach_copy_(b.views, [p.detach() for p in b.params])
+                    b.to_flat()
         return result
 
     @contextlib.contextmanager
@@ -827,7 +865,7 @@ class DecentralizedDataParallel(nn.Module):
             b.handle.wait()
             b.handle = None
             self.timing["wait_s"] += time.perf_counter() - t0
-            torch._foreach_copy_([p.detach() for p in b.params], b.views)
+            b.from_flat()
 
     def _fill_missing_grads(self, b: _Bucket) -> None:
         for i, p in zip(b.indices, b.params):
@@ -906,7 +944,7 @@ class DecentralizedDataParallel(nn.Module):
                 b.handle = None  # mixing with oneself is the identity
                 continue
             t0 = time.perf_counter()
-            torch._foreach_copy_(b.views, [p.detach() for p in b.params])
+            b.to_flat()
             b.handle = collectives.allreduce(
                 b.flat,
                 algorithm=self.algorithm,
@@ -942,7 +980,9 @@ class DecentralizedDataParallel(nn.Module):
             for p in params:
                 views.append(flat[off : off + p.numel()].view(p.shape))
                 off += p.numel()
-            b = _Bucket(bi, idx, names, params, sorted(shares.items()), flat, views)
+            b = _Bucket(bi, idx, names, params, sorted(shares.items()), flat, views,
+                        block=_as_one_block(params))
+
             buckets.append(b)
             for i in idx:
                 self._bucket_of[i] = b

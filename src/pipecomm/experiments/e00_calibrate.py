@@ -9,6 +9,14 @@ uses sizes >= ``fit_min_bytes`` (64 KiB): loopback transports switch protocol fo
 and the cost models are applied to blocks of that size and larger; the small-message latency is
 reported beside it.
 
+The host: a local pool of ``host_world_size`` ranks (the largest real pool the artifact runs)
+times ``host_bytes`` once over one link alone and once over every hop of a chain of all its
+ranks at once (:func:`pipecomm.cluster.link_bandwidth`, :func:`pipecomm.cluster.chain_bandwidth`,
+median of ``iters``); ``host_links`` (how many lone links' worth of bytes the host moves at once,
+``(p - 1) x chain rate per link / lone rate``) goes to calibration.json beside the per-size table,
+for the real backend's LP model (:class:`pipecomm.cost.HostLink`): ranks on one host share its
+cores and memory system, so p - 1 loopback links are not p - 1 times one.
+
 With an emulated network (``pipecomm.netem``) the same ping-pong measures the *emulated* alpha and
 bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; claim C0.2
 compares every message with the configured values (threshold: artifact/claims.yaml).
@@ -63,6 +71,8 @@ class Params(base.Params):
     iters: int = 5
     warmup: int = 2
     gamma_bytes: int = 16 << 20
+    host_world_size: int = 4  # 0: no host section
+    host_bytes: int = 16 << 20
     fit_min_bytes: int = 64 << 10
     emulated: bool = True
     emu_world_sizes: list[int] = field(default_factory=lambda: [2])
@@ -84,6 +94,11 @@ class Params(base.Params):
         for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
             if not self[name] > 0:
                 raise ValueError(f"parameter {name} must be > 0, got {self[name]!r}")
+        if self.host_world_size != 0 and self.host_world_size < 3:
+            raise ValueError(f"parameter host_world_size must be 0 (no host section) or >= 3 "
+                             f"(a chain of 2 links or more), got {self.host_world_size!r}")
+        if self.host_bytes < 1:
+            raise ValueError(f"parameter host_bytes must be >= 1, got {self.host_bytes!r}")
         if any(w < 2 or w % 2 for w in self.emu_world_sizes):
             raise ValueError(f"parameter emu_world_sizes must list even world sizes >= 2 (ranks "
                              f"ping-pong in pairs), got {self.emu_world_sizes!r}")
@@ -154,6 +169,35 @@ def _measure_rank(sizes, iters, warmup, gamma_bytes) -> list[dict[str, Any]]:
     return rows
 
 
+def _host_rank(nbytes: int, iters: int) -> list[dict[str, Any]]:
+    """On every rank of a local pool: one link alone, then every hop of the chain at once."""
+    from pipecomm import cluster
+
+    lone = cluster.link_bandwidth([nbytes], iters)
+    per_link = cluster.chain_bandwidth(nbytes, iters)
+    if dist.get_rank() != 0:
+        return []
+    flows = dist.get_world_size() - 1
+    return [{"flows": 1, "nbytes": nbytes, "bandwidth_Bps": lone[-1]["bandwidth_Bps"]},
+            {"flows": flows, "nbytes": nbytes, "bandwidth_Bps": per_link}]
+
+
+def host_links(df: pd.DataFrame) -> float | None:
+    """``(p - 1) x`` the chain's rate per link over one link's rate alone (section ``host``), or
+    ``None`` without that section.
+
+    Example::
+
+        host_links(run(host_world_size=8))      # e.g. about 1.5 on a 2-core host
+    """
+    host = df[df.section == "host"]
+    if host.empty:
+        return None
+    lone = float(host[host.flows == 1].bandwidth_Bps.iloc[0])
+    chain = host[host.flows > 1].iloc[0]
+    return float(chain.flows * chain.bandwidth_Bps / lone)
+
+
 def run(**params: Any) -> pd.DataFrame:
     """Measure ping-pong on the real backend (2 ranks), gamma, and the emulated network."""
     p = Params.make(**params)
@@ -167,6 +211,12 @@ def run(**params: Any) -> pd.DataFrame:
                              timeout_s=p["timeout_s"])
     frames.append(pd.DataFrame([r for rows in per_rank for r in rows])
                   .assign(world_size=2, backend=p["backend"], network="real"))
+    if p["host_world_size"] and p["backend"] == "gloo" and not launch.under_torchrun():
+        with launch.Ranks(p["host_world_size"]) as ranks:
+            rows = ranks.run(_host_rank, p["host_bytes"], p["iters"], timeout_s=p["timeout_s"])
+        frames.append(pd.DataFrame(rows[0]).assign(section="host", backend="gloo",
+                                                   world_size=p["host_world_size"],
+                                                   network="real"))
     if p["emulated"]:
         from pipecomm import netem
 
@@ -185,7 +235,8 @@ def run(**params: Any) -> pd.DataFrame:
 
 def fit(df: pd.DataFrame, min_bytes: int = DEFAULTS["fit_min_bytes"]) -> dict[str, float]:
     """alpha, beta from the real ping-pong at sizes >= ``min_bytes`` (relative least squares),
-    the small-message latency (median one-way time below 1 KiB) and gamma.
+    the small-message latency (median one-way time below 1 KiB), gamma and, with a host
+    section, :func:`host_links`.
 
     Loopback transports switch protocol for small messages (eager copies), so one straight line
     cannot serve 4 B and 64 MiB alike; the fit covers the range the collectives' blocks use.
@@ -203,6 +254,7 @@ def fit(df: pd.DataFrame, min_bytes: int = DEFAULTS["fit_min_bytes"]) -> dict[st
             "bandwidth_Bps": 1.0 / beta if beta > 0 else float("inf"),
             "small_message_latency_s": float(small.time_s.median()) if len(small) else None,
             "fit_min_bytes": int(min_bytes),
+            **({} if host_links(df) is None else {"host_links": host_links(df)}),
             # the calibration record: one-way time per message size, as measured (no fit)
             "per_size": {"nbytes": [int(n) for n in table.index],
                          "one_way_s": [float(t) for t in table.to_numpy()],
@@ -238,6 +290,12 @@ def summary(df: pd.DataFrame, fit_min_bytes: int = DEFAULTS["fit_min_bytes"]) ->
                              f"{r.config_alpha_s * 1e3:g} ms, {r.config_bandwidth_Bps / 1e6:g} MB/s)",
                      "alpha_us": r.alpha_s * 1e6, "bandwidth_MBps": r.bandwidth_Bps / 1e6,
                      "gamma_GBps": float("nan")})
+    host = df[df.section == "host"]
+    if len(host):
+        chain = host[host.flows > 1].iloc[0]
+        rows.append({"link": f"{_real_link(df)}, {int(chain.flows)} links at once (host_links "
+                             f"{host_links(df):.2f})", "alpha_us": float("nan"),
+                     "bandwidth_MBps": chain.bandwidth_Bps / 1e6, "gamma_GBps": float("nan")})
     return pd.DataFrame(rows)
 
 

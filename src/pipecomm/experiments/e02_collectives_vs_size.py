@@ -26,7 +26,10 @@ Two sections, one tidy table (column ``section``):
 * ``real``: no emulation (loopback gloo on the cpu profile, NCCL on the gpu profile): lp, mst,
   be, ring and the backend's built-in ``torch`` at ``real_sizes_*`` for every p of
   ``real_world_sizes`` (subgroups of ranks 0..p-1 of one pool of max(p) ranks), time and busbw
-  (nccl-tests conventions, :mod:`pipecomm.bench`) and the ratio to the built-in.
+  (nccl-tests conventions, :mod:`pipecomm.bench`) and the ratio to the built-in. The algorithms
+  of one size are timed round-robin (``measure_points(..., interleave=True)``), so a passing
+  disturbance of the host does not bias whichever algorithm is timed first; the LP rows carry
+  the host model's prediction (``model_s``, :func:`pipecomm.cost.lp_time_on_host`).
 
 Timing: :func:`pipecomm.bench.time_fn` (barrier, max over ranks, median over iterations). Under
 emulation the first untimed call of every algorithm runs at the smallest size; messages of
@@ -287,8 +290,8 @@ def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, An
         }
         for q in sorted(world_sizes)
         for op in p["real_ops"]
-        for alg in p["real_algorithms"]
         for n in sizes
+        for alg in p["real_algorithms"]  # one comparison, timed round-robin (interleave=True)
     ]
 
 
@@ -336,7 +339,8 @@ def run(**params: Any) -> pd.DataFrame:
             raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
         info = launch.init_from_env(p["backend"])
         ws = [q for q in p["real_world_sizes"] if q <= info.world_size] or [info.world_size]
-        rows = measure_points(_real_points(p, ws), info.device if info.backend == "nccl" else None)
+        rows = measure_points(_real_points(p, ws), info.device if info.backend == "nccl" else None,
+                              interleave=True)
         if not rows:  # ranks other than 0
             return pd.DataFrame()
         return _add_bandwidths(
@@ -419,7 +423,7 @@ def _host_model(real: pd.DataFrame) -> list[float]:
 def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict]:
     if device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
-    return measure_points(points, device)
+    return measure_points(points, device, interleave=True)
 
 
 # --------------------------------------------------------------------------- analysis
