@@ -276,7 +276,8 @@ def test_e0_through_papermill(tmp_path):
     artifact.ensure_kernel()
     exp = artifact.discover()["E0"]
     params = {**exp.defaults, "sizes_max": 1 << 20, "iters": 2, "warmup": 1,
-              "emu_sizes_max": 1 << 17, "emu_world_sizes": [2]}
+              "emu_sizes_max": 1 << 17, "emu_world_sizes": [2], "host_world_size": 3,
+              "host_bytes": 1 << 20}
     params = {k: v for k, v in params.items() if k not in artifact.RESERVED}
     out = tmp_path / "cpu" / "E0"
     artifact.run_experiment(exp, "cpu", params, out)
@@ -285,10 +286,11 @@ def test_e0_through_papermill(tmp_path):
             "calibration.json"} <= names
     env = json.loads((out / "env.json").read_text())
     assert env["profile"] == "cpu" and env["emulated_network"] is True
-    assert env["world_sizes"] == [2] and env["torch"].startswith("2.")
+    assert env["world_sizes"] == [2, 3] and env["torch"].startswith("2.")  # 3: host probe
     assert json.loads((out / "params.json").read_text())["sizes_max"] == 1 << 20
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["alpha_s"] >= 0 and cal["beta_s_per_byte"] >= 0  # a load spike can flatten it
+    assert cal["host_links"] > 0
     from pipecomm import claims
 
     table = claims.evaluate(claims.load_claims(), tmp_path / "cpu")
