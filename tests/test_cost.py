@@ -613,3 +613,18 @@ def test_host_link_from_calibration(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPECOMM_CALIBRATION", str(path))
     link = cost.host_link()
     assert link.table == ((10, 1.0), (20, 2.0)) and link.host_links == 3.0
+
+
+def test_lp_overlap_check_tool_on_the_reference():
+    """tools/lp_overlap_check.py reads E2's reference data and prints both LP forms per size."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "tools/lp_overlap_check.py"),
+                          str(root / "artifact/reference/cpu/E2/data.csv.gz")],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert len(rows) >= 5 and all(line.count("ms") == 3 for line in out.splitlines()[1:])
+    assert int(rows[-1][0]) == 64 << 20

@@ -87,8 +87,14 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     host = pd.DataFrame({"section": "host", "flows": [1, 7], "nbytes": 1 << 24,
                          "bandwidth_Bps": [2.0e9, 0.5e9]})
     df = pd.concat([_real(), host], ignore_index=True).assign(backend="gloo")
-    assert e0.host_links(df) == pytest.approx(7 * 0.5 / 2.0)
+    # one link's rate: the ping-pong table's at 16 MiB (150 us + n / 2.5 GB/s)
+    lone = (1 << 24) / (150e-6 + (1 << 24) / 2.5e9)
+    assert e0.host_links(df) == pytest.approx(7 * 0.5e9 / lone)
+    no_table = df[~((df.section == "real") & (df.nbytes == 1 << 24))]
+    assert e0.host_links(no_table) == pytest.approx(7 * 0.5 / 2.0)  # the host section's own
     assert e0.host_links(_real()) is None
+    df = pd.concat([_real(), host.assign(bandwidth_Bps=[2.0e9, 0.5 * lone / 2.0])],
+                   ignore_index=True).assign(backend="gloo")
     f = e0.fit(df)
     assert f["host_links"] == pytest.approx(1.75) and "host_links" not in e0.fit(_real())
     # the real backend's LP model reads it from calibration.json

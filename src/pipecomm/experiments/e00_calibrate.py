@@ -13,7 +13,8 @@ The host: a local pool of ``host_world_size`` ranks (the largest real pool the a
 times ``host_bytes`` once over one link alone and once over every hop of a chain of all its
 ranks at once (:func:`pipecomm.cluster.link_bandwidth`, :func:`pipecomm.cluster.chain_bandwidth`,
 median of ``iters``); ``host_links`` (how many lone links' worth of bytes the host moves at once,
-``(p - 1) x chain rate per link / lone rate``) goes to calibration.json beside the per-size table,
+``(p - 1) x chain rate per link / lone rate``, the lone rate being the ping-pong table's at that
+size) goes to calibration.json beside the per-size table,
 for the real backend's LP model (:class:`pipecomm.cost.HostLink`): ranks on one host share its
 cores and memory system, so p - 1 loopback links are not p - 1 times one.
 
@@ -184,17 +185,24 @@ def _host_rank(nbytes: int, iters: int) -> list[dict[str, Any]]:
 
 def host_links(df: pd.DataFrame) -> float | None:
     """``(p - 1) x`` the chain's rate per link over one link's rate alone (section ``host``), or
-    ``None`` without that section.
+    ``None`` without that section. One link's rate is the ping-pong's at that size (section
+    ``real``, the per-size table the LP model reads) when it was measured, else the host
+    section's own lone link: the model multiplies that table by ``host_links``.
 
     Example::
 
-        host_links(run(host_world_size=8))      # e.g. about 1.5 on a 2-core host
+        host_links(run(host_world_size=8))      # e.g. about 1.2 on a 2-core host
     """
     host = df[df.section == "host"]
     if host.empty:
         return None
-    lone = float(host[host.flows == 1].bandwidth_Bps.iloc[0])
-    chain = host[host.flows > 1].iloc[0]
+    chain = host[host.flows > 1].iloc[0]  # a Series: chain.nbytes would be its memory size
+    n = chain["nbytes"]
+    real = df[(df.section == "real") & (df.nbytes == n)]
+    if len(real):
+        lone = float(n / real.time_s.median())
+    else:
+        lone = float(host[host.flows == 1].bandwidth_Bps.iloc[0])
     return float(chain.flows * chain.bandwidth_Bps / lone)
 
 
