@@ -685,3 +685,21 @@ def test_pool_refuses_a_network_the_host_cannot_deliver():
         raise AssertionError("the pool must not be handed out")
     with netem.pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
         assert ranks.world_size == 2 and ranks.network.alpha_s == 5e-3
+
+
+def test_pool_probes_again_after_a_failed_probe(monkeypatch):
+    """One failed probe (a passing disturbance) is followed by a second after a pause; only a
+    second failure refuses the network."""
+    real, calls = netem.check_host, []
+
+    def flaky(ranks, sizes, **kw):
+        calls.append(kw.get("raise_error", True))
+        if len(calls) == 1:
+            return netem.HostCheck(ranks.world_size, (), False, "disturbed")
+        return real(ranks, sizes, **kw)
+
+    monkeypatch.setattr(netem, "check_host", flaky)
+    monkeypatch.setattr(netem, "RECHECK_PAUSE_S", 0.01)
+    with netem.pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
+        assert ranks.world_size == 2
+    assert calls == [False, True]  # the second probe raises if it fails too
