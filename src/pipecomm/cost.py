@@ -898,8 +898,9 @@ class HostLink:
     interpolates linearly between points and extends the last segment's slope beyond the
     largest size. ``host_links``: how many such transfers the host sustains at full speed at
     once (its aggregate bandwidth at any message size, in units of one lone link's): the ranks
-    share the host's cores and memory system. Default: the number of CPU cores (a loopback
-    transfer keeps about one core busy). ``gamma``: seconds per byte reduced.
+    share the host's cores and memory system. E0's host section measures it; the default is the
+    number of CPU cores (an upper guess: one loopback transfer keeps both the sender's and the
+    receiver's core busy). ``gamma``: seconds per byte reduced.
     ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
     ``cores`` share it and the reductions among the ranks (default: the number of CPU cores).
 

@@ -183,6 +183,9 @@ class _Bucket:
     flat: torch.Tensor  # gossip buffer: x^{k+1} when launched, y^{k+1} once completed
     views: list[torch.Tensor]  # views of `flat` shaped like the parameters
     block: torch.Tensor | None = None  # the parameters' own storage when they are views of it
+    handle: Any = None  # in-flight gossip (None: nothing to mix, e.g. a group of one rank)
+    ready: set[int] = field(default_factory=set)  # parameters whose gradient is complete
+    updated: bool = False  # mixed and stepped in the current iteration
 
     def to_flat(self) -> None:
         """``flat <- parameters`` (one copy when the parameters live in ``block``)."""
@@ -197,9 +200,6 @@ class _Bucket:
             self.block.copy_(self.flat)
         else:
             torch._foreach_copy_([p.detach() for p in self.params], self.views)
-    handle: Any = None  # in-flight gossip (None: nothing to mix, e.g. a group of one rank)
-    ready: set[int] = field(default_factory=set)  # parameters whose gradient is complete
-    updated: bool = False  # mixed and stepped in the current iteration
 
 
 def _check_algorithm(algorithm: Any) -> str:
@@ -982,7 +982,6 @@ class DecentralizedDataParallel(nn.Module):
                 off += p.numel()
             b = _Bucket(bi, idx, names, params, sorted(shares.items()), flat, views,
                         block=_as_one_block(params))
-
             buckets.append(b)
             for i in idx:
                 self._bucket_of[i] = b
