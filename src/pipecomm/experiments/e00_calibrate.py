@@ -73,7 +73,7 @@ class Params(base.Params):
     warmup: int = 2
     gamma_bytes: int = 16 << 20
     host_world_size: int = 4  # 0: no host section
-    host_bytes: int = 16 << 20
+    host_bytes: int = 4 << 20
     fit_min_bytes: int = 64 << 10
     emulated: bool = True
     emu_world_sizes: list[int] = field(default_factory=lambda: [2])

@@ -62,10 +62,10 @@ class Params(base.Params):
     sizes: list[int] = field(default_factory=lambda: [1 << 20, 2 << 20])
     cases: dict[str, list[str]] = field(default_factory=lambda: {
         "broadcast": ["lp", "mst", "be", "ring"], "allreduce": ["lp", "be", "ring"]})
-    iters: int = 5
+    iters: int = 3
     warmup: int = 1
     link_sizes: list[int] = field(default_factory=lambda: [4 << 10, 1 << 20, 4 << 20])
-    link_iters: int = 5
+    link_iters: int = 3
     min_block_bytes: int = 256 << 10
     timeout_s: float = 600.0
 
