@@ -93,17 +93,6 @@ def _group(p: int):
     return _GROUPS[p]
 
 
-def _call(alg: str, op: str, t: torch.Tensor, group: Any) -> None:
-    from pipecomm import collectives as C
-
-    if op == "allreduce":
-        C.allreduce(t, algorithm=alg, op="sum", group=group)
-    elif op == "broadcast":
-        C.broadcast(t, 0, algorithm=alg, group=group)
-    else:
-        C.reduce(t, 0, algorithm=alg, op="sum", group=group)
-
-
 def _wrong(alg: str, op: str, n: int, group: Any, p: int) -> int:
     """Elements of ``alg``'s result that differ from the built-in's on the same random input
     (summed over the ranks that hold a result)."""
@@ -111,8 +100,8 @@ def _wrong(alg: str, op: str, n: int, group: Any, p: int) -> int:
     gen = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(n, generator=gen)
     ref = x.clone()
-    _call(alg, op, x, group)
-    _call("torch", op, ref, group)
+    sweep.collective_call(op, alg, x, group)()
+    sweep.collective_call(op, "torch", ref, group)()
     holds = op == "allreduce" or rank == 0
     bad = 0
     if holds and op == "broadcast":
@@ -146,11 +135,13 @@ def rank_bench(cfg: dict) -> list[dict]:
         wrong = {(op, n, a): _wrong(a, op, n // 4, group, p)
                  for op in cfg["ops"] for n in cfg["sizes"] for a in cfg["algorithms"]}
     dist.barrier()
-    return [_row(r, wrong[(r["op"], r["nbytes"], r["algorithm"])], timed)
-            for r in timed] if dist.get_rank() == 0 else []
+    if dist.get_rank() != 0:
+        return []
+    link = cost.host_link() if netem.current() is None else None  # read once, not per row
+    return [_row(r, wrong[(r["op"], r["nbytes"], r["algorithm"])], timed, link) for r in timed]
 
 
-def _row(r: dict, wrong: int, timed: list[dict]) -> dict:
+def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
     op, n, p, alg = r["op"], r["nbytes"], r["world_size"], r["algorithm"]
     times = stats.repeats(r["times_s"])
     row = {
@@ -177,9 +168,9 @@ def _row(r: dict, wrong: int, timed: list[dict]) -> dict:
         row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
             times, stats.repeats(base[0]["times_s"])
         )
-    if alg == "lp" and netem.current() is None:
+    if alg == "lp" and link is not None:
         row["block_bytes"] = r["block_bytes"]
-        row["model_s"] = cost.lp_time_on_host(op, n, p, cost.host_link(), r["block_bytes"])
+        row["model_s"] = cost.lp_time_on_host(op, n, p, link, r["block_bytes"])
     return row
 
 

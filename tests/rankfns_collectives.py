@@ -727,9 +727,9 @@ def interleaved_order(points: list) -> dict:
     from pipecomm import sweep
 
     calls: list[str] = []
-    real = sweep._call
+    real = sweep.collective_call
 
-    def recording(op, alg, t, g, block):
+    def recording(op, alg, t, g=None, block=None):
         fn = real(op, alg, t, g, block)
 
         def call():
@@ -739,9 +739,9 @@ def interleaved_order(points: list) -> dict:
 
         return call
 
-    sweep._call = recording
+    sweep.collective_call = recording
     try:
         rows = sweep.measure_points(points, interleave=True)
     finally:
-        sweep._call = real
+        sweep.collective_call = real
     return {"calls": calls, "rows": rows}

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from pipecomm import bench, collectives, cost
 __all__ = [
     "ALG_COLORS",
     "check_link_params",
+    "collective_call",
     "measure_points",
     "measured_crossover_bytes",
     "message_sizes",
@@ -96,13 +98,21 @@ def network(p: dict[str, Any], ports: str | None = None):
     )
 
 
-def _call(op: str, alg: str, t: torch.Tensor, g: Any, block: int | None) -> Any:
-    """The timed call of one point: ``op`` with ``alg`` on ``t`` over group ``g`` (root 0)."""
+def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
+                    block_bytes: int | None = None) -> Callable[[], Any]:
+    """A call of ``op`` (sum; root 0) with algorithm ``alg`` on ``t`` over ``group``: what a
+    sweep point times.
+
+    Example::
+
+        collective_call("allreduce", "ring", torch.ones(1024))()
+    """
+    kw = {"algorithm": alg, "group": group, "block_bytes": block_bytes}
     if op == "broadcast":
-        return lambda: collectives.broadcast(t, 0, algorithm=alg, group=g, block_bytes=block)
+        return lambda: collectives.broadcast(t, 0, **kw)
     if op == "reduce":
-        return lambda: collectives.reduce(t, 0, algorithm=alg, group=g, block_bytes=block)
-    return lambda: collectives.allreduce(t, algorithm=alg, group=g, block_bytes=block)
+        return lambda: collectives.reduce(t, 0, **kw)
+    return lambda: collectives.allreduce(t, **kw)
 
 
 def _row(pt: dict[str, Any], q: int, result: dict[str, Any], block: int | None) -> dict:
@@ -183,9 +193,9 @@ def measure_points(
             block = pt.get("block_bytes") if alg == "lp" else None
             if (q, op, alg) not in warmed and pt.get("first_warmup", False):
                 small = torch.zeros(1024, dtype=torch.float32, device=dev)
-                _call(op, alg, small, g, None)()
+                collective_call(op, alg, small, g)()
             warmed.add((q, op, alg))
-            calls.append(_call(op, alg, t, g, block))
+            calls.append(collective_call(op, alg, t, g, block))
         if len(run) == 1:
             results = [bench.time_fn(calls[0], warmup=run[0]["warmup"], repeats=run[0]["iters"],
                                      group=g, device=sync)]
