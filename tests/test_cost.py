@@ -605,6 +605,8 @@ def test_host_link_from_calibration(tmp_path, monkeypatch):
     )
     link = cost.host_link(path)
     assert np.allclose(link.table, ((65536, 3e-4), (1048576, 1e-3))) and link.gamma == 2e-10
+    assert not link.host_links_measured and link.host_links == cost.HostLink((
+        (1, 1.0), (2, 2.0))).host_links  # no host section in E0's record: the default
     path.write_text(
         json.dumps(
             {**cal, "link_table": {"nbytes": [10, 20], "time_s": [1.0, 2.0]}, "host_links": 3}
@@ -613,6 +615,9 @@ def test_host_link_from_calibration(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPECOMM_CALIBRATION", str(path))
     link = cost.host_link()
     assert link.table == ((10, 1.0), (20, 2.0)) and link.host_links == 3.0
+    assert link.host_links_measured
+    monkeypatch.delenv("PIPECOMM_CALIBRATION")
+    assert not cost.host_link().host_links_measured  # the fallback table and core count
 
 
 def test_lp_overlap_check_tool_on_the_reference():

@@ -156,12 +156,26 @@ def test_claims_need_their_data():
     assert "p=8, 64 MiB, block 16 MiB" in v.measured and "+5.0%" in v.measured
 
 
+def test_host_model_claim_needs_e0s_host_links():
+    """A model on the default host_links (E2 run without E0 in its results folder) decides
+    nothing: INCONCLUSIVE with the reason, even where the default happens to fit or not."""
+    args = CLAIM_ARGS["e2_real_host_model"]
+    for err in (1.05, 1.6):
+        df = _synthetic(real_host_err=err)
+        measured = e2.check_real_host_model(df.assign(host_links=1.4, host_links_measured=True),
+                                            **args)
+        assert measured.verdict == (claims.PASS if err < 1.25 else claims.FAIL)
+        v = e2.check_real_host_model(df.assign(host_links=2.0, host_links_measured=False), **args)
+        assert v.verdict == claims.INCONCLUSIVE
+        assert "default host_links (2" in v.measured and "run E0" in v.measured
+
+
 def test_host_model_of_real_lp_rows():
     real = pd.DataFrame({"op": ["broadcast", "allreduce", "broadcast"],
                          "algorithm": ["lp", "lp", "torch"], "nbytes": [1 << 24] * 3,
                          "world_size": [8, 4, 8], "block_bytes": [1 << 22, 1 << 21, None]})
     link = cost.host_link()
-    got = e2._host_model(real)
+    got = e2._host_model(real, link)
     assert got[0] == cost.lp_time_on_host("broadcast", 1 << 24, 8, link, 1 << 22)
     assert got[1] == cost.lp_time_on_host("allreduce", 1 << 24, 4, link, 1 << 21)
     assert math.isnan(got[2])

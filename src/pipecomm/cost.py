@@ -903,6 +903,8 @@ class HostLink:
     receiver's core busy). ``gamma``: seconds per byte reduced.
     ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
     ``cores`` share it and the reductions among the ranks (default: the number of CPU cores).
+    ``host_links_measured``: whether ``host_links`` came from E0's host section (a model on the
+    default says little about this host; E2's claim C2.7 is not decided on it).
 
     Example::
 
@@ -916,6 +918,7 @@ class HostLink:
     gamma: float = DEFAULT_GAMMA_S_PER_BYTE
     message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
     cores: float = dataclasses.field(default_factory=_default_host_links)
+    host_links_measured: bool = False
 
     def __post_init__(self) -> None:
         table = tuple((int(n), float(t)) for n, t in self.table)
@@ -986,6 +989,7 @@ def host_link(path: str | os.PathLike | None = None) -> HostLink:
     return HostLink(
         table or DEFAULT_LINK_TABLE,
         host_links=float(data.get("host_links", _default_host_links())),
+        host_links_measured="host_links" in data,
         gamma=gamma,
         message_overhead_s=float(data.get("message_overhead_s", DEFAULT_MESSAGE_OVERHEAD_S)),
     )

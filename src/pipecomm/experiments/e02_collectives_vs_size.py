@@ -326,8 +326,10 @@ def run(**params: Any) -> pd.DataFrame:
     Columns: ``section`` ("emulated" or "real"), ``ports`` (emulated), ``op``, ``algorithm``,
     ``nbytes``, ``world_size``, ``time_s`` (median over iterations of the max over ranks),
     ``min_s``, ``max_s``, ``warmup``, ``iters``, ``block_bytes`` (LP), ``algbw_Bps``,
-    ``busbw_Bps``, ``model_s`` (emulated), the emulated link (``emu_alpha_s``,
-    ``emu_bandwidth_Bps``, ``model_gamma_s_per_byte``), ``backend`` and ``network``.
+    ``busbw_Bps``, ``model_s`` (emulated; the host model for real gloo LP rows), the emulated
+    link (``emu_alpha_s``, ``emu_bandwidth_Bps``, ``model_gamma_s_per_byte``), the real gloo
+    section's ``host_links`` and ``host_links_measured`` (from E0, else the default),
+    ``backend`` and ``network``.
 
     Example::
 
@@ -398,7 +400,10 @@ def run(**params: Any) -> pd.DataFrame:
             out = ranks.run(_measure_real, _real_points(p, ws), device, timeout_s=p["timeout_s"])
         real = pd.DataFrame(out[0])
         if p["backend"] == "gloo":
-            real["model_s"] = _host_model(real)
+            link = cost.host_link()
+            real["model_s"] = _host_model(real, link)
+            real["host_links"] = link.host_links
+            real["host_links_measured"] = link.host_links_measured
         frames.append(real.assign(section="real", backend=p["backend"], network="real"))
     if not frames:
         raise ValueError(
@@ -408,11 +413,11 @@ def run(**params: Any) -> pd.DataFrame:
     return _add_bandwidths(pd.concat(frames, ignore_index=True))
 
 
-def _host_model(real: pd.DataFrame) -> list[float]:
+def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
     """LP rows of the real gloo section: :func:`pipecomm.cost.lp_time_on_host` on this host's
-    link (E0's per-size table when the artifact set ``PIPECOMM_CALIBRATION``) with the block the
-    collective used; NaN for the other algorithms."""
-    link = cost.host_link()
+    ``link`` (E0's per-size table and ``host_links`` when the artifact set
+    ``PIPECOMM_CALIBRATION``) with the block the collective used; NaN for the other
+    algorithms."""
     return [
         cost.lp_time_on_host(o, int(n), int(q), link, int(b)) if a == "lp" and pd.notna(b)
         else float("nan")
@@ -830,8 +835,15 @@ def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
         raise ValueError(f"no real LP {op} at p = {world_size} with a host model (gloo only)")
     r = d[d.nbytes == d.nbytes.max()].iloc[0]  # a Series: r.nbytes would be its memory size
     label = f"LP {op}, p={world_size}, {_mib(r['nbytes'])}, block {_mib(r['block_bytes'])}"
-    return claims.model_points([stats.repeats(r["times_s"])], [float(r["model_s"])], [label],
-                               tolerance)
+    v = claims.model_points([stats.repeats(r["times_s"])], [float(r["model_s"])], [label],
+                            tolerance)
+    if "host_links_measured" in d and not bool(r["host_links_measured"]):
+        return claims.Verdict(
+            f"{v.measured} -- cannot decide: the host model used the default host_links "
+            f"({float(r['host_links']):g}, the core count), not E0's measurement (run E0 into the "
+            "same results folder first, as ./run_all.sh does)",
+            v.threshold, claims.INCONCLUSIVE)
+    return v
 
 
 if __name__ == "__main__":
