@@ -10,10 +10,19 @@ built-in first, and ``py-spy record --idle`` samples rank 3 meanwhile (``pip ins
 it writes collapsed stacks to ``--out``). Prints calls and time per call of each algorithm, and
 the share of samples per innermost function.
 
+``cpu``: the same loops, the built-in first, then each of ``--algorithms``; while each runs,
+``perf record -a`` samples every CPU of the host (``linux-perf``; root or
+``kernel.perf_event_paranoid`` <= 0) and the samples are sorted into :data:`CATEGORIES` (the data's
+copies in and out of the kernel, reductions, the TCP/IP stack, scheduling and wake-ups, the
+Python interpreter, idle, the rest). Prints CPU milliseconds per call by category for each
+algorithm: where an algorithm's extra time against the built-in goes on a host whose cores are
+all busy.
+
 Usage::
 
     .venv/bin/python benchmarks/loopback_flows.py flows
     .venv/bin/python benchmarks/loopback_flows.py profile --op allreduce --out /tmp/lp.txt
+    .venv/bin/python benchmarks/loopback_flows.py cpu --op allreduce --algorithms ring lp
 """
 
 from __future__ import annotations
@@ -100,18 +109,103 @@ def profile(algorithm: str, op: str, nbytes: int, seconds: float, out: str) -> N
                                                   for k, v in leaves.most_common(8)))
 
 
+#: (category, pattern): a perf sample goes to the first category whose pattern matches
+#: ``"<command> <shared object> <symbol>"`` (perf report's comm, dso and sym columns).
+CATEGORIES = (
+    ("idle", r"^swapper |safe_halt|cpuidle|do_idle"),
+    ("data copies", r"_copy_to_iter|_copy_from_iter|copy_user|memcpy|memmove"),
+    ("reductions", r"gloo::sum|add_kernel|VectorizedLoop"),
+    ("Python interpreter", r" libpython"),
+    ("TCP/IP stack", r"\[k\] .*(tcp|skb|sock|softirq|\bip_|inet|net_|dev_|loopback|napi)"),
+    ("scheduling, wake-ups, polling",
+     r"\[k\] .*(spin_unlock|task_switch|schedule|futex|wake|switch_to|enqueue|dequeue"
+     r"|update_curr|epoll|ep_|poll|read_tsc)|epoll_wait|pthread_cond|__futex"),
+    ("other kernel", r"\[k\] "),
+    ("other user", r""),
+)
+
+
+def cpu_shares(report: str) -> dict[str, float]:
+    """Fractions of all samples per category from ``perf report --stdio --no-children
+    --sort comm,dso,sym -g none`` text (lines ``"<pct>% <comm> <dso> [k|.] <symbol>"``).
+
+    Example::
+
+        cpu_shares("  60.00%  python  [kernel.kallsyms]  [k] _copy_to_iter\n"
+                   "  40.00%  swapper [kernel.kallsyms]  [k] pv_native_safe_halt\n")
+        # {'data copies': 0.6, 'idle': 0.4, ...every other category 0.0}
+    """
+    shares = {name: 0.0 for name, _ in CATEGORIES}
+    for line in report.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(.*)$", line)
+        if not m:
+            continue
+        text = " ".join(m.group(2).split()) + " "
+        for name, pattern in CATEGORIES:
+            if re.search(pattern, text):
+                shares[name] += float(m.group(1)) / 100
+                break
+    return shares
+
+
+def cpu(algorithms: list[str], op: str, nbytes: int, seconds: float) -> None:
+    perf = shutil.which("perf")
+    if perf is None:
+        raise SystemExit("perf is not installed (apt install linux-perf)")
+    cores = os.cpu_count() or 1
+    rows = {}
+    with launch.Ranks(8) as ranks:
+        for alg in ("torch", *algorithms):
+            done: dict = {}
+            worker = threading.Thread(target=lambda a=alg, d=done: d.update(r=ranks.run(
+                rank_loop, a, op, nbytes, seconds, timeout_s=seconds + 120)))
+            worker.start()
+            time.sleep(min(2.0, seconds / 4))
+            data = f"/tmp/pipecomm_perf_{os.getpid()}.data"
+            try:
+                rec = subprocess.run([perf, "record", "-a", "-F", "999", "-o", data, "--",
+                                      "sleep", str(max(1.0, seconds / 2))],
+                                     capture_output=True, text=True, timeout=seconds + 60)
+                if rec.returncode != 0:
+                    raise SystemExit(f"perf record failed (root or kernel.perf_event_paranoid "
+                                     f"<= 0 needed): {rec.stderr.strip()[-300:]}")
+                report = subprocess.run(
+                    [perf, "report", "-i", data, "--stdio", "--no-children", "--sort",
+                     "comm,dso,sym", "-g", "none", "--percent-limit", "0"],
+                    capture_output=True, text=True, timeout=300, check=True).stdout
+            finally:
+                worker.join()
+                if os.path.exists(data):
+                    os.remove(data)
+            calls, per_call = done["r"][0]
+            rows[alg] = (per_call, cpu_shares(report))
+            print(f"{op} {alg}: {calls} calls, {per_call * 1e3:.1f} ms per call", flush=True)
+    names = [name for name, _ in CATEGORIES]
+    print(f"CPU ms per call ({cores} cores x time per call, by category; 8 ranks, "
+          f"{nbytes / 2**20:g} MiB):")
+    print("| category | " + " | ".join(rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    for name in [*names, "total"]:
+        cells = [per * cores * (sum(sh.values()) if name == "total" else sh[name]) * 1e3
+                 for per, sh in rows.values()]
+        print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("flows", "profile"))
+    parser.add_argument("what", choices=("flows", "profile", "cpu"))
     parser.add_argument("--nbytes", type=int, default=16 << 20)
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--algorithm", default="lp")
+    parser.add_argument("--algorithms", nargs="+", default=["ring", "lp"])
     parser.add_argument("--op", choices=("allreduce", "broadcast"), default="allreduce")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", default="loopback_profile.txt")
     args = parser.parse_args(argv)
     if args.what == "flows":
         flows(args.nbytes, args.iters)
+    elif args.what == "cpu":
+        cpu(args.algorithms, args.op, args.nbytes, args.seconds)
     else:
         profile(args.algorithm, args.op, args.nbytes, args.seconds, args.out)
     return 0

@@ -602,6 +602,10 @@ def test_noncontiguous_and_requires_grad(pool):
     _check(pool(8).run(fns.noncontiguous_and_grad, timeout_s=200))
 
 
+def test_unemulated_messages_skip_dist_isend(pool):
+    _check(pool(8).run(fns.lean_path, timeout_s=200))
+
+
 @pytest.mark.timeout(240)
 def test_async_interleaved_with_computation(pool):
     results = pool(8).run(fns.async_interleaved, timeout_s=200)
