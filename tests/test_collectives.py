@@ -722,3 +722,31 @@ def test_host_staged_transport(pool):
     """The path CUDA tensors take on gloo (through host buffers), forced on CPU tensors: the
     results equal the oracle's. The GPU itself ran tools/gpu_collectives_check.py (ARTIFACT.md)."""
     _check(pool(3).run(fns.staged_transport, 5003, timeout_s=200))
+
+
+def test_loopback_cpu_profile_categories():
+    """benchmarks/loopback_flows.py cpu: perf report lines land in their categories (first match
+    wins), shares are fractions of all samples, unknown lines count as 'other'."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/loopback_flows.py"
+    spec = importlib.util.spec_from_file_location("loopback_flows", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    report = """# header line
+    30.00%  gloo_tcp_loop  [kernel.kallsyms]  [k] _copy_to_iter
+    10.00%  python  libtorch_cpu.so  [.] gloo::sum<float>
+     8.00%  python  libpython3.11.so.1.0  [.] _PyEval_EvalFrameDefault
+     7.00%  python  [kernel.kallsyms]  [k] tcp_sendmsg_locked
+     6.00%  python  [kernel.kallsyms]  [k] _raw_spin_unlock_irqrestore
+     5.00%  swapper  [kernel.kallsyms]  [k] pv_native_safe_halt
+     4.00%  python  [kernel.kallsyms]  [k] do_syscall_64
+     3.00%  python  libc.so.6  [.] malloc
+"""
+    got = mod.cpu_shares(report)
+    want = {"data copies": 0.30, "reductions": 0.10, "Python interpreter": 0.08,
+            "TCP/IP stack": 0.07, "scheduling, wake-ups, polling": 0.06, "idle": 0.05,
+            "other kernel": 0.04, "other user": 0.03}
+    assert got == pytest.approx(want)
+    assert list(got) == [name for name, _ in mod.CATEGORIES]
