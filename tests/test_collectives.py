@@ -210,6 +210,58 @@ def test_tree_sends_go_one_child_at_a_time(p):
     assert all(ok for ok, _ in out) and max(m for _, m in out) == 1
 
 
+def test_scratch_queue_posts_all_within_the_budget(monkeypatch):
+    """Engine.scratch_queue: every receive posted up front when the stream's slots fit in
+    SCRATCH_BYTES, else the slots that fit rotate with one fewer receives ahead (at least the
+    engine's depth), so a slot is posted again only after its previous message was consumed."""
+    from pipecomm.collectives import _engine
+
+    class Posted:
+        def wait(self):
+            pass
+
+    class Comm:
+        size, index = 2, 0
+        posted: list = []
+
+        def irecv(self, t, peer):
+            self.posted.append(t.data_ptr())
+            return Posted()
+
+    like = torch.zeros(1, dtype=torch.float32)
+    for budget, slots, ahead in ((1 << 20, 10, 10), (64, 4, 3), (1, 3, 2)):
+        monkeypatch.setattr(_engine, "SCRATCH_BYTES", budget)
+        comm = Comm()
+        comm.posted = []
+        q = _engine.Engine(comm).scratch_queue(1, 10, 4, like, lambda j: 4 - j % 2)
+        assert len(comm.posted) == ahead
+        for j in range(10):
+            assert q.wait(j).numel() == 4 - j % 2
+            assert len(comm.posted) == min(10, j + 1 + ahead)  # messages 0 .. j + ahead
+        # message j + ahead reuses the slot of j + ahead - slots, consumed before j when it exists
+        assert ahead == 10 or ahead < slots
+        assert len(set(comm.posted)) == slots  # slots rotate, message j in slot j % slots
+
+
+@pytest.mark.parametrize("budget", [1, 64])
+def test_schedules_with_rotating_scratch_match_oracle(monkeypatch, budget):
+    """LP and ring with their scratch streams squeezed into rotating slots (a tiny
+    SCRATCH_BYTES): the float64 oracle still holds."""
+    from pipecomm.collectives import _engine
+
+    monkeypatch.setattr(_engine, "SCRATCH_BYTES", budget)
+    for alg in ("lp", "ring"):
+        for p in (2, 3, 5, 8):
+            for n in (1, 100, 1001):
+                for kind in ("allreduce", "reduce"):
+                    (res, _), inputs = _run_sim(kind, alg, p, n, torch.float32, "sum", root=p - 1,
+                                                block_elems=7, seed=p * n)
+                    want, absum = _sim_oracle(inputs, "sum")
+                    for r in range(p) if kind == "allreduce" else [p - 1]:
+                        why = fns.mismatch(res[r], want, absum, p, "sum", torch.float32)
+                        assert why is None, f"{kind} {alg} p={p} n={n} budget={budget}: {why}"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("alg", ["lp", "mst", "be", "ring"])
 def test_simulated_schedules_match_oracle(alg):

@@ -4,7 +4,10 @@ The schedules of ``docs/algorithms.md`` (LP, Wang et al., arXiv 1611.04255; MST,
 were first written as lock-step steps: post a step's sends and receives, wait for all of them,
 next step. That makes every step a barrier between neighbours. Here a rank instead
 
-* keeps ``depth`` (at least two) receives of a stream posted ahead (:class:`RecvQueue`),
+* posts the receives of a stream ahead (:class:`RecvQueue`): all of them where they land in
+  their final place or where the stream's scratch fits in :data:`SCRATCH_BYTES`, else at least
+  ``depth`` (two) ahead; on gloo a send moves only once its receive is posted, so a receive
+  posted late makes the sender wait and the host switch threads once more,
 * posts a send the moment its data is ready (a block arrived and, for reductions, was combined),
 * waits for a send only when its buffer is about to be written again (:meth:`Engine.release`,
   called by every receive post and before every local write into a buffer) or at the end
@@ -33,7 +36,10 @@ from typing import Any
 
 import torch
 
-DEPTH = 2  # receives posted ahead per stream
+DEPTH = 2  # receives posted ahead per stream, at least
+#: Scratch one stream of partial results may hold (bytes): within it every receive of the stream
+#: is posted up front (:meth:`Engine.scratch_queue`); a larger stream reuses as many slots as fit.
+SCRATCH_BYTES = 64 << 20
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -136,6 +142,33 @@ class Engine:
         depth = self.depth if depth is None else depth
         return RecvQueue(self, peer, count, buffer, depth, lazy)
 
+    def scratch_queue(
+        self,
+        peer: int,
+        count: int,
+        elems: int,
+        like: torch.Tensor,
+        size: Callable[[int], int],
+    ) -> RecvQueue:
+        """A stream of ``count`` partial results from ``peer`` into scratch slots of ``elems``
+        elements of ``like``'s dtype (message ``j`` holds ``size(j)`` elements; views of the
+        reusable :func:`scratch`). Every receive is posted up front when ``count`` slots fit in
+        :data:`SCRATCH_BYTES`, else as many slots as fit (at least ``depth + 1``) rotate, with
+        one fewer receives posted ahead than slots.
+
+        Example::
+
+            q = eng.scratch_queue(prev, k, block_elems, flat, lambda j: blocks[j].numel())
+            for j in range(k):
+                combine(op, blocks[j], q.wait(j))
+        """
+        elems = max(1, elems)
+        fit = SCRATCH_BYTES // (elems * like.element_size())
+        m = max(1, min(count, max(self.depth + 1, fit)))
+        slots = list(scratch(m * elems, like).view(m, elems).unbind(0))
+        depth = count if m >= count else m - 1
+        return RecvQueue(self, peer, count, lambda j: slots[j % m][: size(j)], depth)
+
 
 class RecvQueue:
     """Messages ``0..count-1`` from one peer, ``depth`` receives posted ahead of the consumer.
@@ -180,22 +213,6 @@ class RecvQueue:
         if transfer is not None:
             transfer.wait()
         return buf
-
-
-def scratch_slots(
-    n: int, like: torch.Tensor, count: int | None = None, depth: int = DEPTH
-) -> list[torch.Tensor]:
-    """Scratch buffers of ``n`` elements for a :class:`RecvQueue` of ``count`` partial sums
-    (views of the reusable :func:`scratch`): ``depth + 1``, fewer when ``count`` is smaller, so
-    message ``j`` goes to slot ``j % len(slots)``.
-
-    Example::
-
-        slots = scratch_slots(block_elems, flat, k)
-        q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: size(j)])
-    """
-    m = depth + 1 if count is None else max(1, min(depth + 1, count))
-    return list(scratch(m * n, like).view(m, n).unbind(0))
 
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import block, num_blocks
-from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
+from pipecomm.collectives._engine import DEPTH, Engine
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 
@@ -128,7 +128,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) ->
     nxt, prev = (root + i + 1) % p, (root + i - 1) % p
     eng = Engine(comm)
     blocks = [block(flat, j, block_elems) for j in range(k)]
-    q = eng.queue(prev, k, blocks.__getitem__) if i > 0 else None
+    q = eng.queue(prev, k, blocks.__getitem__, k) if i > 0 else None  # into place: all posted
     for j in range(k):
         if q is not None:
             q.wait(j)
@@ -154,8 +154,7 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: i
     blocks = [block(flat, j, block_elems) for j in range(k)]
     q = None
     if i > 0:
-        slots = scratch_slots(min(block_elems, n), flat, k)
-        q = eng.queue(prev, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
+        q = eng.scratch_queue(prev, k, min(block_elems, n), flat, lambda j: blocks[j].numel())
     for j in range(k):
         if q is not None:
             combine(op, blocks[j], q.wait(j))
@@ -187,8 +186,7 @@ def allreduce(
     blocks = [block(flat, j, block_elems) for j in range(k)]
     up = down = None
     if i > 0:  # partial sums from the left
-        slots = scratch_slots(min(block_elems, n), flat, k)
-        up = eng.queue(i - 1, k, lambda j: slots[j % len(slots)][: blocks[j].numel()])
+        up = eng.scratch_queue(i - 1, k, min(block_elems, n), flat, lambda j: blocks[j].numel())
     if i < p - 1:  # finished blocks from the right, into blocks already sent right
         down = eng.queue(i + 1, k, blocks.__getitem__, _down_depth(p, i), lazy=True)
     if i == 0:

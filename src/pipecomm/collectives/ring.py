@@ -17,8 +17,8 @@ bytes unchanged, decoded once by each rank.
 
 On the progress engine (:mod:`._engine`): without a codec every chunk travels as segments of at
 most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined, with the
-receives of the next segments posted ahead into at most three scratch segments reused across
-calls (no fresh scratch buffer per call). Elementwise combines in the same order: the same bits as
+receives posted ahead into scratch segments reused across calls (no fresh scratch buffer per
+call; :meth:`._engine.Engine.scratch_queue`), the allgather's straight into place, all at once. Elementwise combines in the same order: the same bits as
 whole chunks. Encoded chunks stay whole (a codec's scale is per payload).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import even_offsets, span
-from pipecomm.collectives._engine import Engine, scratch_slots
+from pipecomm.collectives._engine import Engine
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
@@ -95,12 +95,8 @@ def _reduce_scatter(seg, eng, first, op, right, left, p, finish_p) -> None:
     nq = seg.per_chunk
     for q in range(nq):
         eng.send(seg.of(first % p, q), right)
-    slots = scratch_slots(seg.elems, seg.flat, (p - 1) * nq)
-    stream = eng.queue(
-        left,
-        (p - 1) * nq,
-        lambda j: slots[j % len(slots)][: seg.of((first - j // nq - 1) % p, j % nq).numel()],
-    )
+    stream = eng.scratch_queue(left, (p - 1) * nq, seg.elems, seg.flat,
+                               lambda j: seg.of((first - j // nq - 1) % p, j % nq).numel())
     for j in range((p - 1) * nq):
         s, q = divmod(j, nq)
         acc = seg.of((first - s - 1) % p, q)
@@ -137,7 +133,8 @@ def allgather(
     if not sent:
         for q in range(nq):
             eng.send(seg.of(owned, q), right)
-    stream = eng.queue(left, (p - 1) * nq, lambda j: seg.of((owned - j // nq - 1) % p, j % nq))
+    count = (p - 1) * nq  # into their final place: all posted at once
+    stream = eng.queue(left, count, lambda j: seg.of((owned - j // nq - 1) % p, j % nq), count)
     for j in range((p - 1) * nq):
         got = stream.wait(j)
         if j // nq < p - 2:
