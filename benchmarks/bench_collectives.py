@@ -26,6 +26,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --ops broadcast \\
         --p 8 --sizes 64M --repeats 20
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
+    .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
 """
 
 from __future__ import annotations
@@ -215,6 +216,37 @@ def print_row(r: dict) -> None:
     )
 
 
+def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
+    """A markdown table of the ratios to the built-in in a CSV this script wrote, for messages
+    of at least ``min_bytes`` (the sizes issue 13's targets name): one row per op, p and size,
+    one column per algorithm (median ratio and its 95% interval), the built-in's median last.
+
+    Example::
+
+        print(summary(Path("artifact/reference/bench/collectives_cpu.csv")))
+    """
+    with csv_path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+    if not rows:
+        raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
+    algs = [a for a in ALGORITHMS if a != "torch" and any(r["algorithm"] == a for r in rows)]
+    cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
+    keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
+    out = ["| op | p | size | " + " | ".join(algs) + " | built-in (ms) |",
+           "|---|---|---|" + "---|" * (len(algs) + 1)]
+    for op, q, n in keys:
+        parts = []
+        for a in algs:
+            r = cell.get((op, q, n, a))
+            parts.append("" if r is None else f"{float(r['ratio']):.2f} "
+                         f"[{float(r['ratio_lo']):.2f}, {float(r['ratio_hi']):.2f}]")
+        base = cell.get((op, q, n, "torch"))
+        parts.append("" if base is None else f"{float(base['time_s']) * 1e3:.1f}")
+        out.append(f"| {op} | {q} | {_fmt_size(n).replace('M', ' MiB')} | " + " | ".join(parts)
+                   + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -234,7 +266,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None, help="also write the rows as CSV here")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
+    ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
+                    help="print the markdown table of ratios of a CSV and exit")
+    ap.add_argument("--min-size", type=parse_size, default=16 << 20,
+                    help="smallest message in the --summary table (default 16M)")
     args = ap.parse_args(argv)
+    if args.summary is not None:
+        try:
+            print(summary(args.summary, args.min_size))
+        except (OSError, ValueError, KeyError) as exc:
+            ap.error(f"--summary: {exc}")
+        return 0
     if args.quick:
         args.p, args.sizes, args.repeats, args.warmup = [2], [64 << 10, 1 << 20], 3, 1
     if any(q < 2 for q in args.p) or args.repeats < 1 or args.warmup < 0:

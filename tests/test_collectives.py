@@ -776,6 +776,34 @@ def test_host_staged_transport(pool):
     _check(pool(3).run(fns.staged_transport, 5003, timeout_s=200))
 
 
+def test_collectives_benchmark_quick_run_and_summary(tmp_path):
+    """benchmarks/bench_collectives.py --quick: every algorithm and op at p = 2, #wrong 0 against
+    the built-in, the built-in's own ratio 1; --summary turns the CSV into ARTIFACT.md's table
+    and refuses a CSV without rows of the requested size."""
+    import csv as csvmod
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks/bench_collectives.py")
+    out = tmp_path / "b.csv"
+    proc = subprocess.run([sys.executable, script, "--quick", "--csv", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = list(csvmod.DictReader(out.open()))
+    assert len(rows) == 5 * 3 * 2  # algorithms x ops x sizes
+    assert all(r["wrong"] == "0" for r in rows)
+    assert all(float(r["ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
+    proc = subprocess.run([sys.executable, script, "--summary", str(out), "--min-size", "1M"],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[0].startswith("| op | p | size | lp | mst | be | ring")
+    assert len(lines) == 2 + 3 and "| allreduce | 2 | 1 MiB |" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "--summary", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no rows of 16M or more" in proc.stderr
+
+
 def test_loopback_cpu_profile_categories():
     """benchmarks/loopback_flows.py cpu: perf report lines land in their categories (first match
     wins), shares are fractions of all samples, unknown lines count as 'other'."""
