@@ -16,10 +16,11 @@ encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather f
 bytes unchanged, decoded once by each rank.
 
 On the progress engine (:mod:`._engine`): without a codec every chunk travels as segments of at
-most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined, with the
-receives posted ahead into scratch segments reused across calls (no fresh scratch buffer per
-call; :meth:`._engine.Engine.scratch_queue`), the allgather's straight into place, all at once. Elementwise combines in the same order: the same bits as
-whole chunks. Encoded chunks stay whole (a codec's scale is per payload).
+most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined. The
+reduce-scatter's receives are posted ahead into scratch segments reused across calls (no fresh
+scratch buffer per call; :meth:`._engine.Engine.scratch_queue`), the allgather's straight into
+place, all at once. Elementwise combines in the same order: the same bits as whole chunks.
+Encoded chunks stay whole (a codec's scale is per payload).
 """
 
 from __future__ import annotations
