@@ -79,25 +79,33 @@ def flows(nbytes: int, iters: int) -> None:
           f"{three / 1e9:.2f} GB/s each, {3 * three / 1e9:.2f} GB/s together")
 
 
+def sampled(ranks, alg: str, op: str, nbytes: int, seconds: float, sample) -> float:
+    """Every rank loops ``alg``'s ``op`` for ``seconds``; ``sample()`` runs here meanwhile, once
+    the loop has settled. Prints the calls and returns the seconds per call."""
+    done: dict = {}
+    worker = threading.Thread(target=lambda: done.update(r=ranks.run(
+        rank_loop, alg, op, nbytes, seconds, timeout_s=seconds + 120)))
+    worker.start()
+    try:
+        time.sleep(min(2.0, seconds / 4))
+        sample()
+    finally:
+        worker.join()
+    calls, per_call = done["r"][0]
+    print(f"{op} {alg}: {calls} calls, {per_call * 1e3:.1f} ms per call", flush=True)
+    return per_call
+
+
 def profile(algorithm: str, op: str, nbytes: int, seconds: float, out: str) -> None:
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
         raise SystemExit("py-spy is not installed (pip install py-spy)")
     with launch.Ranks(8) as ranks:
         pids = ranks.run(rank_pid)
-        for alg in ("torch", algorithm):
-            done: dict = {}
-            worker = threading.Thread(target=lambda a=alg, d=done: d.update(r=ranks.run(
-                rank_loop, a, op, nbytes, seconds, timeout_s=seconds + 120)))
-            worker.start()
-            if alg == algorithm:
-                time.sleep(min(2.0, seconds / 4))
-                subprocess.run([spy, "record", "-p", str(pids[3]), "-d",
-                                str(max(1, int(seconds / 2))), "-r", "200", "--idle", "-f", "raw",
-                                "-o", out], capture_output=True, timeout=seconds + 60)
-            worker.join()
-            calls, per_call = done["r"][0]
-            print(f"{op} {alg}: {calls} calls, {per_call * 1e3:.1f} ms per call", flush=True)
+        sampled(ranks, "torch", op, nbytes, seconds, lambda: None)
+        sampled(ranks, algorithm, op, nbytes, seconds, lambda: subprocess.run(
+            [spy, "record", "-p", str(pids[3]), "-d", str(max(1, int(seconds / 2))), "-r", "200",
+             "--idle", "-f", "raw", "-o", out], capture_output=True, timeout=seconds + 60))
     leaves: collections.Counter = collections.Counter()
     with open(out) as f:
         lines = f.read().splitlines()
@@ -148,6 +156,25 @@ def cpu_shares(report: str) -> dict[str, float]:
     return shares
 
 
+def _perf_report(perf: str, seconds: float) -> str:
+    """``perf record -a`` for about ``seconds / 2``; its report by command, object and symbol."""
+    data = f"/tmp/pipecomm_perf_{os.getpid()}.data"
+    try:
+        rec = subprocess.run([perf, "record", "-a", "-F", "999", "-o", data, "--", "sleep",
+                              str(max(1.0, seconds / 2))],
+                             capture_output=True, text=True, timeout=seconds + 60)
+        if rec.returncode != 0:
+            raise SystemExit(f"perf record failed (root or kernel.perf_event_paranoid <= 0 "
+                             f"needed): {rec.stderr.strip()[-300:]}")
+        return subprocess.run(
+            [perf, "report", "-i", data, "--stdio", "--no-children", "--sort", "comm,dso,sym",
+             "-g", "none", "--percent-limit", "0"],
+            capture_output=True, text=True, timeout=300, check=True).stdout
+    finally:
+        if os.path.exists(data):
+            os.remove(data)
+
+
 def cpu(algorithms: list[str], op: str, nbytes: int, seconds: float) -> None:
     perf = shutil.which("perf")
     if perf is None:
@@ -156,30 +183,10 @@ def cpu(algorithms: list[str], op: str, nbytes: int, seconds: float) -> None:
     rows = {}
     with launch.Ranks(8) as ranks:
         for alg in ("torch", *algorithms):
-            done: dict = {}
-            worker = threading.Thread(target=lambda a=alg, d=done: d.update(r=ranks.run(
-                rank_loop, a, op, nbytes, seconds, timeout_s=seconds + 120)))
-            worker.start()
-            time.sleep(min(2.0, seconds / 4))
-            data = f"/tmp/pipecomm_perf_{os.getpid()}.data"
-            try:
-                rec = subprocess.run([perf, "record", "-a", "-F", "999", "-o", data, "--",
-                                      "sleep", str(max(1.0, seconds / 2))],
-                                     capture_output=True, text=True, timeout=seconds + 60)
-                if rec.returncode != 0:
-                    raise SystemExit(f"perf record failed (root or kernel.perf_event_paranoid "
-                                     f"<= 0 needed): {rec.stderr.strip()[-300:]}")
-                report = subprocess.run(
-                    [perf, "report", "-i", data, "--stdio", "--no-children", "--sort",
-                     "comm,dso,sym", "-g", "none", "--percent-limit", "0"],
-                    capture_output=True, text=True, timeout=300, check=True).stdout
-            finally:
-                worker.join()
-                if os.path.exists(data):
-                    os.remove(data)
-            calls, per_call = done["r"][0]
-            rows[alg] = (per_call, cpu_shares(report))
-            print(f"{op} {alg}: {calls} calls, {per_call * 1e3:.1f} ms per call", flush=True)
+            got: dict = {}
+            per_call = sampled(ranks, alg, op, nbytes, seconds,
+                               lambda g=got: g.update(report=_perf_report(perf, seconds)))
+            rows[alg] = (per_call, cpu_shares(got["report"]))
     names = [name for name, _ in CATEGORIES]
     print(f"CPU ms per call ({cores} cores x time per call, by category; 8 ranks, "
           f"{nbytes / 2**20:g} MiB):")
