@@ -59,7 +59,7 @@ class Params(base.Params):
 
     world_size: int = 4
     bandwidth_Bps: float = 20e6  # what 2 cores carry on every link at once (see shaped.yaml)
-    sizes: list[int] = field(default_factory=lambda: [1 << 20, 2 << 20])
+    sizes: list[int] = field(default_factory=lambda: [512 << 10, 1 << 20])
     cases: dict[str, list[str]] = field(default_factory=lambda: {
         "broadcast": ["lp", "mst", "be", "ring"], "allreduce": ["lp", "be", "ring"]})
     iters: int = 3
