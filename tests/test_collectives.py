@@ -3,8 +3,9 @@
 Two layers:
 
 * In this process, without torch.distributed: the exact schedules run on p threads over a
-  simulated transport (per-pair FIFO mailboxes) that checks message sizes and aliasing, counts
-  dependent steps and bytes; results against float64 oracles for p = 1..16, and step counts and
+  simulated transport (per-pair FIFO mailboxes; a send completes only once its receive is posted,
+  as on gloo, so a schedule that would deadlock there fails here) that checks message sizes and
+  aliasing, counts dependent steps and bytes; results against float64 oracles for p = 1..16, and step counts and
   per-rank bytes against the formulas of docs/algorithms.md.
 * On one pool of 8 real ranks (gloo): every group size 1..8 through subgroups (several without
   rank 0), every algorithm, op, dtype, odd sizes, empty tensors, roots other than 0, LP blocks that
@@ -19,6 +20,7 @@ import hashlib
 import json
 import math
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +39,9 @@ SCHEDULES = {"lp": lp, "mst": mst, "be": be, "ring": ring}
 # --------------------------------------------------------------------------- simulated transport
 
 
+RENDEZVOUS_TIMEOUT_S = 20.0  # a simulated send unmatched this long is a deadlock
+
+
 class _SimNet:
     def __init__(self, p: int) -> None:
         self.p = p
@@ -45,6 +50,10 @@ class _SimNet:
         self.sent_bytes = [0] * p
         self.messages = [0] * p
         self.max_msgs_per_peer = 0
+        # rendezvous, as gloo does it: a send completes only once its receive is posted
+        self.sends = {k: 0 for k in self.boxes}  # messages sent per (src, dst)
+        self.posted = {k: 0 for k in self.boxes}  # receives posted per (src, dst)
+        self.cond = threading.Condition()
 
 
 class _SimTransfer:
@@ -57,6 +66,11 @@ class _SimTransfer:
         comm = self.comm
         if self.send:
             assert torch.equal(self.t, self.snapshot), "a send buffer changed before its wait"
+            net, key = comm.net, (comm.index, self.peer)
+            with net.cond:  # the receiver posts it, or the schedule deadlocks on gloo
+                matched = net.cond.wait_for(lambda: net.posted[key] > self.seq,
+                                            timeout=RENDEZVOUS_TIMEOUT_S)
+            assert matched, f"send {key} #{self.seq} never met a posted receive (deadlock)"
             self.done = True
             comm.open_sends.remove(self)
             return
@@ -98,6 +112,8 @@ class _SimComm:
     def isend(self, t, peer):
         self._check(t, peer)
         tr = _SimTransfer(self, t, peer, True)
+        tr.seq = self.net.sends[(self.index, peer)]
+        self.net.sends[(self.index, peer)] += 1
         self.net.boxes[(self.index, peer)].put((tr.snapshot, self.net.clock[self.index]))
         self.net.sent_bytes[self.index] += t.nbytes
         self.net.messages[self.index] += 1
@@ -114,6 +130,9 @@ class _SimComm:
             assert a1 <= b0 or b1 <= a0, "a receive buffer overlaps a buffer in flight"
         tr = _SimTransfer(self, t, peer, False)
         self.open_recvs[peer].append(tr)
+        with self.net.cond:
+            self.net.posted[(peer, self.index)] += 1
+            self.net.cond.notify_all()
         return tr
 
     def finished(self) -> None:
@@ -143,6 +162,30 @@ def simulate(p: int, body):
     leftover = {k: q.qsize() for k, q in net.boxes.items() if q.qsize()}
     assert not leftover, f"messages never received: {leftover}"
     return results, net
+
+
+def test_simulated_send_waits_for_its_receive(monkeypatch):
+    """The simulated transport's rendezvous bites: two ranks that each wait for their send before
+    posting the receive deadlock (as on gloo) and fail; posting the receive first works."""
+    monkeypatch.setattr(sys.modules[__name__], "RENDEZVOUS_TIMEOUT_S", 0.5)
+    x = torch.arange(4.0)
+
+    def send_first(comm):
+        comm.isend(x, 1 - comm.index).wait()
+        got = torch.empty(4)
+        comm.irecv(got, 1 - comm.index).wait()
+
+    def recv_first(comm):
+        got = torch.empty(4)
+        r = comm.irecv(got, 1 - comm.index)
+        comm.isend(x, 1 - comm.index).wait()
+        r.wait()
+        return got
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        simulate(2, send_first)
+    out, _ = simulate(2, recv_first)
+    assert all(torch.equal(t, x) for t in out)
 
 
 def _run_sim(kind, alg, p, n, dtype, op="sum", root=0, block_elems=None, codec=None, seed=0):
