@@ -32,12 +32,25 @@ _HEADER = 8  # bytes: one float64 deadline in front of the payload
 _FRAME_MAX = 64 * 1024  # payloads of this many bytes or more travel unframed, after the header
 
 
-def _as_bytes(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
+def _check(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
+    """``t`` itself, once it is a contiguous tensor (the error names the argument)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}[{i}] must be a (tensor, peer) pair, got {type(t).__name__}")
     if not t.is_contiguous():
         raise ValueError(f"{what}[{i}]: the tensor is not contiguous; pass t.contiguous()")
-    return t.detach().reshape(-1).view(torch.uint8)
+    return t
+
+
+def _as_bytes(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
+    return _check(t, what, i).detach().reshape(-1).view(torch.uint8)
+
+
+def _backend_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the backend's ``send`` / ``recv`` take it: outside autograd, complex numbers as
+    (real, imaginary) pairs (what ``dist.isend`` does)."""
+    if t.requires_grad:
+        t = t.detach()
+    return torch.view_as_real(t) if t.is_complex() else t
 
 
 def _staged(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
@@ -47,18 +60,11 @@ def _staged(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
     return t.is_cuda and dist.get_backend(group) == "gloo"
 
 
-def _plain(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
-    """Whether ``t`` takes the lean path: nothing emulated, a contiguous real tensor that the
-    backend moves itself (not staged through the host)."""
-    return (netem._emulator() is None and isinstance(t, torch.Tensor)
-            and not _staged(t, group) and not t.is_complex() and t.is_contiguous())
-
-
 def _process_group(group: dist.ProcessGroup | None, peer: int) -> tuple[dist.ProcessGroup, int]:
     """``group`` (``None``: the default group) and global rank ``peer``'s rank in it: what
-    ``dist.isend`` / ``dist.irecv`` resolve, without their per-call checks and the byte view of
-    the general path. Every pipecomm message passes here, and with 8 ranks on 2 cores a few
-    microseconds of Python per message add up to whole percent of a collective."""
+    ``dist.isend`` / ``dist.irecv`` resolve, without their per-call checks. Every unemulated
+    pipecomm message passes here, and with 8 ranks on 2 cores a few microseconds of Python per
+    message add up to whole percent of a collective."""
     pg = dist.group.WORLD if group is None else group
     return pg, (peer if pg is dist.group.WORLD else dist.get_group_rank(pg, peer))
 
@@ -242,18 +248,16 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
         ...
         pending.wait()           # before block is written again
     """
-    if _plain(t, group):
-        pg, peer = _process_group(group, dst)
-        return Transfer([pg.send([t.detach() if t.requires_grad else t], peer, tag)],
-                        sent=t.numel() * t.element_size())
-    payload = _as_bytes(t, "sends", 0)
     emu = netem._emulator()
-    if emu is None:
+    if emu is None:  # straight to the process group: no byte view, no dist.isend per message
+        sent = _check(t, "sends", 0).numel() * t.element_size()
+        pg, peer = _process_group(group, dst)
         if _staged(t, group):  # the host copy is taken now: the tensor may change after posting
             host = t.detach().to("cpu")
-            return Transfer([dist.isend(host, dst, group, tag)], sent=payload.numel(),
+            return Transfer([pg.send([_backend_view(host)], peer, tag)], sent=sent,
                             staged=(host, None))
-        return Transfer([dist.isend(t.detach(), dst, group, tag)], sent=payload.numel())
+        return Transfer([pg.send([_backend_view(t)], peer, tag)], sent=sent)
+    payload = _as_bytes(t, "sends", 0)
     _no_cuda_under_emulation([t])
     (deadline,) = emu.post([(int(dst), payload.numel())])
     if payload.numel() < _FRAME_MAX:
@@ -279,17 +283,15 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
         pending = post_recv(buf, src=0)
         pending.wait()           # buf now holds the message
     """
-    if _plain(t, group):
+    if netem._emulator() is None:  # straight to the process group, as post_send
+        received = _check(t, "recvs", 0).numel() * t.element_size()
         pg, peer = _process_group(group, src)
-        return Transfer([pg.recv([t.detach() if t.requires_grad else t], peer, tag)],
-                        received=t.numel() * t.element_size())
-    target = _as_bytes(t, "recvs", 0)
-    if netem._emulator() is None:
         if _staged(t, group):
             host = torch.empty_like(t, device="cpu")
-            return Transfer([dist.irecv(host, src, group, tag)], received=target.numel(),
+            return Transfer([pg.recv([_backend_view(host)], peer, tag)], received=received,
                             staged=(host, t.detach()))
-        return Transfer([dist.irecv(t.detach(), src, group, tag)], received=target.numel())
+        return Transfer([pg.recv([_backend_view(t)], peer, tag)], received=received)
+    target = _as_bytes(t, "recvs", 0)
     _no_cuda_under_emulation([t])
     if target.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)

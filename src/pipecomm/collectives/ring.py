@@ -136,7 +136,7 @@ def allgather(
             eng.send(seg.of(owned, q), right)
     count = (p - 1) * nq  # into their final place: all posted at once
     stream = eng.queue(left, count, lambda j: seg.of((owned - j // nq - 1) % p, j % nq), count)
-    for j in range((p - 1) * nq):
+    for j in range(count):
         got = stream.wait(j)
         if j // nq < p - 2:
             eng.send(got, right)
