@@ -16,7 +16,10 @@ them alike; :func:`pipecomm.sweep.measure_points` with ``interleave=True``, the 
 real section too), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
 (an allreduce MAX of ``time.monotonic()`` plus a margin, then a sleep; ``CLOCK_MONOTONIC`` is
 shared by the processes of one host) and a repeat's time is the last rank's end minus that start,
-so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
+so barrier-exit skew is not measured. ``--aa`` times the built-in a second time in every repeat
+(rows ``torch-aa``): its ratio to the built-in is an A/A comparison, the interval an algorithm
+exactly as fast as the built-in would get on this host in this run -- the noise floor against
+which a target such as "at most 1.0x by the interval's upper bound" is judged. One pool of ``max(p)`` local gloo ranks serves every p; a
 smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
 
 Usage::
@@ -25,6 +28,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --p 2 4 8 --sizes 16M 64M --csv out.csv
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --ops broadcast \\
         --p 8 --sizes 64M --repeats 20
+    .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --aa  # + A/A
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
 """
@@ -43,6 +47,7 @@ import torch.distributed as dist
 from pipecomm import bench, cost, launch, netem, stats, sweep
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
+AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
 OPS = ("broadcast", "allreduce", "reduce")
 DEFAULT_SIZES = tuple(64 * 1024 * 4**i for i in range(6))  # 64 KiB .. 64 MiB
 COLUMNS = (
@@ -124,12 +129,15 @@ def rank_bench(cfg: dict) -> list[dict]:
                                "sizes": [1 << 20], "repeats": 10, "warmup": 2})
     """
     p = cfg["p"]
+    algs = [*cfg["algorithms"], *([AA] if cfg.get("aa") else [])]
     points = [
-        {"op": op, "algorithm": alg, "nbytes": n, "p": p, "warmup": cfg["warmup"],
-         "iters": cfg["repeats"]}
-        for op in cfg["ops"] for n in cfg["sizes"] for alg in cfg["algorithms"]
+        {"op": op, "algorithm": "torch" if alg == AA else alg, "nbytes": n, "p": p,
+         "warmup": cfg["warmup"], "iters": cfg["repeats"]}
+        for op in cfg["ops"] for n in cfg["sizes"] for alg in algs
     ]
     timed = sweep.measure_points(points, interleave=True)  # round-robin, common starts
+    for r, alg in zip(timed, [a for _ in cfg["ops"] for _ in cfg["sizes"] for a in algs]):
+        r["algorithm"] = alg  # rank 0's rows, in point order
     group = _group(p)
     wrong = {}
     if dist.get_rank() < p:
@@ -139,7 +147,8 @@ def rank_bench(cfg: dict) -> list[dict]:
     if dist.get_rank() != 0:
         return []
     link = cost.host_link() if netem.current() is None else None  # read once, not per row
-    return [_row(r, wrong[(r["op"], r["nbytes"], r["algorithm"])], timed, link) for r in timed]
+    return [_row(r, wrong[(r["op"], r["nbytes"], "torch" if r["algorithm"] == AA
+                           else r["algorithm"])], timed, link) for r in timed]
 
 
 def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
@@ -219,7 +228,8 @@ def print_row(r: dict) -> None:
 def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     """A markdown table of the ratios to the built-in in a CSV this script wrote, for messages
     of at least ``min_bytes`` (the sizes issue 13's targets name): one row per op, p and size,
-    one column per algorithm (median ratio and its 95% interval), the built-in's median last.
+    one column per algorithm (median ratio and its 95% interval; ``torch-aa``: the built-in
+    against itself, the A/A noise floor), the built-in's median last.
 
     Example::
 
@@ -229,7 +239,8 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
         rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
     if not rows:
         raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
-    algs = [a for a in ALGORITHMS if a != "torch" and any(r["algorithm"] == a for r in rows)]
+    algs = [a for a in (*ALGORITHMS, AA)
+            if a != "torch" and any(r["algorithm"] == a for r in rows)]
     cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
     keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
     out = ["| op | p | size | " + " | ".join(algs) + " | built-in (ms) |",
@@ -264,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--csv", type=Path, default=None, help="also write the rows as CSV here")
+    ap.add_argument("--aa", action="store_true",
+                    help="also time the built-in a second time per repeat (rows torch-aa): "
+                         "the A/A ratio interval, this run's noise floor")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -281,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         args.p, args.sizes, args.repeats, args.warmup = [2], [64 << 10, 1 << 20], 3, 1
     if any(q < 2 for q in args.p) or args.repeats < 1 or args.warmup < 0:
         ap.error("--p values must be >= 2, --repeats >= 1, --warmup >= 0")
+    if args.aa and "torch" not in args.algorithms:
+        ap.error("--aa compares the built-in with itself: include torch in --algorithms")
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:  # the ranks import this module by name
         sys.path.insert(0, here)
@@ -297,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sizes": args.sizes,
                 "repeats": args.repeats,
                 "warmup": args.warmup,
+                "aa": args.aa,
             }
             out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
             for r in out:

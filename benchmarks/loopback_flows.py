@@ -18,11 +18,21 @@ Python interpreter, idle, the rest). Prints CPU milliseconds per call by categor
 algorithm: where an algorithm's extra time against the built-in goes on a host whose cores are
 all busy.
 
+``lean``: the floor of any Python implementation on ``torch.distributed``'s point-to-point API.
+pipecomm's ring allreduce, the built-in, and :func:`lean_ring` -- the same ring schedule (receives
+posted ahead, sends waited lazily, the same TCP connections) written straight on
+``ProcessGroup.send`` / ``recv`` with none of pipecomm's layers -- timed round-robin, ``--iters``
+rounds from common starts (:func:`pipecomm.bench.time_fn`), each with its median ratio to the
+built-in and the bootstrap 95% interval. pipecomm's ring against the lean ring is what its own
+layers cost; the lean ring against the built-in is what the backend's point-to-point path costs
+against the backend's own ring, which no schedule written in Python can remove.
+
 Usage::
 
     .venv/bin/python benchmarks/loopback_flows.py flows
     .venv/bin/python benchmarks/loopback_flows.py profile --op allreduce --out /tmp/lp.txt
     .venv/bin/python benchmarks/loopback_flows.py cpu --op allreduce --algorithms ring lp
+    .venv/bin/python benchmarks/loopback_flows.py lean --iters 30
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipecomm import cluster, collectives, launch
+from pipecomm import bench, cluster, collectives, launch, stats
 
 
 def rank_pid() -> int:
@@ -198,9 +208,86 @@ def cpu(algorithms: list[str], op: str, nbytes: int, seconds: float) -> None:
         print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
 
 
+def lean_ring(x: torch.Tensor, slots: list[torch.Tensor]) -> None:
+    """Ring allreduce (sum) of ``x`` over the world on bare ``ProcessGroup.send`` / ``recv``:
+    reduce-scatter of ``p`` chunks, every receive posted ahead into ``slots`` (``p - 1`` chunk
+    buffers), then allgather straight into place. Messages to a lower rank take pipecomm's reverse
+    connection (:func:`pipecomm.launch.reverse_transport`), as pipecomm's ring does. ``x.numel()``
+    must be a multiple of the world size.
+
+    Example::
+
+        lean_ring(x, list(torch.empty(p - 1, x.numel() // p).unbind(0)))
+    """
+    p, r = dist.get_world_size(), dist.get_rank()
+    pg, (back, tag) = dist.group.WORLD, launch.reverse_transport(None)
+    c = x.numel() // p
+    right, left = (r + 1) % p, (r - 1) % p
+    to_right = (back, right, tag) if right < r else (pg, right, 0)
+    from_left = (back, left, tag) if r < left else (pg, left, 0)
+
+    def chunk(i: int) -> torch.Tensor:
+        return x[(i % p) * c:(i % p + 1) * c]
+
+    sends = [to_right[0].send([chunk(r)], to_right[1], to_right[2])]
+    recvs = [from_left[0].recv([slots[s]], from_left[1], from_left[2]) for s in range(p - 1)]
+    for s in range(p - 1):  # reduce-scatter: combine, forward
+        recvs[s].wait()
+        acc = chunk(r - s - 1)
+        acc.add_(slots[s])
+        sends.append(to_right[0].send([acc], to_right[1], to_right[2]))
+    for w in sends[:-1]:  # those chunks are about to be overwritten by the allgather
+        w.wait()
+    recvs = [from_left[0].recv([chunk(r - s)], from_left[1], from_left[2]) for s in range(p - 1)]
+    for s in range(p - 1):  # allgather: forward as it arrives
+        recvs[s].wait()
+        if s < p - 2:
+            sends.append(to_right[0].send([chunk(r - s)], to_right[1], to_right[2]))
+    for w in sends[p - 1:]:
+        w.wait()
+
+
+def rank_lean(nbytes: int, iters: int) -> dict:
+    """On every rank: check :func:`lean_ring` against the built-in, then time the built-in,
+    pipecomm's ring and the lean ring round-robin. Rank 0 returns ``{name: times}``."""
+    p = dist.get_world_size()
+    n = nbytes // 4 // p * p
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(n, generator=gen)
+    slots = list(torch.empty(p - 1, n // p).unbind(0))
+    got, ref = x.clone(), x.clone()
+    lean_ring(got, slots)
+    dist.all_reduce(ref)
+    if not torch.allclose(got, ref, rtol=1e-5, atol=1e-4 * p):
+        raise AssertionError("lean_ring disagrees with the built-in allreduce")
+    calls = {"built-in": lambda: dist.all_reduce(x),
+             "pipecomm ring": lambda: collectives.allreduce(x, algorithm="ring"),
+             "lean ring": lambda: lean_ring(x, slots)}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        bench.time_fn(fn, warmup=2, repeats=1)
+    for _ in range(iters):
+        for name, fn in calls.items():
+            times[name] += bench.time_fn(fn, warmup=0, repeats=1)["times_s"]
+    return times
+
+
+def lean(p: int, nbytes: int, iters: int) -> None:
+    with launch.Ranks(p) as ranks:
+        times = ranks.run(rank_lean, nbytes, iters, timeout_s=120 + 10 * iters)[0]
+    print(f"ring allreduce, {p} ranks, {nbytes / 2**20:g} MiB, {iters} rounds "
+          "(median ms; ratio to the built-in, 95% interval):")
+    for name, ts in times.items():
+        ratio, lo, hi = stats.ratio_ci(ts, times["built-in"])
+        print(f"| {name} | {stats.median_ci(ts)[0] * 1e3:.1f} | {ratio:.3f} [{lo:.3f}, {hi:.3f}] |")
+    ratio, lo, hi = stats.ratio_ci(times["pipecomm ring"], times["lean ring"])
+    print(f"pipecomm ring / lean ring: {ratio:.3f} [{lo:.3f}, {hi:.3f}]")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("flows", "profile", "cpu"))
+    parser.add_argument("what", choices=("flows", "profile", "cpu", "lean"))
+    parser.add_argument("--p", type=int, default=8, help="ranks of the lean comparison")
     parser.add_argument("--nbytes", type=int, default=16 << 20)
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--algorithm", default="lp")
@@ -211,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "flows":
         flows(args.nbytes, args.iters)
+    elif args.what == "lean":
+        if args.p < 2 or args.iters < 2:
+            parser.error("lean needs --p >= 2 and --iters >= 2")
+        lean(args.p, args.nbytes, args.iters)
     elif args.what == "cpu":
         cpu(args.algorithms, args.op, args.nbytes, args.seconds)
     else:

@@ -821,9 +821,10 @@ def test_host_staged_transport(pool):
 
 def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     """benchmarks/bench_collectives.py --quick (LP, ring and the built-in, allreduce and
-    broadcast, p = 2; every algorithm's #wrong is tested against the built-in elsewhere): #wrong
-    0, the built-in's own ratio 1; --summary turns the CSV into ARTIFACT.md's table and refuses a
-    CSV without rows of the requested size."""
+    broadcast, p = 2, with the A/A rows of --aa; every algorithm's #wrong is tested against the
+    built-in elsewhere): #wrong 0, the built-in's own ratio 1, the A/A ratio a positive interval
+    around its median; --summary turns the CSV into ARTIFACT.md's table and refuses a CSV without
+    rows of the requested size; --aa without the built-in is refused."""
     import csv as csvmod
     import subprocess
     import sys
@@ -832,21 +833,49 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     script = str(Path(__file__).resolve().parents[1] / "benchmarks/bench_collectives.py")
     out = tmp_path / "b.csv"
     proc = subprocess.run([sys.executable, script, "--quick", "--algorithms", "lp", "ring",
-                           "torch", "--ops", "allreduce", "broadcast", "--csv", str(out)],
+                           "torch", "--ops", "allreduce", "broadcast", "--aa", "--csv", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = list(csvmod.DictReader(out.open()))
-    assert len(rows) == 3 * 2 * 2  # algorithms x ops x sizes
+    assert len(rows) == 4 * 2 * 2  # algorithms (+ A/A) x ops x sizes
     assert all(r["wrong"] == "0" for r in rows)
     assert all(float(r["ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
+    aa = [r for r in rows if r["algorithm"] == "torch-aa"]
+    assert len(aa) == 4 and all(
+        0 < float(r["ratio_lo"]) <= float(r["ratio"]) <= float(r["ratio_hi"]) for r in aa)
     proc = subprocess.run([sys.executable, script, "--summary", str(out), "--min-size", "1M"],
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and lines[0].startswith("| op | p | size | lp | ring | built-in")
+    assert proc.returncode == 0
+    assert lines[0].startswith("| op | p | size | lp | ring | torch-aa | built-in")
     assert len(lines) == 2 + 2 and "| allreduce | 2 | 1 MiB |" in proc.stdout
     proc = subprocess.run([sys.executable, script, "--summary", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no rows of 16M or more" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--aa", "--algorithms", "lp"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "include torch" in proc.stderr
+
+
+def test_loopback_lean_ring_matches_builtin_and_reports():
+    """benchmarks/loopback_flows.py lean on 3 ranks and a size no chunk count divides evenly
+    (the script trims it to whole chunks): its bare-ProcessGroup ring agrees with the built-in
+    allreduce (the script refuses to time it otherwise) and every contender gets a ratio line;
+    too few rounds are refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks/loopback_flows.py")
+    proc = subprocess.run([sys.executable, script, "lean", "--p", "3", "--iters", "2",
+                           "--nbytes", "40004"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("built-in", "pipecomm ring", "lean ring"):
+        assert f"| {name} |" in proc.stdout
+    assert "pipecomm ring / lean ring:" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "lean", "--iters", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--iters >= 2" in proc.stderr
 
 
 def test_loopback_cpu_profile_categories():
