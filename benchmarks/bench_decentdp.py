@@ -7,7 +7,9 @@ under both wrappers, on the real gloo backend (no emulation; both use the backen
 subgroup allreduce: pipecomm ``algorithm="torch"``), in one pool of ranks, alternating the two
 ``--repeats`` times, and prints pipecomm's per-iteration time divided by decent-dp's: the ratio
 of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`;
-the target: at most 1), and the ratio of the best repeats.
+the target: at most 1), and the ratio of the best repeats. ``--aa`` runs decent-dp a second time
+in every alternation and prints its ratio to the first: an A/A comparison, the interval a wrapper
+exactly as fast as decent-dp gets in the same run.
 
 decent-dp is *not* a dependency: the script installs it (and its one dependency, loguru) with pip
 into a separate directory (``--target``, default under the system temporary directory) the first
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument(
         "--target", type=Path, default=DEFAULT_TARGET, help="directory pip installs decent-dp into"
     )
+    parser.add_argument("--aa", action="store_true",
+                        help="also run decent-dp a second time per alternation (A/A noise floor)")
     args = parser.parse_args(argv)
     if args.world_size % args.ranks_per_node:
         parser.error("--ranks-per-node must divide --world-size")
@@ -193,13 +197,15 @@ def main(argv: list[str] | None = None) -> float:
         "blocks": args.blocks,
         "target": str(args.target),
     }
-    times: dict[str, list[float]] = {"pipecomm": [], "decent-dp": []}
+    runs = ["pipecomm", "decent-dp", *(["decent-dp (A/A)"] if args.aa else [])]
+    times: dict[str, list[float]] = {name: [] for name in runs}
     start = time.perf_counter()
     with launch.Ranks(args.world_size, ranks_per_node=args.ranks_per_node) as ranks:
         for _ in range(args.repeats):
-            for impl in ("pipecomm", "decent-dp"):
+            for name in runs:
+                impl = "decent-dp" if name.startswith("decent-dp") else name
                 res = ranks.run(rank_bench, {**cfg, "impl": impl}, timeout_s=600)
-                times[impl].append(res[0]["iteration_s"])
+                times[name].append(res[0]["iteration_s"])
     best = {k: min(v) for k, v in times.items()}
     ratio, lo, hi = stats.ratio_ci(times["pipecomm"], times["decent-dp"])
     print(
@@ -215,6 +221,9 @@ def main(argv: list[str] | None = None) -> float:
         f"[{lo:.3f}, {hi:.3f}] (95% interval over {args.repeats} alternations: {verdict}); "
         f"best of each {best['pipecomm'] / best['decent-dp']:.3f}"
     )
+    if args.aa:
+        aa, aa_lo, aa_hi = stats.ratio_ci(times["decent-dp (A/A)"], times["decent-dp"])
+        print(f"decent-dp / decent-dp (A/A, the noise floor): {aa:.3f} [{aa_lo:.3f}, {aa_hi:.3f}]")
     return ratio
 
 
