@@ -31,6 +31,11 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --aa  # + A/A
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
+    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
+
+``--targets`` decides issue 13's targets on a CSV with the checks and thresholds of claims C2.5
+and C2.6 (``artifact/claims.yaml``, the same code that decides them in experiment E2), and, when
+the CSV has ``torch-aa`` rows, applies the same checks to the built-in against itself.
 """
 
 from __future__ import annotations
@@ -258,6 +263,41 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     return "\n".join(out)
 
 
+#: The claims whose checks decide issue 13's targets (artifact/claims.yaml).
+TARGET_CLAIMS = ("C2.5", "C2.6")
+
+
+def targets(csv_path: Path) -> str:
+    """The verdicts of :data:`TARGET_CLAIMS` on a CSV this script wrote, by the claims' own checks
+    and thresholds; with ``torch-aa`` rows, also each check applied to the built-in against itself
+    (the A/A rows standing in for every algorithm the claim names).
+
+    Example::
+
+        print(targets(Path("artifact/reference/bench/targets60_cpu.csv")))
+    """
+    import pandas as pd
+
+    from pipecomm import claims
+
+    df = pd.read_csv(csv_path).rename(columns={"p": "world_size"}).assign(section="real")
+    entries = {e["id"]: e for e in claims.load_claims()}
+    out = []
+    for cid in TARGET_CLAIMS:
+        entry = entries[cid]
+        v = claims.run_check(entry, df)
+        out.append(f"{cid} {v.verdict}: {v.measured} (threshold: {v.threshold})")
+        if (df.algorithm == AA).any():
+            bound = entry["args"]["max_ratio"]
+            algs = list(bound) if isinstance(bound, dict) else ["lp"]
+            base, aa = df[df.algorithm == "torch"], df[df.algorithm == AA]
+            as_algs = pd.concat([base, *(aa.assign(algorithm=a) for a in algs)])
+            v = claims.run_check(entry, as_algs)
+            out.append(f"{cid} on the A/A rows (the built-in as {' and '.join(algs)}): "
+                       f"{v.verdict}: {v.measured}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -284,7 +324,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the markdown table of ratios of a CSV and exit")
     ap.add_argument("--min-size", type=parse_size, default=16 << 20,
                     help="smallest message in the --summary table (default 16M)")
+    ap.add_argument("--targets", type=Path, default=None, metavar="CSV",
+                    help="decide claims C2.5 / C2.6 (issue 13's targets) on a CSV and exit")
     args = ap.parse_args(argv)
+    if args.targets is not None:
+        try:
+            print(targets(args.targets))
+        except (OSError, ValueError, KeyError) as exc:
+            ap.error(f"--targets: {exc}")
+        return 0
     if args.summary is not None:
         try:
             print(summary(args.summary, args.min_size))

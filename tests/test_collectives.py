@@ -857,6 +857,40 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     assert proc.returncode == 2 and "include torch" in proc.stderr
 
 
+def test_collectives_benchmark_targets_use_the_claims_checks(tmp_path):
+    """bench_collectives.py --targets decides C2.5 / C2.6 with claims.yaml's checks and bounds: LP
+    broadcast at twice the built-in's time FAILs C2.5, allreduces at the built-in's time PASS C2.6,
+    and the built-in against itself (A/A rows) is INCONCLUSIVE against "<= 1.0x", never PASS; a
+    CSV without messages of 16 MiB is refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks/bench_collectives.py")
+    base = [0.010 + 0.0004 * ((7 * i) % 11) for i in range(20)]  # 10.0-14.0 ms, spread out
+    rows = ["algorithm,op,p,nbytes,times_s"]
+    for q in (2, 4):
+        for op, algs in (("broadcast", {"lp": 2.0}), ("allreduce", {"lp": 1.0, "ring": 1.0})):
+            for alg, factor in {"torch": 1.0, "torch-aa": 1.0, **algs}.items():
+                ts = base if alg == "torch" else base[3:] + base[:3]  # same values, other order
+                rows.append(f"{alg},{op},{q},{16 << 20},{';'.join(str(t * factor) for t in ts)}")
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    proc = subprocess.run([sys.executable, script, "--targets", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("C2.5 FAIL: lp worst 2")
+    assert lines[1].startswith("C2.5 on the A/A rows (the built-in as lp): INCONCLUSIVE")
+    assert lines[2].startswith("C2.6 PASS")
+    assert lines[3].startswith("C2.6 on the A/A rows (the built-in as lp and ring): PASS")
+    small = tmp_path / "s.csv"
+    small.write_text("\n".join(r.replace(str(16 << 20), "1048576") for r in rows) + "\n")
+    proc = subprocess.run([sys.executable, script, "--targets", str(small)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no real broadcast measurements" in proc.stderr
+
+
 def test_loopback_lean_ring_matches_builtin_and_reports():
     """benchmarks/loopback_flows.py lean on 3 ranks and a size no chunk count divides evenly
     (the script trims it to whole chunks): its bare-ProcessGroup ring agrees with the built-in
