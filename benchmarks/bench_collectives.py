@@ -16,11 +16,13 @@ them alike; :func:`pipecomm.sweep.measure_points` with ``interleave=True``, the 
 real section too), each timed by :func:`pipecomm.bench.time_fn`: all ranks start at one common instant
 (an allreduce MAX of ``time.monotonic()`` plus a margin, then a sleep; ``CLOCK_MONOTONIC`` is
 shared by the processes of one host) and a repeat's time is the last rank's end minus that start,
-so barrier-exit skew is not measured. ``--aa`` times the built-in a second time in every repeat
-(rows ``torch-aa``): its ratio to the built-in is an A/A comparison, the interval an algorithm
-exactly as fast as the built-in would get on this host in this run -- the noise floor against
-which a target such as "at most 1.0x by the interval's upper bound" is judged. One pool of ``max(p)`` local gloo ranks serves every p; a
+so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
 smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
+
+``--aa`` times the built-in a second time in every repeat (rows ``torch-aa``): its ratio to the
+built-in is an A/A comparison, the interval an algorithm exactly as fast as the built-in would get
+on this host in this run -- the noise floor against which a target such as "at most 1.0x by the
+interval's upper bound" is judged.
 
 Usage::
 
