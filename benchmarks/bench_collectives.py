@@ -136,15 +136,13 @@ def rank_bench(cfg: dict) -> list[dict]:
                                "sizes": [1 << 20], "repeats": 10, "warmup": 2})
     """
     p = cfg["p"]
-    algs = [*cfg["algorithms"], *([AA] if cfg.get("aa") else [])]
+    labels = [*cfg["algorithms"], *([AA] if cfg.get("aa") else [])]
     points = [
-        {"op": op, "algorithm": "torch" if alg == AA else alg, "nbytes": n, "p": p,
-         "warmup": cfg["warmup"], "iters": cfg["repeats"]}
-        for op in cfg["ops"] for n in cfg["sizes"] for alg in algs
+        {"op": op, "algorithm": "torch" if label == AA else label, "label": label, "nbytes": n,
+         "p": p, "warmup": cfg["warmup"], "iters": cfg["repeats"]}
+        for op in cfg["ops"] for n in cfg["sizes"] for label in labels
     ]
     timed = sweep.measure_points(points, interleave=True)  # round-robin, common starts
-    for r, alg in zip(timed, [a for _ in cfg["ops"] for _ in cfg["sizes"] for a in algs]):
-        r["algorithm"] = alg  # rank 0's rows, in point order
     group = _group(p)
     wrong = {}
     if dist.get_rank() < p:
@@ -154,8 +152,10 @@ def rank_bench(cfg: dict) -> list[dict]:
     if dist.get_rank() != 0:
         return []
     link = cost.host_link() if netem.current() is None else None  # read once, not per row
-    return [_row(r, wrong[(r["op"], r["nbytes"], "torch" if r["algorithm"] == AA
-                           else r["algorithm"])], timed, link) for r in timed]
+    for r, pt in zip(timed, points):  # rank 0's rows come in point order
+        r["algorithm"] = pt["label"]
+    return [_row(r, wrong[(pt["op"], pt["nbytes"], pt["algorithm"])], timed, link)
+            for r, pt in zip(timed, points)]
 
 
 def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:

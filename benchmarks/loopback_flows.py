@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -223,26 +224,32 @@ def lean_ring(x: torch.Tensor, slots: list[torch.Tensor]) -> None:
     pg, (back, tag) = dist.group.WORLD, launch.reverse_transport(None)
     c = x.numel() // p
     right, left = (r + 1) % p, (r - 1) % p
-    to_right = (back, right, tag) if right < r else (pg, right, 0)
-    from_left = (back, left, tag) if r < left else (pg, left, 0)
+    out_pg, out_tag = (back, tag) if right < r else (pg, 0)
+    in_pg, in_tag = (back, tag) if r < left else (pg, 0)
 
     def chunk(i: int) -> torch.Tensor:
         return x[(i % p) * c:(i % p + 1) * c]
 
-    sends = [to_right[0].send([chunk(r)], to_right[1], to_right[2])]
-    recvs = [from_left[0].recv([slots[s]], from_left[1], from_left[2]) for s in range(p - 1)]
+    def send(t: torch.Tensor) -> Any:
+        return out_pg.send([t], right, out_tag)
+
+    def recv(t: torch.Tensor) -> Any:
+        return in_pg.recv([t], left, in_tag)
+
+    sends = [send(chunk(r))]
+    recvs = [recv(slots[s]) for s in range(p - 1)]
     for s in range(p - 1):  # reduce-scatter: combine, forward
         recvs[s].wait()
         acc = chunk(r - s - 1)
         acc.add_(slots[s])
-        sends.append(to_right[0].send([acc], to_right[1], to_right[2]))
+        sends.append(send(acc))
     for w in sends[:-1]:  # those chunks are about to be overwritten by the allgather
         w.wait()
-    recvs = [from_left[0].recv([chunk(r - s)], from_left[1], from_left[2]) for s in range(p - 1)]
+    recvs = [recv(chunk(r - s)) for s in range(p - 1)]
     for s in range(p - 1):  # allgather: forward as it arrives
         recvs[s].wait()
         if s < p - 2:
-            sends.append(to_right[0].send([chunk(r - s)], to_right[1], to_right[2]))
+            sends.append(send(chunk(r - s)))
     for w in sends[p - 1:]:
         w.wait()
 
