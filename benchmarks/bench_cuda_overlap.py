@@ -8,6 +8,11 @@ communication thread (:func:`pipecomm.collectives.async_.submit`) that does what
 on a GPU -- add blocks into an accumulator, block by block -- races a loop of matrix products on
 the caller's stream.
 
+``--job lp-allreduce`` runs a real LP allreduce instead: two gloo ranks share the device (gloo
+stages CUDA tensors through host memory), each with its own matmul loop, the allreduce submitted
+with ``async_op=True`` (the communication thread and its stream) -- the closest one GPU comes to
+Pipe-SGD's overlap of an AllReduce with the next step's compute.
+
 Reported, each the median of ``--repeats`` (CUDA-synchronised wall time):
 
 * ``compute_s``: the matmul loop alone; ``comm_s``: the communication job alone;
@@ -24,6 +29,7 @@ Without CUDA it runs on the CPU (the fallback path: no streams) so the script it
 Run::
 
     python benchmarks/bench_cuda_overlap.py --repeats 10 --json out.json
+    python benchmarks/bench_cuda_overlap.py --job lp-allreduce --numel 16777216 --json lp.json
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn, device: torch.device, repeats: int) -> float:
+def _timed(fn, device: torch.device, repeats: int, before=None) -> float:
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         _sync(device)
         start = time.perf_counter()
         fn()
@@ -115,6 +123,55 @@ def measure(device: torch.device, n: int, matmuls: int, numel: int, blocks: int,
     return out
 
 
+def rank_lp_allreduce(n: int, matmuls: int, numel: int, repeats: int) -> dict:
+    """On each of two gloo ranks sharing the GPU: a real LP allreduce (``op="avg"``, float32,
+    host-staged by gloo, :func:`pipecomm.collectives.allreduce` with ``async_op=True``: the
+    communication thread and its stream) against each rank's own loop of matmuls. Both ranks run
+    every configuration at once (a barrier before each repeat), so ``compute_s`` is two processes'
+    matmuls sharing one GPU. Rank 0 returns the same fields as :func:`measure`."""
+    import torch.distributed as dist
+
+    from pipecomm import collectives
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    x = torch.full((numel,), float(dist.get_rank() + 1), device=device)  # avg: 1.5 from then on
+
+    def compute() -> None:
+        for _ in range(matmuls):
+            torch.mm(a, b)
+
+    def comm() -> None:
+        collectives.allreduce(x, algorithm="lp", op="avg", async_op=True).wait()
+
+    def both() -> None:
+        handle = collectives.allreduce(x, algorithm="lp", op="avg", async_op=True)
+        compute()
+        handle.wait()
+
+    def serial() -> None:
+        collectives.allreduce(x, algorithm="lp", op="avg")
+        compute()
+
+    for fn in (compute, comm, both, serial):
+        fn()
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "matmul": f"{matmuls} x {n}x{n} {str(dtype).replace('torch.', '')} on each of 2 ranks",
+           "comm_job": f"LP allreduce of {numel} float32 between 2 gloo ranks on one device",
+           "repeats": repeats}
+    for name, fn in (("compute_s", compute), ("comm_s", comm), ("both_s", both),
+                     ("serial_s", serial)):
+        out[name] = _timed(fn, device, repeats, before=dist.barrier)
+    out["overlap"] = ((out["compute_s"] + out["comm_s"] - out["both_s"])
+                      / min(out["compute_s"], out["comm_s"]))
+    _sync(device)
+    out["correct"] = bool(torch.all(x == 1.5).item())
+    return out
+
+
 def ordering_correct(device: torch.device, n: int) -> bool:
     """Submit a job that reads a tensor whose producing kernel is still queued behind a long
     matmul on the caller's stream; after ``wait()`` its result must be the producer's."""
@@ -140,14 +197,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=16)
     p.add_argument("--adds", type=int, default=8)
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--job", choices=["reduce", "copy"], default="reduce")
+    p.add_argument("--job", choices=["reduce", "copy", "lp-allreduce"], default="reduce",
+                   help="lp-allreduce: a real LP allreduce between two gloo ranks on one device")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cpu":  # the fallback: small sizes, the same code path without streams
         args.n, args.matmuls, args.numel = min(args.n, 256), min(args.matmuls, 4), 1 << 16
-    out = measure(device, args.n, args.matmuls, args.numel, args.blocks, args.adds, args.repeats,
-                  args.job)
+    if args.job == "lp-allreduce":
+        from pipecomm import launch
+
+        with launch.Ranks(2) as ranks:
+            outs = ranks.run(rank_lp_allreduce, args.n, args.matmuls, args.numel, args.repeats,
+                             timeout_s=300 + 60 * args.repeats)
+        out = outs[0]
+        out["correct"] = all(o["correct"] for o in outs)
+    else:
+        out = measure(device, args.n, args.matmuls, args.numel, args.blocks, args.adds,
+                      args.repeats, args.job)
     print(json.dumps(out, indent=1))
     if args.json:
         with open(args.json, "w") as f:

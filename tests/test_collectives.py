@@ -794,7 +794,8 @@ def test_concurrent_collectives_on_groups_sharing_ranks(pool):
 
 def test_cuda_overlap_benchmark_runs_its_cpu_fallback(tmp_path):
     """benchmarks/bench_cuda_overlap.py (the GPU stream-overlap measurement) on the CPU: the same
-    code path without streams; the ordering check passes and the JSON has every field."""
+    code path without streams; the ordering check passes and the JSON has every field (also for
+    the two-rank real LP allreduce job)."""
     import json
     import subprocess
     import sys
@@ -802,7 +803,7 @@ def test_cuda_overlap_benchmark_runs_its_cpu_fallback(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "o.json"
-    for job in ("reduce", "copy"):
+    for job in ("reduce", "copy", "lp-allreduce"):
         proc = subprocess.run([sys.executable, str(root / "benchmarks/bench_cuda_overlap.py"),
                                "--repeats", "2", "--job", job, "--json", str(out)],
                               capture_output=True, text=True, timeout=120)
