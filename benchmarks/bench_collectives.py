@@ -31,9 +31,15 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --ops broadcast \\
         --p 8 --sizes 64M --repeats 20
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --aa  # + A/A
+    .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --lp-blocks 2 4 8
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
+
+``--lp-blocks K [K ...]`` adds LP cut into K blocks (rows ``lp/K``, block ``ceil(n / K)`` bytes
+rounded up to whole elements) next to LP's default block (rows ``lp``): how far the host model's
+choice (:func:`pipecomm.collectives.lp.default_block_bytes`) is from the best block count measured
+in the same rounds.
 
 ``--targets`` decides issue 13's targets on a CSV with the checks and thresholds of claims C2.5
 and C2.6 (``artifact/claims.yaml``, the same code that decides them in experiment E2), and, when
@@ -106,14 +112,19 @@ def _group(p: int):
     return _GROUPS[p]
 
 
-def _wrong(alg: str, op: str, n: int, group: Any, p: int) -> int:
+def _lp_block(n: int, k: int) -> int:
+    """Bytes per block when ``n`` bytes of float32 are cut into ``k`` LP blocks."""
+    return -(-n // (4 * k)) * 4
+
+
+def _wrong(alg: str, op: str, n: int, group: Any, p: int, block: int | None = None) -> int:
     """Elements of ``alg``'s result that differ from the built-in's on the same random input
-    (summed over the ranks that hold a result)."""
+    (summed over the ranks that hold a result); ``block``: LP's block bytes."""
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(n, generator=gen)
     ref = x.clone()
-    sweep.collective_call(op, alg, x, group)()
+    sweep.collective_call(op, alg, x, group, block)()
     sweep.collective_call(op, "torch", ref, group)()
     holds = op == "allreduce" or rank == 0
     bad = 0
@@ -136,26 +147,33 @@ def rank_bench(cfg: dict) -> list[dict]:
                                "sizes": [1 << 20], "repeats": 10, "warmup": 2})
     """
     p = cfg["p"]
-    labels = [*cfg["algorithms"], *([AA] if cfg.get("aa") else [])]
-    points = [
-        {"op": op, "algorithm": "torch" if label == AA else label, "label": label, "nbytes": n,
-         "p": p, "warmup": cfg["warmup"], "iters": cfg["repeats"]}
-        for op in cfg["ops"] for n in cfg["sizes"] for label in labels
-    ]
+    labels = [*cfg["algorithms"], *(f"lp/{k}" for k in cfg.get("lp_blocks", ())),
+              *([AA] if cfg.get("aa") else [])]
+
+    def point(op: str, n: int, label: str) -> dict:
+        alg = "torch" if label == AA else label.split("/")[0]
+        pt = {"op": op, "algorithm": alg, "label": label, "nbytes": n, "p": p,
+              "warmup": cfg["warmup"], "iters": cfg["repeats"]}
+        if "/" in label:
+            pt["block_bytes"] = _lp_block(n, int(label.split("/")[1]))
+        return pt
+
+    points = [point(op, n, label) for op in cfg["ops"] for n in cfg["sizes"] for label in labels]
     timed = sweep.measure_points(points, interleave=True)  # round-robin, common starts
     group = _group(p)
     wrong = {}
     if dist.get_rank() < p:
-        wrong = {(op, n, a): _wrong(a, op, n // 4, group, p)
-                 for op in cfg["ops"] for n in cfg["sizes"] for a in cfg["algorithms"]}
+        wrong = {(pt["op"], pt["nbytes"], pt["label"]):
+                 _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p, pt.get("block_bytes"))
+                 for pt in points if pt["label"] != AA}
     dist.barrier()
     if dist.get_rank() != 0:
         return []
     link = cost.host_link() if netem.current() is None else None  # read once, not per row
     for r, pt in zip(timed, points):  # rank 0's rows come in point order
         r["algorithm"] = pt["label"]
-    return [_row(r, wrong[(pt["op"], pt["nbytes"], pt["algorithm"])], timed, link)
-            for r, pt in zip(timed, points)]
+    return [_row(r, wrong[(pt["op"], pt["nbytes"], "torch" if pt["label"] == AA else pt["label"])],
+                 timed, link) for r, pt in zip(timed, points)]
 
 
 def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
@@ -185,7 +203,7 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
             times, stats.repeats(base[0]["times_s"])
         )
-    if alg == "lp" and link is not None:
+    if alg.split("/")[0] == "lp" and link is not None:
         row["block_bytes"] = r["block_bytes"]
         row["model_s"] = cost.lp_time_on_host(op, n, p, link, r["block_bytes"])
     return row
@@ -246,7 +264,9 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
         rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
     if not rows:
         raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
-    algs = [a for a in (*ALGORITHMS, AA)
+    labels = sorted({r["algorithm"] for r in rows if r["algorithm"].startswith("lp/")},
+                    key=lambda a: int(a.split("/")[1]))
+    algs = [a for a in (*ALGORITHMS, *labels, AA)
             if a != "torch" and any(r["algorithm"] == a for r in rows)]
     cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
     keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
@@ -320,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aa", action="store_true",
                     help="also time the built-in a second time per repeat (rows torch-aa): "
                          "the A/A ratio interval, this run's noise floor")
+    ap.add_argument("--lp-blocks", nargs="+", type=int, default=[], metavar="K",
+                    help="also time LP cut into K blocks (rows lp/K) beside its default block")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -345,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         args.p, args.sizes, args.repeats, args.warmup = [2], [64 << 10, 1 << 20], 3, 1
     if any(q < 2 for q in args.p) or args.repeats < 1 or args.warmup < 0:
         ap.error("--p values must be >= 2, --repeats >= 1, --warmup >= 0")
+    if any(k < 1 for k in args.lp_blocks):
+        ap.error("--lp-blocks: block counts must be >= 1")
     if args.aa and "torch" not in args.algorithms:
         ap.error("--aa compares the built-in with itself: include torch in --algorithms")
     here = str(Path(__file__).resolve().parent)
@@ -364,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 "repeats": args.repeats,
                 "warmup": args.warmup,
                 "aa": args.aa,
+                "lp_blocks": args.lp_blocks,
             }
             out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
             for r in out:

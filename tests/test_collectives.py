@@ -834,12 +834,17 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     script = str(Path(__file__).resolve().parents[1] / "benchmarks/bench_collectives.py")
     out = tmp_path / "b.csv"
     proc = subprocess.run([sys.executable, script, "--quick", "--algorithms", "lp", "ring",
-                           "torch", "--ops", "allreduce", "broadcast", "--aa", "--csv", str(out)],
+                           "torch", "--ops", "allreduce", "broadcast", "--aa", "--lp-blocks",
+                           "3", "--csv", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = list(csvmod.DictReader(out.open()))
-    assert len(rows) == 4 * 2 * 2  # algorithms (+ A/A) x ops x sizes
+    assert len(rows) == 5 * 2 * 2  # algorithms (+ lp/3, + A/A) x ops x sizes
     assert all(r["wrong"] == "0" for r in rows)
+    for r in rows:  # LP in 3 blocks: ceil(n / 3) bytes, rounded up to whole float32 elements
+        if r["algorithm"] == "lp/3":
+            n = int(r["nbytes"])
+            assert int(r["block_bytes"]) == -(-n // 12) * 4 and float(r["model_s"]) > 0
     assert all(float(r["ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
     aa = [r for r in rows if r["algorithm"] == "torch-aa"]
     assert len(aa) == 4 and all(
@@ -848,7 +853,7 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0
-    assert lines[0].startswith("| op | p | size | lp | ring | torch-aa | built-in")
+    assert lines[0].startswith("| op | p | size | lp | ring | lp/3 | torch-aa | built-in")
     assert len(lines) == 2 + 2 and "| allreduce | 2 | 1 MiB |" in proc.stdout
     proc = subprocess.run([sys.executable, script, "--summary", str(out)],
                           capture_output=True, text=True, timeout=60)
@@ -856,6 +861,9 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     proc = subprocess.run([sys.executable, script, "--aa", "--algorithms", "lp"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "include torch" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--lp-blocks", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--lp-blocks" in proc.stderr
 
 
 def test_collectives_benchmark_targets_use_the_claims_checks(tmp_path):
