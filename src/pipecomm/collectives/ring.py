@@ -48,19 +48,24 @@ def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
 
 class _Segments:
     """Chunk ``c`` of ``flat`` as ``per_chunk`` segments of at most ``elems`` elements (views;
-    trailing ones may be empty, the same on every rank)."""
+    trailing ones may be empty, the same on every rank). All views are cut at once (one
+    ``split``): a schedule asks for a segment several times per message, and with 8 ranks on
+    2 cores every Python-level slice of the per-message path is paid many times over."""
 
     def __init__(self, flat: torch.Tensor, offsets: list[int], segment_bytes: int | None) -> None:
         if segment_bytes is None:
             segment_bytes = SEGMENT_BYTES
-        self.flat, self.offsets = flat, offsets
+        self.flat = flat
         biggest = max(b - a for a, b in zip(offsets, offsets[1:]))
         self.elems = max(1, min(biggest, segment_bytes // flat.element_size()))
         self.per_chunk = max(1, -(-biggest // self.elems))
+        sizes = [max(0, min(self.elems, hi - lo - q * self.elems))
+                 for lo, hi in zip(offsets, offsets[1:]) for q in range(self.per_chunk)]
+        pieces = flat.split([offsets[0], *sizes, flat.numel() - offsets[-1]])
+        self._views = pieces[1:-1]
 
     def of(self, c: int, q: int) -> torch.Tensor:
-        lo = self.offsets[c] + q * self.elems
-        return self.flat[min(lo, self.offsets[c + 1]) : min(lo + self.elems, self.offsets[c + 1])]
+        return self._views[c * self.per_chunk + q]
 
 
 def reduce_scatter(
@@ -129,8 +134,11 @@ def allgather(
     """
     p = eng.comm.size
     seg = _Segments(flat, offsets, segment_bytes)
+    _allgather(seg, eng, owned, to_group((v + 1) % p), to_group((v - 1) % p), p, sent)
+
+
+def _allgather(seg, eng, owned, right, left, p, sent) -> None:
     nq = seg.per_chunk
-    right, left = to_group((v + 1) % p), to_group((v - 1) % p)
     if not sent:
         for q in range(nq):
             eng.send(seg.of(owned, q), right)
@@ -140,10 +148,6 @@ def allgather(
         got = stream.wait(j)
         if j // nq < p - 2:
             eng.send(got, right)
-
-
-def _identity(u: int) -> int:
-    return u
 
 
 def allreduce(
@@ -171,8 +175,9 @@ def allreduce(
         return
     g = comm.index
     seg = _Segments(flat, offsets, segment_bytes)
-    _reduce_scatter(seg, eng, g, op, (g + 1) % p, (g - 1) % p, p, p)
-    allgather(flat, eng, offsets, g, (g + 1) % p, _identity, segment_bytes, sent=True)
+    right, left = (g + 1) % p, (g - 1) % p
+    _reduce_scatter(seg, eng, g, op, right, left, p, p)
+    _allgather(seg, eng, (g + 1) % p, right, left, p, sent=True)
     eng.finish()
 
 
