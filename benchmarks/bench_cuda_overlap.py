@@ -63,6 +63,48 @@ def _timed(fn, device: torch.device, repeats: int, before=None) -> float:
     return statistics.median(times)
 
 
+def _matmuls(device: torch.device, n: int, matmuls: int):
+    """The compute loop (``matmuls`` products of two ``n x n`` matrices, bf16 on a GPU) and the
+    fields that describe it and the device."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+
+    def compute() -> None:
+        for _ in range(matmuls):
+            torch.mm(a, b)
+
+    return compute, {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "matmul": f"{matmuls} x {n}x{n} {str(dtype).replace('torch.', '')}"}
+
+
+def _race(compute, start, run, device: torch.device, repeats: int, before=None) -> dict:
+    """``compute_s``, ``comm_s`` (``start().wait()``), ``both_s`` (``start()``, ``compute()``,
+    ``wait()``), ``serial_s`` (``run()`` then ``compute()``) and the overlap, after one warm-up of
+    each (kernels, the communication thread, the stream)."""
+    def comm() -> None:
+        start().wait()
+
+    def both() -> None:
+        handle = start()
+        compute()
+        handle.wait()
+
+    def serial() -> None:
+        run()
+        compute()
+
+    runs = (("compute_s", compute), ("comm_s", comm), ("both_s", both), ("serial_s", serial))
+    for _, fn in runs:
+        fn()
+    out = {name: _timed(fn, device, repeats, before) for name, fn in runs}
+    out["overlap"] = ((out["compute_s"] + out["comm_s"] - out["both_s"])
+                      / min(out["compute_s"], out["comm_s"]))
+    return out
+
+
 def measure(device: torch.device, n: int, matmuls: int, numel: int, blocks: int, adds: int,
             repeats: int, job: str = "reduce") -> dict:
     """Time compute alone, the communication job alone, both at once and both serialised.
@@ -70,16 +112,9 @@ def measure(device: torch.device, n: int, matmuls: int, numel: int, blocks: int,
     ``job="reduce"``: LP's reduce (block adds, SM work); ``job="copy"``: every block copied to
     pinned host memory and back (what a backend staging GPU data through the host does, copy
     engines)."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    compute, out = _matmuls(device, n, matmuls)
     data = torch.randn(blocks, numel // blocks, device=device)
     acc = torch.zeros(numel // blocks, device=device)
-
-    def compute() -> None:
-        for _ in range(matmuls):
-            torch.mm(a, b)
-
     pinned = device.type == "cuda"
     host = torch.empty(data.shape, pin_memory=pinned)
 
@@ -94,31 +129,12 @@ def measure(device: torch.device, n: int, matmuls: int, numel: int, blocks: int,
             for k in range(blocks):
                 acc.add_(data[k])
 
-    def comm() -> None:
-        async_.submit(reduce_job, acc, "lp-reduce").wait()
-
-    def both() -> None:
-        handle = async_.submit(reduce_job, acc, "lp-reduce")
-        compute()
-        handle.wait()
-
-    def serial() -> None:
-        reduce_job()
-        compute()
-
-    for fn in (compute, comm, both, serial):  # warm-up (kernels, the comm thread, the stream)
-        fn()
-    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "cuda": torch.version.cuda,
-           "matmul": f"{matmuls} x {n}x{n} {str(dtype).replace('torch.', '')}",
-           "comm_job": f"{adds} x {blocks} block {'adds' if job == 'reduce' else 'host round trips'}"
-                       f" of {numel // blocks} float32",
-           "repeats": repeats}
-    for name, fn in (("compute_s", compute), ("comm_s", comm), ("both_s", both),
-                     ("serial_s", serial)):
-        out[name] = _timed(fn, device, repeats)
-    out["overlap"] = ((out["compute_s"] + out["comm_s"] - out["both_s"])
-                      / min(out["compute_s"], out["comm_s"]))
+    out["comm_job"] = (f"{adds} x {blocks} block "
+                       f"{'adds' if job == 'reduce' else 'host round trips'} of {numel // blocks}"
+                       " float32")
+    out["repeats"] = repeats
+    out.update(_race(compute, lambda: async_.submit(reduce_job, acc, "lp-reduce"), reduce_job,
+                     device, repeats))
     out["correct"] = ordering_correct(device, n)
     return out
 
@@ -134,39 +150,15 @@ def rank_lp_allreduce(n: int, matmuls: int, numel: int, repeats: int) -> dict:
     from pipecomm import collectives
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    compute, out = _matmuls(device, n, matmuls)
     x = torch.full((numel,), float(dist.get_rank() + 1), device=device)  # avg: 1.5 from then on
-
-    def compute() -> None:
-        for _ in range(matmuls):
-            torch.mm(a, b)
-
-    def comm() -> None:
-        collectives.allreduce(x, algorithm="lp", op="avg", async_op=True).wait()
-
-    def both() -> None:
-        handle = collectives.allreduce(x, algorithm="lp", op="avg", async_op=True)
-        compute()
-        handle.wait()
-
-    def serial() -> None:
-        collectives.allreduce(x, algorithm="lp", op="avg")
-        compute()
-
-    for fn in (compute, comm, both, serial):
-        fn()
-    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "cuda": torch.version.cuda,
-           "matmul": f"{matmuls} x {n}x{n} {str(dtype).replace('torch.', '')} on each of 2 ranks",
-           "comm_job": f"LP allreduce of {numel} float32 between 2 gloo ranks on one device",
-           "repeats": repeats}
-    for name, fn in (("compute_s", compute), ("comm_s", comm), ("both_s", both),
-                     ("serial_s", serial)):
-        out[name] = _timed(fn, device, repeats, before=dist.barrier)
-    out["overlap"] = ((out["compute_s"] + out["comm_s"] - out["both_s"])
-                      / min(out["compute_s"], out["comm_s"]))
+    out["matmul"] += " on each of 2 ranks"
+    out["comm_job"] = f"LP allreduce of {numel} float32 between 2 gloo ranks on one device"
+    out["repeats"] = repeats
+    out.update(_race(compute,
+                     lambda: collectives.allreduce(x, algorithm="lp", op="avg", async_op=True),
+                     lambda: collectives.allreduce(x, algorithm="lp", op="avg"),
+                     device, repeats, before=dist.barrier))
     _sync(device)
     out["correct"] = bool(torch.all(x == 1.5).item())
     return out
