@@ -163,17 +163,21 @@ def rank_bench(cfg: dict) -> list[dict]:
     group = _group(p)
     wrong = {}
     if dist.get_rank() < p:
-        wrong = {(pt["op"], pt["nbytes"], pt["label"]):
-                 _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p, pt.get("block_bytes"))
-                 for pt in points if pt["label"] != AA}
+        wrong = {_what(pt): _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p,
+                                   pt.get("block_bytes"))
+                 for pt in points if pt["label"] != AA}  # the A/A rows run the built-in's call
     dist.barrier()
     if dist.get_rank() != 0:
         return []
     link = cost.host_link() if netem.current() is None else None  # read once, not per row
     for r, pt in zip(timed, points):  # rank 0's rows come in point order
         r["algorithm"] = pt["label"]
-    return [_row(r, wrong[(pt["op"], pt["nbytes"], "torch" if pt["label"] == AA else pt["label"])],
-                 timed, link) for r, pt in zip(timed, points)]
+    return [_row(r, wrong[_what(pt)], timed, link) for r, pt in zip(timed, points)]
+
+
+def _what(pt: dict) -> tuple:
+    """The call a point times: op, bytes, algorithm and LP's block (``None``: the default)."""
+    return pt["op"], pt["nbytes"], pt["algorithm"], pt.get("block_bytes")
 
 
 def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
@@ -203,7 +207,7 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
             times, stats.repeats(base[0]["times_s"])
         )
-    if alg.split("/")[0] == "lp" and link is not None:
+    if r["block_bytes"] is not None and link is not None:  # LP rows
         row["block_bytes"] = r["block_bytes"]
         row["model_s"] = cost.lp_time_on_host(op, n, p, link, r["block_bytes"])
     return row
