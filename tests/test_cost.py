@@ -552,19 +552,54 @@ def test_host_link_table_interpolation_and_checks():
         cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=0)
 
 
+def _steps_of_lp(op, k, p):
+    """Oracle: (messages, combined messages) per step of LP's schedule, by listing every
+    message: block j crosses link i (1..p-1) of the first chain at step j + i, and for
+    allreduce the broadcast chain's link i at step j + (p - 1) + i."""
+    last = k + (2 * p - 3 if op == "allreduce" else p - 2)
+    messages, combined = [0] * last, [0] * last
+    for j in range(k):
+        for i in range(1, p):
+            messages[j + i - 1] += 1
+            combined[j + i - 1] += op != "broadcast"
+            if op == "allreduce":
+                messages[j + p - 1 + i - 1] += 1
+    return messages, combined
+
+
+def _lp_on_host_oracle(op, n, p, link, b):
+    k = -(-n // b)
+    lone = float(link.time(b)) + (op != "broadcast") * link.gamma * b \
+        + 2 * link.message_overhead_s
+    total = 0.0
+    for a, r in zip(*_steps_of_lp(op, k, p)):
+        shared = a * b / (min(link.host_links, a) * link.rate_Bps) \
+            + (2 * a * link.message_overhead_s + r * link.gamma * b) / link.cores
+        total += max(lone, shared)
+    return total
+
+
 def test_lp_on_host_model():
     link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9,
                          message_overhead_s=0, cores=2.0)
     n, b = 1 << 26, 1 << 21  # k = 32 blocks
     t = float(link.time(b))
-    # broadcast at p = 8: the host's work (7 * 32 block transfers, 2 at a time) exceeds the
-    # critical path (k + p - 2 = 38 steps of one lone block)
-    assert cost.lp_time_on_host("broadcast", n, 8, link, b) == pytest.approx(7 * 32 * t / 2)
-    # p = 3: the path (33 steps) exceeds the work (2 * 32 / 2 = 32 transfers' time)
+    rate = cost.DEFAULT_LINK_TABLE[-1][0] / cost.DEFAULT_LINK_TABLE[-1][1]
+    assert link.rate_Bps == pytest.approx(rate)
+    # every step the longer of a lone block and its share of the host, against the oracle
+    busy = dataclasses.replace(link, message_overhead_s=1e-4)
+    for lk in (link, busy, dataclasses.replace(link, host_links=1.3)):
+        for op in ("broadcast", "reduce", "allreduce"):
+            for p, bb in ((2, b), (3, b), (5, 3 << 20), (8, b), (8, n // 3 + 8), (8, n)):
+                assert cost.lp_time_on_host(op, n, p, lk, bb) == pytest.approx(
+                    _lp_on_host_oracle(op, n, p, lk, bb)), (op, p, bb)
+    # p = 3: two links, each step's share (at most 2 blocks at 2 lone links' rate) is below a
+    # lone block's time: the critical path, k + p - 2 = 33 steps
     assert cost.lp_time_on_host("broadcast", n, 3, link, b) == pytest.approx(33 * t)
-    work_ar = 2 * 7 * 32 * t / 2 + 7 * n * 1e-9 / 2  # transfers, then the combines on 2 cores
-    path_ar = (32 + 13) * (t + 1e-9 * b)
-    assert cost.lp_time_on_host("allreduce", n, 8, link, b) == pytest.approx(max(work_ar, path_ar))
+    # p = 8 with many blocks: the host's work (7 n bytes at 2 lone links' rate) plus at most the
+    # fill and drain steps (p - 2 at each end) at a lone block's time
+    work = 7 * n / (2 * rate)
+    assert work < cost.lp_time_on_host("broadcast", n, 8, link, b) <= work + 2 * 6 * t
     assert cost.lp_time_on_host("reduce", 0, 8, link, b) == 0.0
     assert cost.lp_time_on_host("reduce", n, 1, link, b) == 0.0
     # the chosen block is the grid's best and no worse than neighbours far off
@@ -579,12 +614,8 @@ def test_lp_on_host_model():
     assert cost.lp_block_bytes_on_host("allreduce", 1000, 8, link) == 1000
     with pytest.raises(TypeError, match="HostLink"):
         cost.lp_time_on_host("broadcast", n, 8, cost.calibrated_link(), b)
-    # per-message overhead: on the path two per step, in the work two per message on the cores
-    busy = dataclasses.replace(link, message_overhead_s=1e-4)
+    # per-message overhead: two per lone step, two per message of a step's share on the cores
     assert cost.lp_time_on_host("broadcast", n, 3, busy, b) == pytest.approx(33 * (t + 2e-4))
-    assert cost.lp_time_on_host("broadcast", n, 8, busy, b) == pytest.approx(
-        7 * 32 * t / 2 + 2 * 7 * 32 * 1e-4 / 2
-    )
     assert cost.lp_block_bytes_on_host("allreduce", n, 8, busy) >= cost.lp_block_bytes_on_host(
         "allreduce", n, 8, link
     )

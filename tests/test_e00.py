@@ -87,10 +87,11 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     host = pd.DataFrame({"section": "host", "flows": [1, 7], "nbytes": 1 << 24,
                          "bandwidth_Bps": [2.0e9, 0.5e9]})
     df = pd.concat([_real(), host], ignore_index=True).assign(backend="gloo")
-    # one link's rate: the ping-pong table's at 16 MiB (150 us + n / 2.5 GB/s)
-    lone = (1 << 24) / (150e-6 + (1 << 24) / 2.5e9)
+    # one link's rate: the ping-pong table's at its largest size, 64 MiB (150 us + n / 2.5 GB/s),
+    # the rate the host model multiplies by host_links (cost.HostLink.rate_Bps)
+    lone = (1 << 26) / (150e-6 + (1 << 26) / 2.5e9)
     assert e0.host_links(df) == pytest.approx(7 * 0.5e9 / lone)
-    no_table = df[~((df.section == "real") & (df.nbytes == 1 << 24))]
+    no_table = df[df.section != "real"]
     assert e0.host_links(no_table) == pytest.approx(7 * 0.5 / 2.0)  # the host section's own
     assert e0.host_links(_real()) is None
     df = pd.concat([_real(), host.assign(bandwidth_Bps=[2.0e9, 0.5 * lone / 2.0])],
@@ -105,6 +106,7 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPECOMM_CALIBRATION", str(path))
     link = cost.host_link()
     assert link.host_links == pytest.approx(1.75)
+    assert 7 * 0.5 * lone / 2.0 == pytest.approx(link.host_links * link.rate_Bps)  # the chain's
     assert link.table[-1] == (SIZES[-1], pytest.approx(150e-6 + SIZES[-1] / 2.5e9))
     assert "7 links at once (host_links 1.75)" in e0.summary(df).link.iloc[-1]
 
@@ -114,6 +116,9 @@ def test_host_section_runs_on_a_local_pool():
                 emulated=False, host_world_size=3, host_bytes=1 << 20)
     host = df[df.section == "host"]
     assert list(host.flows) == [1, 2] and (host.bandwidth_Bps > 0).all()
+    assert list(host.messages) == [1, 4]  # the chain streams host_messages per link
     assert e0.host_links(df) > 0
     with pytest.raises(ValueError, match="host_world_size"):
         e0.run(host_world_size=2)
+    with pytest.raises(ValueError, match="host_messages"):
+        e0.run(host_messages=0)

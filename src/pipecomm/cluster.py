@@ -856,19 +856,24 @@ def link_bandwidth(sizes: Sequence[int], iters: int = 3, src: int = 0, dst: int 
     return rows[1:] if rank == src else []
 
 
-def chain_bandwidth(nbytes: int, iters: int = 3, stride: int = 1, best: bool = False) -> float:
-    """Rank function: every ``stride``-th rank ``i`` sends ``nbytes`` to rank ``i + stride``
-    while receiving from ``i - stride``, all those links busy at once (``stride`` = ranks per
-    node: one flow per node link); the achieved rate per link (B/s, median over ``iters``, the
-    same on every rank). Against :func:`link_bandwidth` (one link alone) it says whether the
-    host carries every shaped link at once: the kernel's copies and shaping of concurrent
-    flows share the host's cores, and a shaped network the host cannot carry measures the host.
-    ``best``: the fastest repeat instead of the median (what the host can carry; the median
-    also holds the scheduling lateness of many ranks on few cores, which varies from run to run).
+def chain_bandwidth(nbytes: int, iters: int = 3, stride: int = 1, best: bool = False,
+                    messages: int = 1) -> float:
+    """Rank function: every ``stride``-th rank ``i`` sends ``messages`` messages of ``nbytes``
+    to rank ``i + stride`` while receiving as many from ``i - stride``, all those links busy at
+    once (``stride`` = ranks per node: one flow per node link); the achieved rate per link
+    (B/s, median over ``iters``, the same on every rank). Against :func:`link_bandwidth` (one
+    link alone) it says whether the host carries every shaped link at once: the kernel's copies
+    and shaping of concurrent flows share the host's cores, and a shaped network the host cannot
+    carry measures the host. ``best``: the fastest repeat instead of the median (what the host
+    can carry; the median also holds the scheduling lateness of many ranks on few cores, which
+    varies from run to run). ``messages`` > 1: a stream, every receive posted before the first
+    send (as pipecomm's progress engine posts them), so that one message's latency hides behind
+    the next one's bytes.
 
     Example::
 
         rate = c.run(cluster.chain_bandwidth, 4 << 20)[0]
+        streamed = c.run(cluster.chain_bandwidth, 4 << 20, 5, 1, False, 16)[0]
     """
     import torch
     import torch.distributed as dist
@@ -876,25 +881,27 @@ def chain_bandwidth(nbytes: int, iters: int = 3, stride: int = 1, best: bool = F
     rank, world = dist.get_rank(), dist.get_world_size()
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride < world:
         raise ValueError(f"stride must be an int in [1, {world - 1}], got {stride!r}")
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
+        raise ValueError(f"messages must be an int >= 1, got {messages!r}")
     out = torch.zeros(nbytes, dtype=torch.uint8)
-    into = torch.zeros(nbytes, dtype=torch.uint8)
+    into = torch.zeros(messages, nbytes, dtype=torch.uint8)
     chained = rank % stride == 0
     times = []
     for i in range(iters + 1):  # the first opens the connections, not counted
         dist.barrier()
         start = time.perf_counter()
         works = []
-        if chained and rank + stride < world:
-            works.append(dist.isend(out, rank + stride))
         if chained and rank >= stride:
-            works.append(dist.irecv(into, rank - stride))
+            works += [dist.irecv(into[m], rank - stride) for m in range(messages)]
+        if chained and rank + stride < world:
+            works += [dist.isend(out, rank + stride) for _ in range(messages)]
         for w in works:
             w.wait()
         dist.barrier()
         if i:
             times.append(time.perf_counter() - start)
     times.sort()
-    return nbytes / (times[0] if best else times[len(times) // 2])
+    return messages * nbytes / (times[0] if best else times[len(times) // 2])
 
 
 def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,

@@ -879,10 +879,12 @@ DEFAULT_LINK_TABLE: tuple[tuple[int, float], ...] = (
     (67108864, 1.936e-2),
 )
 #: Assumed CPU time one rank spends per message in pipecomm's progress engine (posting it, being
-#: woken when it completes, bookkeeping), at each end of a message, beyond what E0's two-rank
-#: table contains; the ranks' overheads share the host's cores. An estimate, not a calibration
-#: (of the order LP block sweeps on a 2-core development machine showed, 8 ranks).
-DEFAULT_MESSAGE_OVERHEAD_S = 1.5e-4
+#: woken when it completes, bookkeeping), at each end of a message, beyond what E0's table and
+#: host rate contain; the ranks' overheads share the host's cores. An estimate, not a
+#: calibration: the slope of LP's time over its block count at p = 4 and 8 in the block sweep of
+#: ``benchmarks/bench_collectives.py --lp-blocks`` (artifact/reference/bench/lp_blocks_cpu.csv,
+#: a 2-core development machine).
+DEFAULT_MESSAGE_OVERHEAD_S = 5e-5
 
 
 def _default_host_links() -> float:
@@ -896,11 +898,12 @@ class HostLink:
     ``table``: ``((nbytes, seconds), ...)`` one-way times of single messages between two
     otherwise idle ranks, sizes increasing (E0's per-size calibration); :meth:`time`
     interpolates linearly between points and extends the last segment's slope beyond the
-    largest size. ``host_links``: how many such transfers the host sustains at full speed at
-    once (its aggregate bandwidth at any message size, in units of one lone link's): the ranks
-    share the host's cores and memory system. E0's host section measures it; the default is the
-    number of CPU cores (an upper guess: one loopback transfer keeps both the sender's and the
-    receiver's core busy). ``gamma``: seconds per byte reduced.
+    largest size. ``host_links``: the host's aggregate rate when many ranks stream messages at
+    once, in units of :attr:`rate_Bps` (one lone link's rate at the table's largest size): the
+    ranks share the host's cores and memory system. E0's host section measures it (a chain of
+    all its ranks streaming at once); the default is the number of CPU cores (an upper guess:
+    one loopback transfer keeps both the sender's and the receiver's core busy). ``gamma``:
+    seconds per byte reduced.
     ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
     ``cores`` share it and the reductions among the ranks (default: the number of CPU cores).
     ``host_links_measured``: whether ``host_links`` came from E0's host section (a model on the
@@ -940,6 +943,14 @@ class HostLink:
             )
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "host_links", float(self.host_links))
+
+    @property
+    def rate_Bps(self) -> float:
+        """One lone link's rate at the table's largest size (bytes per second): where a
+        stream of messages, each posted ahead of its predecessor's arrival, leaves a message's
+        latency behind the next one's bytes."""
+        n, t = self.table[-1]
+        return n / t
 
     def time(self, nbytes: float | np.ndarray) -> np.ndarray | float:
         """One-way time of a message of ``nbytes`` between two otherwise idle ranks."""
@@ -1014,21 +1025,28 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
     """Predicted LP time on the real backend, all ``p`` ranks on one host.
 
     LP's schedule (Wang et al., arXiv 1611.04255) of ``S`` steps (``k + p - 2``, or
-    ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``) on the progress engine is bounded by two
-    things, and takes the larger (``docs/algorithms.md``, "The real backend on one host"):
+    ``k + 2p - 3`` for allreduce, ``k = ceil(n / b)``) on the progress engine, every step taking
+    the longer of two times (``docs/algorithms.md``, "The real backend on one host"):
 
-    * its critical path: ``S`` times one block over a lone link (``link.time(b)``), plus the
-      block's combine (``gamma b``, reductions) and a rank's two messages' overhead
-      (``2 message_overhead_s``);
-    * the host's work: ``M`` messages (``(p - 1) k``, twice that for allreduce) move at most
-      ``host_links`` at a time (``M link.time(b) / host_links``), and their overheads (one at
-      each end) and the ``(p - 1) n`` bytes combined share the ``cores``.
+    * one block over a lone link (``link.time(b)``), plus its combine (``gamma b``,
+      reductions) and a rank's two messages' overhead (``2 message_overhead_s``): the critical
+      path, which pipeline fill and drain expose;
+    * the step's share of the host: its ``a_s`` messages (the blocks on the chain at step ``s``,
+      on both chains for allreduce) move their bytes at the host's aggregate rate
+      (``host_links`` lone links' :attr:`HostLink.rate_Bps`, at most ``a_s`` of them), and
+      their overheads (one at each end) and combines share the ``cores``. A message's latency
+      is not part of that share: the engine posts receives ahead, so it hides behind the bytes
+      of the messages before it.
+
+    With many blocks the pipeline is full and the time is the host's work, ``(p - 1) n`` bytes
+    (twice that for allreduce) at its aggregate rate; with few, the fill and drain steps of one
+    or two large blocks on a lone link add to it.
 
     Example::
 
         >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0, message_overhead_s=0.0)
         >>> round(lp_time_on_host("broadcast", 1 << 26, 8, link, 1 << 21), 3)
-        0.145
+        0.072
     """
     _check_op(op)
     n = _as_count(nbytes, "nbytes", 0)
@@ -1042,19 +1060,25 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
 
 
 def _lp_host_vec(op: str, n: int, p: int, link: HostLink, b: np.ndarray) -> np.ndarray:
-    b = np.minimum(b.astype(float), n)
-    k = np.ceil(n / b)
+    return np.array([_lp_host_one(op, n, p, link, float(x)) for x in np.minimum(b, n)])
+
+
+def _lp_host_one(op: str, n: int, p: int, link: HostLink, b: float) -> float:
+    k = math.ceil(n / b)
     reduces = op != "broadcast"
-    steps = k + (2 * p - 3 if op == "allreduce" else p - 2)
-    t_block = link.time(b)
-    path = steps * (t_block + reduces * link.gamma * b + 2 * link.message_overhead_s)
-    messages = (2 if op == "allreduce" else 1) * (p - 1) * k
-    work = (
-        messages * t_block / link.host_links
-        + (2 * messages * link.message_overhead_s + reduces * (p - 1) * n * link.gamma)
-        / link.cores
-    )
-    return np.maximum(path, work)
+    steps = np.arange(1, k + (2 * p - 3 if op == "allreduce" else p - 2) + 1)
+
+    def on_chain(s: np.ndarray) -> np.ndarray:  # blocks j with link s - j in 1..p-1
+        return np.clip(np.minimum(s, p - 1) - np.maximum(1, s - k + 1) + 1, 0, None)
+
+    first = on_chain(steps)  # the reduce chain, or the broadcast's
+    messages = first + (on_chain(steps - (p - 1)) if op == "allreduce" else 0)
+    combined = first if reduces else 0
+    lone = link.time(b) + reduces * link.gamma * b + 2 * link.message_overhead_s
+    shared = messages * b / (np.minimum(link.host_links, messages) * link.rate_Bps) + (
+        2 * messages * link.message_overhead_s + combined * link.gamma * b
+    ) / link.cores
+    return float(np.maximum(lone, shared).sum())
 
 
 def lp_block_bytes_on_host(
@@ -1064,7 +1088,7 @@ def lp_block_bytes_on_host(
     :func:`lp_time_on_host`.
 
     Candidates: a geometric grid (8 points per doubling) from ``min_bytes`` to the message, the
-    table's sizes (its kinks) and ``ceil(n / k)`` for ``k`` up to 4096 blocks.
+    table's sizes (its kinks) and ``ceil(n / k)`` for ``k`` up to 512 blocks.
 
     Example::
 
@@ -1081,7 +1105,7 @@ def lp_block_bytes_on_host(
 
 @functools.lru_cache(maxsize=4096)
 def _lp_block_bytes_on_host(op: str, n: int, p: int, link: HostLink, lo: int) -> int:
-    ks = np.arange(1, min(n // lo, 4096) + 1)
+    ks = np.arange(1, min(n // lo, 512) + 1)
     grid = np.r_[
         np.geomspace(lo, n, max(2, int(8 * math.log2(n / lo)) + 1)),
         [size for size, _ in link.table],

@@ -10,13 +10,15 @@ and the cost models are applied to blocks of that size and larger; the small-mes
 reported beside it.
 
 The host: a local pool of ``host_world_size`` ranks (the largest real pool the artifact runs)
-times ``host_bytes`` once over one link alone and once over every hop of a chain of all its
-ranks at once (:func:`pipecomm.cluster.link_bandwidth`, :func:`pipecomm.cluster.chain_bandwidth`,
-median of ``iters``); ``host_links`` (how many lone links' worth of bytes the host moves at once,
-``(p - 1) x chain rate per link / lone rate``, the lone rate being the ping-pong table's at that
-size) goes to calibration.json beside the per-size table,
-for the real backend's LP model (:class:`pipecomm.cost.HostLink`): ranks on one host share its
-cores and memory system, so p - 1 loopback links are not p - 1 times one.
+times ``host_bytes`` once over one link alone, and a stream of ``host_messages`` messages of
+``host_bytes`` over every hop of a chain of all its ranks at once, every receive posted before
+the first send, as LP's progress engine streams its blocks
+(:func:`pipecomm.cluster.link_bandwidth`, :func:`pipecomm.cluster.chain_bandwidth`, median of
+``iters``); ``host_links`` (how many lone links' worth of bytes the host moves at once,
+``(p - 1) x chain rate per link / lone rate``, the lone rate being the ping-pong table's at its
+largest size, :attr:`pipecomm.cost.HostLink.rate_Bps`) goes to calibration.json beside the
+per-size table, for the real backend's LP model (:class:`pipecomm.cost.HostLink`): ranks on one
+host share its cores and memory system, so p - 1 loopback links are not p - 1 times one.
 
 With an emulated network (``pipecomm.netem``) the same ping-pong measures the *emulated* alpha and
 bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; claim C0.2
@@ -74,6 +76,7 @@ class Params(base.Params):
     gamma_bytes: int = 16 << 20
     host_world_size: int = 4  # 0: no host section
     host_bytes: int = 4 << 20
+    host_messages: int = 4  # messages per link of the host probe's stream
     fit_min_bytes: int = 64 << 10
     emulated: bool = True
     emu_world_sizes: list[int] = field(default_factory=lambda: [2])
@@ -98,8 +101,9 @@ class Params(base.Params):
         if self.host_world_size != 0 and self.host_world_size < 3:
             raise ValueError(f"parameter host_world_size must be 0 (no host section) or >= 3 "
                              f"(a chain of 2 links or more), got {self.host_world_size!r}")
-        if self.host_bytes < 1:
-            raise ValueError(f"parameter host_bytes must be >= 1, got {self.host_bytes!r}")
+        for name in ("host_bytes", "host_messages"):
+            if self[name] < 1:
+                raise ValueError(f"parameter {name} must be >= 1, got {self[name]!r}")
         if any(w < 2 or w % 2 for w in self.emu_world_sizes):
             raise ValueError(f"parameter emu_world_sizes must list even world sizes >= 2 (ranks "
                              f"ping-pong in pairs), got {self.emu_world_sizes!r}")
@@ -170,24 +174,27 @@ def _measure_rank(sizes, iters, warmup, gamma_bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def _host_rank(nbytes: int, iters: int) -> list[dict[str, Any]]:
-    """On every rank of a local pool: one link alone, then every hop of the chain at once."""
+def _host_rank(nbytes: int, iters: int, messages: int) -> list[dict[str, Any]]:
+    """On every rank of a local pool: one link alone, then every hop of the chain streaming
+    ``messages`` messages at once."""
     from pipecomm import cluster
 
     lone = cluster.link_bandwidth([nbytes], iters)
-    per_link = cluster.chain_bandwidth(nbytes, iters)
+    per_link = cluster.chain_bandwidth(nbytes, iters, messages=messages)
     if dist.get_rank() != 0:
         return []
     flows = dist.get_world_size() - 1
-    return [{"flows": 1, "nbytes": nbytes, "bandwidth_Bps": lone[-1]["bandwidth_Bps"]},
-            {"flows": flows, "nbytes": nbytes, "bandwidth_Bps": per_link}]
+    return [{"flows": 1, "nbytes": nbytes, "messages": 1,
+             "bandwidth_Bps": lone[-1]["bandwidth_Bps"]},
+            {"flows": flows, "nbytes": nbytes, "messages": messages, "bandwidth_Bps": per_link}]
 
 
 def host_links(df: pd.DataFrame) -> float | None:
     """``(p - 1) x`` the chain's rate per link over one link's rate alone (section ``host``), or
-    ``None`` without that section. One link's rate is the ping-pong's at that size (section
-    ``real``, the per-size table the LP model reads) when it was measured, else the host
-    section's own lone link: the model multiplies that table by ``host_links``.
+    ``None`` without that section. One link's rate is the ping-pong's at its largest size
+    (section ``real``: the per-size table the LP model reads, whose
+    :attr:`pipecomm.cost.HostLink.rate_Bps` the model multiplies by ``host_links``) when it was
+    measured, else the host section's own lone link.
 
     Example::
 
@@ -197,10 +204,10 @@ def host_links(df: pd.DataFrame) -> float | None:
     if host.empty:
         return None
     chain = host[host.flows > 1].iloc[0]  # a Series: chain.nbytes would be its memory size
-    n = chain["nbytes"]
-    real = df[(df.section == "real") & (df.nbytes == n)]
+    real = df[df.section == "real"]
     if len(real):
-        lone = float(n / real.time_s.median())
+        largest = real[real.nbytes == real.nbytes.max()]
+        lone = float(largest.nbytes.iloc[0] / largest.time_s.median())
     else:
         lone = float(host[host.flows == 1].bandwidth_Bps.iloc[0])
     return float(chain.flows * chain.bandwidth_Bps / lone)
@@ -221,7 +228,8 @@ def run(**params: Any) -> pd.DataFrame:
                   .assign(world_size=2, backend=p["backend"], network="real"))
     if p["host_world_size"] and p["backend"] == "gloo" and not launch.under_torchrun():
         with launch.Ranks(p["host_world_size"]) as ranks:
-            rows = ranks.run(_host_rank, p["host_bytes"], p["iters"], timeout_s=p["timeout_s"])
+            rows = ranks.run(_host_rank, p["host_bytes"], p["iters"], p["host_messages"],
+                             timeout_s=p["timeout_s"])
         frames.append(pd.DataFrame(rows[0]).assign(section="host", backend="gloo",
                                                    world_size=p["host_world_size"],
                                                    network="real"))
