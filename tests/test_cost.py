@@ -570,7 +570,7 @@ def _steps_of_lp(op, k, p):
 def _lp_on_host_oracle(op, n, p, link, b):
     k = -(-n // b)
     lone = float(link.time(b)) + (op != "broadcast") * link.gamma * b \
-        + 2 * link.message_overhead_s
+        + 2 * link.message_latency_s
     total = 0.0
     for a, r in zip(*_steps_of_lp(op, k, p)):
         shared = a * b / (min(link.host_links, a) * link.rate_Bps) \
@@ -581,13 +581,13 @@ def _lp_on_host_oracle(op, n, p, link, b):
 
 def test_lp_on_host_model():
     link = cost.HostLink(cost.DEFAULT_LINK_TABLE, host_links=2.0, gamma=1e-9,
-                         message_overhead_s=0, cores=2.0)
+                         message_overhead_s=0, message_latency_s=0, cores=2.0)
     n, b = 1 << 26, 1 << 21  # k = 32 blocks
     t = float(link.time(b))
     rate = cost.DEFAULT_LINK_TABLE[-1][0] / cost.DEFAULT_LINK_TABLE[-1][1]
     assert link.rate_Bps == pytest.approx(rate)
     # every step the longer of a lone block and its share of the host, against the oracle
-    busy = dataclasses.replace(link, message_overhead_s=1e-4)
+    busy = dataclasses.replace(link, message_overhead_s=1e-4, message_latency_s=3e-4)
     for lk in (link, busy, dataclasses.replace(link, host_links=1.3)):
         for op in ("broadcast", "reduce", "allreduce"):
             for p, bb in ((2, b), (3, b), (5, 3 << 20), (8, b), (8, n // 3 + 8), (8, n)):
@@ -614,13 +614,16 @@ def test_lp_on_host_model():
     assert cost.lp_block_bytes_on_host("allreduce", 1000, 8, link) == 1000
     with pytest.raises(TypeError, match="HostLink"):
         cost.lp_time_on_host("broadcast", n, 8, cost.calibrated_link(), b)
-    # per-message overhead: two per lone step, two per message of a step's share on the cores
-    assert cost.lp_time_on_host("broadcast", n, 3, busy, b) == pytest.approx(33 * (t + 2e-4))
+    # per message: two latencies per lone step, two overheads per message of a step's share on
+    # the cores
+    assert cost.lp_time_on_host("broadcast", n, 3, busy, b) == pytest.approx(33 * (t + 6e-4))
     assert cost.lp_block_bytes_on_host("allreduce", n, 8, busy) >= cost.lp_block_bytes_on_host(
         "allreduce", n, 8, link
     )
     with pytest.raises(ValueError, match="message_overhead_s"):
         cost.HostLink(cost.DEFAULT_LINK_TABLE, message_overhead_s=-1.0)
+    with pytest.raises(ValueError, match="message_latency_s"):
+        cost.HostLink(cost.DEFAULT_LINK_TABLE, message_latency_s=-1.0)
 
 
 def test_host_link_from_calibration(tmp_path, monkeypatch):

@@ -885,6 +885,13 @@ DEFAULT_LINK_TABLE: tuple[tuple[int, float], ...] = (
 #: ``benchmarks/bench_collectives.py --lp-blocks`` (artifact/reference/bench/lp_blocks_cpu.csv,
 #: a 2-core development machine).
 DEFAULT_MESSAGE_OVERHEAD_S = 5e-5
+#: Assumed time one message adds to LP's critical path beyond its lone one-way time, at each end
+#: (the engine woken by an arrival, combining, posting the next send, with other ranks' threads
+#: between): longer than the CPU it takes, which other ranks' work can fill. An estimate, not a
+#: calibration: the excess of LP allreduce's time per step at p = 2 over the lone-link table in
+#: the block sweeps of ``benchmarks/bench_collectives.py --lp-blocks`` (2-core development
+#: machine).
+DEFAULT_MESSAGE_LATENCY_S = 1.5e-4
 
 
 def _default_host_links() -> float:
@@ -906,6 +913,8 @@ class HostLink:
     seconds per byte reduced.
     ``message_overhead_s``: CPU seconds a rank spends per message of its own (posting, waking);
     ``cores`` share it and the reductions among the ranks (default: the number of CPU cores).
+    ``message_latency_s``: what one message adds to the critical path at each end beyond its
+    lone one-way time (a wake-up, the next send's posting).
     ``host_links_measured``: whether ``host_links`` came from E0's host section (a model on the
     default says little about this host; E2's claim C2.7 is not decided on it).
 
@@ -920,6 +929,7 @@ class HostLink:
     host_links: float = dataclasses.field(default_factory=_default_host_links)
     gamma: float = DEFAULT_GAMMA_S_PER_BYTE
     message_overhead_s: float = DEFAULT_MESSAGE_OVERHEAD_S
+    message_latency_s: float = DEFAULT_MESSAGE_LATENCY_S
     cores: float = dataclasses.field(default_factory=_default_host_links)
     host_links_measured: bool = False
 
@@ -936,10 +946,10 @@ class HostLink:
             raise ValueError(
                 f"host_links must be > 0 and gamma >= 0, got {self.host_links!r}, {self.gamma!r}"
             )
-        if not (self.message_overhead_s >= 0 and self.cores > 0):
+        if not (self.message_overhead_s >= 0 and self.message_latency_s >= 0 and self.cores > 0):
             raise ValueError(
-                f"message_overhead_s must be >= 0 and cores > 0, got "
-                f"{self.message_overhead_s!r}, {self.cores!r}"
+                f"message_overhead_s and message_latency_s must be >= 0 and cores > 0, got "
+                f"{self.message_overhead_s!r}, {self.message_latency_s!r}, {self.cores!r}"
             )
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "host_links", float(self.host_links))
@@ -1003,6 +1013,7 @@ def host_link(path: str | os.PathLike | None = None) -> HostLink:
         host_links_measured="host_links" in data,
         gamma=gamma,
         message_overhead_s=float(data.get("message_overhead_s", DEFAULT_MESSAGE_OVERHEAD_S)),
+        message_latency_s=float(data.get("message_latency_s", DEFAULT_MESSAGE_LATENCY_S)),
     )
 
 
@@ -1029,7 +1040,7 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
     the longer of two times (``docs/algorithms.md``, "The real backend on one host"):
 
     * one block over a lone link (``link.time(b)``), plus its combine (``gamma b``,
-      reductions) and a rank's two messages' overhead (``2 message_overhead_s``): the critical
+      reductions) and a rank's two messages' latency (``2 message_latency_s``): the critical
       path, which pipeline fill and drain expose;
     * the step's share of the host: its ``a_s`` messages (the blocks on the chain at step ``s``,
       on both chains for allreduce) move their bytes at the host's aggregate rate
@@ -1044,7 +1055,8 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
 
     Example::
 
-        >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0, message_overhead_s=0.0)
+        >>> link = HostLink(DEFAULT_LINK_TABLE, host_links=2.0, message_overhead_s=0.0,
+        ...                 message_latency_s=0.0)
         >>> round(lp_time_on_host("broadcast", 1 << 26, 8, link, 1 << 21), 3)
         0.072
     """
@@ -1074,7 +1086,7 @@ def _lp_host_one(op: str, n: int, p: int, link: HostLink, b: float) -> float:
     first = on_chain(steps)  # the reduce chain, or the broadcast's
     messages = first + (on_chain(steps - (p - 1)) if op == "allreduce" else 0)
     combined = first if reduces else 0
-    lone = link.time(b) + reduces * link.gamma * b + 2 * link.message_overhead_s
+    lone = link.time(b) + reduces * link.gamma * b + 2 * link.message_latency_s
     shared = messages * b / (np.minimum(link.host_links, messages) * link.rate_Bps) + (
         2 * messages * link.message_overhead_s + combined * link.gamma * b
     ) / link.cores
