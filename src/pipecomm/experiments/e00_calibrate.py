@@ -198,7 +198,7 @@ def host_links(df: pd.DataFrame) -> float | None:
 
     Example::
 
-        host_links(run(host_world_size=8))      # e.g. about 1.2 on a 2-core host
+        host_links(run(host_world_size=8))      # lone links' worth the host streams at once
     """
     host = df[df.section == "host"]
     if host.empty:
