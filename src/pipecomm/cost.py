@@ -1100,7 +1100,7 @@ def lp_block_bytes_on_host(
     :func:`lp_time_on_host`.
 
     Candidates: a geometric grid (8 points per doubling) from ``min_bytes`` to the message, the
-    table's sizes (its kinks) and ``ceil(n / k)`` for ``k`` up to 512 blocks.
+    table's sizes (its kinks) and ``ceil(n / k)`` for ``k`` up to 64 blocks.
 
     Example::
 
@@ -1117,7 +1117,7 @@ def lp_block_bytes_on_host(
 
 @functools.lru_cache(maxsize=4096)
 def _lp_block_bytes_on_host(op: str, n: int, p: int, link: HostLink, lo: int) -> int:
-    ks = np.arange(1, min(n // lo, 512) + 1)
+    ks = np.arange(1, min(n // lo, 64) + 1)
     grid = np.r_[
         np.geomspace(lo, n, max(2, int(8 * math.log2(n / lo)) + 1)),
         [size for size, _ in link.table],
