@@ -1072,12 +1072,16 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
 
 
 def _lp_host_vec(op: str, n: int, p: int, link: HostLink, b: np.ndarray) -> np.ndarray:
-    return np.array([_lp_host_one(op, n, p, link, float(x)) for x in np.minimum(b, n)])
-
-
-def _lp_host_one(op: str, n: int, p: int, link: HostLink, b: float) -> float:
-    k = math.ceil(n / b)
+    b = np.minimum(b.astype(float), n)
     reduces = op != "broadcast"
+    lone = link.time(b) + reduces * link.gamma * b + 2 * link.message_latency_s  # one table pass
+    return np.array([_lp_host_steps(op, n, p, link, x, t) for x, t in zip(b, lone)])
+
+
+def _lp_host_steps(op: str, n: int, p: int, link: HostLink, b: float, lone: float) -> float:
+    """Sum over LP's steps of the longer of ``lone`` (a block on a lone link) and the step's
+    share of the host, for blocks of ``b`` bytes."""
+    k = math.ceil(n / b)
     steps = np.arange(1, k + (2 * p - 3 if op == "allreduce" else p - 2) + 1)
 
     def on_chain(s: np.ndarray) -> np.ndarray:  # blocks j with link s - j in 1..p-1
@@ -1085,8 +1089,7 @@ def _lp_host_one(op: str, n: int, p: int, link: HostLink, b: float) -> float:
 
     first = on_chain(steps)  # the reduce chain, or the broadcast's
     messages = first + (on_chain(steps - (p - 1)) if op == "allreduce" else 0)
-    combined = first if reduces else 0
-    lone = link.time(b) + reduces * link.gamma * b + 2 * link.message_latency_s
+    combined = first if op != "broadcast" else 0
     shared = messages * b / (np.minimum(link.host_links, messages) * link.rate_Bps) + (
         2 * messages * link.message_overhead_s + combined * link.gamma * b
     ) / link.cores
