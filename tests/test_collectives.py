@@ -900,7 +900,7 @@ def test_collectives_benchmark_targets_use_the_claims_checks(tmp_path):
     assert proc.returncode == 2 and "no real broadcast measurements" in proc.stderr
 
 
-def test_loopback_lean_ring_matches_builtin_and_reports():
+def test_loopback_lean_ring_matches_builtin_and_reports(capsys):
     """benchmarks/loopback_flows.py lean on 3 ranks and a size no chunk count divides evenly
     (the script trims it to whole chunks): its bare-ProcessGroup ring agrees with the built-in
     allreduce (the script refuses to time it otherwise) and every contender gets a ratio line;
@@ -916,14 +916,13 @@ def test_loopback_lean_ring_matches_builtin_and_reports():
     for name in ("built-in", "pipecomm ring", "lean ring"):
         assert f"| {name} |" in proc.stdout
     assert "pipecomm ring / lean ring:" in proc.stdout
-    proc = subprocess.run([sys.executable, script, "lean", "--iters", "1"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--iters >= 2" in proc.stderr
+    with pytest.raises(SystemExit) as exc:  # refused before any rank starts: in this process
+        _loopback_flows().main(["lean", "--iters", "1"])
+    assert exc.value.code == 2 and "--iters >= 2" in capsys.readouterr().err
 
 
-def test_loopback_cpu_profile_categories():
-    """benchmarks/loopback_flows.py cpu: perf report lines land in their categories (first match
-    wins), shares are fractions of all samples, unknown lines count as 'other'."""
+def _loopback_flows():
+    """benchmarks/loopback_flows.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -931,6 +930,13 @@ def test_loopback_cpu_profile_categories():
     spec = importlib.util.spec_from_file_location("loopback_flows", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_loopback_cpu_profile_categories():
+    """benchmarks/loopback_flows.py cpu: perf report lines land in their categories (first match
+    wins), shares are fractions of all samples, unknown lines count as 'other'."""
+    mod = _loopback_flows()
     report = """# header line
     30.00%  gloo_tcp_loop  [kernel.kallsyms]  [k] _copy_to_iter
     10.00%  python  libtorch_cpu.so  [.] gloo::sum<float>

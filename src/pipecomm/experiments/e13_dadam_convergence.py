@@ -107,8 +107,8 @@ class Params(base.Params):
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     accum_iters: list[int] = field(default_factory=lambda: [2])
     seeds: list[int] = field(default_factory=lambda: [0, 1])  # the profiles run 3 or more
-    digits_iterations: int = 30
-    lm_iterations: int = 30
+    digits_iterations: int = 20
+    lm_iterations: int = 20
     eval_every: int = 10
     digits_batch: int = 16
     lm_batch: int = 8
