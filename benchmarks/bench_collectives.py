@@ -19,6 +19,13 @@ shared by the processes of one host) and a repeat's time is the last rank's end 
 so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
 smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
 
+``paired`` (CSV columns ``pratio``, ``pratio_lo``, ``pratio_hi``): the median of the
+per-repeat ratios to the built-in with its bootstrap interval over the repeats
+(:func:`pipecomm.stats.paired_ratio_ci`; repeat ``i`` of every algorithm runs in one round, in
+an order rotated from round to round), which a drift of the host between rounds does not widen.
+It is reported beside the unpaired ratio; ``--targets`` decides with the unpaired one, the
+claims' stated rule.
+
 ``--aa`` times the built-in a second time in every repeat (rows ``torch-aa``): its ratio to the
 built-in is an A/A comparison, the interval an algorithm exactly as fast as the built-in would get
 on this host in this run -- the noise floor against which a target such as "at most 1.0x by the
@@ -77,6 +84,9 @@ COLUMNS = (
     "ratio",
     "ratio_lo",
     "ratio_hi",
+    "pratio",
+    "pratio_lo",
+    "pratio_hi",
     "repeats",
     "times_s",
     "block_bytes",
@@ -201,12 +211,16 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         "ratio": float("nan"),
         "ratio_lo": float("nan"),
         "ratio_hi": float("nan"),
+        "pratio": float("nan"),
+        "pratio_lo": float("nan"),
+        "pratio_hi": float("nan"),
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:
-        row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(
-            times, stats.repeats(base[0]["times_s"])
-        )
+        base_times = stats.repeats(base[0]["times_s"])
+        row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(times, base_times)
+        row["pratio"], row["pratio_lo"], row["pratio_hi"] = stats.paired_ratio_ci(
+            times, base_times)
     if r["block_bytes"] is not None and link is not None:  # LP rows
         row["block_bytes"] = r["block_bytes"]
         row["model_s"] = cost.lp_time_on_host(op, n, p, link, r["block_bytes"])
@@ -240,10 +254,12 @@ def print_row(r: dict) -> None:
         if r["ratio"] == r["ratio"]
         else f"{'n/a':>8}"
     )
+    paired = (f"  paired {r['pratio']:.2f} [{r['pratio_lo']:.2f}, {r['pratio_hi']:.2f}]"
+              if r["pratio"] == r["pratio"] else "")
     print(
         f" {r['algorithm']:>6} {r['op']:>10} {r['p']:2d} {_fmt_size(r['nbytes']):>6} "
         f"{r['time_s'] * 1e3:9.2f} [{r['ci_lo_s'] * 1e3:7.2f}, {r['ci_hi_s'] * 1e3:7.2f}] "
-        f"{r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} {r['wrong']:6d} {ratio}"
+        f"{r['algbw_GBps']:7.3f} {r['busbw_GBps']:7.3f} {r['wrong']:6d} {ratio}{paired}"
         + (
             f"  host model {r['model_s'] * 1e3:.1f} ms ({r['time_s'] / r['model_s'] - 1:+.0%}),"
             f" block {_fmt_size(int(r['block_bytes']))}"

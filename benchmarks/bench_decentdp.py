@@ -9,7 +9,10 @@ subgroup allreduce: pipecomm ``algorithm="torch"``), in one pool of ranks, alter
 of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`;
 the target: at most 1), and the ratio of the best repeats. ``--aa`` runs decent-dp a second time
 in every alternation and prints its ratio to the first: an A/A comparison, the interval a wrapper
-exactly as fast as decent-dp gets in the same run.
+exactly as fast as decent-dp gets in the same run. Each alternation starts one run further on
+(the order rotates), and beside the ratio of the medians the script prints the paired one: the
+median of the per-alternation ratios (:func:`pipecomm.stats.paired_ratio_ci`), which a drift of
+the host between alternations does not widen.
 
 decent-dp is *not* a dependency: the script installs it (and its one dependency, loguru) with pip
 into a separate directory (``--target``, default under the system temporary directory) the first
@@ -201,8 +204,8 @@ def main(argv: list[str] | None = None) -> float:
     times: dict[str, list[float]] = {name: [] for name in runs}
     start = time.perf_counter()
     with launch.Ranks(args.world_size, ranks_per_node=args.ranks_per_node) as ranks:
-        for _ in range(args.repeats):
-            for name in runs:
+        for i in range(args.repeats):
+            for name in runs[i % len(runs):] + runs[:i % len(runs)]:  # rotated: no fixed place
                 impl = "decent-dp" if name.startswith("decent-dp") else name
                 res = ranks.run(rank_bench, {**cfg, "impl": impl}, timeout_s=600)
                 times[name].append(res[0]["iteration_s"])
@@ -221,9 +224,13 @@ def main(argv: list[str] | None = None) -> float:
         f"[{lo:.3f}, {hi:.3f}] (95% interval over {args.repeats} alternations: {verdict}); "
         f"best of each {best['pipecomm'] / best['decent-dp']:.3f}"
     )
+    pr, plo, phi = stats.paired_ratio_ci(times["pipecomm"], times["decent-dp"])
+    print(f"  paired (median of the per-alternation ratios): {pr:.3f} [{plo:.3f}, {phi:.3f}]")
     if args.aa:
         aa, aa_lo, aa_hi = stats.ratio_ci(times["decent-dp (A/A)"], times["decent-dp"])
         print(f"decent-dp / decent-dp (A/A, the noise floor): {aa:.3f} [{aa_lo:.3f}, {aa_hi:.3f}]")
+        pr, plo, phi = stats.paired_ratio_ci(times["decent-dp (A/A)"], times["decent-dp"])
+        print(f"  paired: {pr:.3f} [{plo:.3f}, {phi:.3f}]")
     return ratio
 
 

@@ -846,6 +846,9 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
             n = int(r["nbytes"])
             assert int(r["block_bytes"]) == -(-n // 12) * 4 and float(r["model_s"]) > 0
     assert all(float(r["ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
+    assert all(float(r["pratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")  # paired
+    assert all(0 < float(r["pratio_lo"]) <= float(r["pratio"]) <= float(r["pratio_hi"])
+               for r in rows)
     aa = [r for r in rows if r["algorithm"] == "torch-aa"]
     assert len(aa) == 4 and all(
         0 < float(r["ratio_lo"]) <= float(r["ratio"]) <= float(r["ratio_hi"]) for r in aa)

@@ -277,8 +277,9 @@ def test_measure_points_interleaved(pool):
     assert [out[r]["rows"] for r in (1, 2, 3)] == [[], [], []]
     assert list(zip(rows.algorithm, rows.nbytes)) == [(p["algorithm"], p["nbytes"]) for p in points]
     assert (rows.repeats == 3).all() and (rows.time_s > 0).all()
-    # per size: each algorithm's warm-up, then three rounds of lp, ring, torch
-    one = ["lp", "ring", "torch"] + ["lp", "ring", "torch"] * 3
+    # per size: each algorithm's warm-up, then three rounds, each starting one place further on
+    one = ["lp", "ring", "torch"] + ["lp", "ring", "torch", "ring", "torch", "lp",
+                                     "torch", "lp", "ring"]
     assert out[0]["calls"] == one * 2
     bad = [dict(points[0]), dict(points[1], iters=2)]
     with pytest.raises(Exception, match="share iters"):

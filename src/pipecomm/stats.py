@@ -96,6 +96,26 @@ def ratio_ci(a: Iterable[float], b: Iterable[float], confidence: float = CONFIDE
     return est, float(lo), float(hi)
 
 
+def paired_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
+                    n_boot: int = N_BOOT) -> tuple[float, float, float]:
+    """Median of the paired ratios ``a[i] / b[i]`` with a percentile-bootstrap interval over the
+    pairs: for repeats timed side by side (repeat ``i`` of both in one round,
+    :func:`pipecomm.sweep.measure_points` with ``interleave``), so that a drift of the host
+    between rounds, which :func:`ratio_ci` counts as noise, cancels within each pair.
+
+    Example::
+
+        paired_ratio_ci([2.0, 4.1, 3.0], [1.0, 2.0, 1.5])   # (2.0, 2.0, 2.05): drift cancels
+    """
+    _check_confidence(confidence)
+    xa, xb = _sample(a, "a"), _sample(b, "b")
+    if xa.size != xb.size:
+        raise ValueError(f"a and b must pair up: {xa.size} vs {xb.size} values")
+    if np.any(xb <= 0):
+        raise ValueError("b must be positive (it is a divisor)")
+    return median_ci(xa / xb, confidence, n_boot)
+
+
 def paired_diff_ci(a: Sequence[float], b: Sequence[float],
                    confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """Mean of the paired differences ``a[i] - b[i]`` with a Student-t interval.

@@ -150,10 +150,15 @@ def measure_points(
     over ranks, and the LP block size used); the others return ``[]``.
 
     ``interleave``: consecutive points with the same ``p``, ``op`` and ``nbytes`` (the algorithms
-    of one comparison) are timed round-robin -- each takes its warm-up calls, then repeat ``r``
-    times one call of every point in list order (they must share ``iters``) -- so a passing
-    disturbance of the host hits all of them alike instead of whichever is timed first. Every
-    call has its own common start (:func:`pipecomm.bench.time_fn`).
+    of one comparison) are timed round-robin -- each takes its warm-up calls, then repeat ``i``
+    times one call of every point, starting at point ``i mod k`` of the ``k`` and going round
+    (they must share ``iters``) -- so a passing disturbance of the host hits all of them alike
+    instead of whichever is timed first, and every point takes every place in the round equally
+    often (``iters`` a multiple of ``k``): a call's place in the round has an effect of its own
+    (the built-in against itself, compared repeat by repeat in a fixed order, differed by 2-3%
+    at some points), which the rotation spreads evenly. Times stay in repeat order, so repeat
+    ``i`` of two points is a pair (:func:`pipecomm.stats.paired_ratio_ci`). Every call has its
+    own common start (:func:`pipecomm.bench.time_fn`).
 
     Example::
 
@@ -204,9 +209,11 @@ def measure_points(
                 for _ in range(pt["warmup"]):
                     fn()
             times: list[list[float]] = [[] for _ in run]
-            for _ in range(run[0]["iters"]):
-                for ts, fn in zip(times, calls):
-                    ts += bench.time_fn(fn, warmup=0, repeats=1, group=g, device=sync)["times_s"]
+            k = len(run)
+            for i in range(run[0]["iters"]):
+                for j in (i + m for m in range(k)):  # repeat i starts at point i mod k
+                    times[j % k] += bench.time_fn(calls[j % k], warmup=0, repeats=1, group=g,
+                                                  device=sync)["times_s"]
             results = [bench.result_of(ts) for ts in times]
         if rank == 0:
             for pt, res in zip(run, results):
