@@ -154,9 +154,9 @@ def measure_points(
     times one call of every point, starting at point ``i mod k`` of the ``k`` and going round
     (they must share ``iters``) -- so a passing disturbance of the host hits all of them alike
     instead of whichever is timed first, and every point takes every place in the round equally
-    often (``iters`` a multiple of ``k``): a call's place in the round has an effect of its own
-    (the built-in against itself, compared repeat by repeat in a fixed order, differed by 2-3%
-    at some points), which the rotation spreads evenly. Times stay in repeat order, so repeat
+    often (``iters`` a multiple of ``k``): a call's place in a round can have an effect of its
+    own, which a fixed order would hand to the same point every round and the rotation spreads
+    evenly. Times stay in repeat order, so repeat
     ``i`` of two points is a pair (:func:`pipecomm.stats.paired_ratio_ci`). Every call has its
     own common start (:func:`pipecomm.bench.time_fn`).
 
