@@ -266,11 +266,12 @@ def fit(df: pd.DataFrame, min_bytes: int = DEFAULTS["fit_min_bytes"]) -> dict[st
     red = df[df.section == "reduction"]
     gamma = float((red.time_s / red.nbytes).median()) if len(red) else float("nan")
     table = real.groupby("nbytes").time_s.median()
+    links = host_links(df)
     return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta), "gamma_s_per_byte": gamma,
             "bandwidth_Bps": 1.0 / beta if beta > 0 else float("inf"),
             "small_message_latency_s": float(small.time_s.median()) if len(small) else None,
             "fit_min_bytes": int(min_bytes),
-            **({} if host_links(df) is None else {"host_links": host_links(df)}),
+            **({} if links is None else {"host_links": links}),
             # the calibration record: one-way time per message size, as measured (no fit)
             "per_size": {"nbytes": [int(n) for n in table.index],
                          "one_way_s": [float(t) for t in table.to_numpy()],
