@@ -24,7 +24,9 @@ per-repeat ratios to the built-in with its bootstrap interval over the repeats
 (:func:`pipecomm.stats.paired_ratio_ci`; repeat ``i`` of every algorithm runs in one round, in
 an order rotated from round to round), which a drift of the host between rounds does not widen.
 It is reported beside the unpaired ratio; ``--targets`` decides with the unpaired one, the
-claims' stated rule.
+claims' stated rule; ``--targets CSV --paired`` adds the same bounds on the paired ratios as a
+secondary reading, once the paired A/A rows pass their check (no more of their intervals
+excluding 1 than :func:`pipecomm.stats.misses_allowed` allows for their number).
 
 ``--aa`` times the built-in a second time in every repeat (rows ``torch-aa``): its ratio to the
 built-in is an A/A comparison, the interval an algorithm exactly as fast as the built-in would get
@@ -42,6 +44,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
+    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
 ``--lp-blocks K [K ...]`` adds LP cut into K blocks (rows ``lp/K``, block ``ceil(n / K)`` bytes
 rounded up to whole elements) next to LP's default block (rows ``lp``): how far the host model's
@@ -305,8 +308,9 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     return "\n".join(out)
 
 
-#: The claims whose checks decide issue 13's targets (artifact/claims.yaml).
+#: The claims whose checks decide issue 13's targets (artifact/claims.yaml), and their op.
 TARGET_CLAIMS = ("C2.5", "C2.6")
+TARGET_OPS = {"C2.5": "broadcast", "C2.6": "allreduce"}
 
 
 def targets(csv_path: Path) -> str:
@@ -340,6 +344,56 @@ def targets(csv_path: Path) -> str:
     return "\n".join(out)
 
 
+def paired_targets(csv_path: Path) -> str:
+    """A secondary reading of :data:`TARGET_CLAIMS` on the paired ratios (CSV columns ``pratio*``):
+    the claims' bounds and rule (PASS when a point's interval lies at or below its bound, FAIL
+    when above, every point of messages >= the claim's ``min_bytes``), applied to the median of
+    the per-round ratios. First the method's own check on the ``torch-aa`` rows: it passes when
+    no more of their paired intervals exclude 1 than :func:`pipecomm.stats.misses_allowed`
+    allows; when it fails, the paired verdicts are printed as not usable. The claims themselves
+    decide with :func:`targets`.
+
+    Example::
+
+        print(paired_targets(Path("artifact/reference/bench/targets60_fourth_cpu.csv")))
+    """
+    import pandas as pd
+
+    from pipecomm import claims
+
+    df = pd.read_csv(csv_path)
+    if "pratio" not in df.columns:
+        raise ValueError(f"{csv_path}: no paired ratios (columns pratio*; a CSV written before "
+                         "they were added)")
+    aa = df[(df.algorithm == AA) & (df.nbytes >= 16 << 20)]
+    if aa.empty:
+        raise ValueError(f"{csv_path}: no {AA} rows of 16M or more (run with --aa)")
+    misses = aa[(aa.pratio_lo > 1) | (aa.pratio_hi < 1)]
+    allowed = stats.misses_allowed(len(aa))
+    usable = len(misses) <= allowed
+    where = ", ".join(f"{r.op} p={r.p} {_fmt_size(int(r.nbytes))} [{r.pratio_lo:.3f}, "
+                      f"{r.pratio_hi:.3f}]" for r in misses.itertuples())
+    out = [f"paired A/A check {'PASS' if usable else 'FAIL'}: {len(misses)} of {len(aa)} "
+           f"intervals exclude 1 (at most {allowed} allowed){': ' + where if where else ''}"]
+    entries = {e["id"]: e for e in claims.load_claims()}
+    for cid in TARGET_CLAIMS:
+        args, op = entries[cid]["args"], TARGET_OPS[cid]
+        bounds = args["max_ratio"] if isinstance(args["max_ratio"], dict) else {"lp": args["max_ratio"]}
+        verdicts, parts = [], []
+        for alg, bound in bounds.items():
+            d = df[(df.algorithm == alg) & (df.op == op) & (df.nbytes >= args["min_bytes"])]
+            if d.empty:
+                raise ValueError(f"{csv_path}: no {alg} {op} rows of "
+                                 f"{_fmt_size(args['min_bytes'])} or more")
+            verdicts += [claims.at_most(r.pratio_lo, r.pratio_hi, bound) for r in d.itertuples()]
+            w = d.loc[d.pratio.idxmax()]
+            parts.append(f"{alg} worst {claims.fmt_ci(w['pratio'], w['pratio_lo'], w['pratio_hi'])}"
+                         f" (p={w['p']}, {_fmt_size(int(w['nbytes']))}) (bound {bound:g})")
+        verdict = claims.combine(verdicts) if usable else "not usable"
+        out.append(f"{cid} paired {verdict}: {'; '.join(parts)} x built-in")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -370,10 +424,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="smallest message in the --summary table (default 16M)")
     ap.add_argument("--targets", type=Path, default=None, metavar="CSV",
                     help="decide claims C2.5 / C2.6 (issue 13's targets) on a CSV and exit")
+    ap.add_argument("--paired", action="store_true",
+                    help="with --targets: also the secondary reading on the paired ratios, "
+                         "after the paired A/A check (needs the CSV's torch-aa rows)")
     args = ap.parse_args(argv)
+    if args.paired and args.targets is None:
+        ap.error("--paired goes with --targets CSV")
     if args.targets is not None:
         try:
             print(targets(args.targets))
+            if args.paired:
+                print(paired_targets(args.targets))
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"--targets: {exc}")
         return 0

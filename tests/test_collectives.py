@@ -903,6 +903,47 @@ def test_collectives_benchmark_targets_use_the_claims_checks(tmp_path):
     assert proc.returncode == 2 and "no real broadcast measurements" in proc.stderr
 
 
+def test_collectives_benchmark_paired_targets_after_their_aa_check(tmp_path, capsys):
+    """--targets CSV --paired: the paired A/A check counts the torch-aa intervals that exclude 1
+    against stats.misses_allowed (12 intervals: 2 allowed) and only then decides the claims'
+    bounds on the paired ratios (LP broadcast 1.04 [1.01, 1.08] FAILs "<= 1.0"; allreduce within
+    its bounds PASSes); with 3 misses the paired verdicts are "not usable"; a CSV without paired
+    columns, and --paired without --targets, are refused (in this process: no rank starts)."""
+    bench = _benchmark("bench_collectives")
+
+    def csv_with(aa_misses: int):
+        rows, i = ["algorithm,op,p,nbytes,pratio,pratio_lo,pratio_hi"], 0
+        for q in (2, 4, 8):
+            for op in ("broadcast", "allreduce"):
+                for n in (16 << 20, 64 << 20):
+                    rows.append(f"torch-aa,{op},{q},{n},"
+                                + ("1.03,1.01,1.05" if i < aa_misses else "1.0,0.97,1.03"))
+                    i += 1
+                    rows += ([f"lp,{op},{q},{n},1.04,1.01,1.08"] if op == "broadcast" else
+                             [f"lp,{op},{q},{n},1.2,1.15,1.25", f"ring,{op},{q},{n},1.05,1.0,1.1"])
+        path = tmp_path / f"p{aa_misses}.csv"
+        path.write_text("\n".join(rows) + "\n")
+        return path
+
+    lines = bench.paired_targets(csv_with(2)).splitlines()
+    assert lines[0].startswith("paired A/A check PASS: 2 of 12 intervals exclude 1 (at most 2")
+    assert lines[1].startswith("C2.5 paired FAIL: lp worst 1.04 [1.01, 1.08]")
+    assert lines[2].startswith("C2.6 paired PASS")
+    lines = bench.paired_targets(csv_with(3)).splitlines()
+    assert lines[0].startswith("paired A/A check FAIL: 3 of 12")
+    assert lines[1].startswith("C2.5 paired not usable") and "C2.6 paired not usable" in lines[2]
+    old = tmp_path / "old.csv"
+    old.write_text("algorithm,op,p,nbytes,times_s\n" + "".join(
+        f"{a},{op},2,{16 << 20},0.010;0.011;0.012\n"
+        for op, algs in (("broadcast", ("torch", "lp")), ("allreduce", ("torch", "lp", "ring")))
+        for a in algs))  # the unpaired verdicts print, then the paired reading is refused
+    for argv, message in ((["--targets", str(old), "--paired"], "no paired ratios"),
+                          (["--paired"], "--paired goes with --targets")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_loopback_lean_ring_matches_builtin_and_reports(capsys):
     """benchmarks/loopback_flows.py lean on 3 ranks and a size no chunk count divides evenly
     (the script trims it to whole chunks): its bare-ProcessGroup ring agrees with the built-in
@@ -924,16 +965,21 @@ def test_loopback_lean_ring_matches_builtin_and_reports(capsys):
     assert exc.value.code == 2 and "--iters >= 2" in capsys.readouterr().err
 
 
-def _loopback_flows():
-    """benchmarks/loopback_flows.py as a module."""
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks/loopback_flows.py"
-    spec = importlib.util.spec_from_file_location("loopback_flows", path)
+    path = Path(__file__).resolve().parents[1] / f"benchmarks/{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _loopback_flows():
+    """benchmarks/loopback_flows.py as a module."""
+    return _benchmark("loopback_flows")
 
 
 def test_loopback_cpu_profile_categories():

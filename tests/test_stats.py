@@ -39,3 +39,24 @@ def test_paired_ratio_checks_its_arguments():
     with pytest.raises(ValueError):
         stats.paired_ratio_ci([], [])
     assert stats.paired_ratio_ci([2.0], [1.0]) == (2.0, 2.0, 2.0)  # one pair: no interval
+
+
+def test_misses_allowed_is_the_binomial_tail():
+    """misses_allowed(n): the smallest k with P(Binomial(n, 0.05) > k) <= 2.5%, checked against
+    the tail summed here; 12 intervals allow 2 (3 misses: 2.0%), one interval cannot be rejected;
+    bad arguments are refused with their name."""
+    import math
+
+    def tail(n, k):  # P(X > k)
+        return sum(math.comb(n, j) * 0.05**j * 0.95 ** (n - j) for j in range(k + 1, n + 1))
+
+    assert stats.misses_allowed(12) == 2 and tail(12, 2) == pytest.approx(0.0196, abs=1e-4)
+    for n in (1, 2, 5, 12, 24, 48, 100):
+        k = stats.misses_allowed(n)
+        assert tail(n, k) <= 0.025 and (k == 0 or tail(n, k - 1) > 0.025)
+    assert stats.misses_allowed(12, confidence=0.99) < stats.misses_allowed(12)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="n must be"):
+            stats.misses_allowed(bad)
+    with pytest.raises(ValueError, match="level"):
+        stats.misses_allowed(12, level=0.0)

@@ -116,6 +116,31 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 
     return median_ci(xa / xb, confidence, n_boot)
 
 
+def misses_allowed(n: int, confidence: float = CONFIDENCE, level: float = 0.025) -> int:
+    """How many of ``n`` independent ``confidence`` intervals of a true null (an A/A comparison)
+    may exclude it before a method is rejected: the smallest ``k`` with
+    ``P(Binomial(n, 1 - confidence) > k) <= level``. With 12 intervals at 95%, 2 (3 or more
+    misses come with probability 2.0%); a check of "every interval contains 1" would reject a
+    sound method in 46% of such runs.
+
+    Example::
+
+        misses_allowed(12)   # 2
+    """
+    _check_confidence(confidence)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive number of intervals, got {n!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    q = 1.0 - confidence
+    tail = 1.0  # P(X > k - 1) = P(X >= k), for k = 0, 1, ...
+    for k in range(n + 1):
+        tail -= math.comb(n, k) * q**k * (1.0 - q) ** (n - k)
+        if tail <= level:
+            return k
+    return n
+
+
 def paired_diff_ci(a: Sequence[float], b: Sequence[float],
                    confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """Mean of the paired differences ``a[i] - b[i]`` with a Student-t interval.
