@@ -365,9 +365,12 @@ def paired_targets(csv_path: Path) -> str:
     if "pratio" not in df.columns:
         raise ValueError(f"{csv_path}: no paired ratios (columns pratio*; a CSV written before "
                          "they were added)")
-    aa = df[(df.algorithm == AA) & (df.nbytes >= 16 << 20)]
+    entries = {e["id"]: e for e in claims.load_claims()}
+    smallest = min(entries[cid]["args"]["min_bytes"] for cid in TARGET_CLAIMS)
+    aa = df[(df.algorithm == AA) & (df.nbytes >= smallest)]  # the A/A rows of the targets' points
     if aa.empty:
-        raise ValueError(f"{csv_path}: no {AA} rows of 16M or more (run with --aa)")
+        raise ValueError(f"{csv_path}: no {AA} rows of {_fmt_size(smallest)} or more "
+                         "(run with --aa)")
     misses = aa[(aa.pratio_lo > 1) | (aa.pratio_hi < 1)]
     allowed = stats.misses_allowed(len(aa))
     usable = len(misses) <= allowed
@@ -375,7 +378,6 @@ def paired_targets(csv_path: Path) -> str:
                       f"{r.pratio_hi:.3f}]" for r in misses.itertuples())
     out = [f"paired A/A check {'PASS' if usable else 'FAIL'}: {len(misses)} of {len(aa)} "
            f"intervals exclude 1 (at most {allowed} allowed){': ' + where if where else ''}"]
-    entries = {e["id"]: e for e in claims.load_claims()}
     for cid in TARGET_CLAIMS:
         args, op = entries[cid]["args"], TARGET_OPS[cid]
         bounds = args["max_ratio"] if isinstance(args["max_ratio"], dict) else {"lp": args["max_ratio"]}

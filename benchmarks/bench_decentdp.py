@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> float:
         [str(args.target), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
 
-    from pipecomm import launch, stats
+    from pipecomm import launch, stats, sweep
 
     cfg = {
         "model": args.model,
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> float:
     start = time.perf_counter()
     with launch.Ranks(args.world_size, ranks_per_node=args.ranks_per_node) as ranks:
         for i in range(args.repeats):
-            for name in runs[i % len(runs):] + runs[:i % len(runs)]:  # rotated: no fixed place
+            for name in sweep.rotated(runs, i):  # no fixed place in the round
                 impl = "decent-dp" if name.startswith("decent-dp") else name
                 res = ranks.run(rank_bench, {**cfg, "impl": impl}, timeout_s=600)
                 times[name].append(res[0]["iteration_s"])

@@ -286,6 +286,18 @@ def test_measure_points_interleaved(pool):
         pool(4).run(e2.measure_points, bad, timeout_s=60, interleave=True)
 
 
+def test_rotated_round_order():
+    """sweep.rotated: round i starts at contender i mod k; over k rounds every contender takes
+    every place once (what measure_points and bench_decentdp time in); no contenders, no order."""
+    from pipecomm import sweep
+
+    names = ["lp", "ring", "torch"]
+    assert sweep.rotated(names, 0) == names and sweep.rotated(names, 4) == ["ring", "torch", "lp"]
+    rounds = [sweep.rotated(names, i) for i in range(3)]
+    assert all(sorted(r[place] for r in rounds) == sorted(names) for place in range(3))
+    assert sweep.rotated(range(3), 2) == [2, 0, 1] and sweep.rotated([], 5) == []
+
+
 def test_run_tiny_end_to_end(monkeypatch):
     monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
     df = e2.run(

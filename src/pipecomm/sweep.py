@@ -20,14 +20,16 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipecomm import bench, collectives, cost
+
+T = TypeVar("T")
 
 __all__ = [
     "ALG_COLORS",
@@ -115,6 +117,18 @@ def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
     return lambda: collectives.allreduce(t, **kw)
 
 
+def rotated(items: Sequence[T], i: int) -> list[T]:
+    """Round ``i``'s order of contenders timed side by side: ``items`` starting at ``i mod k``
+    and going round, so that over ``k`` rounds every contender takes every place once.
+
+    Example::
+
+        rotated(["lp", "ring", "torch"], 4)   # ['ring', 'torch', 'lp']
+    """
+    j = i % len(items) if items else 0
+    return [*items[j:], *items[:j]]
+
+
 def _row(pt: dict[str, Any], q: int, result: dict[str, Any], block: int | None) -> dict:
     return {
         **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
@@ -155,10 +169,10 @@ def measure_points(
     (they must share ``iters``) -- so a passing disturbance of the host hits all of them alike
     instead of whichever is timed first, and every point takes every place in the round equally
     often (``iters`` a multiple of ``k``): a call's place in a round can have an effect of its
-    own, which a fixed order would hand to the same point every round and the rotation spreads
-    evenly. Times stay in repeat order, so repeat
-    ``i`` of two points is a pair (:func:`pipecomm.stats.paired_ratio_ci`). Every call has its
-    own common start (:func:`pipecomm.bench.time_fn`).
+    own, which a fixed order would hand to the same point every round and the rotation
+    (:func:`rotated`) spreads evenly. Times stay in repeat order, so repeat ``i`` of two points
+    is a pair (:func:`pipecomm.stats.paired_ratio_ci`). Every call has its own common start
+    (:func:`pipecomm.bench.time_fn`).
 
     Example::
 
@@ -209,11 +223,10 @@ def measure_points(
                 for _ in range(pt["warmup"]):
                     fn()
             times: list[list[float]] = [[] for _ in run]
-            k = len(run)
             for i in range(run[0]["iters"]):
-                for j in (i + m for m in range(k)):  # repeat i starts at point i mod k
-                    times[j % k] += bench.time_fn(calls[j % k], warmup=0, repeats=1, group=g,
-                                                  device=sync)["times_s"]
+                for j in rotated(range(len(run)), i):  # repeat i starts at point i mod k
+                    times[j] += bench.time_fn(calls[j], warmup=0, repeats=1, group=g,
+                                              device=sync)["times_s"]
             results = [bench.result_of(ts) for ts in times]
         if rank == 0:
             for pt, res in zip(run, results):
