@@ -28,6 +28,13 @@ claims' stated rule; ``--targets CSV --paired`` adds the same bounds on the pair
 secondary reading, once the paired A/A rows pass their check (no more of their intervals
 excluding 1 than :func:`pipecomm.stats.misses_allowed` allows for their number).
 
+Every repeat also records the call's CPU time on every rank (``time.process_time``: all threads,
+the backend's included), summed over the ranks (CSV ``cpu_s``, the median, ``cpu_times_s``
+every repeat): its ratio to the built-in's (``cpu_ratio``, with a bootstrap 95% interval) and
+the share of the host's core-seconds the call used (``busy``, :func:`pipecomm.bench.host_busy`).
+With 8 ranks on 2 cores a call that keeps the cores busy takes its CPU divided by the cores, so
+the CPU ratio is where a wall-time ratio comes from (``--cpu-summary``).
+
 ``--aa`` times the built-in a second time in every repeat (rows ``torch-aa``): its ratio to the
 built-in is an A/A comparison, the interval an algorithm exactly as fast as the built-in would get
 on this host in this run -- the noise floor against which a target such as "at most 1.0x by the
@@ -43,6 +50,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp torch --lp-blocks 2 4 8
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
+    .venv/bin/python benchmarks/bench_collectives.py --cpu-summary out.csv # wall vs CPU ratios
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
@@ -60,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +103,12 @@ COLUMNS = (
     "times_s",
     "block_bytes",
     "model_s",
+    "cpu_s",
+    "busy",
+    "cpu_ratio",
+    "cpu_ratio_lo",
+    "cpu_ratio_hi",
+    "cpu_times_s",
 )
 
 
@@ -172,7 +187,7 @@ def rank_bench(cfg: dict) -> list[dict]:
         return pt
 
     points = [point(op, n, label) for op in cfg["ops"] for n in cfg["sizes"] for label in labels]
-    timed = sweep.measure_points(points, interleave=True)  # round-robin, common starts
+    timed = sweep.measure_points(points, interleave=True, cpu=True)  # round-robin, common starts
     group = _group(p)
     wrong = {}
     if dist.get_rank() < p:
@@ -195,7 +210,7 @@ def _what(pt: dict) -> tuple:
 
 def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
     op, n, p, alg = r["op"], r["nbytes"], r["world_size"], r["algorithm"]
-    times = stats.repeats(r["times_s"])
+    times, cpus = stats.repeats(r["times_s"]), stats.repeats(r["cpu_times_s"])
     row = {
         "algorithm": alg,
         "op": op,
@@ -217,6 +232,12 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         "pratio": float("nan"),
         "pratio_lo": float("nan"),
         "pratio_hi": float("nan"),
+        "cpu_s": statistics.median(cpus),
+        "busy": statistics.median(bench.host_busy(c, t) for c, t in zip(cpus, times)),
+        "cpu_ratio": float("nan"),
+        "cpu_ratio_lo": float("nan"),
+        "cpu_ratio_hi": float("nan"),
+        "cpu_times_s": r["cpu_times_s"],
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:
@@ -224,6 +245,8 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         row["ratio"], row["ratio_lo"], row["ratio_hi"] = stats.ratio_ci(times, base_times)
         row["pratio"], row["pratio_lo"], row["pratio_hi"] = stats.paired_ratio_ci(
             times, base_times)
+        row["cpu_ratio"], row["cpu_ratio_lo"], row["cpu_ratio_hi"] = stats.ratio_ci(
+            cpus, stats.repeats(base[0]["cpu_times_s"]))
     if r["block_bytes"] is not None and link is not None:  # LP rows
         row["block_bytes"] = r["block_bytes"]
         row["model_s"] = cost.lp_time_on_host(op, n, p, link, r["block_bytes"])
@@ -259,6 +282,9 @@ def print_row(r: dict) -> None:
     )
     paired = (f"  paired {r['pratio']:.2f} [{r['pratio_lo']:.2f}, {r['pratio_hi']:.2f}]"
               if r["pratio"] == r["pratio"] else "")
+    paired += f"  cpu {r['cpu_s'] * 1e3:.1f} ms (busy {r['busy']:.2f})" + (
+        f" {r['cpu_ratio']:.2f} [{r['cpu_ratio_lo']:.2f}, {r['cpu_ratio_hi']:.2f}]"
+        if r["cpu_ratio"] == r["cpu_ratio"] else "")
     print(
         f" {r['algorithm']:>6} {r['op']:>10} {r['p']:2d} {_fmt_size(r['nbytes']):>6} "
         f"{r['time_s'] * 1e3:9.2f} [{r['ci_lo_s'] * 1e3:7.2f}, {r['ci_hi_s'] * 1e3:7.2f}] "
@@ -303,6 +329,48 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
                          f"[{float(r['ratio_lo']):.2f}, {float(r['ratio_hi']):.2f}]")
         base = cell.get((op, q, n, "torch"))
         parts.append("" if base is None else f"{float(base['time_s']) * 1e3:.1f}")
+        out.append(f"| {op} | {q} | {_fmt_size(n).replace('M', ' MiB')} | " + " | ".join(parts)
+                   + " |")
+    return "\n".join(out)
+
+
+def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
+    """Where the time goes on a host with fewer cores than ranks: per op, p and size (messages of
+    at least ``min_bytes``), each algorithm's wall-time ratio to the built-in next to its CPU
+    ratio (core-seconds per call summed over the ranks, every thread, with its 95% interval),
+    and how busy each kept the host's cores (:func:`pipecomm.bench.host_busy`). Where the built-in
+    keeps the cores busy, the wall ratio can only fall by the CPU ratio falling: the
+    algorithm must spend fewer core-seconds than the built-in does.
+
+    Example::
+
+        print(cpu_summary(Path("artifact/reference/bench/targets60_fifth_cpu.csv")))
+    """
+    with csv_path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+    if not rows:
+        raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
+    if "cpu_ratio" not in rows[0]:
+        raise ValueError(f"{csv_path}: no CPU columns (cpu_*; a CSV written before they were "
+                         "added)")
+    algs = [a for a in (*ALGORITHMS, AA) if any(r["algorithm"] == a for r in rows)]
+    cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
+    keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
+    shown = [a for a in algs if a != "torch"]
+    out = ["| op | p | size | " + " | ".join(f"{a}: wall / cpu ratio (busy)" for a in shown)
+           + " | built-in: cpu ms (busy) |",
+           "|---|---|---|" + "---|" * (len(shown) + 1)]
+    for op, q, n in keys:
+        parts = []
+        for a in shown:
+            r = cell.get((op, q, n, a))
+            parts.append("" if r is None else
+                         f"{float(r['ratio']):.2f} / {float(r['cpu_ratio']):.2f} "
+                         f"[{float(r['cpu_ratio_lo']):.2f}, {float(r['cpu_ratio_hi']):.2f}] "
+                         f"({float(r['busy']):.2f})")
+        base = cell.get((op, q, n, "torch"))
+        parts.append("" if base is None else
+                     f"{float(base['cpu_s']) * 1e3:.1f} ({float(base['busy']):.2f})")
         out.append(f"| {op} | {q} | {_fmt_size(n).replace('M', ' MiB')} | " + " | ".join(parts)
                    + " |")
     return "\n".join(out)
@@ -422,8 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
                     help="print the markdown table of ratios of a CSV and exit")
+    ap.add_argument("--cpu-summary", type=Path, default=None, metavar="CSV",
+                    help="print the markdown table of wall and CPU ratios of a CSV and exit")
     ap.add_argument("--min-size", type=parse_size, default=16 << 20,
-                    help="smallest message in the --summary table (default 16M)")
+                    help="smallest message in the --summary / --cpu-summary table (default 16M)")
     ap.add_argument("--targets", type=Path, default=None, metavar="CSV",
                     help="decide claims C2.5 / C2.6 (issue 13's targets) on a CSV and exit")
     ap.add_argument("--paired", action="store_true",
@@ -440,12 +510,14 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"--targets: {exc}")
         return 0
-    if args.summary is not None:
-        try:
-            print(summary(args.summary, args.min_size))
-        except (OSError, ValueError, KeyError) as exc:
-            ap.error(f"--summary: {exc}")
-        return 0
+    for flag, path, table in (("--summary", args.summary, summary),
+                              ("--cpu-summary", args.cpu_summary, cpu_summary)):
+        if path is not None:
+            try:
+                print(table(path, args.min_size))
+            except (OSError, ValueError, KeyError) as exc:
+                ap.error(f"{flag}: {exc}")
+            return 0
     if args.quick:
         args.p, args.sizes, args.repeats, args.warmup = [2], [64 << 10, 1 << 20], 3, 1
     if any(q < 2 for q in args.p) or args.repeats < 1 or args.warmup < 0:

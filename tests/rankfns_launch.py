@@ -46,6 +46,20 @@ def timed_sleep(seconds_by_rank):
     return bench.time_fn(lambda: time.sleep(s), warmup=0, repeats=3)
 
 
+def timed_burn(cpu_seconds_by_rank):
+    """time_fn(cpu=True) of a busy loop that burns each rank's share of CPU seconds."""
+    from pipecomm import bench
+
+    s = cpu_seconds_by_rank[dist.get_rank()]
+
+    def burn():
+        end = time.process_time() + s
+        while time.process_time() < end:
+            pass
+
+    return bench.time_fn(burn, warmup=0, repeats=2, cpu=True)
+
+
 def start_state(name):
     """What a rank got from the process that started it; prints a line to stdout and stderr."""
     import sys

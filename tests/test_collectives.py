@@ -135,9 +135,29 @@ class _SimComm:
             self.net.cond.notify_all()
         return tr
 
+    direct_posts = True  # Comm.direct's posters (the ring's hot path); False: the engine's
+
+    def direct(self, peer, send, like):
+        return _SimPoster(self, peer, send) if self.direct_posts else None
+
     def finished(self) -> None:
         assert not self.open_sends, f"rank {self.index}: sends never waited"
         assert not any(self.open_recvs.values()), f"rank {self.index}: receives never waited"
+
+
+class _SimPoster:
+    """:class:`pipecomm.collectives.p2p.Direct` on the simulated transport (every check of
+    :class:`_SimComm` applies)."""
+
+    def __init__(self, comm: _SimComm, peer: int, send: bool) -> None:
+        self.post = comm.isend if send else comm.irecv
+        self.peer = peer
+
+    def __call__(self, t):
+        return self.post(t, self.peer)
+
+    def record(self) -> None:
+        pass
 
 
 def simulate(p: int, body):
@@ -218,6 +238,65 @@ def _sim_oracle(inputs, op):
     if op == "avg":
         return xs.mean(0), absum / len(inputs)
     return (xs.max(0).values if op == "max" else xs.min(0).values), absum
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+@pytest.mark.parametrize("scratch_bytes", [None, 192])
+@pytest.mark.parametrize("alg", ["ring", "lp"])
+def test_allreduce_direct_path_is_the_engine_path_bit_for_bit(alg, p, scratch_bytes, monkeypatch):
+    """Ring and LP allreduce on direct posts (no engine) and on the engine: the same bits, for
+    sizes below, at and across the segment / block size (cut small here), every op and dtypes
+    whose rounding shows the order of the combines, with every partial sum's receive posted up
+    front or (192 bytes of scratch: three 64-byte slots) rotating slots; the simulator checks
+    both paths' buffer discipline (no buffer written while its send is in flight)."""
+    from pipecomm.collectives import _engine, lp, ring
+
+    if scratch_bytes is not None:
+        for module in (_engine, lp, ring):
+            monkeypatch.setattr(module, "SCRATCH_BYTES", scratch_bytes)
+    for n, dtype, op in ((0, torch.float32, "sum"), (1, torch.float32, "sum"),
+                         (1001, torch.float16, "sum"), (4099, torch.bfloat16, "avg"),
+                         (777, torch.float32, "max"), (513, torch.int64, "min")):
+        inputs = [fns.make_input(7, r, n, dtype) for r in range(p)]
+        out = {}
+        for direct in (True, False):
+            monkeypatch.setattr(_SimComm, "direct_posts", direct)
+
+            def body(comm):
+                x = inputs[comm.index].clone()
+                if alg == "ring":
+                    ring.allreduce(x, comm, op, segment_bytes=64)
+                else:
+                    lp.allreduce(x, comm, op, block_elems=16)
+                return x
+
+            out[direct] = simulate(p, body)[0]
+        for a, b in zip(out[True], out[False]):
+            assert torch.equal(a, b), (p, n, dtype, op)
+        assert all(torch.equal(a, out[True][0]) for a in out[True])  # one result everywhere
+        want, _ = _sim_oracle(inputs, op)
+        if dtype in (torch.float32, torch.int64):
+            assert torch.allclose(out[True][0].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_lp_broadcast_direct_and_engine_paths(p, monkeypatch):
+    """LP broadcast on direct posts and on the engine: every rank ends with the root's bits,
+    from any root, for blocks that divide the message and blocks that do not."""
+    from pipecomm.collectives import lp
+
+    x = fns.make_input(3, 0, 1001, torch.float64)
+    for direct in (True, False):
+        monkeypatch.setattr(_SimComm, "direct_posts", direct)
+        for root, block_elems in ((0, 1001), (p - 1, 100), (p // 2, 7)):
+
+            def body(comm, root=root, block_elems=block_elems):
+                flat = x.clone() if comm.index == root else torch.zeros_like(x)
+                lp.broadcast(flat, comm, root, block_elems=block_elems)
+                return flat
+
+            out, _ = simulate(p, body)
+            assert all(torch.equal(t, x) for t in out), (direct, root, block_elems)
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
@@ -852,6 +931,12 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     aa = [r for r in rows if r["algorithm"] == "torch-aa"]
     assert len(aa) == 4 and all(
         0 < float(r["ratio_lo"]) <= float(r["ratio"]) <= float(r["ratio_hi"]) for r in aa)
+    for r in rows:  # CPU: every repeat's core-seconds over the ranks, and its ratio's interval
+        cpus = [float(c) for c in r["cpu_times_s"].split(";")]
+        assert len(cpus) == int(r["repeats"]) and all(c > 0 for c in cpus)
+        assert float(r["busy"]) > 0 and float(r["cpu_s"]) > 0
+        assert 0 < float(r["cpu_ratio_lo"]) <= float(r["cpu_ratio"]) <= float(r["cpu_ratio_hi"])
+    assert all(float(r["cpu_ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
     proc = subprocess.run([sys.executable, script, "--summary", str(out), "--min-size", "1M"],
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
@@ -861,6 +946,17 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     proc = subprocess.run([sys.executable, script, "--summary", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no rows of 16M or more" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--cpu-summary", str(out), "--min-size", "1M"],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    assert lines[0].startswith("| op | p | size | lp: wall / cpu ratio (busy) | ring: ")
+    assert len(lines) == 2 + 2 and "| broadcast | 2 | 1 MiB |" in proc.stdout
+    old_csv = tmp_path / "old.csv"  # written before the CPU columns
+    old_csv.write_text("algorithm,op,p,nbytes,ratio\ntorch,allreduce,2,1048576,1.0\n")
+    proc = subprocess.run([sys.executable, script, "--cpu-summary", str(old_csv),
+                           "--min-size", "1M"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no CPU columns" in proc.stderr
     proc = subprocess.run([sys.executable, script, "--aa", "--algorithms", "lp"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "include torch" in proc.stderr

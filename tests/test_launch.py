@@ -11,7 +11,7 @@ import pytest
 import rankfns_launch as fns
 import torch
 
-from pipecomm import launch
+from pipecomm import bench, launch
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,30 @@ def test_bench_reports_max_over_ranks(pool):
         # by its lateness, a few ms on a loaded machine
         assert stats["median_s"] >= 0.04
         assert len(stats["times_s"]) == 3
+
+
+def test_bench_cpu_is_summed_over_ranks(pool):
+    """time_fn(cpu=True): each repeat's CPU time is the sum of every rank's (here a busy loop of
+    0.05 + 0.1 + 0 s), the same on every rank; busy is that over cores x wall time."""
+    out = pool(3).run(fns.timed_burn, [0.05, 0.1, 0.0])
+    assert len({tuple(r["cpu_s"]) for r in out}) == 1
+    for c, t in zip(out[0]["cpu_s"], out[0]["times_s"]):
+        assert 0.15 <= c < 0.15 + 0.1  # the loops, plus a little of the call's own
+        assert bench.host_busy(c, t, cores=2) == pytest.approx(c / (2 * t))
+
+
+def test_bench_cpu_locally_and_its_columns():
+    r = bench.time_fn(lambda: sum(range(20000)), warmup=0, repeats=3, cpu=True)
+    assert len(r["cpu_s"]) == 3 and all(c >= 0 for c in r["cpu_s"])
+    assert bench.columns(r)["cpu_times_s"].count(";") == 2
+    assert "cpu_times_s" not in bench.columns(bench.time_fn(lambda: None, repeats=2))
+    with pytest.raises(ValueError, match="one value per repeat"):
+        bench.result_of([0.1, 0.2], cpu=[0.1])
+    assert bench.host_busy(0.1, 0.05, cores=2) == pytest.approx(1.0)
+    assert bench.host_cores() >= 1
+    for bad in ((0.1, 0.0, 2), (-0.1, 0.1, 2), (0.1, 0.1, 0)):
+        with pytest.raises(ValueError, match="cores >= 1"):
+            bench.host_busy(*bad)
 
 
 def test_init_from_env_without_torchrun(monkeypatch):

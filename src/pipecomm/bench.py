@@ -106,11 +106,11 @@ def shared_clock(group: dist.ProcessGroup | None = None) -> bool:
     return _SHARED[key]
 
 
-def _max_over_ranks(values: list[float], group, device) -> list[float]:
+def _over_ranks(values: list[float], group, device, op=dist.ReduceOp.MAX) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend(group) == "nccl":
         t = t.to(device if device is not None else torch.device("cuda"))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(t, op=op, group=group)
     return t.cpu().tolist()
 
 
@@ -131,6 +131,7 @@ def time_fn(
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
     margin_s: float = 0.002,
+    cpu: bool = False,
 ) -> dict[str, Any]:
     """Time ``fn()`` on every rank of ``group`` from a common start instant (module docstring).
 
@@ -142,6 +143,11 @@ def time_fn(
     Returns ``median_s``, ``ci_lo_s``, ``ci_hi_s`` (bootstrap 95% interval of the median),
     ``min_s``, ``max_s``, ``times_s`` (every repeat) and ``clock`` (``"common-start"`` or
     ``"per-rank"``).
+
+    ``cpu``: also ``cpu_s``, each repeat's CPU time (``time.process_time``: every thread of the
+    process, the backend's included) summed over the ranks of ``group``: the core-seconds the
+    call cost. Next to the repeat's wall time it says whether the call was bound by the host's
+    cores (:func:`host_busy`), which on a host with fewer cores than ranks decides its speed.
 
     Example::
 
@@ -162,53 +168,98 @@ def time_fn(
     if min_time_s > 0:
         per_call = (time.monotonic() - t0) / warmup if warmup else 0.0
         if distributed:
-            per_call = _max_over_ranks([per_call], group, device)[0]
+            per_call = _over_ranks([per_call], group, device)[0]
         if per_call > 0:
             n = min(max_repeats, max(repeats, math.ceil(min_time_s / per_call)))
-    starts, ends = [], []
+    starts, ends, cpus = [], [], []
     for _ in range(n):
         if distributed and shared:
-            at = _max_over_ranks([time.monotonic() + margin_s], group, device)[0]
+            at = _over_ranks([time.monotonic() + margin_s], group, device)[0]
             _sleep_until(at)
         elif distributed:
             dist.barrier(group=group)
+        cpu0 = time.process_time() if cpu else 0.0
         start = time.monotonic()
         fn()
         synchronize(device)
         starts.append(start)
         ends.append(time.monotonic())
+        if cpu:
+            cpus.append(time.process_time() - cpu0)
     if distributed and shared:  # last end minus last start, on the one clock
-        last = _max_over_ranks(starts + ends, group, device)
+        last = _over_ranks(starts + ends, group, device)
         times = [e - s for s, e in zip(last[:n], last[n:])]
     elif distributed:
-        times = _max_over_ranks([e - s for s, e in zip(starts, ends)], group, device)
+        times = _over_ranks([e - s for s, e in zip(starts, ends)], group, device)
     else:
         times = [e - s for s, e in zip(starts, ends)]
-    return result_of(times, "common-start" if shared or not distributed else "per-rank")
+    if cpu and distributed:
+        cpus = _over_ranks(cpus, group, device, dist.ReduceOp.SUM)
+    return result_of(times, "common-start" if shared or not distributed else "per-rank",
+                     cpus if cpu else None)
 
 
-def result_of(times: list[float], clock: str = "common-start") -> dict[str, Any]:
+def result_of(times: list[float], clock: str = "common-start",
+              cpu: list[float] | None = None) -> dict[str, Any]:
     """A :func:`time_fn` result from repeat times gathered elsewhere (e.g. interleaved calls of
-    ``time_fn(..., repeats=1)``): median with its bootstrap 95% interval, min, max, every repeat.
+    ``time_fn(..., repeats=1)``): median with its bootstrap 95% interval, min, max, every repeat;
+    with ``cpu`` (per repeat, summed over ranks) also ``cpu_s``.
 
     Example::
 
         bench.columns(bench.result_of([0.011, 0.010, 0.012]))["time_s"]   # 0.011
     """
+    if cpu is not None and len(cpu) != len(times):
+        raise ValueError(f"cpu must hold one value per repeat: {len(cpu)} for {len(times)} times")
     med, lo, hi = stats.median_ci(times)
-    return {"median_s": med, "ci_lo_s": lo, "ci_hi_s": hi, "min_s": min(times),
-            "max_s": max(times), "times_s": list(times), "clock": clock}
+    out = {"median_s": med, "ci_lo_s": lo, "ci_hi_s": hi, "min_s": min(times),
+           "max_s": max(times), "times_s": list(times), "clock": clock}
+    if cpu is not None:
+        out["cpu_s"] = list(cpu)
+    return out
 
 
 def columns(result: dict[str, Any]) -> dict[str, Any]:
     """The data.csv columns of one timed point from a :func:`time_fn` result: ``time_s``
     (median), ``ci_lo_s``, ``ci_hi_s``, ``min_s``, ``max_s``, ``repeats`` and ``times_s`` (every
-    repeat, ``"t1;t2;..."``, read back with :func:`pipecomm.stats.repeats`).
+    repeat, ``"t1;t2;..."``, read back with :func:`pipecomm.stats.repeats`); for a result timed
+    with ``cpu=True`` also ``cpu_times_s`` (every repeat's CPU seconds summed over the ranks).
 
     Example::
 
         rows.append({"algorithm": "lp", "nbytes": n, **bench.columns(time_fn(call))})
     """
-    return {"time_s": result["median_s"], "ci_lo_s": result["ci_lo_s"],
-            "ci_hi_s": result["ci_hi_s"], "min_s": result["min_s"], "max_s": result["max_s"],
-            "repeats": len(result["times_s"]), "times_s": stats.join_repeats(result["times_s"])}
+    out = {"time_s": result["median_s"], "ci_lo_s": result["ci_lo_s"],
+           "ci_hi_s": result["ci_hi_s"], "min_s": result["min_s"], "max_s": result["max_s"],
+           "repeats": len(result["times_s"]), "times_s": stats.join_repeats(result["times_s"])}
+    if "cpu_s" in result:
+        out["cpu_times_s"] = stats.join_repeats(result["cpu_s"])
+    return out
+
+
+def host_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` where the
+    platform has no affinity)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def host_busy(cpu_s: float, wall_s: float, cores: int | None = None) -> float:
+    """The share of the host's core-seconds a call used: ``cpu_s / (cores * wall_s)``, with
+    ``cpu_s`` summed over every rank on the host (:func:`time_fn` with ``cpu=True``). Near 1 the
+    call was bound by the host's cores: its time is its CPU divided by the cores, and a faster
+    algorithm is one that costs fewer core-seconds.
+
+    Example::
+
+        bench.host_busy(0.100, 0.055, cores=2)   # 0.91: core-bound
+    """
+    cores = host_cores() if cores is None else cores
+    if cores < 1 or wall_s <= 0 or cpu_s < 0:
+        raise ValueError(f"need cores >= 1, wall_s > 0 and cpu_s >= 0, got {cores}, {wall_s}, "
+                         f"{cpu_s}")
+    return cpu_s / (cores * wall_s)

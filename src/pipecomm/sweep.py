@@ -153,7 +153,8 @@ def _runs(points: list[dict[str, Any]], interleave: bool) -> list[list[dict[str,
 
 
 def measure_points(
-    points: list[dict[str, Any]], device: str | None = None, interleave: bool = False
+    points: list[dict[str, Any]], device: str | None = None, interleave: bool = False,
+    cpu: bool = False,
 ) -> list[dict]:
     """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``, with an
     optional ``block_bytes`` for LP (default: ``lp.default_block_bytes``).
@@ -172,7 +173,8 @@ def measure_points(
     own, which a fixed order would hand to the same point every round and the rotation
     (:func:`rotated`) spreads evenly. Times stay in repeat order, so repeat ``i`` of two points
     is a pair (:func:`pipecomm.stats.paired_ratio_ci`). Every call has its own common start
-    (:func:`pipecomm.bench.time_fn`).
+    (:func:`pipecomm.bench.time_fn`). ``cpu``: rows also carry ``cpu_times_s``, every repeat's
+    CPU seconds summed over the ranks (``time_fn(..., cpu=True)``).
 
     Example::
 
@@ -217,17 +219,21 @@ def measure_points(
             calls.append(collective_call(op, alg, t, g, block))
         if len(run) == 1:
             results = [bench.time_fn(calls[0], warmup=run[0]["warmup"], repeats=run[0]["iters"],
-                                     group=g, device=sync)]
+                                     group=g, device=sync, cpu=cpu)]
         else:
             for pt, fn in zip(run, calls):
                 for _ in range(pt["warmup"]):
                     fn()
             times: list[list[float]] = [[] for _ in run]
+            cpus: list[list[float]] = [[] for _ in run]
             for i in range(run[0]["iters"]):
                 for j in rotated(range(len(run)), i):  # repeat i starts at point i mod k
-                    times[j] += bench.time_fn(calls[j], warmup=0, repeats=1, group=g,
-                                              device=sync)["times_s"]
-            results = [bench.result_of(ts) for ts in times]
+                    r = bench.time_fn(calls[j], warmup=0, repeats=1, group=g, device=sync,
+                                      cpu=cpu)
+                    times[j] += r["times_s"]
+                    cpus[j] += r.get("cpu_s", [])
+            results = [bench.result_of(ts, cpu=cs if cpu else None)
+                       for ts, cs in zip(times, cpus)]
         if rank == 0:
             for pt, res in zip(run, results):
                 block = pt.get("block_bytes")

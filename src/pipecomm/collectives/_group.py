@@ -92,6 +92,18 @@ class Comm:
         return p2p.post_recv(t, src, group, tag)
 
 
+    def direct(self, peer: int, send: bool, like: torch.Tensor) -> p2p.Direct | None:
+        """A poster straight to the backend for messages to (``send``) or from group index
+        ``peer`` on their route (:func:`pipecomm.collectives.p2p.direct`), or ``None`` where the
+        messages must go through :meth:`isend` / :meth:`irecv` (NCCL's batches, an emulated
+        network, staged CUDA tensors)."""
+        if self.batched:
+            return None
+        rank, me = self.members[peer], self.members[self.index]
+        group, tag = self._route(rank < me if send else me < rank)
+        return p2p.direct(like, rank, group, tag, send)
+
+
 class _Batch:
     """NCCL posts not yet issued; any wait issues all pending ones as one batch."""
 

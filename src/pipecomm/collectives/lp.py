@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import block, num_blocks
-from pipecomm.collectives._engine import DEPTH, Engine
+from pipecomm.collectives._engine import DEPTH, SCRATCH_BYTES, Engine, scratch
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 
@@ -126,8 +126,13 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) ->
     k = num_blocks(n, block_elems)
     i = (comm.index - root) % p
     nxt, prev = (root + i + 1) % p, (root + i - 1) % p
-    eng = Engine(comm)
     blocks = [block(flat, j, block_elems) for j in range(k)]
+    send = comm.direct(nxt, True, flat) if i < p - 1 else None
+    recv = comm.direct(prev, False, flat) if i > 0 else None
+    if (send is not None or i == p - 1) and (recv is not None or i == 0):
+        _broadcast_direct(blocks, send, recv)
+        return
+    eng = Engine(comm)
     q = eng.queue(prev, k, blocks.__getitem__, k) if i > 0 else None  # into place: all posted
     for j in range(k):
         if q is not None:
@@ -135,6 +140,26 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) ->
         if i < p - 1:
             eng.send(blocks[j], nxt)
     eng.finish()
+
+
+def _broadcast_direct(blocks: list[torch.Tensor], send: Any, recv: Any) -> None:
+    """:func:`broadcast`'s chain posted straight to the backend
+    (:class:`pipecomm.collectives.p2p.Direct`; ``None``: the root has no receives, the last
+    rank no sends): every block's receive posted into place up front, each block forwarded the
+    moment it has arrived, the sends waited at the end (a broadcast never writes a block it
+    forwarded)."""
+    works = [recv(b) for b in blocks] if recv is not None else None
+    sends = []
+    for j, b in enumerate(blocks):
+        if works is not None:
+            works[j].wait()
+        if send is not None:
+            sends.append(send(b))
+    for work in sends:
+        work.wait()
+    for poster in (send, recv):
+        if poster is not None:
+            poster.record()
 
 
 def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: int) -> None:
@@ -182,8 +207,13 @@ def allreduce(
         return
     k = num_blocks(n, block_elems)
     i = comm.index
-    eng = Engine(comm)
     blocks = [block(flat, j, block_elems) for j in range(k)]
+    left = (comm.direct(i - 1, True, flat), comm.direct(i - 1, False, flat)) if i > 0 else ()
+    right = (comm.direct(i + 1, True, flat), comm.direct(i + 1, False, flat)) if i < p - 1 else ()
+    if None not in (*left, *right):
+        _allreduce_direct(blocks, flat, min(block_elems, n), op, i, p, left, right)
+        return
+    eng = Engine(comm)
     up = down = None
     if i > 0:  # partial sums from the left
         up = eng.scratch_queue(i - 1, k, min(block_elems, n), flat, lambda j: blocks[j].numel())
@@ -207,6 +237,67 @@ def allreduce(
             if i > 0:
                 eng.send(blocks[c], i - 1)
     eng.finish()
+
+
+def _allreduce_direct(blocks: list[torch.Tensor], flat: torch.Tensor, elems: int, op: str,
+                      i: int, p: int, left: tuple, right: tuple) -> None:
+    """:func:`allreduce`'s schedule (the same messages, combines and bits as on the engine)
+    posted straight to the backend (:class:`pipecomm.collectives.p2p.Direct`; ``left`` and
+    ``right``: (send, receive) posters to the neighbours, empty at the chain's ends). Which send
+    a buffer waits for is known from the schedule: a finished block's receive goes into the
+    block whose partial sum went right, so that send is waited just before the receive is posted
+    (``_down_depth`` of them ahead, from the first finished block's step on); partial sums from
+    the left land in scratch slots (all posted up front where they fit in
+    :data:`._engine.SCRATCH_BYTES`, else one fewer ahead than slots)."""
+    k = len(blocks)
+    to_left, from_left = left if left else (None, None)
+    to_right, from_right = right if right else (None, None)
+    by_right: list[Any] = [None] * k  # sends of blocks to the right, until their buffer is reused
+    others: list[Any] = []  # sends to the left: never written again
+    up: list[tuple[torch.Tensor, Any]] = []
+    m = ahead = 0
+    if from_left is not None:
+        fit = SCRATCH_BYTES // (elems * flat.element_size())
+        m = max(1, min(k, max(DEPTH + 1, fit)))
+        slots = scratch(m * elems, flat).view(m, elems).unbind(0)
+        ahead = k if m >= k else m - 1
+        for j in range(ahead):
+            t = slots[j % m][: blocks[j].numel()]
+            up.append((t, from_left(t)))
+    down: list[Any] = []
+    depth = _down_depth(p, i)
+    if i == 0:
+        by_right = [to_right(b) for b in blocks]
+    for s in range(k + 2 * p - 3):
+        b = s - i + 1  # partial block received from the left, forwarded right at once
+        c = s - (2 * p - 3 - i)  # finished block received from the right, forwarded left
+        if from_left is not None and 0 <= b < k:
+            if b + ahead < k:  # its slot's previous message was combined a step ago
+                t = slots[(b + ahead) % m][: blocks[b + ahead].numel()]
+                up.append((t, from_left(t)))
+            got, work = up[b]
+            work.wait()
+            combine(op, blocks[b], got)
+            if to_right is not None:
+                by_right[b] = to_right(blocks[b])
+            else:
+                finish(op, blocks[b], p)
+                others.append(to_left(blocks[b]))
+        if from_right is not None and 0 <= c < k:
+            while len(down) < min(c + 1 + depth, k):  # into blocks whose partial sum went right
+                x = len(down)
+                if by_right[x] is not None:
+                    by_right[x].wait()
+                    by_right[x] = None
+                down.append(from_right(blocks[x]))
+            down[c].wait()
+            if to_left is not None:
+                others.append(to_left(blocks[c]))
+    for work in (*by_right, *others):
+        if work is not None:
+            work.wait()
+    for poster in (*left, *right):
+        poster.record()
 
 
 def _down_depth(p: int, i: int) -> int:

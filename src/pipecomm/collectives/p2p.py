@@ -302,3 +302,59 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
     head = torch.empty(1, dtype=torch.float64, device=target.device)
     works = [dist.irecv(head, src, group, tag), dist.irecv(target, src, group, tag)]
     return Transfer(works, head=head, received=target.numel())
+
+
+# --------------------------------------------------------------------------- one stream, directly
+
+
+class Direct:
+    """Posts of one direction to one peer straight to the process group: what a schedule whose
+    every message goes between the same two ranks uses on its hottest path (the ring's).
+
+    Only where nothing stands between pipecomm and the backend: no emulated network, host
+    tensors (or tensors on a backend that moves them itself), real dtypes. Each call posts one
+    message and returns the backend's work (``wait()`` on it); bytes and messages are counted
+    here and recorded once by :meth:`record` (the per-message accounting of :class:`Transfer`
+    is the Python that 8 ranks sharing 2 cores pay many times over). Empty tensors are the
+    caller's to skip, as everywhere.
+
+    Example::
+
+        send = Direct(pg, peer, tag, send=True)
+        works = [send(a), send(b)]
+        for w in works:
+            w.wait()
+        send.record()
+    """
+
+    __slots__ = ("_post", "_peer", "_tag", "_send", "nbytes", "count")
+
+    def __init__(self, pg: dist.ProcessGroup, peer: int, tag: int, send: bool) -> None:
+        self._post = pg.send if send else pg.recv
+        self._peer, self._tag, self._send = peer, tag, send
+        self.nbytes = self.count = 0
+
+    def __call__(self, t: torch.Tensor):
+        self.nbytes += t.nbytes
+        self.count += 1
+        return self._post([t], self._peer, self._tag)
+
+    def record(self) -> None:
+        """Add the posted messages to :func:`pipecomm.netem.stats` (once, after the waits)."""
+        if self._send:
+            netem._record(self.nbytes, self.count, 0, 0, 0.0)
+        else:
+            netem._record(0, 0, self.nbytes, self.count, 0.0)
+        self.nbytes = self.count = 0
+
+
+def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: int,
+           send: bool) -> Direct | None:
+    """A :class:`Direct` poster to global rank ``peer`` for tensors like ``like`` (its dtype and
+    device), or ``None`` where a message needs more than the backend's own send (an emulated
+    network, a host copy of a CUDA tensor on gloo, complex numbers, autograd)."""
+    if (netem._emulator() is not None or _staged(like, group) or like.is_complex()
+            or like.requires_grad):
+        return None
+    pg, rank = _process_group(group, peer)
+    return Direct(pg, rank, tag, send)

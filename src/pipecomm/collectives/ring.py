@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import even_offsets, span
-from pipecomm.collectives._engine import Engine
+from pipecomm.collectives._engine import DEPTH, SCRATCH_BYTES, Engine, scratch
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
@@ -176,9 +176,66 @@ def allreduce(
     g = comm.index
     seg = _Segments(flat, offsets, segment_bytes)
     right, left = (g + 1) % p, (g - 1) % p
+    send, recv = comm.direct(right, True, flat), comm.direct(left, False, flat)
+    if send is not None and recv is not None:
+        _allreduce_direct(seg, send, recv, g, op, p)
+        return
     _reduce_scatter(seg, eng, g, op, right, left, p, p)
     _allgather(seg, eng, (g + 1) % p, right, left, p, sent=True)
     eng.finish()
+
+
+def _allreduce_direct(seg: _Segments, send: Any, recv: Any, g: int, op: str, p: int) -> None:
+    """The ring allreduce's schedule (the same messages, combines and bits as
+    :func:`_reduce_scatter` then :func:`_allgather` on the engine) posted straight to the backend
+    (:class:`pipecomm.collectives.p2p.Direct`): every message of the ring goes to the right
+    neighbour or comes from the left one, so which send a buffer waits for is known from the
+    schedule and the engine's bookkeeping is not needed. Receives of partial results land in
+    scratch slots (all posted up front where they fit in :data:`._engine.SCRATCH_BYTES`, else
+    one fewer ahead than slots); before the allgather overwrites the chunks sent in the
+    reduce-scatter, those sends are waited (all but the last chunk's, which stays in place)."""
+    nq, elems = seg.per_chunk, seg.elems
+    count = (p - 1) * nq
+    fit = SCRATCH_BYTES // (elems * seg.flat.element_size())
+    m = max(1, min(count, max(DEPTH + 1, fit)))
+    slots = scratch(m * elems, seg.flat).view(m, elems).unbind(0)
+    ahead = count if m >= count else m - 1
+    sends = [send(t) for q in range(nq) if (t := seg.of(g, q)).numel()]
+    pending: list[Any] = []
+
+    def post(j: int) -> None:
+        t = slots[j % m][: seg.of((g - j // nq - 1) % p, j % nq).numel()]
+        pending.append((t, recv(t) if t.numel() else None))
+
+    for j in range(ahead):
+        post(j)
+    for j in range(count):  # reduce-scatter: receive, combine, forward
+        if j + ahead < count:
+            post(j + ahead)
+        got, work = pending[j]
+        if work is not None:
+            work.wait()
+        acc = seg.of((g - j // nq - 1) % p, j % nq)
+        combine(op, acc, got)
+        if j // nq == p - 2:
+            finish(op, acc, p)
+        if acc.numel():
+            sends.append(send(acc))
+    last = sum(1 for q in range(nq) if seg.of((g + 1) % p, q).numel())  # the owned chunk's
+    for work in sends[: len(sends) - last]:
+        work.wait()
+    sends = sends[len(sends) - last:]
+    into = [seg.of((g - j // nq) % p, j % nq) for j in range(count)]  # chunks g, g - 1, ...
+    works = [recv(t) if t.numel() else None for t in into]
+    for j in range(count):  # allgather: forward as it arrives
+        if works[j] is not None:
+            works[j].wait()
+        if j // nq < p - 2 and into[j].numel():
+            sends.append(send(into[j]))
+    for work in sends:
+        work.wait()
+    send.record()
+    recv.record()
 
 
 def _allreduce_encoded(
