@@ -23,7 +23,9 @@ The steps above are the dependency structure; they run on the progress engine
 (:mod:`._engine`): receives posted two blocks ahead, each block forwarded the moment it has
 arrived and been combined, sends waited for only before their buffer is written again or at the
 end. The combines happen in the order of the steps, so the bits are those of the lock-step
-schedule.
+schedule. Broadcast and allreduce without a codec post straight to the backend where
+:meth:`._group.Comm.direct` allows it (:func:`_broadcast_direct`, :func:`_allreduce_direct`: the
+same schedule, the buffer waits read off it, the same bits).
 """
 
 from __future__ import annotations

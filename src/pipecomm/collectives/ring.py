@@ -15,7 +15,9 @@ reduce-scatter hop decodes, adds its own chunk and re-encodes; the owner of a fi
 encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather forwards those
 bytes unchanged, decoded once by each rank.
 
-On the progress engine (:mod:`._engine`): without a codec every chunk travels as segments of at
+Without a codec and where :meth:`._group.Comm.direct` allows it, the allreduce posts straight to
+the backend (:func:`_allreduce_direct`, the same schedule and bits). On the progress engine
+(:mod:`._engine`): without a codec every chunk travels as segments of at
 most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined. The
 reduce-scatter's receives are posted ahead into scratch segments reused across calls (no fresh
 scratch buffer per call; :meth:`._engine.Engine.scratch_queue`), the allgather's straight into
@@ -168,8 +170,8 @@ def allreduce(
     if p == 1 or n == 0:
         return
     offsets = even_offsets(n, p)
-    eng = Engine(comm)
     if codec is not None:
+        eng = Engine(comm)
         _allreduce_encoded(flat, eng, offsets, op, codec)
         eng.finish()
         return
@@ -180,6 +182,7 @@ def allreduce(
     if send is not None and recv is not None:
         _allreduce_direct(seg, send, recv, g, op, p)
         return
+    eng = Engine(comm)
     _reduce_scatter(seg, eng, g, op, right, left, p, p)
     _allgather(seg, eng, (g + 1) % p, right, left, p, sent=True)
     eng.finish()
