@@ -262,7 +262,7 @@ def test_allreduce_direct_path_is_the_engine_path_bit_for_bit(alg, p, scratch_by
         for direct in (True, False):
             monkeypatch.setattr(_SimComm, "direct_posts", direct)
 
-            def body(comm):
+            def body(comm, inputs=inputs, op=op):
                 x = inputs[comm.index].clone()
                 if alg == "ring":
                     ring.allreduce(x, comm, op, segment_bytes=64)
@@ -531,6 +531,23 @@ def test_ring_segments_same_bits(monkeypatch):
                 if kind == "broadcast":
                     assert all(torch.equal(x, inputs[p - 1]) for x in res)
         monkeypatch.undo()
+
+
+def test_ring_default_segments_split_a_whole_chunk_in_two(monkeypatch):
+    """Default segments: a chunk that would travel whole is cut in two halves once it holds at
+    least twice MIN_SPLIT_BYTES (one message per chunk below, two at and above); a chunk larger
+    than SEGMENT_BYTES keeps segments of that size; an explicit segment_bytes is taken as it is."""
+    monkeypatch.setattr(ring, "SEGMENT_BYTES", 400)
+    monkeypatch.setattr(ring, "MIN_SPLIT_BYTES", 100)
+    p = 3
+    for n, per_chunk in ((3 * 49, 1), (3 * 50, 2), (3 * 100, 2), (3 * 101, 2), (3 * 250, 3)):
+        whole, _ = _run_sim("allreduce", "ring", p, n, torch.float32, "sum", seed=1)
+        assert max(whole[1].messages) == 2 * (p - 1) * per_chunk, (n, per_chunk)
+    from pipecomm.collectives._chunks import even_offsets
+
+    flat = torch.zeros(300)
+    assert ring._Segments(flat, even_offsets(300, 3), None).per_chunk == 2
+    assert ring._Segments(flat, even_offsets(300, 3), 400).per_chunk == 1
 
 
 @pytest.mark.timeout(60)

@@ -42,6 +42,12 @@ from pipecomm.collectives._trees import binomial_gather, binomial_scatter
 #: 32 MiB chunk into 4 MiB segments still paid off (their combines overlap the transfers), while
 #: 1 MiB segments were slower than whole chunks.
 SEGMENT_BYTES = 4 << 20
+#: A chunk of at least twice this many bytes that would travel whole under
+#: :data:`SEGMENT_BYTES` travels as two halves instead (the default segment size only): the
+#: second half's transfer then overlaps the first half's combine, as gloo's own ring keeps one
+#: segment in flight while it reduces another. Smaller halves cost more in messages than they
+#: gain (measured on gloo over loopback, ARTIFACT.md).
+MIN_SPLIT_BYTES = 2 << 20
 
 
 def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
@@ -55,11 +61,14 @@ class _Segments:
     2 cores every Python-level slice of the per-message path is paid many times over."""
 
     def __init__(self, flat: torch.Tensor, offsets: list[int], segment_bytes: int | None) -> None:
-        if segment_bytes is None:
+        default = segment_bytes is None
+        if default:
             segment_bytes = SEGMENT_BYTES
         self.flat = flat
         biggest = max(b - a for a, b in zip(offsets, offsets[1:]))
         self.elems = max(1, min(biggest, segment_bytes // flat.element_size()))
+        if default and self.elems >= biggest >= 2 * MIN_SPLIT_BYTES // flat.element_size():
+            self.elems = -(-biggest // 2)  # two halves (MIN_SPLIT_BYTES)
         self.per_chunk = max(1, -(-biggest // self.elems))
         sizes = [max(0, min(self.elems, hi - lo - q * self.elems))
                  for lo, hi in zip(offsets, offsets[1:]) for q in range(self.per_chunk)]
