@@ -299,16 +299,11 @@ def print_row(r: dict) -> None:
     )
 
 
-def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
-    """A markdown table of the ratios to the built-in in a CSV this script wrote, for messages
-    of at least ``min_bytes`` (the sizes issue 13's targets name): one row per op, p and size,
-    one column per algorithm (median ratio and its 95% interval; ``torch-aa``: the built-in
-    against itself, the A/A noise floor), the built-in's median last.
-
-    Example::
-
-        print(summary(Path("artifact/reference/bench/collectives_cpu.csv")))
-    """
+def _table(csv_path: Path, min_bytes: int, head: Any, text: Any, base_head: str,
+           base_text: Any) -> str:
+    """A markdown table of a CSV this script wrote, messages of at least ``min_bytes``: one row
+    per op, p and size, one column per algorithm but the built-in (``head(alg)`` over
+    ``text(row)``), the built-in's ``base_text(row)`` last."""
     with csv_path.open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
     if not rows:
@@ -319,19 +314,33 @@ def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
             if a != "torch" and any(r["algorithm"] == a for r in rows)]
     cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
     keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
-    out = ["| op | p | size | " + " | ".join(algs) + " | built-in (ms) |",
+    out = ["| op | p | size | " + " | ".join(head(a) for a in algs) + f" | {base_head} |",
            "|---|---|---|" + "---|" * (len(algs) + 1)]
     for op, q, n in keys:
-        parts = []
-        for a in algs:
-            r = cell.get((op, q, n, a))
-            parts.append("" if r is None else f"{float(r['ratio']):.2f} "
-                         f"[{float(r['ratio_lo']):.2f}, {float(r['ratio_hi']):.2f}]")
+        parts = [text(r) if (r := cell.get((op, q, n, a))) is not None else "" for a in algs]
         base = cell.get((op, q, n, "torch"))
-        parts.append("" if base is None else f"{float(base['time_s']) * 1e3:.1f}")
+        parts.append("" if base is None else base_text(base))
         out.append(f"| {op} | {q} | {_fmt_size(n).replace('M', ' MiB')} | " + " | ".join(parts)
                    + " |")
     return "\n".join(out)
+
+
+def _ci(r: dict, key: str) -> str:
+    return f"{float(r[key]):.2f} [{float(r[key + '_lo']):.2f}, {float(r[key + '_hi']):.2f}]"
+
+
+def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
+    """A markdown table of the ratios to the built-in in a CSV this script wrote, for messages
+    of at least ``min_bytes`` (the sizes issue 13's targets name): one row per op, p and size,
+    one column per algorithm (median ratio and its 95% interval; ``torch-aa``: the built-in
+    against itself, the A/A noise floor), the built-in's median last.
+
+    Example::
+
+        print(summary(Path("artifact/reference/bench/collectives_cpu.csv")))
+    """
+    return _table(csv_path, min_bytes, str, lambda r: _ci(r, "ratio"), "built-in (ms)",
+                  lambda r: f"{float(r['time_s']) * 1e3:.1f}")
 
 
 def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
@@ -347,33 +356,14 @@ def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
         print(cpu_summary(Path("artifact/reference/bench/targets60_fifth_cpu.csv")))
     """
     with csv_path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
-    if not rows:
-        raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
-    if "cpu_ratio" not in rows[0]:
-        raise ValueError(f"{csv_path}: no CPU columns (cpu_*; a CSV written before they were "
-                         "added)")
-    algs = [a for a in (*ALGORITHMS, AA) if any(r["algorithm"] == a for r in rows)]
-    cell = {(r["op"], int(r["p"]), int(r["nbytes"]), r["algorithm"]): r for r in rows}
-    keys = sorted({k[:3] for k in cell}, key=lambda k: (k[1], OPS.index(k[0]), k[2]))
-    shown = [a for a in algs if a != "torch"]
-    out = ["| op | p | size | " + " | ".join(f"{a}: wall / cpu ratio (busy)" for a in shown)
-           + " | built-in: cpu ms (busy) |",
-           "|---|---|---|" + "---|" * (len(shown) + 1)]
-    for op, q, n in keys:
-        parts = []
-        for a in shown:
-            r = cell.get((op, q, n, a))
-            parts.append("" if r is None else
-                         f"{float(r['ratio']):.2f} / {float(r['cpu_ratio']):.2f} "
-                         f"[{float(r['cpu_ratio_lo']):.2f}, {float(r['cpu_ratio_hi']):.2f}] "
-                         f"({float(r['busy']):.2f})")
-        base = cell.get((op, q, n, "torch"))
-        parts.append("" if base is None else
-                     f"{float(base['cpu_s']) * 1e3:.1f} ({float(base['busy']):.2f})")
-        out.append(f"| {op} | {q} | {_fmt_size(n).replace('M', ' MiB')} | " + " | ".join(parts)
-                   + " |")
-    return "\n".join(out)
+        if "cpu_ratio" not in (csv.DictReader(f).fieldnames or ()):
+            raise ValueError(f"{csv_path}: no CPU columns (cpu_*; a CSV written before they "
+                             "were added)")
+    return _table(csv_path, min_bytes, lambda a: f"{a}: wall / cpu ratio (busy)",
+                  lambda r: f"{float(r['ratio']):.2f} / {_ci(r, 'cpu_ratio')} "
+                            f"({float(r['busy']):.2f})",
+                  "built-in: cpu ms (busy)",
+                  lambda r: f"{float(r['cpu_s']) * 1e3:.1f} ({float(r['busy']):.2f})")
 
 
 #: The claims whose checks decide issue 13's targets (artifact/claims.yaml), and their op.

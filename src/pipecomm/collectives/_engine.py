@@ -162,11 +162,8 @@ class Engine:
             for j in range(k):
                 combine(op, blocks[j], q.wait(j))
         """
-        elems = max(1, elems)
-        fit = SCRATCH_BYTES // (elems * like.element_size())
-        m = max(1, min(count, max(self.depth + 1, fit)))
-        slots = list(scratch(m * elems, like).view(m, elems).unbind(0))
-        depth = count if m >= count else m - 1
+        slots, depth = scratch_slots(count, elems, like, self.depth)
+        m = len(slots)
         return RecvQueue(self, peer, count, lambda j: slots[j % m][: size(j)], depth)
 
 
@@ -213,6 +210,25 @@ class RecvQueue:
         if transfer is not None:
             transfer.wait()
         return buf
+
+
+def scratch_slots(
+    count: int, elems: int, like: torch.Tensor, depth: int = DEPTH
+) -> tuple[tuple[torch.Tensor, ...], int]:
+    """Scratch slots of ``elems`` elements of ``like``'s dtype for a stream of ``count`` partial
+    results, and how many receives to keep posted ahead: one slot per message and all posted up
+    front when they fit in :data:`SCRATCH_BYTES`, else as many slots as fit (at least
+    ``depth + 1``) with one fewer receives ahead than slots (message ``j`` lands in slot
+    ``j % len(slots)``; its slot's previous message was consumed before it is posted).
+
+    Example::
+
+        slots, ahead = scratch_slots(k, block_elems, flat)
+    """
+    elems = max(1, elems)
+    fit = SCRATCH_BYTES // (elems * like.element_size())
+    m = max(1, min(count, max(depth + 1, fit)))
+    return scratch(m * elems, like).view(m, elems).unbind(0), (count if m >= count else m - 1)
 
 
 _SCRATCH: dict[tuple, torch.Tensor] = {}

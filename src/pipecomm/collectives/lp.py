@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import block, num_blocks
-from pipecomm.collectives._engine import DEPTH, SCRATCH_BYTES, Engine, scratch
+from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 
@@ -249,8 +249,7 @@ def _allreduce_direct(blocks: list[torch.Tensor], flat: torch.Tensor, elems: int
     a buffer waits for is known from the schedule: a finished block's receive goes into the
     block whose partial sum went right, so that send is waited just before the receive is posted
     (``_down_depth`` of them ahead, from the first finished block's step on); partial sums from
-    the left land in scratch slots (all posted up front where they fit in
-    :data:`._engine.SCRATCH_BYTES`, else one fewer ahead than slots)."""
+    the left land in scratch slots (:func:`._engine.scratch_slots`)."""
     k = len(blocks)
     to_left, from_left = left if left else (None, None)
     to_right, from_right = right if right else (None, None)
@@ -259,10 +258,8 @@ def _allreduce_direct(blocks: list[torch.Tensor], flat: torch.Tensor, elems: int
     up: list[tuple[torch.Tensor, Any]] = []
     m = ahead = 0
     if from_left is not None:
-        fit = SCRATCH_BYTES // (elems * flat.element_size())
-        m = max(1, min(k, max(DEPTH + 1, fit)))
-        slots = scratch(m * elems, flat).view(m, elems).unbind(0)
-        ahead = k if m >= k else m - 1
+        slots, ahead = scratch_slots(k, elems, flat)
+        m = len(slots)
         for j in range(ahead):
             t = slots[j % m][: blocks[j].numel()]
             up.append((t, from_left(t)))

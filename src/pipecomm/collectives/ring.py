@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from pipecomm.collectives._chunks import even_offsets, span
-from pipecomm.collectives._engine import DEPTH, SCRATCH_BYTES, Engine, scratch
+from pipecomm.collectives._engine import Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
@@ -203,15 +203,12 @@ def _allreduce_direct(seg: _Segments, send: Any, recv: Any, g: int, op: str, p: 
     (:class:`pipecomm.collectives.p2p.Direct`): every message of the ring goes to the right
     neighbour or comes from the left one, so which send a buffer waits for is known from the
     schedule and the engine's bookkeeping is not needed. Receives of partial results land in
-    scratch slots (all posted up front where they fit in :data:`._engine.SCRATCH_BYTES`, else
-    one fewer ahead than slots); before the allgather overwrites the chunks sent in the
+    scratch slots (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks sent in the
     reduce-scatter, those sends are waited (all but the last chunk's, which stays in place)."""
-    nq, elems = seg.per_chunk, seg.elems
+    nq = seg.per_chunk
     count = (p - 1) * nq
-    fit = SCRATCH_BYTES // (elems * seg.flat.element_size())
-    m = max(1, min(count, max(DEPTH + 1, fit)))
-    slots = scratch(m * elems, seg.flat).view(m, elems).unbind(0)
-    ahead = count if m >= count else m - 1
+    slots, ahead = scratch_slots(count, seg.elems, seg.flat)
+    m = len(slots)
     sends = [send(t) for q in range(nq) if (t := seg.of(g, q)).numel()]
     pending: list[Any] = []
 
