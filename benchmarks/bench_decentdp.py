@@ -4,7 +4,8 @@ Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performanc
 Training" (ICLR 2025) ship their implementation as the PyPI package ``decent-dp``. This script
 trains the same model with the same topology, world size, bucket size and optimizer (torch Adam)
 under both wrappers, on the real gloo backend (no emulation; both use the backend's built-in
-subgroup allreduce: pipecomm ``algorithm="torch"``), in one pool of ranks, alternating the two
+subgroup allreduce: pipecomm ``algorithm="torch"``; ``--algorithm`` gives pipecomm one of its own
+collectives instead), in one pool of ranks, alternating the two
 ``--repeats`` times, and prints pipecomm's per-iteration time divided by decent-dp's: the ratio
 of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.stats.ratio_ci`;
 the target: at most 1), and the ratio of the best repeats. ``--aa`` runs decent-dp a second time
@@ -106,7 +107,7 @@ def rank_bench(cfg: dict) -> dict:
             optim_fn,
             topology=cfg["topology"],
             bucket_mb=float(cfg["bucket_mb"]),
-            algorithm="torch",
+            algorithm=cfg["algorithm"],
         )
     else:
         from loguru import logger
@@ -178,6 +179,10 @@ def main(argv: list[str] | None = None) -> float:
     )
     parser.add_argument("--aa", action="store_true",
                         help="also run decent-dp a second time per alternation (A/A noise floor)")
+    parser.add_argument("--algorithm", default="torch", choices=["torch", "lp", "ring", "be",
+                                                                 "mst"],
+                        help="pipecomm's gossip collective (default torch: the built-in, as "
+                             "decent-dp uses)")
     args = parser.parse_args(argv)
     if args.world_size % args.ranks_per_node:
         parser.error("--ranks-per-node must divide --world-size")
@@ -199,6 +204,7 @@ def main(argv: list[str] | None = None) -> float:
         "iters": args.iters,
         "blocks": args.blocks,
         "target": str(args.target),
+        "algorithm": args.algorithm,
     }
     runs = ["pipecomm", "decent-dp", *(["decent-dp (A/A)"] if args.aa else [])]
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> float:
     print(
         f"decent-dp {version}; model {args.model}, topology {args.topology}, "
         f"p={args.world_size} ({args.ranks_per_node} per node), Adam, gloo (real network), "
+        f"pipecomm's gossip {args.algorithm!r}, "
         f"{time.perf_counter() - start:.0f} s"
     )
     for k, v in times.items():
