@@ -32,8 +32,8 @@ Every repeat also records the call's CPU time on every rank (``time.process_time
 the backend's included), summed over the ranks (CSV ``cpu_s``, the median, ``cpu_times_s``
 every repeat): its ratio to the built-in's (``cpu_ratio``, with a bootstrap 95% interval) and
 the share of the host's core-seconds the call used (``busy``, :func:`pipecomm.bench.host_busy`).
-With 8 ranks on 2 cores a call that keeps the cores busy takes its CPU divided by the cores, so
-the CPU ratio is where a wall-time ratio comes from (``--cpu-summary``).
+With 8 ranks on 2 cores a call that keeps the cores busy takes its CPU divided by the cores;
+a wall-time ratio above the CPU ratio means cores left idle (``--cpu-summary``).
 
 ``--aa`` times the built-in a second time in every repeat (rows ``torch-aa``): its ratio to the
 built-in is an A/A comparison, the interval an algorithm exactly as fast as the built-in would get
@@ -347,9 +347,10 @@ def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     """Where the time goes on a host with fewer cores than ranks: per op, p and size (messages of
     at least ``min_bytes``), each algorithm's wall-time ratio to the built-in next to its CPU
     ratio (core-seconds per call summed over the ranks, every thread, with its 95% interval),
-    and how busy each kept the host's cores (:func:`pipecomm.bench.host_busy`). Where the built-in
-    keeps the cores busy, the wall ratio can only fall by the CPU ratio falling: the
-    algorithm must spend fewer core-seconds than the built-in does.
+    and how busy each kept the host's cores (:func:`pipecomm.bench.host_busy`). A wall ratio
+    above the CPU ratio means the algorithm left cores idle that the built-in kept busy (waits
+    on its critical path); one below it, that it spent more core-seconds on cores the built-in
+    left idle.
 
     Example::
 

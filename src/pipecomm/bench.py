@@ -146,8 +146,9 @@ def time_fn(
 
     ``cpu``: also ``cpu_s``, each repeat's CPU time (``time.process_time``: every thread of the
     process, the backend's included) summed over the ranks of ``group``: the core-seconds the
-    call cost. Next to the repeat's wall time it says whether the call was bound by the host's
-    cores (:func:`host_busy`), which on a host with fewer cores than ranks decides its speed.
+    call cost. Next to the repeat's wall time it says how busy the call kept the host's cores
+    (:func:`host_busy`): on a host with fewer cores than ranks, whether a slower call spent more
+    core-seconds or left cores idle.
 
     Example::
 

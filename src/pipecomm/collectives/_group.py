@@ -91,7 +91,6 @@ class Comm:
         group, tag = self._route(self.members[self.index] < src)
         return p2p.post_recv(t, src, group, tag)
 
-
     def direct(self, peer: int, send: bool, like: torch.Tensor) -> p2p.Direct | None:
         """A poster straight to the backend for messages to (``send``) or from group index
         ``peer`` on their route (:func:`pipecomm.collectives.p2p.direct`), or ``None`` where the

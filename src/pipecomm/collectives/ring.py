@@ -203,8 +203,9 @@ def _allreduce_direct(seg: _Segments, send: Any, recv: Any, g: int, op: str, p: 
     (:class:`pipecomm.collectives.p2p.Direct`): every message of the ring goes to the right
     neighbour or comes from the left one, so which send a buffer waits for is known from the
     schedule and the engine's bookkeeping is not needed. Receives of partial results land in
-    scratch slots (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks sent in the
-    reduce-scatter, those sends are waited (all but the last chunk's, which stays in place)."""
+    scratch slots (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks
+    sent in the reduce-scatter, those sends are waited (all but the last chunk's, which stays in
+    place)."""
     nq = seg.per_chunk
     count = (p - 1) * nq
     slots, ahead = scratch_slots(count, seg.elems, seg.flat)
