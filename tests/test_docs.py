@@ -157,3 +157,29 @@ def test_source_cites_only_files_in_the_repository():
 )
 def test_forbidden_pattern(line, flagged):
     assert bool(_FORBIDDEN.search(line)) is flagged
+
+
+def _refusal(op: str, dtype) -> type[Exception]:
+    """The exception pipecomm's process group raises for ``op`` on a ``dtype`` tensor."""
+    import torch
+
+    from pipecomm.backend import PipecommProcessGroup
+
+    class _Stub:  # _prepare reads only the options, and only after its checks
+        options = None
+
+    try:
+        PipecommProcessGroup._prepare(_Stub(), "allreduce", [torch.ones(2, dtype=dtype)], op)
+    except (TypeError, ValueError) as exc:
+        return type(exc)
+    raise AssertionError(f"{op} of {dtype} was not refused")
+
+
+def test_readme_names_the_errors_the_backend_raises():
+    import torch
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    avg_int, max_complex = _refusal("avg", torch.int64), _refusal("max", torch.complex64)
+    assert (avg_int, max_complex) == (TypeError, ValueError)
+    assert f"AVG of integers is a {avg_int.__name__}" in text
+    assert re.search(r"MAX or MIN of complex numbers[^.]*are a " + max_complex.__name__, text)
