@@ -775,3 +775,67 @@ def interleaved_order(points: list) -> dict:
     finally:
         sweep.collective_call = real
     return {"calls": calls, "rows": rows}
+
+
+def mismatched_calls() -> list[str]:
+    """Members of groups of 2, 3 and 5 ranks call a collective with different arguments (size,
+    dtype, root, op, empty against non-empty, LP block): every member must raise MismatchError
+    naming each side's call, with its tensor untouched; synchronous and asynchronous calls. Then
+    a matched call gives exactly the bits of the schedule run without the check."""
+    from pipecomm.collectives import agreement
+    from pipecomm.collectives._group import make_comm
+
+    g = groups()
+    me = dist.get_rank()
+    failures = []
+    for spec in ((2, 5), (1, 4, 6), (1, 3, 4, 6, 7)):
+        if me not in spec:
+            continue
+        group, odd = g[spec], spec[-1]  # the last member differs
+        mine = me == odd
+        cases = {
+            "size": ("allreduce", {}, 1000 + 100 * mine, torch.float32, ["numel=1000", "numel=1100"]),
+            "dtype": ("broadcast", {"src": spec[0]}, 333, torch.float64 if mine else torch.float32,
+                      ["float64", "float32"]),
+            "root": ("broadcast", {"src": spec[1] if mine else spec[0]}, 77, torch.float32,
+                     [f"src={spec[0]}", f"src={spec[1]}"]),
+            "op": ("reduce", {"dst": spec[0], "op": "max" if mine else "sum"}, 50, torch.int64,
+                   ["op='max'", "op='sum'"]),
+            "empty": ("allreduce", {}, 0 if mine else 9, torch.float32, ["numel=0", "numel=9"]),
+        }
+        for alg in ("lp", "mst", "be", "ring"):
+            for name, (kind, kw, numel, dtype, words) in cases.items():
+                for async_op in (False, True):
+                    t = make_input(5, me, numel, dtype)
+                    before = t.clone()
+                    try:
+                        h = getattr(C, kind)(t, algorithm=alg, group=group, async_op=async_op, **kw)
+                        if async_op:
+                            h.wait()
+                        failures.append(f"rank {me} {spec} {alg} {name} async={async_op}: no error")
+                    except agreement.MismatchError as e:
+                        missing = [w for w in [kind, *words] if w not in str(e)]
+                        if missing:
+                            failures.append(f"rank {me} {alg} {name}: {missing} not in {e}")
+                    if not torch.equal(t, before):
+                        failures.append(f"rank {me} {alg} {name}: tensor changed")
+        t = make_input(6, me, 4099, torch.float32)
+        try:
+            C.allreduce(t, algorithm="lp", group=group, block_bytes=4096 if mine else 1024)
+            failures.append(f"rank {me} {spec}: LP blocks differ, no error")
+        except agreement.MismatchError as e:
+            if "block_elems=1024" not in str(e) or "block_elems=256" not in str(e):
+                failures.append(f"rank {me} block sizes not named: {e}")
+        # matched: the same bits as the schedule without the check
+        members = tuple(spec)
+        for alg in ("lp", "mst", "be", "ring"):
+            x = make_input(7, me, 5003, torch.float32)
+            y = x.clone()
+            C.allreduce(x, algorithm=alg, group=group, block_bytes=1024)
+            schedule = __import__(f"pipecomm.collectives.{alg}", fromlist=[alg])
+            kw = {"block_elems": 256} if alg == "lp" else {}
+            schedule.allreduce(y, make_comm(members, group), "sum", **kw)
+            if not torch.equal(x, y):
+                failures.append(f"rank {me} {spec} {alg}: checked call differs from the schedule")
+    dist.barrier()
+    return failures

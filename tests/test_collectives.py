@@ -1114,3 +1114,10 @@ def test_loopback_cpu_profile_categories():
             "other kernel": 0.04, "other user": 0.03}
     assert got == pytest.approx(want)
     assert list(got) == [name for name, _ in mod.CATEGORIES]
+
+
+@pytest.mark.timeout(240)
+def test_mismatched_calls_raise_on_every_rank(pool):
+    """Size, dtype, root, op, empty and LP-block disagreements at p = 2, 3, 5, each algorithm,
+    synchronous and asynchronous: every member raises, naming both sides; nothing changed."""
+    _check(pool(8).run(fns.mismatched_calls, timeout_s=200))

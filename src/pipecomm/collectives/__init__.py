@@ -19,6 +19,7 @@ Example::
 """
 
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
+from pipecomm.collectives.agreement import MismatchError
 from pipecomm.collectives.api import ALGORITHMS, COMPRESSIONS, allreduce, broadcast, reduce
 from pipecomm.collectives.async_ import Handle
 
@@ -28,6 +29,7 @@ __all__ = [
     "OPS",
     "SUPPORTED_DTYPES",
     "Handle",
+    "MismatchError",
     "allreduce",
     "broadcast",
     "reduce",

@@ -8,8 +8,13 @@ reduced in a contiguous copy that is copied back), and runs the operation either
 
 Groups: ``group`` is any process group (``None`` = the world); ``src``/``dst`` are *global* ranks
 that must be members of it. A rank that is not a member of ``group`` returns at once without
-communicating (as ``torch.distributed`` does); its tensor is unchanged. A group of one rank, and
-an empty tensor, are no-ops (``avg`` over one rank is the identity).
+communicating (as ``torch.distributed`` does); its tensor is unchanged. A group of one rank is a
+no-op (``avg`` over one rank is the identity); an empty tensor moves no data.
+
+Every member first checks that all members made the same call (:mod:`.agreement`: op,
+algorithm, root, numel, dtype, LP block, codec); if not, every member raises
+:class:`~pipecomm.collectives.agreement.MismatchError` naming each rank's call, before any data
+moves. The built-in (``"torch"``) is left to the backend's own checks.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import vocab
-from pipecomm.collectives import be, builtin, lp, mst, ring
+from pipecomm.collectives import agreement, be, builtin, lp, mst, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, submit
@@ -177,7 +182,7 @@ def _execute(
 ) -> Result:
     p = len(members)
     what = f"{kind}(algorithm={algorithm!r}, op={op!r}, numel={t.numel()}, group size {p})"
-    if p == 1 or t.numel() == 0:
+    if p == 1 or (t.numel() == 0 and algorithm == "torch"):
         return CompletedHandle(t, what) if async_op else t
     data = t.detach()
     contiguous = data.is_contiguous()
@@ -201,12 +206,19 @@ def _execute(
     schedule = _SCHEDULES[algorithm]
     kwargs: dict[str, Any] = {}
     if algorithm == "lp":
-        kwargs["block_elems"] = _block_elems(kind, t, p, block_bytes, codec)
+        kwargs["block_elems"] = _block_elems(kind, t, p, block_bytes, codec) if t.numel() else 0
     if codec is not None:
         kwargs["codec"] = codec
     comm = make_comm(members, transport)
+    call = agreement.Call(kind, algorithm, op, -1 if root is None else root, t.numel(), t.dtype,
+                          kwargs.get("block_elems", 0),
+                          None if codec is None else getattr(codec, "name", "") or type(codec).__name__)
+    device = t.device if comm.batched else "cpu"
 
     def body() -> None:
+        agreement.check(call, comm, device)  # every rank raises, before any data moves
+        if data.numel() == 0:
+            return
         flat = data.view(-1) if contiguous else data.contiguous().view(-1)
         if kind == "allreduce":
             schedule.allreduce(flat, comm, op, **kwargs)

@@ -1,0 +1,157 @@
+"""Every rank of a collective must make the same call: checked before any data moves.
+
+A point-to-point schedule trusts that its peers cut the message the same way. When they do not
+(one rank passes 1000 elements, another 1100; float32 against float64; a different ``src``, op
+or LP block), gloo aborts the process on the first mismatched message while its peer may
+return a half-reduced tensor. So before the first data message every member learns every
+member's :class:`Call` -- an allgather of a few integers in ``ceil(log2 p)`` rounds (Bruck's
+dissemination: in round ``r`` rank ``i`` sends what it knows to ``i - 2^r`` and receives from
+``i + 2^r``) -- and all of them raise the same :class:`MismatchError`, naming each rank's call,
+if any differs. The messages go straight to the backend under a tag of their own, never through
+the emulated network (they are not part of the schedule the cost model prices). Their cost is
+measured by ``benchmarks/bench_collectives.py --check-cost``.
+
+Example::
+
+    call = Call("allreduce", "lp", "sum", -1, 1000, torch.float32, 256, None)
+    check(call, comm)     # every rank returns, or every rank raises MismatchError
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipecomm import vocab
+from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
+from pipecomm.collectives.p2p import _process_group
+
+#: The tag of the check's messages: above every tag the schedules use (0 and ``1 + 30 bits``,
+#: :func:`pipecomm.launch.reverse_transport`), so they never match a schedule's message.
+TAG = (1 << 30) + 1
+KINDS: tuple[str, ...] = ("allreduce", "broadcast", "reduce")
+
+
+class MismatchError(ValueError):
+    """The ranks of a group called a collective with different arguments (raised on every
+    member, before any data moved)."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """What every member of a collective must pass alike. ``root`` is a group index (-1: none),
+    ``block_elems`` LP's elements per block (0: not LP), ``compression`` a codec name or
+    ``None``.
+
+    Example::
+
+        Call("broadcast", "mst", "sum", 0, 4096, torch.float16, 0, None).describe()
+    """
+
+    kind: str
+    algorithm: str
+    op: str
+    root: int
+    numel: int
+    dtype: torch.dtype
+    block_elems: int
+    compression: str | None
+
+    def encode(self) -> list[int]:
+        """The call as eight integers (names by their index in pipecomm's vocabularies)."""
+        codec = 0 if self.compression is None else 1 + (zlib.crc32(self.compression.encode())
+                                                        & 0x3FFFFFFF)
+        return [KINDS.index(self.kind), vocab.ALGORITHMS.index(self.algorithm),
+                OPS.index(self.op), self.root, self.numel, SUPPORTED_DTYPES.index(self.dtype),
+                self.block_elems, codec]
+
+    def describe(self, members: tuple[int, ...] | None = None) -> str:
+        """``kind(algorithm=..., op=..., root, numel=..., dtype=..., ...)`` as a user wrote it;
+        ``members`` turns the root's group index into its global rank."""
+        parts = [f"algorithm={self.algorithm!r}"]
+        if self.kind != "broadcast":
+            parts.append(f"op={self.op!r}")
+        if self.root >= 0:
+            root = members[self.root] if members and self.root < len(members) else self.root
+            parts.append(f"{'src' if self.kind == 'broadcast' else 'dst'}={root}")
+        parts += [f"numel={self.numel}", f"dtype={str(self.dtype).replace('torch.', '')}"]
+        if self.block_elems:
+            parts.append(f"block_elems={self.block_elems}")
+        if self.compression is not None:
+            parts.append(f"compression={self.compression!r}")
+        return f"{self.kind}({', '.join(parts)})"
+
+
+def _decoded(row: list[int], mine: Call, members: tuple[int, ...]) -> str:
+    """A peer's encoded call, described (a codec is named only when it is this rank's)."""
+    kind, alg, op, root, numel, dtype, block, codec = row
+    compression = None if codec == 0 else (mine.compression if codec == mine.encode()[7]
+                                          else "<another codec>")
+    return Call(KINDS[kind], vocab.ALGORITHMS[alg], OPS[op], root, numel,
+                SUPPORTED_DTYPES[dtype], block, compression).describe(members)
+
+
+def allgather_rows(row: list[int], comm: Any,
+                   device: torch.device | str = "cpu") -> list[list[int]]:
+    """Every member's ``row`` (equal-length lists of integers), in group order, on every member:
+    Bruck's allgather over ``comm`` (:class:`pipecomm.collectives._group.Comm`) in
+    ``ceil(log2 p)`` rounds of one message each way, under :data:`TAG`.
+
+    Example::
+
+        allgather_rows([dist.get_rank()], comm)    # [[0], [1], ..., [p - 1]]
+    """
+    p, i, width = comm.size, comm.index, len(row)
+    held = torch.empty(p, width, dtype=torch.int64, device=device)
+    held[0] = torch.tensor(row, dtype=torch.int64)
+    have = 1  # held[j] is the row of group index (i + j) mod p
+    for r in range(math.ceil(math.log2(p))):
+        d = 1 << r
+        count = min(d, p - have)
+        send, recv = held[:count].clone(), held[have:have + count]
+        _exchange(comm, send, (i - d) % p, recv, (i + d) % p)
+        have += count
+    return held.roll(i, 0).tolist()
+
+
+def _exchange(comm: Any, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+    """One round: ``send`` to group index ``dst``, ``recv`` from ``src``, both waited."""
+    to, frm = comm.members[dst], comm.members[src]
+    if comm.batched:  # NCCL: posted together, as the schedules' batches are
+        ops = [dist.P2POp(dist.irecv, recv, frm, comm.transport, TAG),
+               dist.P2POp(dist.isend, send, to, comm.transport, TAG)]
+        works = dist.batch_isend_irecv(ops)
+    else:
+        (pg, src_rank), (_, dst_rank) = (_process_group(comm.transport, frm),
+                                         _process_group(comm.transport, to))
+        works = [pg.recv([recv], src_rank, TAG), pg.send([send], dst_rank, TAG)]
+    for work in works:
+        work.wait()
+
+
+def check(call: Call, comm: Any, device: torch.device | str = "cpu") -> None:
+    """Return on every member if every member of ``comm`` passed the same ``call``; else raise
+    :class:`MismatchError` on every member, naming each rank's call (global ranks).
+
+    Example::
+
+        check(Call("allreduce", "ring", "avg", -1, t.numel(), t.dtype, 0, None), comm)
+    """
+    rows = allgather_rows(call.encode(), comm, device)
+    if all(r == rows[0] for r in rows):
+        return
+    by_call: dict[str, list[int]] = {}
+    for rank, r in zip(comm.members, rows):
+        by_call.setdefault(_decoded(r, call, comm.members), []).append(rank)
+    sides = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {what}"
+                      for what, rs in by_call.items())
+    raise MismatchError(
+        f"{call.kind}: the {comm.size} ranks of the group called it with different arguments "
+        f"({sides}); every rank must pass the same op, algorithm, root, numel, dtype and "
+        "block size. Nothing was sent or changed"
+    )
