@@ -308,6 +308,32 @@ def bad_inputs() -> dict:
     return out
 
 
+def mismatched(algorithm: str) -> dict:
+    """Rank r all-reduces ``ones(1000 + 100 r)`` on a pipecomm group, then the ranks disagree
+    on broadcast's dtype: every rank's ``wait`` raises naming both sides, tensors untouched;
+    then a matched call still works."""
+    from pipecomm.collectives import MismatchError
+
+    rank = dist.get_rank()
+    pg = backend.new_group(algorithm=algorithm)
+    out: dict[str, Any] = {}
+    for name, t, call in (
+        ("size", torch.ones(1000 + 100 * rank), lambda t: dist.all_reduce(t, group=pg)),
+        ("dtype", torch.ones(7, dtype=torch.float64 if rank else torch.float32),
+         lambda t: dist.broadcast(t, src=0, group=pg)),
+    ):
+        try:
+            call(t)
+            out[name] = "no error"
+        except MismatchError as exc:
+            out[name] = str(exc)
+        out[name + "_untouched"] = bool((t == 1).all())
+    x = torch.ones(10)
+    dist.all_reduce(x, group=pg)
+    out["after"] = float(x[0])
+    return out
+
+
 def _allreduce_opts(op: Any) -> dist.AllreduceOptions:
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
@@ -419,14 +445,25 @@ def torchrun_main(out_dir: str) -> None:
     dist.init_process_group(backend="pipecomm", timeout=datetime.timedelta(seconds=60))
     rank, p = dist.get_rank(), dist.get_world_size()
     world = dist.group.WORLD
+    from pipecomm import launch
+
     early = dist.new_group(list(range(p)), backend="pipecomm")
-    try:  # before the communication thread's group exists: refused, not a hang
-        dist.all_reduce(torch.ones(2), group=early)
-        refused = "no error"
-    except RuntimeError as exc:
-        refused = str(exc)
+    half = dist.new_group([0], backend="pipecomm")  # a subgroup that not every rank is in
+    # before the communication thread's group exists: every operation works on the subgroups
+    e = torch.full((5,), float(rank + 1))
+    dist.all_reduce(e, group=early)
+    b = torch.full((3,), float(rank))
+    dist.broadcast(b, src=p - 1, group=early)
+    r = torch.full((4,), 2.0)
+    dist.reduce(r, dst=0, group=early)
+    dist.barrier(group=early)
+    h = torch.ones(2)
+    if rank == 0:
+        dist.all_reduce(h, group=half)
     out: dict[str, Any] = {
-        "early_subgroup": refused,
+        "early_subgroup": [float(e[0]), float(b[0]), float(r[0]) if rank == 0 else None,
+                           float(h[0])],
+        "comm_group_before_world_op": launch.has_comm_group(),
         "backend": dist.get_backend(),
         "type": type(world).__name__,
         "algorithm": getattr(world, "algorithm", None),

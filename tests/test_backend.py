@@ -91,6 +91,15 @@ def test_subgroups(pool):
         assert res["a_bcast"] == res["b_bcast"] == 2.0
 
 
+@pytest.mark.parametrize("algorithm", ["lp", "mst", "be", "ring"])
+def test_ranks_that_disagree_all_raise(pool, algorithm):
+    p = 3
+    for res in pool(p).run(fns.mismatched, algorithm, timeout_s=TIMEOUT):
+        assert all(f"numel={1000 + 100 * r}" in res["size"] for r in range(p)), res["size"]
+        assert "float64" in res["dtype"] and "float32" in res["dtype"], res["dtype"]
+        assert res["size_untouched"] and res["dtype_untouched"] and res["after"] == p
+
+
 def test_bad_inputs_raise_before_communication(pool):
     res = pool(2).run(fns.bad_inputs, timeout_s=TIMEOUT)[0]
     expected = {
@@ -148,4 +157,8 @@ def test_init_process_group_under_torchrun(tmp_path):
         assert res["avg"] == 1.5 and res["max"] == 1 and res["all_gather"] == [0.0, 1.0]
         assert res["ddp_max_abs"] < 1e-6
         assert res["subgroup_sum"] == 2.0
-        assert "pipecomm.launch.comm_group()" in res["early_subgroup"]
+    p = 2
+    for rank, res in enumerate(results):  # subgroups before any world operation: as on gloo
+        assert res["comm_group_before_world_op"] is False
+        assert res["early_subgroup"] == [p * (p + 1) / 2, p - 1.0, 2.0 * p if rank == 0 else None,
+                                         1.0]

@@ -41,8 +41,9 @@ Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
 Asynchronous pipecomm collectives travel on :func:`pipecomm.launch.comm_group`, a world-wide
 group that must be created on every rank: :func:`new_group` creates it; a world group made by
 ``init_process_group(backend="pipecomm")`` creates it at its first pipecomm operation (every rank
-takes part in those); a subgroup made by ``dist.new_group`` before either refuses to run with an
-error rather than hang.
+takes part in those); a subgroup made by ``dist.new_group`` before either carries its own
+messages on its own connections (every pipecomm operation of a pipecomm group runs on the
+communication thread) until that group exists.
 
 What torch 2.13 does and does not allow here (checked by the tests): a Python
 ``ProcessGroup`` subclass may register real backends under itself (``_register_backend``), so
@@ -102,7 +103,7 @@ __all__ = [
 ]
 
 #: The name ``import pipecomm.backend`` registers with ``torch.distributed.Backend``.
-BACKEND_NAME = "pipecomm"
+BACKEND_NAME = vocab.BACKEND_NAME
 ENV_ALGORITHM = "PIPECOMM_ALGORITHM"
 ENV_COMPRESSION = "PIPECOMM_COMPRESSION"
 ENV_BLOCK_BYTES = "PIPECOMM_BLOCK_BYTES"
@@ -304,12 +305,6 @@ def _red_op(op: Any) -> Any:
     return op.op if isinstance(op, dist.ReduceOp) else op
 
 
-def _comm_group_ready() -> bool:
-    from pipecomm import launch
-
-    return getattr(launch, "_COMM_GROUP", None) is not None
-
-
 class PipecommProcessGroup(dist.ProcessGroup):
     """A process group that runs AllReduce, Broadcast and Reduce with pipecomm's algorithms.
 
@@ -421,19 +416,13 @@ class PipecommProcessGroup(dist.ProcessGroup):
 
         return _Work(work.get_future().then(average), f"{kind}(AVG, inner)", self._timeout)
 
-    def _ready(self, what: str) -> None:
-        if _comm_group_ready():
-            return
-        if self is not dist.group.WORLD:
-            raise RuntimeError(
-                f"pipecomm {what}: the communication thread's process group does not exist yet, "
-                "and creating it needs every rank, but this is a subgroup. Make subgroups with "
-                "pipecomm.backend.new_group (called on every rank), or call "
-                "pipecomm.launch.comm_group() on every rank before using this group"
-            )
+    def _ready(self) -> None:
+        """The world creates the communication thread's group at its first pipecomm operation
+        (every rank takes part in it); a subgroup runs on its own connections until then."""
         from pipecomm import launch
 
-        launch.comm_group()
+        if self is dist.group.WORLD and not launch.has_comm_group():
+            launch.comm_group()
 
     def _work(self, what: str, handle: collectives.Handle, tensors: list[torch.Tensor]) -> _Work:
         fut = future_of(handle, lambda: tensors, timeout_s=self._timeout.total_seconds())
@@ -452,7 +441,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
         run, use = self._prepare("allreduce", tensors, op)
         if not use or op is None:
             return self._on_inner("allreduce", run, opts, op)
-        self._ready("allreduce")
+        self._ready()
         t = run[0]
         codec = self.options.compression if op in ("sum", "avg") else None
         handle = collectives.allreduce(
@@ -476,7 +465,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
         run, use = self._prepare("broadcast", tensors, None)
         if not use:
             return self._on_inner("broadcast", run, opts, None)
-        self._ready("broadcast")
+        self._ready()
         handle = collectives.broadcast(
             run[0],
             src=self._global(opts.rootRank),
@@ -496,7 +485,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
         run, use = self._prepare("reduce", tensors, op)
         if not use or op is None:
             return self._on_inner("reduce", run, opts, op)
-        self._ready("reduce")
+        self._ready()
         handle = collectives.reduce(
             run[0],
             dst=self._global(opts.rootRank),

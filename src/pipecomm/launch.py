@@ -177,6 +177,16 @@ def comm_group():
     return _COMM_GROUP
 
 
+def has_comm_group() -> bool:
+    """Whether :func:`comm_group` exists in this process (it is created on first use).
+
+    Example::
+
+        launch.has_comm_group()   # True in a pipecomm pool
+    """
+    return _COMM_GROUP is not None
+
+
 def reverse_transport(transport: Any) -> tuple[Any, int] | None:
     """Where pipecomm's messages to a *lower* global rank travel when ``transport`` carries
     those to a higher one: ``(group, tag)``, or ``None`` (one group carries both directions).

@@ -32,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "ALGORITHMS",
+    "BACKEND_NAME",
     "CODECS",
     "COMPRESSING_ALGORITHMS",
     "COMPRESSIONS",
@@ -45,6 +46,8 @@ __all__ = [
     "check_mode",
 ]
 
+#: The name of pipecomm's torch.distributed backend (:mod:`pipecomm.backend`).
+BACKEND_NAME: str = "pipecomm"
 #: Every algorithm :func:`pipecomm.collectives.allreduce` runs; ``"torch"`` stays last.
 ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
 #: The algorithms with a cost model (:mod:`pipecomm.cost`); they run over the emulated network.

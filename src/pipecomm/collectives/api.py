@@ -159,11 +159,17 @@ def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessG
     the communication thread's world-wide duplicate (p2p addresses global ranks, so it serves any
     subgroup). Called on every rank, members of ``group`` or not: when torch.distributed was
     initialised outside :mod:`pipecomm.launch`, the first call creates that group, a collective.
+    A pipecomm process group (:mod:`pipecomm.backend`, every pipecomm operation of which runs on
+    the thread) that is not the world carries its own messages until that group exists, so a
+    subgroup works from the first call, like a gloo subgroup.
     """
     if not async_op:
         return group
     from pipecomm import launch
 
+    if (not launch.has_comm_group() and group is not None and group is not dist.group.WORLD
+            and dist.get_backend(group) == vocab.BACKEND_NAME):
+        return group
     return launch.comm_group()
 
 
