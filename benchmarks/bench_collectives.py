@@ -80,6 +80,7 @@ from pipecomm import bench, cost, launch, netem, stats, sweep
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
+CHECK = "check"  # the ranks' agreement check alone (``--check-cost``)
 OPS = ("broadcast", "allreduce", "reduce")
 DEFAULT_SIZES = tuple(64 * 1024 * 4**i for i in range(6))  # 64 KiB .. 64 MiB
 COLUMNS = (
@@ -176,7 +177,7 @@ def rank_bench(cfg: dict) -> list[dict]:
     """
     p = cfg["p"]
     labels = [*cfg["algorithms"], *(f"lp/{k}" for k in cfg.get("lp_blocks", ())),
-              *([AA] if cfg.get("aa") else [])]
+              *([AA] if cfg.get("aa") else []), *([CHECK] if cfg.get("check") else [])]
 
     def point(op: str, n: int, label: str) -> dict:
         alg = "torch" if label == AA else label.split("/")[0]
@@ -193,14 +194,14 @@ def rank_bench(cfg: dict) -> list[dict]:
     if dist.get_rank() < p:
         wrong = {_what(pt): _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p,
                                    pt.get("block_bytes"))
-                 for pt in points if pt["label"] != AA}  # the A/A rows run the built-in's call
+                 for pt in points if pt["label"] not in (AA, CHECK)}  # no call of their own
     dist.barrier()
     if dist.get_rank() != 0:
         return []
     link = cost.host_link() if netem.current() is None else None  # read once, not per row
     for r, pt in zip(timed, points):  # rank 0's rows come in point order
         r["algorithm"] = pt["label"]
-    return [_row(r, wrong[_what(pt)], timed, link) for r, pt in zip(timed, points)]
+    return [_row(r, wrong.get(_what(pt), 0), timed, link) for r, pt in zip(timed, points)]
 
 
 def _what(pt: dict) -> tuple:
@@ -372,6 +373,39 @@ TARGET_CLAIMS = ("C2.5", "C2.6")
 TARGET_OPS = {"C2.5": "broadcast", "C2.6": "allreduce"}
 
 
+def check_cost(csv_path: Path) -> str:
+    """The markdown table of the agreement check's cost in a CSV with ``check`` rows
+    (``--check-cost``): per p and size, the check's median time alone and its share of each
+    algorithm's call (check time / the call's time, which includes the check), with bootstrap
+    95% intervals over the repeats of the same run.
+
+    Example::
+
+        print(check_cost(Path("checkcost.csv")))
+    """
+    with csv_path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    checks = [r for r in rows if r["algorithm"] == CHECK]
+    if not checks:
+        raise ValueError(f"{csv_path} has no '{CHECK}' rows (run with --check-cost)")
+    algs = [a for a in ALGORITHMS if a != "torch" and any(r["algorithm"] == a for r in rows)]
+    out = ["| p | size | check alone (ms) | " + " | ".join(f"share of {a}" for a in algs) + " |",
+           "|---|---|---|" + "---|" * len(algs)]
+    for c in checks:
+        cells = []
+        for a in algs:
+            m = [r for r in rows if r["algorithm"] == a and r["op"] == c["op"]
+                 and r["p"] == c["p"] and r["nbytes"] == c["nbytes"]]
+            if not m:
+                cells.append("")
+                continue
+            v, lo, hi = stats.ratio_ci(stats.repeats(c["times_s"]), stats.repeats(m[0]["times_s"]))
+            cells.append(f"{v:.1%} [{lo:.1%}, {hi:.1%}]")
+        out.append(f"| {c['p']} | {_fmt_size(int(c['nbytes']))} {c['op']} | "
+                   f"{float(c['time_s']) * 1e3:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def targets(csv_path: Path) -> str:
     """The verdicts of :data:`TARGET_CLAIMS` on a CSV this script wrote, by the claims' own checks
     and thresholds; with ``torch-aa`` rows, also each check applied to the built-in against itself
@@ -477,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the A/A ratio interval, this run's noise floor")
     ap.add_argument("--lp-blocks", nargs="+", type=int, default=[], metavar="K",
                     help="also time LP cut into K blocks (rows lp/K) beside its default block")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="also time the ranks' agreement check alone (rows check) and print "
+                         "its share of each algorithm's call")
+    ap.add_argument("--check-summary", type=Path, default=None, metavar="CSV",
+                    help="print the check-cost table of a CSV with check rows and exit")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -502,10 +541,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--targets: {exc}")
         return 0
     for flag, path, table in (("--summary", args.summary, summary),
-                              ("--cpu-summary", args.cpu_summary, cpu_summary)):
+                              ("--cpu-summary", args.cpu_summary, cpu_summary),
+                              ("--check-summary", args.check_summary, check_cost)):
         if path is not None:
             try:
-                print(table(path, args.min_size))
+                print(table(path, args.min_size) if table is not check_cost else table(path))
             except (OSError, ValueError, KeyError) as exc:
                 ap.error(f"{flag}: {exc}")
             return 0
@@ -535,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "aa": args.aa,
                 "lp_blocks": args.lp_blocks,
+                "check": args.check_cost,
             }
             out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
             for r in out:
@@ -547,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
             w.writeheader()
             w.writerows(rows)
         print(f"# wrote {len(rows)} rows to {args.csv}")
+        if args.check_cost:
+            print(check_cost(args.csv))
     return 0
 
 

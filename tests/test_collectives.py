@@ -930,11 +930,12 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     out = tmp_path / "b.csv"
     proc = subprocess.run([sys.executable, script, "--quick", "--algorithms", "lp", "ring",
                            "torch", "--ops", "allreduce", "broadcast", "--aa", "--lp-blocks",
-                           "3", "--csv", str(out)],
+                           "3", "--check-cost", "--csv", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = list(csvmod.DictReader(out.open()))
-    assert len(rows) == 5 * 2 * 2  # algorithms (+ lp/3, + A/A) x ops x sizes
+    assert len(rows) == 6 * 2 * 2  # algorithms (+ lp/3, + A/A, + check) x ops x sizes
+    assert "| p | size | check alone (ms) | share of lp | share of ring |" in proc.stdout
     assert all(r["wrong"] == "0" for r in rows)
     for r in rows:  # LP in 3 blocks: ceil(n / 3) bytes, rounded up to whole float32 elements
         if r["algorithm"] == "lp/3":
@@ -968,6 +969,9 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert lines[0].startswith("| op | p | size | lp: wall / cpu ratio (busy) | ring: ")
     assert len(lines) == 2 + 2 and "| broadcast | 2 | 1 MiB |" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "--check-summary", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2 + 2 * 2, proc.stderr
     old_csv = tmp_path / "old.csv"  # written before the CPU columns
     old_csv.write_text("algorithm,op,p,nbytes,ratio\ntorch,allreduce,2,1048576,1.0\n")
     proc = subprocess.run([sys.executable, script, "--cpu-summary", str(old_csv),

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import bench, collectives, cost
+from pipecomm.collectives import agreement
 
 T = TypeVar("T")
 
@@ -103,12 +104,15 @@ def network(p: dict[str, Any], ports: str | None = None):
 def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
                     block_bytes: int | None = None) -> Callable[[], Any]:
     """A call of ``op`` (sum; root 0) with algorithm ``alg`` on ``t`` over ``group``: what a
-    sweep point times.
+    sweep point times. ``alg="check"``: only the check that the ranks agree on the call, which
+    every pipecomm algorithm makes first (:func:`pipecomm.collectives.agreement.check_alone`).
 
     Example::
 
         collective_call("allreduce", "ring", torch.ones(1024))()
     """
+    if alg == "check":  # the ranks' agreement check of a pipecomm call, alone
+        return lambda: agreement.check_alone(op, t, group=group)
     kw = {"algorithm": alg, "group": group, "block_bytes": block_bytes}
     if op == "broadcast":
         return lambda: collectives.broadcast(t, 0, **kw)

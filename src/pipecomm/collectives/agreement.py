@@ -134,6 +134,26 @@ def _exchange(comm: Any, send: torch.Tensor, dst: int, recv: torch.Tensor, src: 
         work.wait()
 
 
+def check_alone(kind: str, t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
+                root: int = 0, group: dist.ProcessGroup | None = None) -> None:
+    """The check a synchronous pipecomm call of ``kind`` on ``t`` over ``group`` makes before
+    it moves data (``root`` a group index), on its own: what a benchmark times to price it.
+
+    Example::
+
+        check_alone("allreduce", torch.ones(1024), algorithm="ring")
+    """
+    from pipecomm.collectives._group import make_comm, members_of
+
+    members = members_of(group)
+    if members is None or len(members) == 1:
+        return
+    call = Call(kind, algorithm, op, -1 if kind == "allreduce" else root, t.numel(), t.dtype,
+                0, None)
+    comm = make_comm(members, group)
+    check(call, comm, t.device if comm.batched else "cpu")
+
+
 def check(call: Call, comm: Any, device: torch.device | str = "cpu") -> None:
     """Return on every member if every member of ``comm`` passed the same ``call``; else raise
     :class:`MismatchError` on every member, naming each rank's call (global ranks).
