@@ -80,6 +80,7 @@ def pipelined_vs_pipesgd(
     steps: int = 6,
     compression: str | None = None,
     group_kind: str = "world",
+    error_feedback: bool = False,
 ) -> dict:
     """Parameters after ``steps`` iterations: DDP + pipelined_hook vs PipeSGD(mode="pipe").
 
@@ -92,7 +93,7 @@ def pipelined_vs_pipesgd(
 
     model = _model()
     ddp = DDP(model, process_group=group, bucket_cap_mb=0.0005)  # several buckets, rebuilt
-    state = hooks.PipelinedState(staleness, algorithm, compression)
+    state = hooks.PipelinedState(staleness, algorithm, compression, error_feedback=error_feedback)
     hooks.register(ddp, state, hooks.pipelined_hook)
     opt = _optimizer(model.parameters(), optim)
     filling = []
@@ -115,6 +116,7 @@ def pipelined_vs_pipesgd(
         algorithm=algorithm,
         compression=compression,
         group=group,
+        error_feedback=error_feedback,
     )
     for step in range(steps):
         x, y = _batch(rank, step)
@@ -218,9 +220,7 @@ def wrong_group() -> dict:
     return out
 
 
-def pipelined_overlap(
-    staleness: int, steps: int = 12, width: int = 512, batch: int = 64
-) -> dict:
+def pipelined_overlap(staleness: int, steps: int = 12, width: int = 512, batch: int = 64) -> dict:
     """Median iteration time of the bare model (no communication), plain DDP (gloo's built-in
     AllReduce, which the emulated network does not slow down), and DDP with allreduce_hook and
     pipelined_hook (pipecomm's ring, emulated when the ranks run under a network)."""
@@ -250,3 +250,139 @@ def pipelined_overlap(
         per.sort()
         times[name] = per[len(per) // 2]
     return times
+
+
+# --------------------------------------------------------------------------- issue 34
+
+
+#: bucket layouts (parameter indices) per step: DDP's rebuild after step 0 and again later
+EF_LAYOUTS = [
+    [[0, 1], [2, 3]],
+    [[3, 2, 1], [0]],
+    [[3, 2, 1], [0]],
+    [[0, 1, 2, 3]],
+    [[1], [0, 3, 2]],
+]
+EF_SIZES = (300, 5, 70, 260)
+
+
+def ef_gradient(rank: int, step: int, i: int) -> torch.Tensor:
+    """Rank ``rank``'s gradient of parameter ``i`` at ``step`` (a fixed sequence)."""
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + i)
+    return torch.randn(EF_SIZES[i], generator=g) * (1 + i)
+
+
+def error_feedback_hook(
+    kind: str, algorithm: str, compression: str, staleness: int, stop: int | None = None
+) -> dict:
+    """The hook (``kind`` "allreduce" or "pipelined") called with the fixed gradients of
+    :func:`ef_gradient` in the layouts of :data:`EF_LAYOUTS`: per step, its outputs (flat per
+    parameter) and its residuals (per parameter index, from ``state_dict()``). With ``stop``,
+    the state is saved before step ``stop`` (torch.save) and loaded into a fresh state."""
+    import io
+
+    rank = dist.get_rank()
+    ps = [torch.zeros(n) for n in EF_SIZES]
+
+    def fresh() -> Any:
+        if kind == "allreduce":
+            state: Any = hooks.CollectiveState(algorithm, compression, error_feedback=True)
+        else:
+            state = hooks.PipelinedState(staleness, algorithm, compression, error_feedback=True)
+        state._params = ps  # what hooks.register records (no DDP model here)
+        return state
+
+    state = fresh()
+    hook = hooks.allreduce_hook if kind == "allreduce" else hooks.pipelined_hook
+    outputs, residuals = [], []
+    for t, layout in enumerate(EF_LAYOUTS):
+        if t == stop:
+            buf = io.BytesIO()
+            torch.save(state.state_dict(), buf)
+            buf.seek(0)
+            state = fresh()
+            state.load_state_dict(torch.load(buf, weights_only=False))
+        out: dict[int, torch.Tensor] = {}
+        for b, idx in enumerate(layout):
+            bucket = FakeBucket(b, [ps[i] for i in idx], b == len(layout) - 1, 1.0)
+            bucket._buffer = torch.cat([ef_gradient(rank, t, i) for i in idx])
+            got = hook(state, bucket).wait()
+            off = 0
+            for i in idx:
+                out[i] = got[off : off + EF_SIZES[i]].clone()
+                off += EF_SIZES[i]
+        outputs.append([out[i] for i in range(len(ps))])
+        residuals.append(state.state_dict()["residuals"])
+    if kind != "allreduce":
+        state.wait()
+    return dict(outputs=outputs, residuals=residuals)
+
+
+def _train_hooked(
+    model: nn.Module,
+    state: Any,
+    steps: range,
+    optim: tuple,
+    opt_state: dict | None = None,
+    hook_state: dict | None = None,
+) -> tuple[dict, dict, dict]:
+    """DDP + the pipelined hook for ``steps``; loads ``opt_state``/``hook_state`` first. Returns
+    (model state, optimizer state, hook state), each through torch.save/torch.load."""
+    import io
+
+    rank = dist.get_rank()
+    ddp = DDP(model, bucket_cap_mb=0.0005)
+    hooks.register(ddp, state, hooks.pipelined_hook)
+    opt = _optimizer(model.parameters(), optim)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    if hook_state is not None:
+        state.load_state_dict(hook_state)
+    for step in steps:
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        if not state.filling:
+            opt.step()
+    saved = {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    return loaded["model"], loaded["opt"], loaded["hook"]
+
+
+def pipelined_resume(
+    staleness: int,
+    algorithm: str,
+    compression: str | None,
+    error_feedback: bool,
+    stop: int,
+    steps: int = 7,
+) -> dict:
+    """Parameters after ``steps`` iterations of DDP + pipelined_hook (Adam): uninterrupted, and
+    stopped after ``stop`` iterations, checkpointed and resumed in a fresh DDP and state."""
+
+    def state() -> hooks.PipelinedState:
+        return hooks.PipelinedState(
+            staleness, algorithm, compression, error_feedback=error_feedback
+        )
+
+    optim = ("adam", 0.01, 0.01)
+    whole = _model()
+    _train_hooked(whole, state(), range(steps), optim)
+    first = _model()
+    model_sd, opt_sd, hook_sd = _train_hooked(first, state(), range(stop), optim)
+    second = _model()  # a fresh replica: rank-dependent init, overwritten by the checkpoint
+    second.load_state_dict(model_sd)
+    _train_hooked(second, state(), range(stop, steps), optim, opt_sd, hook_sd)
+    fresh = _model()  # the old behaviour: a fresh hook state refills the pipeline
+    fresh.load_state_dict(model_sd)
+    _train_hooked(fresh, state(), range(stop, steps), optim, opt_sd, None)
+    return dict(
+        whole=_params(whole),
+        resumed=_params(second),
+        refilled=_params(fresh),
+        in_flight=len(hook_sd["in_flight"]),
+        residuals=len(hook_sd["residuals"]),
+    )

@@ -53,6 +53,16 @@ Example::
         opt.step()
     state.wait()                            # before destroying the process group
 
+Error feedback (``error_feedback=True`` with a ``compression``, either state): each rank adds to a
+bucket the residual its compression dropped last time, ``x = g_t + e_t``, averages ``x`` with the
+compressed AllReduce and keeps ``e_{t+1} = x - D(C(x))`` per bucket in the state (torch's PowerSGD
+hook, Karimireddy et al. ICML 2019; :func:`pipecomm.compress.error_feedback`).
+
+Checkpoints: both states have ``state_dict()`` / ``load_state_dict()`` (the residuals of error
+feedback, and :class:`PipelinedState`'s iteration and averages in flight), so that a resumed run
+continues exactly as an uninterrupted one. The residuals differ per rank: save every rank's
+state. Register the state (:func:`register`) before loading into it.
+
 The hooks' annotations are evaluated (no ``from __future__ import annotations``): DDP's
 ``register_comm_hook`` compares them with ``dist.GradBucket`` and ``Future[torch.Tensor]``.
 """
@@ -66,7 +76,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import backend, collectives, vocab
+from pipecomm import backend, collectives, compress, vocab
+from pipecomm.collectives.async_ import CompletedHandle
 
 __all__ = [
     "CollectiveState",
@@ -80,10 +91,16 @@ _DEFAULT_TIMEOUT_S = 1800.0  # torch's default process group timeout
 
 
 def _check_common(
-    where: str, algorithm: Any, compression: Any, block_bytes: Any, timeout_s: Any
+    where: str,
+    algorithm: Any,
+    compression: Any,
+    block_bytes: Any,
+    timeout_s: Any,
+    error_feedback: Any = False,
 ) -> None:
     vocab.check_algorithm(algorithm, where=where)
     vocab.check_compression(compression, algorithm=algorithm, where=where)
+    compress.check_error_feedback(error_feedback, compression, where)
     if block_bytes is not None and (
         isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0
     ):
@@ -128,13 +145,16 @@ class CollectiveState:
         process_group: the DDP model's group (``None``: the world).
         block_bytes: LP block size (``None``: the cost model's optimum).
         timeout_s: how long a bucket's future waits for its AllReduce before it fails.
+        error_feedback: add each bucket's last compression error to its next gradient
+            (``e_{t+1} = x - D(C(x))``, ``x = g_t + e_t``; needs a ``compression``).
 
     Arguments are checked on construction, before any communication.
 
     Example::
 
-        state = CollectiveState(algorithm="ring", compression="bf16")
-        ddp_model.register_comm_hook(state, allreduce_hook)
+        state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
+        hooks.register(ddp_model, state, allreduce_hook)
+        torch.save(state.state_dict(), f"hook_rank{rank}.pt")     # the residuals, per rank
     """
 
     algorithm: str = vocab.DEFAULT_ALGORITHM
@@ -142,20 +162,49 @@ class CollectiveState:
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)
     timeout_s: float = field(default=_DEFAULT_TIMEOUT_S, kw_only=True)
+    error_feedback: bool = field(default=False, kw_only=True)
+    _residuals: dict = field(default_factory=dict, init=False, repr=False)
+    _fresh: set = field(default_factory=set, init=False, repr=False)
+    _params: list | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         _check_common(
-            "CollectiveState", self.algorithm, self.compression, self.block_bytes, self.timeout_s
+            "CollectiveState",
+            self.algorithm,
+            self.compression,
+            self.block_bytes,
+            self.timeout_s,
+            self.error_feedback,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The residuals of error feedback (this rank's; per parameter index), for a checkpoint.
+
+        Example::
+
+            torch.save(state.state_dict(), f"hook_rank{dist.get_rank()}.pt")
+        """
+        return _state_dict(self, "CollectiveState", {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` of the same rank into a registered state.
+
+        Example::
+
+            hooks.register(ddp, state, hooks.allreduce_hook)
+            state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
+        """
+        _load_state_dict(self, "CollectiveState", state_dict)
 
 
 def _launch(state: Any, where: str, t: torch.Tensor) -> collectives.Handle:
     """Start the average of ``t`` over the state's group on the communication thread."""
+    group = _group_of(where, state.process_group)
     return collectives.allreduce(
         t,
         algorithm=state.algorithm,
         op="avg",
-        group=_group_of(where, state.process_group),
+        group=group,
         block_bytes=state.block_bytes,
         async_op=True,
         compression=state.compression,
@@ -180,6 +229,9 @@ def allreduce_hook(
             f"allreduce_hook: state must be a CollectiveState, got {type(state).__name__}"
         )
     buf = bucket.buffer()
+    if state.error_feedback:
+        _group_of("allreduce_hook", state.process_group)
+        _compensate(state, bucket, buf, *_layout(bucket, buf, "allreduce_hook"))
     handle = _launch(state, "allreduce_hook", buf)
     return backend.future_of(handle, lambda: buf, timeout_s=state.timeout_s)
 
@@ -204,7 +256,7 @@ class PipelinedState:
     Args:
         staleness: k >= 0, how many iterations late an average is applied (Pipe-SGD's pipeline
             of width 2 is k = 1; k = 0 averages synchronously through the communication thread).
-        algorithm, compression, process_group, block_bytes, timeout_s: as in
+        algorithm, compression, process_group, block_bytes, timeout_s, error_feedback: as in
             :class:`CollectiveState`, the default algorithm being ``"ring"``.
 
     Attributes:
@@ -213,13 +265,17 @@ class PipelinedState:
             was still filling (``iteration <= staleness``): skip ``optimizer.step()`` then to
             apply PipeSGD's ``w_{t+1} = w_t`` exactly (see the module docstring).
 
-    The averages in flight are not part of any checkpoint: a run resumed with a fresh state
-    refills the pipeline (k more iterations of zero gradients).
+    :meth:`state_dict` holds the iteration, the k averages in flight and the residuals, so that
+    a run resumed with :meth:`load_state_dict` applies the averages an uninterrupted run would
+    (without it, a fresh state refills the pipeline: k more iterations without an update).
 
     Example::
 
         state = PipelinedState(staleness=1, algorithm="ring")
-        ddp_model.register_comm_hook(state, pipelined_hook)
+        hooks.register(ddp_model, state, pipelined_hook)
+        ...
+        torch.save(state.state_dict(), f"hook_rank{rank}.pt")
+        state.load_state_dict(torch.load(f"hook_rank{rank}.pt"))   # a fresh, registered state
     """
 
     staleness: int = 1
@@ -228,16 +284,68 @@ class PipelinedState:
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)
     timeout_s: float = field(default=_DEFAULT_TIMEOUT_S, kw_only=True)
+    error_feedback: bool = field(default=False, kw_only=True)
     iteration: int = field(default=0, init=False)
     _history: collections.deque = field(default_factory=collections.deque, init=False, repr=False)
+    _residuals: dict = field(default_factory=dict, init=False, repr=False)
+    _fresh: set = field(default_factory=set, init=False, repr=False)
+    _params: list | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         k = self.staleness
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"PipelinedState: staleness must be an int >= 0, got {k!r}")
         _check_common(
-            "PipelinedState", self.algorithm, self.compression, self.block_bytes, self.timeout_s
+            "PipelinedState",
+            self.algorithm,
+            self.compression,
+            self.block_bytes,
+            self.timeout_s,
+            self.error_feedback,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's iteration, averages in flight and residuals (waits for the AllReduces in
+        flight, without applying them). Call it between iterations (after ``backward``).
+
+        Example::
+
+            torch.save(state.state_dict(), f"hook_rank{dist.get_rank()}.pt")
+        """
+        self.wait()
+        in_flight = [
+            [it, _by_index(self, {key: (item.offsets, item.avg) for key, item in launched.items()})]
+            for it, launched in self._history
+        ]
+        return _state_dict(
+            self, "PipelinedState", {"iteration": self.iteration, "in_flight": in_flight}
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (same staleness, same rank) into a fresh, registered state:
+        the next backward returns the average an uninterrupted run would return.
+
+        Example::
+
+            hooks.register(ddp, state, hooks.pipelined_hook)
+            state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
+        """
+        sd = state_dict
+        _load_state_dict(self, "PipelinedState", sd, ("iteration", "in_flight", "staleness"))
+        if sd["staleness"] != self.staleness:
+            raise ValueError(
+                f"PipelinedState.load_state_dict: state_dict was saved with staleness="
+                f"{sd['staleness']}, this state has staleness={self.staleness}"
+            )
+        if self._history:
+            raise RuntimeError(
+                "PipelinedState.load_state_dict needs a fresh state (nothing launched yet)"
+            )
+        for it, pieces in sd["in_flight"]:
+            key, offsets, avg = _from_index(self, pieces, "in_flight")
+            handle = CompletedHandle(avg, "loaded average")
+            self._history.append((int(it), {key: _Launched(key, offsets, avg, handle)}))
+        self.iteration = int(sd["iteration"])
 
     @property
     def filling(self) -> bool:
@@ -267,7 +375,9 @@ class PipelinedState:
                 item.handle.wait(self.timeout_s)
 
 
-def _layout(bucket: dist.GradBucket, buf: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _layout(
+    bucket: dist.GradBucket, buf: torch.Tensor, where: str = "pipelined_hook"
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     params = bucket.parameters()
     offsets, n = [], 0
     for p in params:
@@ -275,7 +385,7 @@ def _layout(bucket: dist.GradBucket, buf: torch.Tensor) -> tuple[tuple[int, ...]
         n += p.numel()
     if n != buf.numel():
         raise RuntimeError(
-            f"pipelined_hook: bucket {bucket.index()} holds {buf.numel()} elements but its "
+            f"{where}: bucket {bucket.index()} holds {buf.numel()} elements but its "
             f"parameters have {n} (sparse gradients are not supported)"
         )
     return tuple(id(p) for p in params), tuple(offsets)
@@ -337,6 +447,9 @@ def pipelined_hook(
     if not state._history or state._history[-1][0] != t:
         state._history.append((t, {}))
     copy = buf.detach().clone()
+    if state.error_feedback:
+        _group_of("pipelined_hook", state.process_group)
+        _compensate(state, bucket, copy, params, offsets)
     handle = _launch(state, "pipelined_hook", copy)
     state._history[-1][1][params] = _Launched(params, offsets, copy, handle)
     if t < k:
@@ -380,6 +493,7 @@ def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable
             f"(state.process_group has ranks {_ranks(state.process_group)}, the model's "
             f"{_ranks(group)}); build the state with process_group=model.process_group or None"
         )
+    state._params = list(model.parameters())
     model.register_comm_hook(state, hook)
 
 
@@ -387,3 +501,130 @@ def _ranks(group: Any) -> list[int] | str:
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         return "(this rank is not a member)"
     return dist.get_process_group_ranks(group or dist.group.WORLD)
+
+
+# --------------------------------------------------------------------------- error feedback
+
+
+def _compensate(
+    state: Any,
+    bucket: dist.GradBucket,
+    x: torch.Tensor,
+    params: tuple[int, ...],
+    offsets: tuple[int, ...],
+) -> None:
+    """``x += e`` and keep ``e = x - D(C(x))`` for this bucket (``e`` from the same parameters'
+    residuals, also when DDP rebuilt its buckets); drop stale buckets after the last one."""
+    residual = _gather(state._residuals, params, offsets, [p.numel() for p in bucket.parameters()])
+    codec = compress.get_codec(state.compression)
+    _, new = compress.error_feedback(x, residual, codec)
+    state._residuals[params] = (offsets, new)
+    state._fresh.add(params)
+    if bucket.is_last():
+        for key in [key for key in state._residuals if key not in state._fresh]:
+            del state._residuals[key]
+        state._fresh.clear()
+
+
+def _gather(
+    entries: dict, params: tuple[int, ...], offsets: tuple[int, ...], sizes: list[int]
+) -> torch.Tensor | None:
+    """The flat tensor of ``params`` assembled from ``entries`` ({key: (offsets, tensor)}, keys
+    being tuples of parameter ids); None if no parameter has an entry (``e_0 = 0``)."""
+    same = entries.get(params)
+    if same is not None:
+        return same[1]
+    where = {pid: (t, off) for key, (offs, t) in entries.items() for pid, off in zip(key, offs)}
+    if not any(pid in where for pid in params):
+        return None
+    first = where[next(pid for pid in params if pid in where)][0]
+    out = torch.zeros(sum(sizes), dtype=first.dtype, device=first.device)
+    for pid, off, n in zip(params, offsets, sizes):
+        if pid in where:
+            t, old = where[pid]
+            out[off : off + n].copy_(t[old : old + n])
+    return out
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _registered(state: Any, what: str) -> list[torch.Tensor]:
+    if state._params is None:
+        raise RuntimeError(
+            f"{type(state).__name__}.{what}: the state does not know the model's parameters; "
+            "register it with pipecomm.hooks.register(ddp_model, state, hook) first"
+        )
+    return state._params
+
+
+def _by_index(state: Any, entries: dict) -> dict[int, torch.Tensor]:
+    """{key: (offsets, flat)} -> {parameter index in model.parameters(): a copy of its piece}."""
+    params = _registered(state, "state_dict")
+    index = {id(p): i for i, p in enumerate(params)}
+    out = {}
+    for key, (offsets, flat) in entries.items():
+        for pid, off in zip(key, offsets):
+            n = params[index[pid]].numel()
+            out[index[pid]] = flat[off : off + n].detach().clone()
+    return dict(sorted(out.items()))
+
+
+def _from_index(state: Any, pieces: dict, what: str) -> tuple[tuple[int, ...], tuple, torch.Tensor]:
+    """{parameter index: piece} -> one entry (key, offsets, flat) on this model's parameters."""
+    params = _registered(state, "load_state_dict")
+    key, offsets, parts, n = [], [], [], 0
+    for i, piece in sorted(pieces.items()):
+        if not 0 <= int(i) < len(params) or piece.numel() != params[int(i)].numel():
+            raise ValueError(
+                f"{type(state).__name__}.load_state_dict: {what} holds a piece for parameter "
+                f"{i} of {tuple(piece.shape)} elements, which this model does not have"
+            )
+        p = params[int(i)]
+        key.append(id(p))
+        offsets.append(n)
+        parts.append(piece.detach().reshape(-1).to(device=p.device, dtype=p.dtype))
+        n += p.numel()
+    flat = torch.cat(parts) if parts else torch.zeros(0)
+    return tuple(key), tuple(offsets), flat
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _state_dict(state: Any, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "rank": _rank(),
+        "staleness": getattr(state, "staleness", 0),
+        "compression": state.compression,
+        "error_feedback": state.error_feedback,
+        "residuals": _by_index(state, state._residuals),
+        **extra,
+    }
+
+
+def _load_state_dict(state: Any, kind: str, sd: Any, keys: tuple[str, ...] = ()) -> None:
+    where = f"{kind}.load_state_dict"
+    if not isinstance(sd, dict) or sd.get("kind") != kind:
+        raise TypeError(f"{where}: state_dict must come from {kind}.state_dict()")
+    missing = {"rank", "compression", "error_feedback", "residuals", *keys} - set(sd)
+    if missing:
+        raise ValueError(f"{where}: state_dict is missing {sorted(missing)}")
+    if sd["error_feedback"] != state.error_feedback or sd["compression"] != state.compression:
+        raise ValueError(
+            f"{where}: state_dict was saved with compression={sd['compression']!r}, "
+            f"error_feedback={sd['error_feedback']}; this state has compression="
+            f"{state.compression!r}, error_feedback={state.error_feedback}"
+        )
+    if sd["residuals"] and sd["rank"] != _rank():
+        raise ValueError(
+            f"{where}: state_dict holds the error-feedback residuals of rank {sd['rank']}, "
+            f"loaded on rank {_rank()}; the residuals differ per rank: load each rank's own"
+        )
+    state._residuals.clear()
+    state._fresh.clear()
+    if sd["residuals"]:
+        key, offsets, flat = _from_index(state, sd["residuals"], "residuals")
+        state._residuals[key] = (offsets, flat)

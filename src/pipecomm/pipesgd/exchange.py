@@ -101,6 +101,7 @@ class Exchange:
         block_bytes: int | None,
         codec: Any,
         timer: Any,
+        feedback: Any = None,
     ) -> None:
         self.params = params
         self.units = make_units(params, bucket_bytes, order)
@@ -109,6 +110,7 @@ class Exchange:
         self.block_bytes = block_bytes
         self.codec = codec
         self.timer = timer
+        self.feedback = feedback  # compress.ErrorFeedback (residual per unit) or None
 
     def pack(self, unit: Unit) -> torch.Tensor:
         """A new flat buffer holding the unit's gradients (zeros where a gradient is None)."""
@@ -133,6 +135,8 @@ class Exchange:
         start = timer.clock()
         if entry.flats[u] is None:
             entry.flats[u] = self.pack(self.units[u])
+        if self.feedback is not None:  # x = g + e; e = x - D(C(x)); average x
+            self.feedback.compensate(u, entry.flats[u])
         issued = timer.clock()
         entry.handles[u] = collectives.allreduce(
             entry.flats[u],
@@ -168,6 +172,23 @@ class Exchange:
             for i, off, n in zip(unit.indices, unit.offsets, unit.numels):
                 grads[i] = flat[off : off + n].view(self.params[i].shape)
         return grads
+
+    def residuals(self) -> dict[int, torch.Tensor]:
+        """Copies of the error-feedback residuals, by unit index (empty without feedback)."""
+        if self.feedback is None:
+            return {}
+        return {u: e.detach().clone() for u, e in sorted(self.feedback.residuals.items())}
+
+    def load_residuals(self, residuals: dict[int, torch.Tensor]) -> None:
+        """Restore :meth:`residuals` (same units: same parameters, same bucket size)."""
+        if self.feedback is None:
+            return
+        self.feedback.residuals.clear()
+        for u, e in residuals.items():
+            unit = self.units[int(u)] if 0 <= int(u) < len(self.units) else None
+            if unit is None or e.numel() != unit.total:
+                raise ValueError(f"residual of unit {u} does not match this PipeSGD's units")
+            self.feedback.residuals[int(u)] = e.detach().to(unit.device, unit.dtype).clone()
 
     def local_gradients(self) -> list[torch.Tensor | None]:
         """The parameters' own ``.grad`` (world size 1: nothing to average)."""

@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from pipecomm import vocab
+from pipecomm.compress import ErrorFeedback
+from pipecomm.compress import check_error_feedback as compress_check
 from pipecomm.pipesgd.exchange import Exchange, Ready
 from pipecomm.pipesgd.replicas import (
     broadcast_state,
@@ -78,6 +80,10 @@ class PipeSGD(torch.optim.Optimizer):
             with CUDA parameters every timing point synchronises the device). Off by default:
             no timer and no synchronisation in the training loop.
         max_timings: how many records :attr:`timings` keeps (the running sums count all).
+        error_feedback: add each unit's last compression error to its next gradient
+            (``x = g_t + e_t`` is averaged, ``e_{t+1} = x - D(C(x))`` kept per rank and unit;
+            :func:`pipecomm.compress.error_feedback`); needs a ``compression``. The residuals
+            are part of :meth:`state_dict` and differ per rank: checkpoint every rank's.
 
     Construction is collective: every rank of ``group`` builds its PipeSGD (the replicas' shapes
     and arguments are compared, and must agree). Per iteration:
@@ -122,6 +128,7 @@ class PipeSGD(torch.optim.Optimizer):
         broadcast_init: bool = True,
         timing: bool = False,
         max_timings: int | None = 100_000,
+        error_feedback: bool = False,
     ) -> None:
         # torch.optim.Optimizer.__init__ is not called (as in torch's PostLocalSGDOptimizer):
         # param_groups, state and defaults are the wrapped optimizer's own.
@@ -132,6 +139,7 @@ class PipeSGD(torch.optim.Optimizer):
         self.staleness: int = check_staleness(mode, staleness)
         self.algorithm: str = vocab.check_algorithm(algorithm)
         self.compression: str | None = vocab.check_compression(compression, algorithm=algorithm)
+        self.error_feedback: bool = compress_check(error_feedback, compression, "PipeSGD")
         self.bucket_mb = float(bucket_mb)
         self.block_bytes = block_bytes
         self.timing: bool = timing
@@ -147,6 +155,7 @@ class PipeSGD(torch.optim.Optimizer):
                 "staleness": self.staleness,
                 "algorithm": vocab.ALGORITHMS.index(self.algorithm),
                 "compression": vocab.COMPRESSIONS.index(self.compression),
+                "error_feedback": int(self.error_feedback),
                 "bucket_mb": int(self.bucket_mb * 1024),
             }
             check_replicas(self._params, settings, algorithm, group)
@@ -177,6 +186,7 @@ class PipeSGD(torch.optim.Optimizer):
             block_bytes,
             codec,
             self._timer,
+            ErrorFeedback(codec) if codec is not None and error_feedback else None,
         )
         self.iteration: int = 0  # step() calls so far (t of the next step)
         self.updates: int = 0  # optimizer steps applied so far
@@ -353,6 +363,8 @@ class PipeSGD(torch.optim.Optimizer):
             "param_shapes": [tuple(p.shape) for p in self._params],
             "in_flight": in_flight,
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "rank": dist.get_rank() if dist.is_initialized() else 0,
+            "residuals": self._exchange.residuals(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -393,7 +405,19 @@ class PipeSGD(torch.optim.Optimizer):
         for grads in state["in_flight"]:
             if len(grads) != len(self._params):
                 raise ValueError("an in-flight gradient list does not match the parameters")
+        residuals = state.get("residuals") or {}
+        if residuals and self._exchange.feedback is None:
+            raise ValueError(
+                "state holds error-feedback residuals; this PipeSGD has error_feedback=False"
+            )
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if residuals and state.get("rank", 0) != rank:
+            raise ValueError(
+                f"state holds the error-feedback residuals of rank {state.get('rank')}, loaded "
+                f"on rank {rank}; the residuals differ per rank: load each rank's own state"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
+        self._exchange.load_residuals(residuals)
         for grads in state["in_flight"]:
             own = [
                 None if g is None else g.detach().to(device=p.device, dtype=p.dtype).clone()
