@@ -83,6 +83,35 @@ def test_unknown_option_is_a_usage_error(capsys):
     assert _main("--frobnicate") == 2
 
 
+@pytest.mark.parametrize("eid, item, words", [
+    ("E4", "world_size=0", ["E4:", "world_size", ">= 3", "got 0", "-p world_size=0"]),
+    ("E4", "emu_bandwidth_Bps=-1e9", ["E4:", "emu_bandwidth_Bps", "-1000000000.0"]),
+    ("E4", "block_range=0", ["E4:", "block_range", ">= 1", "got 0"]),
+    ("E5", "bandwidth_Bps=-1e9", ["E5:", "bandwidth_Bps", "-1000000000.0"]),
+])
+def test_bad_values_are_refused_before_any_kernel(eid, item, words, capsys, monkeypatch):
+    """A value the experiment's Params refuses is one usage line, before anything starts."""
+    monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
+    assert _main("--profile", "cpu", "--only", eid, "-p", item) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert all(w in err for w in words), err
+
+
+def test_gpu_profile_needs_two_gpus(capsys, monkeypatch):
+    monkeypatch.setattr(artifact, "gpu_count", lambda: 0)
+    monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
+    assert _main("--profile", "gpu", "--only", "E1") == 2
+    assert "profile 'gpu' needs at least 2 visible GPUs" in capsys.readouterr().err
+    assert artifact.main(["--profile", "gpu", "--list", "--only", "E1"]) == 0  # listing is fine
+
+
+def test_an_option_or_parameter_given_twice_is_an_error(capsys):
+    assert _main("--profile", "cpu", "--profile", "cpu-full", "--list") == 2
+    assert "--profile is given twice" in capsys.readouterr().err
+    assert _main("--only", "E0", "-p", "sizes_max=1024", "-p", "sizes_max=2048") == 2
+    assert "-p sizes_max is given twice" in capsys.readouterr().err
+
+
 def test_list(capsys):
     assert artifact.main(["--list", "--profile", "cpu"]) == 0
     assert "E0" in capsys.readouterr().out
@@ -205,18 +234,68 @@ def test_replace_dir(tmp_path):
     assert (final / "data.csv").exists() and not (final / "old").exists()
 
 
-def test_reuse_requires_same_commit_and_params(tmp_path):
+def test_reuse_requires_same_code_and_params(tmp_path):
     out = tmp_path / "E0"
     out.mkdir()
     for name in ("data.csv", "notebook.ipynb"):
         (out / name).write_text("x")
     results.write_json(out / "params.json", {"a": [1, 2]})
-    results.write_json(out / "env.json", {"git_commit": "abc"})
-    assert artifact.is_reusable(out, {"a": (1, 2)}, "abc")
+    results.write_json(out / "env.json", {"git_commit": "other", "code_hash": "abc"})
+    assert artifact.is_reusable(out, {"a": (1, 2)}, "abc")  # another commit, the same code
     assert not artifact.is_reusable(out, {"a": (1, 3)}, "abc")
     assert not artifact.is_reusable(out, {"a": (1, 2)}, "def")
     (out / "notebook.ipynb").unlink()
     assert not artifact.is_reusable(out, {"a": (1, 2)}, "abc")
+
+
+def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
+    """E1's key covers its notebook and the pipecomm modules it imports, not docs, not E4."""
+    exps = artifact.discover()
+    files = {p.relative_to(ROOT).as_posix() for p in artifact.code_files(exps["E1"])}
+    assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/experiments/e01_lp_cost_model.py",
+            "src/pipecomm/cost.py", "src/pipecomm/__init__.py"} <= files
+    assert "src/pipecomm/experiments/e04_lp_block_size.py" not in files
+    assert not any(f.endswith(".md") for f in files)
+    before = artifact.code_hash(exps["E1"])
+    assert before == artifact.code_hash(exps["E1"]) and len(before) == 16
+    fake = tmp_path / "01_lp_cost_model.ipynb"  # the same experiment, its notebook changed
+    fake.write_bytes(exps["E1"].notebook.read_bytes() + b" ")
+    monkeypatch.setattr(exps["E1"], "notebook", fake)
+    assert artifact.code_hash(exps["E1"]) != before
+
+
+def test_list_is_a_table_of_the_selected_experiments(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    assert artifact.main(["--list", "--profile", "cpu", "--only", "E1"]) == 0
+    out = capsys.readouterr().out
+    assert "E1 " in out and "E0 " not in out and "E4 " not in out
+    assert "result: none" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("alpha_s"))
+    assert "1e-05" in row and "latency" in row  # name, value, meaning on one line
+
+
+def test_every_parameter_has_a_meaning():
+    from pipecomm.experiments import _meanings
+
+    for exp in artifact.discover().values():
+        module = artifact.experiment_module(exp)
+        missing = [k for k in module.DEFAULTS if not _meanings.meaning(exp.id, k)]
+        assert not missing, f"{exp.id}: no meaning in experiments/_meanings.py for {missing}"
+
+
+def test_list_says_which_results_are_current(tmp_path, monkeypatch):
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    out = tmp_path / "cpu" / "E1"
+    out.mkdir(parents=True)
+    for name in ("data.csv", "notebook.ipynb"):
+        (out / name).write_text("x")
+    results.write_json(out / "params.json", artifact.run_params(exp))
+    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    assert artifact.result_state(exp, "cpu") == "current"
+    results.write_json(out / "env.json", {"code_hash": "0" * 16})
+    assert artifact.result_state(exp, "cpu") == "stale"
+    assert "result: stale" in artifact.list_table([exp], "cpu")
 
 
 def _failing_notebook(path: Path) -> None:

@@ -5,10 +5,12 @@ notebook's parameters cell (the quick configuration), updated by the profile
 (``artifact/profiles/<profile>.yaml``) and then by ``-p NAME=VALUE`` overrides (each parsed to the
 type of the parameter's default; unknown names are an error, since papermill would silently accept
 them). Results go to ``results/<profile>/<E>/``, or, with overrides, to
-``results/<profile>/<E>__<name>=<value>.../`` so the default result is never overwritten. A result
-is reused when its git commit and parameters match (``--force`` re-runs). Each run is assembled in
-a temporary directory and renamed into place: an interrupted run leaves nothing half-written, and
-running again resumes with the experiments still missing.
+``results/<profile>/<E>__<name>=<value>.../`` so the default result is never overwritten. Every
+override is checked against the experiment's ``Params`` before any kernel starts. A result is
+reused when its parameters and the hash of the code it runs (:func:`code_hash`: its notebook and
+the pipecomm modules its module imports) match (``--force`` re-runs). Each run is assembled in a
+temporary directory and renamed into place: an interrupted run (Ctrl-C: one line, exit status
+130) leaves nothing half-written, and running again resumes with the experiments still missing.
 
 Usage::
 
@@ -22,13 +24,18 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import hashlib
+import importlib
+import math
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -165,12 +172,18 @@ def own_experiments(name: str) -> list[str] | None:
 
 
 def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
-    """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names are errors."""
+    """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names and a name given
+    twice are errors (:class:`UsageError`)."""
     per_exp: dict[str, dict[str, Any]] = {e.id: {} for e in selected}
+    seen: dict[str, str] = {}
     for item in items:
         if "=" not in item:
             raise UsageError(f"-p expects NAME=VALUE, got {item!r}")
         name, text = item.split("=", 1)
+        if name in seen:
+            raise UsageError(f"-p {name} is given twice ({name}={seen[name]} and {item}): "
+                             f"give each parameter once")
+        seen[name] = text
         owners = [e for e in selected if name in e.defaults and name not in RESERVED]
         if not owners:
             known = sorted({k for e in selected for k in e.defaults if k not in RESERVED})
@@ -183,6 +196,71 @@ def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, d
             except ValueError as exc:
                 raise UsageError(str(exc)) from exc
     return per_exp
+
+
+def experiment_module(exp: Experiment) -> ModuleType | None:
+    """The module ``pipecomm.experiments.e<notebook stem>`` behind an experiment's notebook
+    (None for a notebook without one, such as a test's).
+
+    Example::
+
+        experiment_module(discover()["E4"]).Params   # e04_lp_block_size.Params
+    """
+    try:
+        return importlib.import_module(f"pipecomm.experiments.e{exp.notebook.stem}")
+    except ModuleNotFoundError:
+        return None
+
+
+def run_params(exp: Experiment, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters a run of ``exp`` gets: notebook defaults, then the profile's, then
+    ``overrides``; without the ones the orchestrator sets itself (:data:`RESERVED`)."""
+    params = {**exp.defaults, **exp.profile_params, **(overrides or {})}
+    return {k: v for k, v in params.items() if k not in RESERVED}
+
+
+def check_params(selected: list[Experiment], overrides: dict[str, dict[str, Any]]) -> None:
+    """Validate every selected experiment's parameters (profile and ``-p``) with its module's
+    ``Params.make`` before any kernel starts; a refused value is a one-line :class:`UsageError`
+    naming the experiment, the parameter, the value and what is allowed.
+
+    Example::
+
+        check_params([discover()["E4"]], {"E4": {"world_size": 0}})
+        # UsageError: E4: parameter world_size must be an int >= 3 (...), got 0
+    """
+    for exp in selected:
+        module = experiment_module(exp)
+        if module is None:
+            continue
+        own = overrides.get(exp.id, {})
+        try:
+            module.Params.make(**run_params(exp, own))
+        except ValueError as exc:
+            text = " ".join(str(exc).split())
+            given = [f"-p {k}={v}" for k, v in own.items() if re.search(rf"\b{k}\b", text)]
+            source = f" (from {', '.join(given)})" if given else ""
+            raise UsageError(f"{exp.id}: {text}{source}") from exc
+
+
+def gpu_count() -> int:
+    """GPUs torch sees here (0 without CUDA or without torch)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def check_profile_host(profile: str) -> None:
+    """Refuse, before anything starts, a profile this machine cannot run: ``gpu`` needs at least
+    two visible GPUs (NCCL places one rank per GPU)."""
+    if profile == "gpu":
+        have = gpu_count()
+        if have < 2:
+            raise UsageError(f"profile 'gpu' needs at least 2 visible GPUs (NCCL, one rank per "
+                             f"GPU); this machine has {have}: use --profile cpu")
 
 
 def override_dirname(eid: str, overrides: dict[str, Any]) -> str:
@@ -224,9 +302,23 @@ def _ipc_kernel_manager():
             self.transport = "ipc"  # sockets are files in a private temporary directory
             self.ip = str(Path(tempfile.mkdtemp(prefix="pipecomm-kernel-")) / "kernel")
 
+        async def _async_start_kernel(self, **kw: Any) -> None:
+            await super()._async_start_kernel(**kw)
+            _LIVE_KERNELS.add(self)  # Ctrl-C stops it (stop_kernels)
+
+        start_kernel = _async_start_kernel
+
+        async def _async_interrupt_kernel(self) -> None:
+            if getattr(self, "shutting_down", False):
+                return  # a SIGINT before the shutdown request only logs an ERROR in the kernel
+            await super()._async_interrupt_kernel()
+
+        interrupt_kernel = _async_interrupt_kernel
+
         async def _async_cleanup_resources(self, restart: bool = False) -> None:
             await super()._async_cleanup_resources(restart=restart)
             if not restart:
+                _LIVE_KERNELS.discard(self)
                 shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
 
         cleanup_resources = _async_cleanup_resources
@@ -251,9 +343,83 @@ def execute_notebook(path: Path, output: Path, parameters: dict[str, Any] | None
     )
 
 
-def is_reusable(out: Path, params: dict[str, Any], commit: str) -> bool:
-    """A finished result with the same parameters and git commit (a dirty tree's commit string
-    carries a hash of its diff, so reuse there also means the same code)."""
+SRC = ROOT / "src"
+#: Packages whose modules count whole when one of them is imported (they load their submodules
+#: lazily, by name); pipecomm itself and pipecomm.experiments count module by module.
+_WHOLE_PACKAGES = ("pipecomm.collectives", "pipecomm.decentralized", "pipecomm.pipesgd")
+
+
+def _module_file(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def code_files(exp: Experiment) -> list[Path]:
+    """The files a result of ``exp`` depends on: its notebook and every pipecomm module its
+    experiment module imports, directly or through other pipecomm modules (imports anywhere in
+    a module, read from the source; a package of :data:`_WHOLE_PACKAGES` counts whole).
+
+    Example::
+
+        [p.name for p in code_files(discover()["E1"])][:2]   # ['01_lp_cost_model.ipynb', ...]
+    """
+    files = {exp.notebook}
+    todo = [f"pipecomm.experiments.e{exp.notebook.stem}"]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run too
+        whole = next((w for w in _WHOLE_PACKAGES if name == w or name.startswith(w + ".")), None)
+        if whole is not None and whole not in seen:
+            todo += [f"{whole}.{p.stem}" for p in _module_file(whole).parent.glob("*.py")
+                     if p.stem != "__init__"]
+        path = _module_file(name)
+        if path is None:
+            continue
+        files.add(path)
+        package = name if path.name == "__init__.py" else ".".join(parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.split(".")[0] == "pipecomm"]
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    mod = ".".join([*up, mod] if mod else up)
+                if mod.split(".")[0] == "pipecomm":
+                    todo += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+    return sorted(files)
+
+
+def code_hash(exp: Experiment) -> str:
+    """A hash of the contents of :func:`code_files` (paths relative to the repository): a result
+    is current while it matches; a commit that touches only docs or other experiments keeps it.
+
+    Example::
+
+        code_hash(discover()["E1"])   # '3f2a...' (16 hex digits)
+    """
+    digest = hashlib.sha256()
+    for path in code_files(exp):
+        digest.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode())
+        digest.update(b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def is_reusable(out: Path, params: dict[str, Any], code: str) -> bool:
+    """A finished result with the same parameters and the same :func:`code_hash`.
+
+    Example::
+
+        is_reusable(RESULTS / "cpu" / "E1", run_params(exp), code_hash(exp))
+    """
     try:
         env = results.read_json(out / "env.json")
         old = results.read_json(out / "params.json")
@@ -261,18 +427,82 @@ def is_reusable(out: Path, params: dict[str, Any], commit: str) -> bool:
         return False
     done = (out / "data.csv").exists() and (out / "notebook.ipynb").exists()
     same = results.json_roundtrip(params) == old
-    return done and same and env.get("git_commit") == commit
+    return done and same and env.get("code_hash") == code
+
+
+def result_state(exp: Experiment, profile: str) -> str:
+    """``current`` (reusable with the profile's parameters and today's code), ``stale`` (there,
+    but made with other parameters or code) or ``none`` -- of ``results/<profile>/<E>/``."""
+    out = RESULTS / profile / exp.id
+    if not (out / "data.csv").exists():
+        return "none"
+    return "current" if is_reusable(out, run_params(exp), code_hash(exp)) else "stale"
+
+
+def _shown_path(path: Path, start: Path = ROOT) -> str:
+    """``path`` relative to ``start`` when it lies in the repository (``..`` allowed), else as
+    it is."""
+    try:
+        path.resolve().relative_to(ROOT)
+    except ValueError:
+        return str(path)
+    return os.path.relpath(path.resolve(), start.resolve())
+
+
+def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> None:
+    """Rewrite an executed notebook's recorded paths (the injected parameters cell's
+    ``out_dir``, papermill's metadata) from the temporary directory it ran in to ``out``,
+    relative to the repository: ``out_dir`` as the notebook opens it from notebooks/
+    (``"../results/cpu/E4"``), papermill's input and output paths from the repository root.
+
+    Example::
+
+        relocate_notebook(RESULTS / "cpu/E4/notebook.ipynb", RESULTS / "cpu/E4")
+    """
+    import json
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    out_dir = _shown_path(out, NOTEBOOKS)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            cell.source = re.sub(r"(?m)^out_dir = .*$", lambda _: f"out_dir = {json.dumps(out_dir)}",
+                                 cell.source)
+    meta = nb.metadata.get("papermill")
+    if meta is not None:
+        if "out_dir" in (meta.get("parameters") or {}):
+            meta["parameters"]["out_dir"] = out_dir
+        if notebook is not None:
+            meta["input_path"] = _shown_path(notebook)
+        elif meta.get("input_path"):  # recorded on another machine: the same notebook here
+            meta["input_path"] = f"notebooks/{Path(meta['input_path']).name}"
+        meta["output_path"] = _shown_path(out / path.name)
+        meta.pop("cwd", None)
+    nbformat.write(nb, path)
 
 
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
-                   timeout_factor: float = 3.0) -> float:
-    """Execute the notebook into a temporary directory, then rename it to ``out``."""
+                   timeout_factor: float = 3.0, code: str | None = None) -> float:
+    """Execute the notebook into a temporary directory, then rename it to ``out``.
+
+    Args:
+        exp: the experiment (its notebook and budget).
+        profile: recorded in env.json.
+        params: the notebook's parameters (``out_dir`` is set here).
+        out: the final result directory.
+        timeout_factor: hard limit = factor x budget (at least 120 s).
+        code: the :func:`code_hash` recorded in env.json (computed when None).
+
+    Returns the wall time in seconds.
+    """
+    code = code if code is not None else code_hash(exp)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     limit = max(120.0, exp.budget_s * timeout_factor)
     # finished training runs survive an interruption here (results.Runs): re-running resumes
-    runs_dir = out.parent / ".runs" / f"{out.name}-{results.git_commit()[:12]}"
+    runs_dir = out.parent / ".runs" / f"{out.name}-{code[:12]}"
     os.environ[results.RUNS_ENV] = str(runs_dir)
     start = time.perf_counter()
     try:
@@ -285,8 +515,10 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
             raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
         env = results.read_json(tmp / "env.json")
         env |= {"profile": profile, "wall_time_s": wall, "budget_s": exp.budget_s,
-                "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name}
+                "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name,
+                "code_hash": code}
         results.write_json(tmp / "env.json", env)
+        relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
         results.replace_dir(tmp, out)
         shutil.rmtree(runs_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -406,20 +638,34 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 # --------------------------------------------------------------------------- command line
 
 
+class _Once(argparse.Action):
+    """An option that may be given once (a second ``--profile`` is an error, not the winner)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)} and "
+                         f"{values}): give it once")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The options of ``run_all.sh`` / ``python -m pipecomm.artifact``."""
     p = argparse.ArgumentParser(
         prog="run_all.sh",
         description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
         "and check every claim.",
     )
-    p.add_argument("--profile", choices=PROFILE_NAMES, default=None,
+    p.add_argument("--profile", choices=PROFILE_NAMES, default=None, action=_Once,
                    help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
     p.add_argument("--only", nargs="+", metavar="E", default=None,
-                   help="run only these experiments (e.g. E0 E3)")
+                   help="run (or --list) only these experiments (e.g. E0 E3)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a parameter (repeatable); written to its own directory")
+                   help="override a parameter (once per name); written to its own directory")
     p.add_argument("--force", action="store_true", help="re-run even if a result matches")
-    p.add_argument("--list", action="store_true", help="list experiments, budgets, parameters")
+    p.add_argument("--list", action="store_true",
+                   help="list experiments: budget, parameters, whether the result is current")
     p.add_argument("--save-reference", action="store_true",
                    help="copy results/<profile> to artifact/reference/<profile> (maintainers)")
     p.add_argument("--timeout-factor", type=float, default=3.0,
@@ -427,84 +673,295 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def select(experiments: dict[str, Experiment], only: list[str] | None,
+           profile: str) -> list[Experiment]:
+    """The experiments ``--only`` names (all of the profile's without it); an id no profile
+    has, or one another profile runs, is a :class:`UsageError`."""
+    if not only:
+        return list(experiments.values())
+    bad = [e for e in only if e.upper() not in experiments]
+    elsewhere = {e: profiles_of(e.upper()) for e in bad}
+    unknown = [e for e in bad if not elsewhere[e]]
+    if unknown:
+        raise UsageError(f"unknown experiment id(s) {unknown}; available: {list(experiments)}")
+    if bad:
+        raise UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the profiles "
+                         f"that run them: {elsewhere}")
+    return [experiments[e.upper()] for e in dict.fromkeys(only)]
+
+
+def _short(value: Any, width: int = 28) -> str:
+    text = repr(value) if not isinstance(value, float) else f"{value:g}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def list_table(selected: list[Experiment], profile: str) -> str:
+    """``--list``: per experiment its budget and whether ``results/<profile>/<E>/`` is current
+    (:func:`result_state`), then one row per parameter: name, the profile's value, meaning.
+
+    Example::
+
+        print(list_table([discover()["E1"]], "cpu"))
+    """
+    from pipecomm.experiments import _meanings
+
+    lines = [f"profile {profile}: experiment, budget, result; its parameters (value in this "
+             f"profile, meaning)"]
+    for exp in selected:
+        state = result_state(exp, profile)
+        where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
+        lines.append(f"\n{exp.id:4} {exp.title:26} budget {exp.budget_s:5.0f} s   "
+                     f"result: {state}{where}")
+        params = run_params(exp)
+        width = max((len(k) for k in params), default=0)
+        for name, value in params.items():
+            lines.append(f"     {name:{width}}  {_short(value):28}  "
+                         f"{_meanings.meaning(exp.id, name)}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (2: usage, 1: an experiment failed, 130:
+    interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     profile = args.profile or auto_profile()
     try:
         experiments = load_profile(profile, discover())
-        if args.only:
-            bad = [e for e in args.only if e.upper() not in experiments]
-            elsewhere = {e: profiles_of(e.upper()) for e in bad}
-            unknown = [e for e in bad if not elsewhere[e]]
-            if unknown:
-                raise UsageError(f"unknown experiment id(s) {unknown}; available: "
-                                 f"{list(experiments)}")
-            if bad:
-                raise UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the "
-                                 f"profiles that run them: {elsewhere}")
-            selected = [experiments[e.upper()] for e in args.only]
-        else:
-            selected = list(experiments.values())
+        selected = select(experiments, args.only, profile)
+        if args.list:
+            if args.param:
+                raise UsageError("--list shows the profile's parameters; it takes no -p")
+            print(list_table(selected, profile))
+            return 0
         overrides = parse_overrides(args.param, selected)
+        if args.save_reference:
+            print(f"wrote {save_reference(profile).relative_to(ROOT)}")
+            return 0
+        check_profile_host(profile)
+        check_params(selected, overrides)
     except UsageError as exc:
         parser.error(str(exc))
-    if args.save_reference:
-        try:
-            print(f"wrote {save_reference(profile).relative_to(ROOT)}")
-        except UsageError as exc:
-            parser.error(str(exc))
-        return 0
-    if args.list:
-        for e in experiments.values():
-            params = {**e.defaults, **e.profile_params}
-            shown = {k: v for k, v in params.items() if k not in RESERVED}
-            print(f"{e.id:4} {e.title:28} budget {e.budget_s:5.0f} s  {shown}")
-        return 0
     return run(profile, selected, overrides, force=args.force,
                timeout_factor=args.timeout_factor)
 
 
+# --------------------------------------------------------------------------- failures, Ctrl-C
+
+_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "B/s": 1.0, "MB/s": 1e6, "GB/s": 1e9}
+_ADVICE = re.compile(r"(raise|lower) (\w+) to at (least|most) ([0-9.]+(?:e[+-]?\d+)?) "
+                     r"(ms|us|s|B/s|MB/s|GB/s)")
+
+
+def _round(value: float, up: bool) -> float:
+    """``value`` to two significant digits, rounded up (``up``) or down."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10 ** (math.floor(math.log10(value)) - 1)
+    return (math.ceil if up else math.floor)(value / scale - 1e-9 * up) * scale
+
+
+def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
+                         profile: str) -> str:
+    """netem's HostTooSlow message in the terms of ``exp``'s parameters (``alpha_s`` of E0's
+    network is ``emu_alpha_s``; of E10-E13's, ``intra_alpha_s``), ending with the command that
+    runs it on this host.
+
+    Example::
+
+        host_too_slow_advice(discover()["E0"], "...; raise alpha_s to at least 2.48 ms", {},
+                             "cpu")   # '...; raise emu_alpha_s ...: ./run_all.sh ... -p emu_alpha_s=0.0025'
+    """
+    names = set(exp.defaults) - set(RESERVED)
+    fixes: list[str] = []
+
+    def rename(match: re.Match) -> str:
+        verb, name, bound, number, unit = match.groups()
+        own = next((c for c in (name, f"emu_{name}", f"intra_{name}") if c in names), name)
+        value = _round(float(number) * _UNITS[unit], up=verb == "raise")
+        if not fixes and own in names:
+            fixes.append(f"-p {own}={value:.2g}")
+        return f"{verb} {own} to at {bound} {number} {unit}"
+
+    text = _ADVICE.sub(rename, text)
+    if not fixes:
+        return text
+    given = [f"-p {k}={v}" for k, v in overrides.items() if not fixes[0].startswith(f"-p {k}=")]
+    prof = "" if profile == auto_profile() else f" --profile {profile}"
+    load = ""
+    with contextlib.suppress(OSError, AttributeError):
+        load = f" (load average now {os.getloadavg()[0] / (os.cpu_count() or 1):.1f} per core)"
+    return (f"{text}{load}; to run it here: ./run_all.sh{prof} --only {exp.id} "
+            f"{' '.join([*given, fixes[0]])}")
+
+
+def failure_message(exp: Experiment, exc: BaseException, overrides: dict[str, Any],
+                    profile: str) -> str:
+    """One line on why an experiment failed: the notebook's exception (papermill's ``ename``
+    and ``evalue``), without its source lines; a HostTooSlow names the experiment's parameter
+    and the ``-p`` to pass (:func:`host_too_slow_advice`)."""
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None)
+    if evalue is None:
+        lines = str(exc).strip().splitlines()
+        evalue = " | ".join(lines[-6:])
+    text = " ".join(str(evalue).split())
+    if ename == "HostTooSlow":
+        text = host_too_slow_advice(exp, text, overrides, profile)
+    return f"{ename}: {text}"
+
+
+_LIVE_KERNELS: set[Any] = set()
+
+
+def stop_kernels() -> bool:
+    """Kill every kernel this process runs, with its process group (the kernel's ranks and fork
+    server); True when there was one."""
+    stopped = False
+    for km in list(_LIVE_KERNELS):
+        proc = getattr(getattr(km, "provisioner", None), "process", None)
+        pid = getattr(proc, "pid", None)
+        if pid:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # the kernel leads its own session
+            stopped = True
+    return stopped
+
+
+class _Interrupt:
+    """SIGINT while experiments run: with a kernel running, kill it (the notebook then fails
+    quietly and :func:`run` reports); otherwise raise KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        import logging
+
+        self.interrupted = True
+        logging.disable(logging.CRITICAL)  # the notebook's failure is ours: no tracebacks
+        if not stop_kernels():
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        """This handler for SIGINT inside the block (in the main thread; elsewhere unchanged)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence stderr and logging while an interrupted run cleans up (asyncio's "Task exception
+    was never retrieved", nbclient's dead-kernel errors)."""
+    import logging
+
+    old_level = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    old_err, sys.stderr = sys.stderr, devnull
+    try:
+        yield
+    finally:
+        sys.stderr = old_err
+        devnull.close()
+        logging.disable(old_level)
+
+
+def interrupted_line(current: str | None, finished: list[str]) -> str:
+    """What a Ctrl-C prints (one line).
+
+    Example::
+
+        interrupted_line("E4", [])   # 'interrupted: E4; nothing was written; re-run to resume'
+    """
+    kept = f" ({', '.join(finished)} finished and kept)" if finished else ""
+    return f"interrupted: {current or 'before the first experiment'}; nothing was written" \
+           f"{' for it' if finished else ''}{kept}; re-run to resume"
+
+
+def claims_report(table: Any, selected: list[str]) -> str:
+    """The claims rows of the experiments run now, and one line on how many others there are
+    (the whole table is in claims.md)."""
+    from pipecomm import claims as claims_mod
+
+    mine = table[table.experiment.isin(selected)]
+    text = claims_mod.to_markdown(mine) if len(mine) else "(these experiments have no claims)\n"
+    others = table[~table.experiment.isin(selected)]
+    if len(others):
+        not_run = int((others.verdict == claims_mod.NOT_RUN).sum())
+        text += (f"{len(others)} claims of other experiments are not shown ({not_run} of them "
+                 f"NOT RUN)\n")
+    return text
+
+
 def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
         force: bool = False, timeout_factor: float = 3.0) -> int:
+    """Run ``selected`` (reusing current results), print where each result is and the claims
+    of the experiments run; returns the exit status (1: an experiment failed, 130: Ctrl-C)."""
     from tqdm.auto import tqdm
 
-    ensure_kernel()
-    commit = results.git_commit()
     base = RESULTS / profile
     calibration = base / "E0" / "calibration.json"
-    failures, dirs, total = [], {}, sum(e.budget_s for e in selected)
-    print(f"profile {profile}: {len(selected)} experiment(s), budget {total / 60:.1f} min "
-          f"(commit {commit[:12]})", flush=True)
-    bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
-    for exp in bar:
-        bar.set_postfix_str(exp.id)
-        params = {**exp.defaults, **exp.profile_params, **overrides.get(exp.id, {})}
-        for key in RESERVED:
-            params.pop(key, None)
-        out = base / override_dirname(exp.id, overrides.get(exp.id, {}))
-        dirs[exp.id] = out
-        if calibration.exists():
-            os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
-        if not force and is_reusable(out, params, commit):
-            tqdm.write(f"{exp.id}: reusing {out.relative_to(ROOT)} (same commit and parameters)")
-            continue
-        try:
-            wall = run_experiment(exp, profile, params, out, timeout_factor)
-            note = "" if wall <= exp.budget_s else f"  OVER BUDGET ({exp.budget_s:.0f} s)"
-            tqdm.write(f"{exp.id}: done in {wall:.1f} s -> {out.relative_to(ROOT)}{note}")
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:
-            failures.append(exp.id)
-            msg = str(exc).strip().splitlines()
-            tqdm.write(f"{exp.id}: FAILED: {' | '.join(msg[-6:])}")
-    bar.close()
+    failures, dirs, finished = [], {}, []
+    current: str | None = None
+    guard = _Interrupt()
+    bar = None
+    try:
+        with guard.installed():
+            ensure_kernel()
+            total = sum(e.budget_s for e in selected)
+            print(f"profile {profile}: {len(selected)} experiment(s), budget {total / 60:.1f} min",
+                  flush=True)
+            bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
+            for exp in bar:
+                current = exp.id
+                bar.set_postfix_str(exp.id)
+                own = overrides.get(exp.id, {})
+                params = run_params(exp, own)
+                out = base / override_dirname(exp.id, own)
+                dirs[exp.id] = out
+                if calibration.exists():
+                    os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
+                code = code_hash(exp)
+                where = (f"figure {_shown_path(out / 'figure.png')}, "
+                         f"data {_shown_path(out / 'data.csv')}")
+                if not force and is_reusable(out, params, code):
+                    tqdm.write(f"{exp.id}: current, reused: {where}")
+                    continue
+                try:
+                    wall = run_experiment(exp, profile, params, out, timeout_factor, code=code)
+                except Exception as exc:
+                    if guard.interrupted:
+                        raise KeyboardInterrupt from None
+                    failures.append(exp.id)
+                    tqdm.write(f"{exp.id}: FAILED: {failure_message(exp, exc, own, profile)}")
+                    continue
+                finished.append(exp.id)
+                note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
+                tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where}")
+            current = None
+            bar.close()
+    except KeyboardInterrupt:
+        with _quiet():
+            stop_kernels()
+            if bar is not None:
+                bar.close()
+        print(f"\n{interrupted_line(current, finished)}", flush=True)
+        return 130
     default_dirs = {k: v for k, v in dirs.items() if v.name == k}
     table = claims_table(profile, write=True)
     print()
-    print(claims.to_markdown(table))
-    print(f"(written to {(base / 'claims.md').relative_to(ROOT)})")
+    print(claims_report(table, list(default_dirs)), end="")
+    print(f"(all claims of profile {profile}: {_shown_path(base / 'claims.md')})")
     extra = {k: v for k, v in dirs.items() if k not in default_dirs}
     if extra:
         sub = claims_table(profile, dirs=extra, write=False)

@@ -1,0 +1,152 @@
+"""One line on what each experiment parameter means, for ``./run_all.sh --list``.
+
+:data:`MEANINGS` holds the meaning of a name shared by several experiments; :data:`OWN` the
+meaning a name has in one experiment only (``"E0.iters"``). A test checks that every parameter of
+every experiment module has one.
+
+Example::
+
+    meaning("E4", "block_range")   # 'LP block sizes from optimum / range to optimum x range'
+"""
+
+from __future__ import annotations
+
+__all__ = ["MEANINGS", "OWN", "meaning"]
+
+MEANINGS: dict[str, str] = {
+    # the network an experiment runs on
+    "network": "where it measures: emulated (pipecomm.netem) or shaped (tc-shaped namespaces)",
+    "emulated": "run on the emulated network (False: the real backend only)",
+    "backend": "gloo (CPU ranks) or nccl (one GPU per rank)",
+    "ports": "port model of the emulated link: single (one transfer at a time) or per-neighbor",
+    "alpha_s": "latency of the emulated link (s)",
+    "bandwidth_Bps": "bandwidth of the emulated link (B/s); None: chosen from comm_ratio",
+    "emu_alpha_s": "latency of the emulated link (s)",
+    "emu_bandwidth_Bps": "bandwidth of the emulated link (B/s)",
+    "intra_alpha_s": "latency of the emulated link inside a node (s)",
+    "intra_bandwidth_Bps": "bandwidth of the emulated link inside a node (B/s)",
+    "inter_alpha_s": "latency of the emulated link between nodes (s)",
+    "inter_bandwidth_Bps": "bandwidth of the emulated link between nodes (B/s)",
+    "ranks_per_node": "ranks per (emulated) node",
+    "comm_ratio": "emulated AllReduce time as a multiple of compute + update (sets bandwidth)",
+    # sizes and repeats
+    "world_size": "number of ranks (p)",
+    "world_sizes": "numbers of ranks (p) swept",
+    "sizes_min": "smallest message (bytes)",
+    "sizes_max": "largest message (bytes)",
+    "size_factor": "ratio between consecutive message sizes",
+    "nbytes": "message size (bytes)",
+    "iters": "timed repeats per point",
+    "warmup": "untimed repeats before the timed ones",
+    "timeout_s": "limit for one call on the ranks (s)",
+    "ops": "collectives measured (broadcast, reduce, allreduce)",
+    "op": "collective measured",
+    "algorithms": "collective algorithms compared (lp, mst, be, ring, torch)",
+    "algorithm": "collective algorithm of the gradient exchange or gossip",
+    # training
+    "model": "model trained",
+    "model_kw": "the model's size arguments",
+    "lr": "learning rate",
+    "momentum": "SGD momentum",
+    "iterations": "training iterations per run",
+    "skip": "first iterations left out of the steady-state times",
+    "batch_size": "mini-batch per rank",
+    "batch_sizes": "mini-batches per rank swept",
+    "dataset": "training data: digits (offline, scikit-learn) or a fetched data set",
+    "data_root": "directory of a fetched data set (None: the default)",
+    "seed": "random seed",
+    "seeds": "random seeds (paired across methods)",
+    "methods": "training methods compared",
+    "calib_iters": "iterations of the compute-only calibration run",
+    "switch_interval_s": "Python GIL switch interval on the ranks (s)",
+    "eval_every": "iterations between evaluations",
+    "schedule": "learning-rate schedule (constant, warmup-cosine, ...)",
+    "warmup_steps": "iterations of learning-rate warm-up",
+    "warmup_fraction": "fraction of iterations of learning-rate warm-up",
+    "min_lr_ratio": "final learning rate as a fraction of lr",
+    "bucket_mb": "gradient bucket size (MB)",
+    "topology": "gossip topology of decentralized training",
+    "topologies": "gossip topologies compared",
+    "width": "hidden width of the timing model",
+    "layers": "layers of the timing model",
+    "fwd_ms": "emulated forward compute per iteration (ms)",
+    "bwd_ms": "emulated backward compute per iteration (ms)",
+    "blocks": "timed blocks per point (iteration time: median over blocks)",
+    "block_iters": "iterations per timed block",
+}
+
+OWN: dict[str, str] = {
+    # E0 calibration
+    "E0.gamma_bytes": "bytes of the local reduction timing (gamma); 0: none",
+    "E0.host_world_size": "ranks of the host-links probe (0: no host section)",
+    "E0.host_bytes": "block size of the host-links probe (bytes)",
+    "E0.host_messages": "messages per link of the host-links probe",
+    "E0.fit_min_bytes": "smallest message the alpha-beta fit uses (bytes)",
+    "E0.emu_world_sizes": "ranks of the emulated ping-pong (even; pairs)",
+    "E0.emu_sizes_max": "largest message on the emulated link (bytes)",
+    # E1 cost model
+    "E1.alpha_s": "latency of the modelled link (s)",
+    "E1.bandwidth_Bps": "bandwidth of the modelled link (B/s)",
+    "E1.gamma_s_per_byte": "reduction cost of the model (s per byte)",
+    "E1.size_sweep_p": "numbers of ranks of the size sweep",
+    "E1.world_sizes": "numbers of ranks of the rank sweep",
+    "E1.ranks_sweep_bytes": "message size of the rank sweep (bytes)",
+    "E1.ports": "port models compared (single, per-neighbor)",
+    # E2 collectives vs size
+    "E2.emu_cases": "emulated cases: 'ports/op' -> algorithms",
+    "E2.large_bytes": "messages this large or larger get iters_large repeats, no warm-up",
+    "E2.iters_large": "timed repeats of a large message",
+    "E2.max_point_s": "points whose modelled time exceeds this are not measured (s)",
+    "E2.real_world_sizes": "ranks of the real-backend section",
+    "E2.real_algorithms": "algorithms of the real-backend section (torch: the built-in)",
+    "E2.real_ops": "collectives of the real-backend section",
+    "E2.real_sizes_min": "smallest message of the real-backend section (bytes)",
+    "E2.real_sizes_max": "largest message of the real-backend section (bytes)",
+    "E2.real_iters": "timed repeats of the real-backend section",
+    "E2.real_warmup": "untimed repeats of the real-backend section",
+    # E4 block size
+    "E4.block_range": "LP block sizes from optimum / range to optimum x range",
+    "E4.steps_per_octave": "block sizes per factor of 2",
+    # E6 timing model
+    "E6.pools": "[ranks, emulated bandwidth B/s] pairs, one pool each",
+    "E6.modes": "sync (BSP) and/or pipe (Pipe-SGD width 2)",
+    # E7-E9 Pipe-SGD family
+    "E7.target_fraction": "accuracy target as a fraction of sync's final accuracy",
+    "E9.nocomm_iterations": "iterations of the no-communication bound",
+    "E9.target_acc": "accuracy target (%) for iterations-to-accuracy",
+    # E10-E12 DAdam timing
+    "E10.models": "workloads timed (timing: emulated compute; char_transformer)",
+    "E11.compute_scales": "compute per iteration as multiples of the calibrated one",
+    "E11.compute_cvs": "coefficients of variation of the per-rank compute",
+    "E11.networks": "networks compared: two-level or flat links",
+    "E11.inter_bandwidth_Bps": "bandwidth between nodes (B/s); None: the two-level default",
+    "E12.compute_cv": "coefficient of variation of the per-rank compute",
+    # E13 DAdam convergence
+    "E13.tasks": "tasks trained: digits (classification), lm (character language model)",
+    "E13.accum_iters": "AccumAdam's accumulation periods K",
+    "E13.digits_iterations": "iterations of the digits task",
+    "E13.lm_iterations": "iterations of the language-model task",
+    "E13.digits_batch": "mini-batch per rank of the digits task",
+    "E13.lm_batch": "mini-batch per rank of the language-model task",
+    "E13.seq_len": "sequence length of the language-model task",
+    "E13.digits_lrs": "learning rates swept on the digits task",
+    "E13.lm_lrs": "learning rates swept on the language-model task",
+    "E13.emulated": "run on the two-level emulated network (False: the real backend)",
+    # E14 emulator vs shaped
+    "E14.bandwidth_Bps": "rate of each shaped node link (B/s)",
+    "E14.sizes": "message sizes compared (bytes)",
+    "E14.cases": "collectives and algorithms compared",
+    "E14.link_sizes": "message sizes of the link calibration (bytes)",
+    "E14.link_iters": "repeats of the link calibration",
+    "E14.min_block_bytes": "smallest LP block (bytes)",
+}
+
+
+def meaning(eid: str, name: str) -> str:
+    """One line on what parameter ``name`` of experiment ``eid`` means ("" if none is written).
+
+    Example::
+
+        meaning("E0", "host_world_size")   # 'ranks of the host-links probe (0: no host section)'
+    """
+    return OWN.get(f"{eid}.{name}", MEANINGS.get(name, ""))
