@@ -223,6 +223,23 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
     assert target.read_text().startswith("a")
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask(tmp_path, mask):
+    """claims.md / claims.csv and every result file get the permissions the umask gives (the
+    temporary file they are renamed from would be 0600)."""
+    import os
+    import stat
+
+    old = os.umask(mask)
+    try:
+        results.write_text(tmp_path / "claims.md", "x")
+        results.write_csv(tmp_path / "claims.csv", pd.DataFrame({"a": [1]}))
+    finally:
+        os.umask(old)
+    for name in ("claims.md", "claims.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~mask, name
+
+
 def test_replace_dir(tmp_path):
     final, new = tmp_path / "E0", tmp_path / ".E0.tmp"
     final.mkdir()
