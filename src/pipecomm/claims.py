@@ -241,6 +241,56 @@ def check(name: str) -> Callable[[CheckFn], CheckFn]:
     return register
 
 
+PredictFn = Callable[..., str]
+PREDICTIONS: dict[str, PredictFn] = {}
+
+
+def prediction(name: str) -> Callable[[PredictFn], PredictFn]:
+    """Register the model's prediction for the claims of check ``name``, computed from a run's
+    own data (its parameters and model columns): the text the claims table and the notebooks
+    show in place of claims.yaml's ``prediction``, which states it for the profile's
+    configuration. A claim whose prediction does not depend on the configuration registers
+    none. The function takes the DataFrame and any of the claim's ``args`` by name.
+
+    Example::
+
+        @claims.prediction("e4_best_block_near_model")
+        def _predict_best_block(df, op):
+            return f"model optimum {int(df.optimal_block_bytes.iloc[0]) >> 10} KiB"
+    """
+
+    def register(fn: PredictFn) -> PredictFn:
+        if name in PREDICTIONS and PREDICTIONS[name] is not fn:
+            raise ValueError(f"prediction of claim check {name!r} registered twice")
+        PREDICTIONS[name] = fn
+        return fn
+
+    return register
+
+
+def predict(entry: dict[str, Any], df: pd.DataFrame | None) -> str:
+    """The model's prediction for ``entry`` on the run ``df``: from the parameters that ran
+    when the check registered a :func:`prediction`, else claims.yaml's text (a prediction that
+    holds for any configuration). When the run's prediction cannot be computed, claims.yaml's
+    text says that it is the profile's, and why this run's is missing.
+
+    Example::
+
+        predict(entry, df)   # 'model optimum 341 KiB (k = 6); blocks 2x off cost 9.8% more ...'
+    """
+    text = entry.get("prediction", "") or ""
+    fn = PREDICTIONS.get(entry.get("check", ""))
+    if fn is None or df is None:
+        return text
+    names = list(inspect.signature(fn).parameters)[1:]
+    args = entry.get("args", {})
+    try:
+        return str(fn(df, **{k: args[k] for k in names if k in args}))
+    except Exception as exc:  # the verdict still shows; the prediction says whose it is
+        return (f"for the profile's configuration: {text} (this run's prediction cannot be "
+                f"computed: {type(exc).__name__}: {exc})")
+
+
 def load_checks() -> dict[str, CheckFn]:
     """Import every experiment module so that all checks are registered."""
     import pipecomm.experiments as pkg
@@ -350,6 +400,7 @@ def evaluate(
         elif csv.exists():
             try:
                 df = pd.read_csv(csv)
+                row["prediction"] = predict(entry, df)
                 row["network"] = network_kinds(df)
                 verdict = run_check(entry, df)
                 row.update(measured=verdict.measured, threshold=verdict.threshold,
@@ -360,6 +411,68 @@ def evaluate(
             row["reference"] = reference.get(entry["id"], "")
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+class VerdictTable(pd.DataFrame):
+    """A table of verdicts that a notebook shows in full: every cell (a prediction, what was
+    measured, an ERROR's reason) whole and wrapped, never cut at pandas' column width; the
+    text form (``print``, ``repr``) holds every character too.
+
+    Example::
+
+        VerdictTable({"claim": ["C4.2"], "verdict": ["ERROR"], "measured": [long_reason]})
+    """
+
+    _STYLE = ("<style>table.pipecomm-verdicts td, table.pipecomm-verdicts th "
+              "{text-align: left; vertical-align: top; white-space: pre-wrap; "
+              "word-break: break-word; max-width: 48em}</style>")
+
+    @property
+    def _constructor(self) -> type[VerdictTable]:
+        return VerdictTable
+
+    def _full(self):
+        return pd.option_context("display.max_colwidth", None, "display.max_rows", None,
+                                 "display.max_columns", None, "display.width", None)
+
+    def _repr_html_(self) -> str:
+        with self._full():
+            return self._STYLE + pd.DataFrame(self).to_html(
+                index=False, classes="pipecomm-verdicts", justify="left", border=0)
+
+    def __repr__(self) -> str:
+        with self._full():
+            return pd.DataFrame(self).to_string(index=False, justify="left")
+
+
+def experiment_verdicts(experiment: str, df: pd.DataFrame,
+                        entries: list[dict[str, Any]] | None = None) -> VerdictTable:
+    """The claims of one experiment (``"E4"``) evaluated on a run's ``df``, as a notebook shows
+    them: the model's prediction for the parameters that ran (:func:`predict`), what was
+    measured with its interval, the threshold and PASS / FAIL / INCONCLUSIVE; an illustration
+    shows no verdict; a check that cannot run on this data (for example a quick configuration
+    without the claim's world size) shows ERROR with its reason in ``measured``. Every cell is
+    shown in full (:class:`VerdictTable`).
+
+    Example::
+
+        experiment_verdicts("E4", df)[["claim", "measured", "threshold", "verdict"]]
+    """
+    rows = []
+    for entry in load_claims() if entries is None else entries:
+        if entry["experiment"] != experiment:
+            continue
+        row = {"claim": entry["id"], "prediction": entry.get("prediction", "") or "",
+               "measured": "", "threshold": "", "verdict": MODEL}
+        if entry["kind"] == "claim":
+            row["prediction"] = predict(entry, df)
+            try:
+                v = run_check(entry, df)
+                row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict)
+            except Exception as exc:  # shown, not hidden: the table says why
+                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
+        rows.append(row)
+    return VerdictTable(rows, columns=["claim", "prediction", "measured", "threshold", "verdict"])
 
 
 def network_kinds(df: pd.DataFrame) -> str:

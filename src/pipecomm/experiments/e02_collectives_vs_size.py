@@ -638,6 +638,67 @@ def _model_at(d: pd.DataFrame, nbytes: int, alg: str) -> float:
     return float(d[(d.nbytes == nbytes) & (d.algorithm == alg)].model_s.median())
 
 
+def _where(d: pd.DataFrame, n: int) -> str:
+    """``"at 64 MiB, p = 8"``: the point of a run a prediction is for."""
+    return f"at {_mib(n)}, p = {int(d.world_size.iloc[0])}"
+
+
+@claims.prediction("e2_lp_fastest_broadcast")
+def predict_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[str]) -> str:
+    """C2.1's prediction for the run: the model's broadcast time of each algorithm over LP's at
+    the run's largest emulated message.
+
+    Example::
+
+        predict_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
+        # 'model at 64 MiB, p = 8: MST/LP 2.9, BE/LP 1.47, ring/LP 1.46'
+    """
+    d = _emulated(df, "broadcast", ports)
+    n = int(d.nbytes.max())
+    lp = _model_at(d, n, "lp")
+    ratios = [f"{a if a == 'ring' else a.upper()}/LP {_model_at(d, n, a) / lp:.2f}"
+              for a in algorithms if a != "lp"]
+    return f"model {_where(d, n)}: " + ", ".join(ratios)
+
+
+@claims.prediction("e2_crossover_vs_model")
+def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
+    """C2.2's prediction for the run: the model's LP / ``other`` broadcast crossover on the
+    run's link, within its measured sizes.
+
+    Example::
+
+        predict_crossover(df, "single", "be")   # 'model crossover 4.1 MiB (2 ms, 50 MB/s, p = 8)'
+    """
+    d = _emulated(df, "broadcast", ports)
+    sizes = sorted(set(d.nbytes))
+    link = _link_of(d, ports)
+    q = int(d.world_size.iloc[0])
+    x = model_crossover_bytes("broadcast", other, q, link, sizes[0], sizes[-1])
+    where = f"({link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s, p = {q})"
+    if not math.isfinite(x):
+        return f"model: no crossover between {_mib(sizes[0])} and {_mib(sizes[-1])} {where}"
+    return f"model crossover {_mib(x)} {where}"
+
+
+@claims.prediction("e2_allreduce_port_model")
+def predict_allreduce_ports(df: pd.DataFrame) -> str:
+    """C2.3's prediction for the run: the model's BE/LP allreduce time per port model at the
+    largest per-neighbor message.
+
+    Example::
+
+        predict_allreduce_ports(df)   # 'model BE/LP: per-neighbor 1.33, single-port 0.77 ...'
+    """
+    d = _emulated(df, "allreduce", "per-neighbor")
+    n = int(d.nbytes.max())
+    parts = [f"per-neighbor {_model_at(d, n, 'be') / _model_at(d, n, 'lp'):.2f}"]
+    s = df[df.section.isin(NETWORK_KINDS) & (df.ports == "single") & (df.op == "allreduce")]
+    if {"lp", "be"} <= set(s[s.nbytes == n].algorithm):
+        parts.append(f"single-port {_model_at(s, n, 'be') / _model_at(s, n, 'lp'):.2f}")
+    return f"model BE/LP: {', '.join(parts)} {_where(d, n)}"
+
+
 @claims.check("e2_lp_fastest_broadcast")
 def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[str],
                                tolerance: float) -> claims.Verdict:

@@ -37,6 +37,7 @@ Run::
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,6 +277,33 @@ def plot(df: pd.DataFrame, **params: Any):
 
 
 # --------------------------------------------------------------------------- claims
+
+
+@claims.prediction("e3_lp_flat_mst_grows")
+def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
+    """C3.1's prediction for the run: the model's growth of LP's and MST's ``op`` time from
+    ``p_lo`` to ``p_hi`` ranks at the run's largest message on the run's link (the model
+    needs no measurement at those p).
+
+    Example::
+
+        predict_lp_flat(df, 2, 8, "broadcast")   # 'model growth p = 2 -> 8: LP 1.20x, MST 3.0x ...'
+    """
+    claims.require_columns(df, "nbytes", "emu_alpha_s", "emu_bandwidth_Bps")
+    r = df.iloc[0]
+    gamma = float(r["model_gamma_s_per_byte"]) if "model_gamma_s_per_byte" in df else 0.0
+    link = cost.LinkModel.from_bandwidth(float(r["emu_alpha_s"]), float(r["emu_bandwidth_Bps"]),
+                                         0.0 if math.isnan(gamma) else gamma,
+                                         str(r["ports"]) if "ports" in df else "single")
+    n = int(df.nbytes.max())
+
+    def grows(alg: str) -> float:
+        return (cost.collective_time(op, alg, n, p_hi, link)
+                / cost.collective_time(op, alg, n, p_lo, link))
+
+    growth = [f"{alg.upper()} {grows(alg):.2f}x" for alg in ("lp", "mst")]
+    return (f"model growth p = {p_lo} -> {p_hi}: {', '.join(growth)} ({op} of {n / 2**20:g} MiB, "
+            f"{link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s)")
 
 
 @claims.check("e3_lp_flat_mst_grows")

@@ -390,6 +390,60 @@ def _block_samples(df: pd.DataFrame, op: str) -> pd.DataFrame:
     return g
 
 
+def _run_model(df: pd.DataFrame, op: str) -> tuple[int, int, int, cost.LinkModel]:
+    """The run's ``(b*, nbytes, p, link)`` for ``op``, from its own columns."""
+    claims.require_columns(df, "op", "optimal_block_bytes", "nbytes", "world_size",
+                           "emu_alpha_s", "emu_bandwidth_Bps")
+    g = df[df.op == op]
+    if g.empty:
+        raise ValueError(f"no LP {op} measurements over block sizes")
+    r = g.iloc[0]
+    gamma = float(r["model_gamma_s_per_byte"]) if "model_gamma_s_per_byte" in g else 0.0
+    ports = str(r["ports"]) if "ports" in g else "single"
+    link = cost.LinkModel.from_bandwidth(float(r["emu_alpha_s"]), float(r["emu_bandwidth_Bps"]),
+                                         0.0 if math.isnan(gamma) else gamma, ports)
+    return int(r["optimal_block_bytes"]), int(r["nbytes"]), int(r["world_size"]), link
+
+
+def _model_ratio(op: str, n: int, p: int, link: cost.LinkModel, b_opt: int, f: float) -> float:
+    """The model's time of blocks ``f`` times the optimum against the optimum's time."""
+    b = min(n, max(8, int(round(b_opt * f / 8)) * 8))
+    return (cost.collective_time(op, "lp", n, p, link, b)
+            / cost.collective_time(op, "lp", n, p, link, b_opt))
+
+
+@claims.prediction("e4_best_block_near_model")
+def predict_best_block(df: pd.DataFrame, op: str) -> str:
+    """C4.1's prediction for the run's parameters: the modelled optimum, its block count and
+    what blocks 2x off cost in the model.
+
+    Example::
+
+        predict_best_block(df, "broadcast")   # 'model optimum 256 KiB (k = 16); blocks 2x ...'
+    """
+    b_opt, n, p, link = _run_model(df, op)
+    worse = max(_model_ratio(op, n, p, link, b_opt, f) for f in (0.5, 2.0)) - 1
+    return (f"model optimum {b_opt / 1024:.0f} KiB (k = {math.ceil(n / b_opt)}) for {op} of "
+            f"{n / 2**20:g} MiB at p = {p}, {link.alpha * 1e3:g} ms, "
+            f"{link.bandwidth_Bps / 1e6:.3g} MB/s; blocks 2x off cost {worse:.0%} more in the "
+            f"model")
+
+
+@claims.prediction("e4_off_optimum_penalty")
+def predict_penalty(df: pd.DataFrame, op: str) -> str:
+    """C4.2's prediction for the run's parameters: the model's time of blocks 8x smaller and
+    8x larger than the optimum, relative to the optimum's.
+
+    Example::
+
+        predict_penalty(df, "broadcast")   # "model: 8x smaller 2.23x, 8x larger 2.21x the ..."
+    """
+    b_opt, n, p, link = _run_model(df, op)
+    small, large = (_model_ratio(op, n, p, link, b_opt, f) for f in (0.125, 8.0))
+    return (f"model: 8x smaller {small:.2f}x, 8x larger {large:.2f}x the optimum's time "
+            f"({op} of {n / 2**20:g} MiB at p = {p}, optimum {b_opt / 1024:.0f} KiB)")
+
+
 @claims.check("e4_best_block_near_model")
 def check_best_block(df: pd.DataFrame, op: str, factor: float) -> claims.Verdict:
     """The measured best block size is within ``factor`` of the modelled optimum. Every block

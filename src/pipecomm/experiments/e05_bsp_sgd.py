@@ -256,6 +256,34 @@ def comm_samples(df: pd.DataFrame) -> dict[str, list[float]]:
     return {alg: g.comm_s.tolist() for alg, g in per_it.groupby("algorithm", sort=False)}
 
 
+@claims.prediction("e5_comm_within_model")
+def predict_comm(df: pd.DataFrame) -> str:
+    """C5.2's prediction for the run: the model's AllReduce time per iteration of each
+    algorithm, for the run's model, network and world size.
+
+    Example::
+
+        predict_comm(df)   # 'model lp 74, mst 103, be 41, ring 43 ms per iteration'
+    """
+    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
+    ct = comm_times(df).set_index("algorithm")
+    return "model " + ", ".join(f"{a} {ct.loc[a, 'model_comm_s'] * 1e3:.3g}" for a in ct.index) \
+        + " ms per iteration"
+
+
+@claims.prediction("e5_lp_below_mst")
+def predict_lp_below_mst(df: pd.DataFrame) -> str:
+    """C5.3's prediction for the run: the model's MST / LP AllReduce time.
+
+    Example::
+
+        predict_lp_below_mst(df)   # 'model mst/lp = 1.38'
+    """
+    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
+    ct = comm_times(df).set_index("algorithm")
+    return f"model mst/lp = {ct.loc['mst', 'model_comm_s'] / ct.loc['lp', 'model_comm_s']:.2f}"
+
+
 @claims.check("e5_comm_within_model")
 def check_comm_within_model(df: pd.DataFrame, tolerance: float) -> claims.Verdict:
     """Every algorithm's AllReduce time per iteration agrees with the cost model: signed error

@@ -279,6 +279,25 @@ def plot(df: pd.DataFrame, **params: Any):
 # --------------------------------------------------------------------------- claims
 
 
+@claims.prediction("e7_pipe_speedup")
+def predict_pipe_speedup(df: pd.DataFrame) -> str:
+    """C7.1's prediction for the run: the timing model's speedup of the pipeline from the run's
+    calibrated compute, communication and update times.
+
+    Example::
+
+        predict_pipe_speedup(df)   # 'model speedup 2.00x (sync C + A + U vs pipelined ...'
+    """
+    claims.require_columns(df, "kind", "model_sync_s", "model_pipe_s")
+    cal = df[df["kind"] == "calibration"]
+    if cal.empty:
+        raise ValueError("no calibration rows")
+    model = float((cal["model_sync_s"] / cal["model_pipe_s"]).median())
+    return (f"model speedup {model:.2f}x (sync C + A + U vs pipelined max(C + U, A), with this "
+            f"run's calibrated C, A and U: sync {cal['model_sync_s'].median() * 1e3:.3g} ms, "
+            f"pipelined {cal['model_pipe_s'].median() * 1e3:.3g} ms per iteration)")
+
+
 @claims.check("e7_pipe_speedup")
 def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claims.Verdict:
     """sync's / ``method``'s per-iteration time (medians over every steady iteration of every

@@ -1,0 +1,82 @@
+"""A notebook's verdicts say what ran: each claim's prediction comes from the run's own
+parameters (not the profile's configuration that claims.yaml states it for), and the table
+shows every verdict with its reason in full (issue 29, item 6)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pipecomm import claims, stats
+from pipecomm.experiments import e04_lp_block_size as e4
+
+REASON = "the block grid lacks b*/8, b* or 8 b*: use block_range >= 8"
+
+
+def e4_run(block_range: float, nbytes: int) -> pd.DataFrame:
+    """A synthetic E4 data.csv of the notebook's parameters: the model's times as measured."""
+    params = dict(e4.DEFAULTS, block_range=block_range, nbytes=nbytes, emu_alpha_s=1e-3)
+    plan = e4.plan(**params)
+    return plan.assign(
+        times_s=[stats.join_repeats([t * (1 + 0.001 * i) for i in range(5)]) for t in plan.model_s],
+        time_s=plan.model_s, nbytes=nbytes, world_size=params["world_size"], ports="single",
+        emu_alpha_s=params["emu_alpha_s"], emu_bandwidth_Bps=params["emu_bandwidth_Bps"],
+        model_gamma_s_per_byte=0.0)
+
+
+def test_prediction_is_the_runs_not_the_profiles():
+    """papermill -p block_range 4 -p nbytes 2097152: the model's optimum of that run (341 KiB,
+    what the figure shows), not claims.yaml's 256 KiB of the cpu profile."""
+    df = e4_run(4.0, 2 << 20)
+    table = claims.experiment_verdicts("E4", df)
+    row = table.set_index("claim").loc["C4.1"]
+    assert "model optimum 341 KiB (k = 6)" in row.prediction and "256 KiB" not in row.prediction
+    assert f"model's {int(df.optimal_block_bytes.iloc[0]) >> 10} KiB" in row.measured
+    # C4.2 cannot be checked on this grid: ERROR with its reason, and still the run's prediction
+    c42 = table.set_index("claim").loc["C4.2"]
+    assert c42.verdict == claims.ERROR and REASON in c42.measured
+    assert "optimum 341 KiB" in c42.prediction and "2.23x" not in c42.prediction
+
+
+def test_profile_configuration_reproduces_claims_yaml():
+    """On the cpu profile's parameters the run's prediction is claims.yaml's."""
+    entries = {e["id"]: e for e in claims.load_claims()}
+    params = dict(e4.DEFAULTS, world_size=8, nbytes=4 << 20, emu_alpha_s=2e-3,
+                  emu_bandwidth_Bps=50e6)
+    df = e4.plan(**params).assign(nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+                                  emu_bandwidth_Bps=50e6, ports="single")
+    assert claims.predict(entries["C4.1"], df).startswith("model optimum 256 KiB (k = 16)")
+    assert "10% more" in claims.predict(entries["C4.1"], df)
+    assert claims.predict(entries["C4.2"], df).startswith(entries["C4.2"]["prediction"])
+
+
+def test_a_prediction_that_cannot_be_computed_says_whose_it_is():
+    entry = next(e for e in claims.load_claims() if e["id"] == "C4.1")
+    text = claims.predict(entry, pd.DataFrame({"op": ["broadcast"]}))
+    assert text.startswith("for the profile's configuration: " + entry["prediction"])
+    assert "cannot be computed: ValueError" in text
+    # a claim without a registered prediction keeps claims.yaml's (configuration-free) text
+    c02 = next(e for e in claims.load_claims() if e["id"] == "C0.2")
+    assert claims.predict(c02, pd.DataFrame()) == c02["prediction"]
+
+
+def test_evaluate_shows_the_runs_prediction(tmp_path):
+    (tmp_path / "E4").mkdir()
+    e4_run(4.0, 2 << 20).to_csv(tmp_path / "E4" / "data.csv", index=False)
+    entries = [e for e in claims.load_claims() if e["experiment"] == "E4"]
+    table = claims.evaluate(entries, tmp_path).set_index("claim")
+    assert "341 KiB" in table.loc["C4.1", "prediction"]
+
+
+@pytest.mark.parametrize("render", ["html", "text"])
+def test_verdict_table_shows_every_reason_in_full(render):
+    long_reason = "ValueError: " + " ".join(f"word{i}" for i in range(80)) + " END"
+    table = claims.VerdictTable({"claim": ["C9.9"], "prediction": ["p" * 300],
+                                 "measured": [long_reason], "threshold": [""],
+                                 "verdict": [claims.ERROR]})
+    assert len(long_reason) > pd.get_option("display.max_colwidth")
+    out = table._repr_html_() if render == "html" else repr(table)
+    assert long_reason in out and "p" * 300 in out and "..." not in out
+    assert isinstance(table[["claim", "verdict"]], claims.VerdictTable)  # selections too
+    if render == "html":
+        assert "white-space: pre-wrap" in out  # wrapped in the notebook, not one long line
