@@ -54,6 +54,20 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
+On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
+cluster (:class:`pipecomm.cluster.VirtualCluster`: one network namespace per node, every node
+link shaped to RATE bytes/s each way by tc tbf; ``--ranks-per-node 2`` for two-level nodes) and
+adds each point's link limit (:func:`link_limit_s`; CSV ``link_s``); ``--shaped-goals CSV``
+decides :data:`SHAPED_GOALS` on such a run. ``--check-cost`` times the ranks' agreement check
+alone beside each call (rows ``check``; ``--check-summary CSV``). ``--parity CSV``: LP broadcast
+at parity with the built-in, its interval inside the built-in's A/A interval.
+
+    .venv/bin/python benchmarks/bench_collectives.py --cluster 15M --p 8 --sizes 16M \
+        --algorithms lp ring torch --ops broadcast allreduce --repeats 10 --csv shaped.csv
+    .venv/bin/python benchmarks/bench_collectives.py --shaped-goals shaped.csv
+    .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --ops allreduce \
+        --p 2 4 8 --sizes 4K 1M 64M --check-cost --csv check.csv
+
 ``--lp-blocks K [K ...]`` adds LP cut into K blocks (rows ``lp/K``, block ``ceil(n / K)`` bytes
 rounded up to whole elements) next to LP's default block (rows ``lp``): how far the host model's
 choice (:func:`pipecomm.collectives.lp.default_block_bytes`) is from the best block count measured
@@ -67,16 +81,18 @@ the CSV has ``torch-aa`` rows, applies the same checks to the built-in against i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pipecomm import bench, cost, launch, netem, stats, sweep
+from pipecomm import bench, cluster, cost, launch, netem, stats, sweep
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
@@ -110,6 +126,7 @@ COLUMNS = (
     "cpu_ratio_lo",
     "cpu_ratio_hi",
     "cpu_times_s",
+    "link_s",
 )
 
 
@@ -127,6 +144,24 @@ def parse_size(text: str) -> int:
     if value <= 0 or value % 4:
         raise argparse.ArgumentTypeError(f"size must be a positive multiple of 4 bytes: {text!r}")
     return value
+
+
+def link_limit_s(op: str, n: int, p: int, bandwidth_Bps: float, ranks_per_node: int = 1) -> float:
+    """The least time ``op`` of ``n`` bytes can take on nodes with one link of
+    ``bandwidth_Bps`` each way (single-port): every byte must cross some node's link once for a
+    broadcast or reduce (``n / B``); an allreduce over ``N = p / ranks_per_node`` nodes must
+    send and receive ``2 (N - 1) / N * n`` bytes per node (the reduce-scatter + allgather bound).
+    Ranks of one node share its link and talk to each other for free.
+
+    Example::
+
+        link_limit_s("allreduce", 16 << 20, 8, 15e6)   # 1.96 s
+    """
+    nodes = max(1, p // ranks_per_node)
+    if nodes == 1:
+        return 0.0
+    share = 2 * (nodes - 1) / nodes if op == "allreduce" else 1.0
+    return share * n / bandwidth_Bps
 
 
 # --------------------------------------------------------------------------- on the ranks
@@ -198,10 +233,12 @@ def rank_bench(cfg: dict) -> list[dict]:
     dist.barrier()
     if dist.get_rank() != 0:
         return []
-    link = cost.host_link() if netem.current() is None else None  # read once, not per row
+    shaped = cfg.get("shaped")  # (bandwidth_Bps, ranks_per_node) of a virtual cluster
+    link = cost.host_link() if netem.current() is None and not shaped else None  # read once
     for r, pt in zip(timed, points):  # rank 0's rows come in point order
         r["algorithm"] = pt["label"]
-    return [_row(r, wrong.get(_what(pt), 0), timed, link) for r, pt in zip(timed, points)]
+    return [_row(r, wrong.get(_what(pt), 0), timed, link, shaped)
+            for r, pt in zip(timed, points)]
 
 
 def _what(pt: dict) -> tuple:
@@ -209,7 +246,7 @@ def _what(pt: dict) -> tuple:
     return pt["op"], pt["nbytes"], pt["algorithm"], pt.get("block_bytes")
 
 
-def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
+def _row(r: dict, wrong: int, timed: list[dict], link: Any, shaped: tuple | None = None) -> dict:
     op, n, p, alg = r["op"], r["nbytes"], r["world_size"], r["algorithm"]
     times, cpus = stats.repeats(r["times_s"]), stats.repeats(r["cpu_times_s"])
     row = {
@@ -239,6 +276,7 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any) -> dict:
         "cpu_ratio_lo": float("nan"),
         "cpu_ratio_hi": float("nan"),
         "cpu_times_s": r["cpu_times_s"],
+        "link_s": link_limit_s(op, n, p, *shaped) if shaped else float("nan"),
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:
@@ -286,6 +324,8 @@ def print_row(r: dict) -> None:
     paired += f"  cpu {r['cpu_s'] * 1e3:.1f} ms (busy {r['busy']:.2f})" + (
         f" {r['cpu_ratio']:.2f} [{r['cpu_ratio_lo']:.2f}, {r['cpu_ratio_hi']:.2f}]"
         if r["cpu_ratio"] == r["cpu_ratio"] else "")
+    if r["link_s"] == r["link_s"]:
+        paired += f"  link limit {r['link_s'] * 1e3:.0f} ms ({r['time_s'] / r['link_s']:.2f}x)"
     print(
         f" {r['algorithm']:>6} {r['op']:>10} {r['p']:2d} {_fmt_size(r['nbytes']):>6} "
         f"{r['time_s'] * 1e3:9.2f} [{r['ci_lo_s'] * 1e3:7.2f}, {r['ci_hi_s'] * 1e3:7.2f}] "
@@ -406,6 +446,91 @@ def check_cost(csv_path: Path) -> str:
     return "\n".join(out)
 
 
+#: The goals on a shaped network, stated before any run (thresholds of the issue that asked for
+#: them): (name, algorithm, op, p, min_bytes, what is bounded, bound).
+SHAPED_GOALS = (
+    ("LP broadcast >= 2.5x faster than the built-in", "lp", "broadcast", 8, 16 << 20,
+     "ratio", 1 / 2.5),
+    ("LP broadcast within 1.25x of the link limit", "lp", "broadcast", 8, 16 << 20,
+     "link", 1.25),
+    ("ring allreduce within 1.05x of the built-in", "ring", "allreduce", None, 16 << 20,
+     "ratio", 1.05),
+)
+
+
+def _bound_verdict(points: list[tuple[float, float, float]], bound: float) -> str:
+    """PASS when every point's interval lies at or below ``bound``, FAIL when some point's lies
+    wholly above it (the goal holds at every point), else INCONCLUSIVE (an interval straddles
+    the bound). With the goals' one or two points no allowance for misses is made."""
+    if all(hi <= bound for _, _, hi in points):
+        return "PASS"
+    return "FAIL" if any(lo > bound for _, lo, _ in points) else "INCONCLUSIVE"
+
+
+def shaped_goals(csv_path: Path) -> str:
+    """The verdicts of :data:`SHAPED_GOALS` on a CSV of a ``--cluster`` run: each goal at every
+    point of its p (``None``: every p) and messages of at least its size; ``ratio`` bounds the
+    ratio to the built-in's median (bootstrap 95% interval), ``link`` the median time over the
+    link limit (the median's interval over :func:`link_limit_s`).
+
+    Example::
+
+        print(shaped_goals(Path("artifact/reference/bench/shaped_collectives.csv")))
+    """
+    with csv_path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "link_s" not in rows[0] or not any(
+            r["link_s"] not in ("", "nan") for r in rows):
+        raise ValueError(f"{csv_path}: no link limits (a run without --cluster)")
+    out = []
+    for name, alg, op, p, min_bytes, what, bound in SHAPED_GOALS:
+        pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op
+               and int(r["nbytes"]) >= min_bytes and (p is None or int(r["p"]) == p)]
+        if not pts:
+            out.append(f"{name}: NOT RUN (no {alg} {op} rows of {_fmt_size(min_bytes)} or more"
+                       + (f" at p = {p})" if p else ")"))
+            continue
+        if what == "ratio":
+            vals = [(float(r["ratio"]), float(r["ratio_lo"]), float(r["ratio_hi"])) for r in pts]
+        else:
+            vals = [tuple(float(r[k]) / float(r["link_s"]) for k in ("time_s", "ci_lo_s",
+                                                                     "ci_hi_s")) for r in pts]
+        shown = "; ".join(f"p={r['p']} {_fmt_size(int(r['nbytes']))} {v:.2f}x [{lo:.2f}, {hi:.2f}]"
+                          for r, (v, lo, hi) in zip(pts, vals))
+        out.append(f"{name} (bound {bound:.2f}x at every point): "
+                   f"{_bound_verdict(vals, bound)}: {shown}")
+    return "\n".join(out)
+
+
+def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
+           min_bytes: int = 16 << 20) -> str:
+    """Whether ``alg``'s ``op`` is at parity with the built-in in a loopback CSV with A/A rows
+    (``--aa``): met at a point when its ratio's 95% interval lies inside the built-in-against-
+    itself interval of the same run (the A/A noise); messages of at least ``min_bytes``.
+
+    Example::
+
+        print(parity(Path("artifact/reference/bench/targets60_sixth_cpu.csv")))
+    """
+    with csv_path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+    aa = {(r["op"], r["p"], r["nbytes"]): r for r in rows if r["algorithm"] == AA}
+    pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op]
+    if not pts or not aa:
+        raise ValueError(f"{csv_path}: needs {alg} {op} rows and {AA} rows (--aa) of "
+                         f"{_fmt_size(min_bytes)} or more")
+    out, met = [], 0
+    for r in pts:
+        a = aa[(r["op"], r["p"], r["nbytes"])]
+        inside = (float(a["ratio_lo"]) <= float(r["ratio_lo"])
+                  and float(r["ratio_hi"]) <= float(a["ratio_hi"]))
+        met += inside
+        out.append(f"p={r['p']} {_fmt_size(int(r['nbytes']))}: {_ci(r, 'ratio')} inside A/A "
+                   f"{_ci(a, 'ratio')}: {'yes' if inside else 'no'}")
+    return (f"{alg} {op} at parity with the built-in (inside the A/A interval) at {met} of "
+            f"{len(pts)} points: " + "; ".join(out))
+
+
 def targets(csv_path: Path) -> str:
     """The verdicts of :data:`TARGET_CLAIMS` on a CSV this script wrote, by the claims' own checks
     and thresholds; with ``torch-aa`` rows, also each check applied to the built-in against itself
@@ -489,6 +614,31 @@ def paired_targets(csv_path: Path) -> str:
     return "\n".join(out)
 
 
+def parse_rate(text: str) -> float:
+    """``"15M"`` (bytes per second, K/M/G = 1e3/1e6/1e9) or a plain number.
+
+    Example::
+
+        parse_rate("15M")   # 15000000.0
+    """
+    units = {"K": 1e3, "M": 1e6, "G": 1e9}
+    t = text.strip().upper().removesuffix("B/S")
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t[-1:] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a rate in bytes/s such as 15M, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"the rate must be positive, got {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def _cluster_ranks(net: Any) -> Iterator[Any]:
+    """The ranks of one job on the virtual cluster ``net``, built and removed around it."""
+    with net, net.job() as job:
+        yield job
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -516,6 +666,16 @@ def main(argv: list[str] | None = None) -> int:
                          "its share of each algorithm's call")
     ap.add_argument("--check-summary", type=Path, default=None, metavar="CSV",
                     help="print the check-cost table of a CSV with check rows and exit")
+    ap.add_argument("--cluster", type=parse_rate, default=None, metavar="RATE",
+                    help="run on a virtual cluster (root: network namespaces, tc tbf) whose "
+                         "node links move RATE bytes/s each way, e.g. 15M")
+    ap.add_argument("--ranks-per-node", type=int, default=1,
+                    help="with --cluster: ranks sharing a node's link (two-level; default 1)")
+    ap.add_argument("--parity", type=Path, default=None, metavar="CSV",
+                    help="LP broadcast at parity with the built-in (its interval inside the "
+                         "A/A interval) on a loopback CSV with torch-aa rows, and exit")
+    ap.add_argument("--shaped-goals", type=Path, default=None, metavar="CSV",
+                    help="decide the shaped-network goals on a --cluster run's CSV and exit")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -542,10 +702,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for flag, path, table in (("--summary", args.summary, summary),
                               ("--cpu-summary", args.cpu_summary, cpu_summary),
-                              ("--check-summary", args.check_summary, check_cost)):
+                              ("--check-summary", args.check_summary, check_cost),
+                              ("--shaped-goals", args.shaped_goals, shaped_goals),
+                              ("--parity", args.parity, parity)):
         if path is not None:
             try:
-                print(table(path, args.min_size) if table is not check_cost else table(path))
+                print(table(path, args.min_size) if table in (summary, cpu_summary)
+                      else table(path))
             except (OSError, ValueError, KeyError) as exc:
                 ap.error(f"{flag}: {exc}")
             return 0
@@ -557,14 +720,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--lp-blocks: block counts must be >= 1")
     if args.aa and "torch" not in args.algorithms:
         ap.error("--aa compares the built-in with itself: include torch in --algorithms")
+    rpn = args.ranks_per_node
+    if rpn < 1 or (args.cluster is None and rpn != 1):
+        ap.error("--ranks-per-node must be >= 1 and goes with --cluster")
+    if args.cluster is not None:
+        if any(q % rpn for q in args.p) or max(args.p) // rpn < 2:
+            ap.error(f"--p values must be multiples of --ranks-per-node {rpn}, on >= 2 nodes")
+        ok, why = cluster.available()
+        if not ok:
+            ap.error(f"--cluster: {why}")
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:  # the ranks import this module by name
         sys.path.insert(0, here)
     import bench_collectives as me
 
     rows: list[dict] = []
+    if args.cluster is not None:
+        net = cluster.VirtualCluster(max(args.p) // rpn, rpn, args.cluster)
+        print(f"# {net.describe()}; each p runs on the ranks 0..p-1", flush=True)
+        pool = _cluster_ranks(net)
+    else:
+        print("# gloo over loopback, local ranks on this host", flush=True)
+        pool = launch.Ranks(max(args.p))
     print_header()
-    with launch.Ranks(max(args.p)) as ranks:
+    with pool as ranks:
         for q in sorted(set(args.p)):
             cfg = {
                 "p": q,
@@ -576,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
                 "aa": args.aa,
                 "lp_blocks": args.lp_blocks,
                 "check": args.check_cost,
+                "shaped": None if args.cluster is None else (args.cluster, rpn),
             }
             out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
             for r in out:

@@ -1125,3 +1125,58 @@ def test_mismatched_calls_raise_on_every_rank(pool):
     """Size, dtype, root, op, empty and LP-block disagreements at p = 2, 3, 5, each algorithm,
     synchronous and asynchronous: every member raises, naming both sides; nothing changed."""
     _check(pool(8).run(fns.mismatched_calls, timeout_s=200))
+
+
+def test_shaped_goals_link_limits_and_parity(tmp_path):
+    """bench_collectives.py's shaped-network reading: the link limits (n / B for a broadcast,
+    2 (N - 1) / N * n / B for an allreduce over N nodes), the goals decided on their intervals
+    with the allowance for many points (PASS, FAIL and INCONCLUSIVE cases), a loopback CSV
+    refused; --parity on A/A rows; --cluster's argument checks."""
+    import csv as csvmod
+
+    bc = _benchmark("bench_collectives")
+    n = 16 << 20
+    assert bc.link_limit_s("broadcast", n, 8, 15e6) == n / 15e6
+    assert bc.link_limit_s("allreduce", n, 8, 15e6) == pytest.approx(1.75 * n / 15e6)
+    assert bc.link_limit_s("allreduce", n, 8, 15e6, ranks_per_node=2) == pytest.approx(
+        1.5 * n / 15e6)
+    assert bc.link_limit_s("reduce", n, 2, 15e6, ranks_per_node=2) == 0.0
+    assert bc.parse_rate("15M") == 15e6 and bc.parse_rate("2.5e6") == 2.5e6
+    for bad in ("fast", "-1M", "0"):
+        with pytest.raises(Exception, match="rate"):
+            bc.parse_rate(bad)
+
+    def write(path, rows):
+        with path.open("w", newline="") as f:
+            w = csvmod.DictWriter(f, fieldnames=bc.COLUMNS, restval="")
+            w.writeheader()
+            w.writerows(rows)
+        return path
+
+    def row(alg, op, p, ratio, lo, hi, time_s=2.0, link_s=1.0):
+        return {"algorithm": alg, "op": op, "p": p, "nbytes": n, "ratio": ratio,
+                "ratio_lo": lo, "ratio_hi": hi, "time_s": time_s, "ci_lo_s": 0.9 * time_s,
+                "ci_hi_s": 1.1 * time_s, "link_s": link_s}
+
+    good = write(tmp_path / "good.csv", [
+        row("lp", "broadcast", 8, 0.3, 0.28, 0.33, time_s=1.1),
+        row("ring", "allreduce", 4, 1.0, 0.98, 1.03), row("ring", "allreduce", 8, 1.0, 0.97, 1.04),
+    ])
+    out = bc.shaped_goals(good).splitlines()
+    assert all(": PASS:" in line for line in out), out
+    bad = write(tmp_path / "bad.csv", [
+        row("lp", "broadcast", 8, 0.5, 0.45, 0.55, time_s=1.6),
+        row("ring", "allreduce", 8, 1.04, 1.0, 1.08),
+    ])
+    out = bc.shaped_goals(bad).splitlines()
+    assert ": FAIL:" in out[0] and ": FAIL:" in out[1] and ": INCONCLUSIVE:" in out[2], out
+    loop = write(tmp_path / "loop.csv", [row("lp", "broadcast", 8, 1, 1, 1, link_s="nan")])
+    with pytest.raises(ValueError, match="without --cluster"):
+        bc.shaped_goals(loop)
+    par = write(tmp_path / "par.csv", [
+        row("lp", "broadcast", 8, 1.0, 0.97, 1.02), row("torch-aa", "broadcast", 8, 1.0, 0.95, 1.05),
+        row("lp", "broadcast", 4, 1.0, 0.90, 1.02), row("torch-aa", "broadcast", 4, 1.0, 0.95, 1.05),
+    ])
+    assert "at 1 of 2 points" in bc.parity(par)
+    with pytest.raises(SystemExit):
+        bc.main(["--ranks-per-node", "2"])  # without --cluster
