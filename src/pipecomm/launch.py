@@ -18,7 +18,9 @@ On Linux, ranks are forked from a server process that imported torch once (``mul
 forkserver; spawn elsewhere): starting a pool costs a fraction of a second instead of a torch
 import (seconds of CPU) in every rank. Each rank gets the environment variables, working
 directory, ``sys.path``, stdout and stderr that the starting process has at that moment, as with
-spawn. The fork server itself stays, idle, until the starting process ends.
+spawn. The fork server itself stays, idle, until the starting process ends. As with spawn, a
+rank imports the starting script: a script starts ranks under ``if __name__ == "__main__":``
+(without it, :class:`UnguardedMainError` says so, once).
 
 Example::
 
@@ -52,6 +54,7 @@ __all__ = [
     "RankInfo",
     "Ranks",
     "TorchrunJob",
+    "UnguardedMainError",
     "check_gpus",
     "comm_group",
     "reverse_transport",
@@ -69,6 +72,40 @@ _STARTUP_TIMEOUT_S = 120.0
 #: (torch._dynamo: the first torch.optim optimizer imports it; sklearn.datasets: the digits).
 #: Third-party only: a rank imports pipecomm itself, so it runs the code as it is on disk.
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy", "pandas", "sklearn.datasets"]
+
+
+#: Exit status of a rank that found itself re-running its parent's script at module level
+#: (:func:`_refuse_in_bootstrap`); the parent turns it into :class:`UnguardedMainError`.
+_BOOTSTRAP_EXIT = 97
+
+
+class UnguardedMainError(RuntimeError):
+    """Ranks were started from a script's module level without ``if __name__ == "__main__":``:
+    each rank re-runs the script while it starts and would start ranks of its own."""
+
+
+def _main_script() -> str:
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) or "the main script"
+
+
+def _unguarded_error() -> UnguardedMainError:
+    return UnguardedMainError(
+        f"the ranks re-ran {_main_script()} while starting, and its module-level code starts "
+        "ranks again: put the code that uses launch.Ranks / launch.spawn under "
+        "`if __name__ == \"__main__\":` (multiprocessing starts each rank by importing the main "
+        "script)"
+    )
+
+
+def _refuse_in_bootstrap() -> None:
+    """In a rank that is still importing its parent's main script (multiprocessing's bootstrap:
+    the script starts ranks at module level, without a ``__main__`` guard), exit at once with
+    :data:`_BOOTSTRAP_EXIT` instead of multiprocessing's error; the parent says why, once."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_BOOTSTRAP_EXIT)
 
 
 def _context() -> Any:
@@ -512,6 +549,7 @@ class Ranks:
         """Start the ranks (``run`` does so on demand); raises if any fails to join."""
         if self.alive:
             return
+        _refuse_in_bootstrap()
         self._kill()
         last_error: Exception | None = None
         for _attempt in range(3):  # a free port can be taken between probing and binding
@@ -639,6 +677,8 @@ class Ranks:
                             continue  # its last message comes first
                         self._procs[rank].join(5.0)  # the sentinel can fire before it is reaped
                         code = self._procs[rank].exitcode
+                        if code == _BOOTSTRAP_EXIT:
+                            raise _unguarded_error()
                         raise RankError(rank, f"died (exit code {code}) during {what}")
                     rank = conn_rank[id(obj)]
                     try:
@@ -646,6 +686,8 @@ class Ranks:
                     except (EOFError, OSError) as exc:
                         self._procs[rank].join(5.0)
                         code = self._procs[rank].exitcode
+                        if code == _BOOTSTRAP_EXIT:
+                            raise _unguarded_error() from None
                         how = f"exit code {code}" if code is not None else "its connection closed"
                         raise RankError(rank, f"died ({how}) during {what}") from exc
                     kind, msg_rank, value = message
