@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import vocab
+from pipecomm import observe, vocab
 from pipecomm.collectives import agreement, be, builtin, lp, mst, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
@@ -244,6 +244,7 @@ def _execute(
 # --------------------------------------------------------------------------- public API
 
 
+@observe.ranged("allreduce")
 def allreduce(
     t: torch.Tensor,
     *,
@@ -292,6 +293,7 @@ def allreduce(
     )
 
 
+@observe.ranged("broadcast")
 def broadcast(
     t: torch.Tensor,
     src: int = 0,
@@ -325,6 +327,7 @@ def broadcast(
     )
 
 
+@observe.ranged("reduce")
 def reduce(
     t: torch.Tensor,
     dst: int = 0,

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from pipecomm import observe
 from pipecomm.collectives import _streams
 
 
@@ -182,6 +183,7 @@ def submit(fn: Callable[[], Any], result: torch.Tensor, what: str = "collective"
         h.wait()
     """
     global _WORKER
+    fn = observe.on_thread(fn)  # the caller's profiler range and counters, on the thread
     handle = Handle(result, what)
     order = _streams.order_for(result)
     if order is not None:  # CUDA: the job on the communication stream, events both ways

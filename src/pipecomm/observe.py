@@ -1,0 +1,196 @@
+"""What pipecomm's collectives cost this rank: profiler ranges and counters.
+
+Every call of :func:`pipecomm.collectives.allreduce`, ``broadcast`` and ``reduce`` (so also the
+DDP hooks, :class:`pipecomm.pipesgd.PipeSGD`, the ``"pipecomm"`` backend and the decentralized
+trainer, which call them) runs inside a ``torch.profiler.record_function`` range named
+``pipecomm.<operation>.<algorithm>`` (for example ``pipecomm.allreduce.lp``): on the calling
+thread for the call, and on pipecomm's communication thread for the transfers of an
+``async_op=True`` call. A torch profiler trace (``torch.profiler.profile``, Chrome trace
+export) shows them beside the compute; torch's profiler records other threads only when asked,
+so pass :func:`all_threads` as its ``experimental_config`` to see the communication thread.
+With no profiler running a range costs a check of torch's profiler flags
+(a ``record_function`` entered unconditionally would cost microseconds; measured in
+artifact/ARTIFACT.md, "Profiler ranges and counters").
+
+:func:`counters` returns, per range name, the calls, the bytes (the tensors' sizes,
+uncompressed) and the seconds this rank spent in them: the call's duration for a blocking call;
+for an asynchronous one the time its job ran on the communication thread (``"torch"``: the time
+to issue it). No printing, no synchronisation: the counters are plain sums under a lock.
+
+Example::
+
+    from pipecomm import observe
+    observe.reset()
+    train_one_epoch()
+    c = observe.counters()["pipecomm.allreduce.lp"]
+    print(c["calls"], c["bytes"] / 2**20, "MiB", c["seconds"], "s")
+
+    with torch.profiler.profile(experimental_config=observe.all_threads()) as prof:
+        train_a_few_steps()
+    prof.export_chrome_trace("trace.json")       # pipecomm.allreduce.lp beside the compute
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["all_threads", "counters", "on_thread", "ranged", "reset", "totals"]
+
+_LOCK = threading.Lock()
+_COUNTS: dict[str, list[float]] = {}  # name -> [calls, bytes, seconds]
+
+
+class _Call:
+    """The collective call in progress on this thread: its range name, and whether its work
+    went to the communication thread (which then counts the seconds)."""
+
+    __slots__ = ("name", "submitted")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.submitted = False
+
+
+_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "pipecomm_collective", default=None
+)
+
+
+def _add(name: str, calls: int, nbytes: int, seconds: float) -> None:
+    with _LOCK:
+        row = _COUNTS.setdefault(name, [0, 0, 0.0])
+        row[0] += calls
+        row[1] += nbytes
+        row[2] += seconds
+
+
+_autograd_profiler = torch.autograd.profiler
+
+
+def _profiling() -> bool:
+    """A torch profiler runs in this process (``torch.profiler.profile`` sets the flag for
+    every thread; ``_profiler_enabled()`` is this thread's callbacks, e.g. the legacy one)."""
+    return _autograd_profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled()
+
+
+def all_threads() -> Any:
+    """The ``experimental_config`` with which ``torch.profiler.profile`` also records the
+    ranges of pipecomm's communication thread (torch's default records the profiling thread).
+
+    Example::
+
+        torch.profiler.profile(activities=[ProfilerActivity.CPU],
+                               experimental_config=observe.all_threads())
+    """
+    return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+
+
+def ranged(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator of a public collective ``fn(t, ..., algorithm=..., async_op=...)``: the call
+    runs in the range ``pipecomm.<kind>.<algorithm>`` and is counted (on success).
+
+    Example::
+
+        @ranged("allreduce")
+        def allreduce(t, *, algorithm="lp", async_op=False): ...
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        default = inspect.signature(fn).parameters["algorithm"].default
+
+        @functools.wraps(fn)
+        def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
+            call = _Call(f"pipecomm.{kind}.{kwargs.get('algorithm', default)}")
+            token = _CURRENT.set(call)
+            start = time.perf_counter()
+            try:
+                if _profiling():
+                    with torch.profiler.record_function(call.name):
+                        result = fn(t, *args, **kwargs)
+                else:
+                    result = fn(t, *args, **kwargs)
+            finally:
+                _CURRENT.reset(token)
+            seconds = 0.0 if call.submitted else time.perf_counter() - start
+            nbytes = t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+            _add(call.name, 1, nbytes, seconds)
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def on_thread(job: Callable[[], Any]) -> Callable[[], Any]:
+    """``job`` as the communication thread should run it: inside the range of the collective
+    call that submits it (if any), its duration counted. Called by the submitting thread.
+
+    Example::
+
+        worker.put(observe.on_thread(body))
+    """
+    call = _CURRENT.get()
+    if call is None:
+        return job
+    call.submitted = True
+    name = call.name
+
+    def run() -> Any:
+        start = time.perf_counter()
+        try:
+            if _profiling():
+                with torch.profiler.record_function(name):
+                    return job()
+            return job()
+        finally:
+            _add(name, 0, 0, time.perf_counter() - start)
+
+    return run
+
+
+def counters() -> dict[str, dict[str, float]]:
+    """This rank's totals per range name since the start (or :func:`reset`): ``calls``,
+    ``bytes`` (tensor sizes, uncompressed) and ``seconds``.
+
+    Example::
+
+        observe.counters()   # {"pipecomm.allreduce.lp": {"calls": 12, "bytes": 49152, ...}}
+    """
+    with _LOCK:
+        return {
+            name: {"calls": int(c), "bytes": int(b), "seconds": float(s)}
+            for name, (c, b, s) in sorted(_COUNTS.items())
+        }
+
+
+def totals() -> dict[str, float]:
+    """The sum of :func:`counters` over every collective.
+
+    Example::
+
+        observe.totals()["seconds"]
+    """
+    out = {"calls": 0, "bytes": 0, "seconds": 0.0}
+    for row in counters().values():
+        for key in out:
+            out[key] += row[key]
+    return out
+
+
+def reset() -> None:
+    """Set every counter back to zero (jobs still running on the thread count afterwards).
+
+    Example::
+
+        observe.reset(); train(); print(observe.totals())
+    """
+    with _LOCK:
+        _COUNTS.clear()
