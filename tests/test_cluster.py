@@ -332,3 +332,58 @@ def test_e13_through_torchrun_on_two_nodes_matches_a_local_pool(tmp_path):
                                                                     "dadam-complete"]
     np.testing.assert_allclose(a.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)
     np.testing.assert_allclose(s.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)
+
+
+def _bench_training():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/bench_training.py"
+    spec = importlib.util.spec_from_file_location("bench_training", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_training_benchmark_strategies_and_summary(tmp_path):
+    """bench_training.py: strategy specs to train_gpt.py arguments, the summary's paired ratio to
+    stock DDP and the loss spread over seeds, and bad arguments refused before any cluster."""
+    import csv as csvmod
+
+    bt = _bench_training()
+    assert bt.strategy_args("ddp") == ["--strategy", "ddp"]
+    assert bt.strategy_args("ddp-pipecomm:lp+int8") == [
+        "--strategy", "ddp-pipecomm", "--algorithm", "lp", "--compression", "int8"]
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as f:
+        w = csvmod.DictWriter(f, fieldnames=bt.COLUMNS, restval="")
+        w.writeheader()
+        for seed, (base, fast) in enumerate([(100.0, 50.0), (120.0, 60.0), (110.0, 55.0)]):
+            w.writerow({"strategy": "ddp", "seed": seed, "step_ms": base, "loss": 2.0 + seed,
+                        "val_loss": 2.0, "tx_bytes_per_rank_step": 1e6})
+            w.writerow({"strategy": "ddp-pipecomm:ring", "seed": seed, "step_ms": fast,
+                        "loss": 2.0, "val_loss": 2.0, "tx_bytes_per_rank_step": 2e6})
+    table = bt.summary(path)
+    assert "| ddp-pipecomm:ring | 55 [50, 60] | 0.50x [0.50, 0.50] | 2.00 |" in table
+    assert "| ddp | 110 [100, 120] |  | 1.00 | 3.0000 (2.0000) |" in table
+    for bad in (["--strategies", "fancy"], ["--steps", "3", "--warmup-steps", "5"]):
+        with pytest.raises(SystemExit):
+            bt.main(bad)
+
+
+@needs_ns
+@pytest.mark.timeout(300)
+def test_training_benchmark_runs_on_a_shaped_cluster(tmp_path):
+    """Two strategies, one seed, a tiny model on 2 shaped nodes: the same losses (DDP over
+    pipecomm's ring trains as DDP over gloo), step times and bytes sent recorded."""
+    bt = _bench_training()
+    out = tmp_path / "t.csv"
+    assert bt.main(["--cluster", "50e6", "--nodes", "2", "--strategies", "ddp",
+                    "ddp-pipecomm:ring", "--seeds", "0", "--steps", "4", "--warmup-steps", "1",
+                    "--n-layer", "1", "--n-embd", "32", "--csv", str(out)]) == 0
+    import csv as csvmod
+
+    rows = list(csvmod.DictReader(out.open()))
+    assert [r["strategy"] for r in rows] == ["ddp", "ddp-pipecomm:ring"]
+    assert abs(float(rows[0]["loss"]) - float(rows[1]["loss"])) < 1e-4
+    assert all(float(r["step_ms"]) > 0 and float(r["tx_bytes_per_rank_step"]) > 0 for r in rows)
