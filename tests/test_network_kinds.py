@@ -136,6 +136,51 @@ def test_two_level_cluster_gossip_time():
     assert not cluster.cleanup_stale()
 
 
+def assert_calibrated_within_the_shaper(link: dict, rate: float, burst: int) -> None:
+    """A calibrated shaped link (cluster.calibrate's ``inter``) is what tc tbf can deliver:
+    every transfer at most :func:`cluster.tbf_max_rate` (the bucket lets ``burst`` bytes
+    through above the rate), the fitted bandwidth at most that bound at the smallest
+    bandwidth-bound size once the fit's alpha is taken off (a noisy latency point raises alpha
+    and with it the fitted rate: 92.5 MB/s on an 80 MB/s link at alpha 2-3 ms), and neither
+    far below the configured rate."""
+    sizes = sorted(r["nbytes"] for r in link["rows"])
+    bound_n = next(n for n in sizes if n > 4 * burst)
+    for r in link["rows"]:
+        assert r["bandwidth_Bps"] <= cluster.tbf_max_rate(rate, burst, r["nbytes"]), r
+    fit_bound = cluster.tbf_max_rate(rate, burst, bound_n, link["alpha_s"])
+    assert 0.75 * rate < link["bandwidth_Bps"] <= fit_bound, (link["bandwidth_Bps"], fit_bound)
+    assert max(r["bandwidth_Bps"] for r in link["rows"]) > 0.75 * rate
+
+
+def _tbf_link(rate: float, burst: int, latency_s: float, sizes=(4 << 10, 1 << 20, 4 << 20),
+              latency_noise_s: float = 0.0) -> dict:
+    """What cluster.calibrate records for an ideal tbf link (the bucket full at each start)."""
+    from pipecomm import cost
+
+    times = [latency_s + max(0, n - burst) / rate for n in sizes]
+    times[0] += latency_noise_s
+    a, b = cost.fit_alpha_beta(list(sizes), times)
+    return {"alpha_s": a, "bandwidth_Bps": 1 / b,
+            "rows": [{"nbytes": n, "time_s": t, "bandwidth_Bps": n / t}
+                     for n, t in zip(sizes, times)]}
+
+
+@pytest.mark.parametrize("noise_s", [0.0, 1e-3, 3e-3])
+def test_a_shaped_links_bound_allows_the_buckets_burst(noise_s):
+    """The bound of a calibrated 80 MB/s link: an ideal tbf link with the cluster's default
+    bucket (1 ms of traffic) fits above the configured rate (the burst; more with a noisy
+    latency point) and still passes; a link faster than any bucket allows does not."""
+    rate, burst = 80e6, 80_000
+    link = _tbf_link(rate, burst, 2e-4, latency_noise_s=noise_s)
+    assert link["bandwidth_Bps"] > rate  # the configured rate alone would refuse it
+    assert_calibrated_within_the_shaper(link, rate, burst)
+    with pytest.raises(AssertionError):
+        assert_calibrated_within_the_shaper(_tbf_link(1.3 * rate, burst, 2e-4), rate, burst)
+    assert cluster.tbf_max_rate(rate, burst, 4 << 10) == float("inf")
+    assert cluster.tbf_max_rate(rate, burst, 1 << 20) == pytest.approx(
+        (1 << 20) / (((1 << 20) - burst) / rate))
+
+
 @needs_ns
 @pytest.mark.timeout(120)
 def test_shaped_ranks_run_the_same_rank_functions_as_the_emulator():
@@ -146,7 +191,9 @@ def test_shaped_ranks_run_the_same_rank_functions_as_the_emulator():
                            ranks_per_node=2, timeout_s=60) as ranks:
         cal = ranks.calibration
         assert cal["intra"]["bandwidth_Bps"] > 2 * cal["inter"]["bandwidth_Bps"]
-        assert 60e6 < ranks.net.inter_bandwidth < 90e6 and ranks.net.ports == "single"
+        assert_calibrated_within_the_shaper(cal["inter"], 80e6, ranks.runner.cluster.burst_bytes)
+        assert ranks.net.inter_bandwidth == cal["inter"]["bandwidth_Bps"]
+        assert ranks.net.ports == "single"
         rows = ranks.run(sweep.measure_points, pts, timeout_s=60)[0]
         rows2 = ranks.run(sweep.measure_points, pts, timeout_s=60)[0]  # the same job again
     assert rows[0]["time_s"] > 0 and rows2[0]["time_s"] > 0

@@ -48,6 +48,7 @@ import argparse
 import atexit
 import contextlib
 import functools
+import math
 import os
 import pickle
 import re
@@ -128,6 +129,26 @@ def _rate(bandwidth_Bps: float) -> str:
 def _tbf(ns: str, dev: str, bandwidth_Bps: float, burst_bytes: int) -> list[str]:
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
             _rate(bandwidth_Bps), "burst", str(burst_bytes), "latency", "100ms"]
+
+
+def tbf_max_rate(bandwidth_Bps: float, burst_bytes: int, nbytes: int,
+                 latency_s: float = 0.0) -> float:
+    """The highest rate (B/s) a transfer of ``nbytes`` can show on a link that tc tbf shapes to
+    ``bandwidth_Bps`` with a bucket of ``burst_bytes`` (:class:`VirtualCluster`'s
+    ``burst_bytes``): a full bucket lets ``burst_bytes`` through at once and the rest at the
+    rate, so the transfer takes at least ``(nbytes - burst_bytes) / bandwidth_Bps``. A measured
+    rate above the configured one by up to this much is the shaper's burst, not an error.
+    ``latency_s``: a latency already taken off the measured time (an alpha-beta fit's alpha:
+    the fit's bandwidth is ``nbytes / (time - alpha)``). Infinite when the bucket holds the
+    whole transfer.
+
+    Example::
+
+        tbf_max_rate(80e6, 80_000, 1 << 20)           # 86.6e6: 8% above the rate at 1 MiB
+        tbf_max_rate(80e6, 80_000, 1 << 20, 2e-3)     # 104e6: a fit whose alpha is 2 ms
+    """
+    floor_s = max(0, nbytes - burst_bytes) / bandwidth_Bps - latency_s
+    return nbytes / floor_s if floor_s > 0 else math.inf
 
 
 def _pid_alive(pid: int) -> bool:

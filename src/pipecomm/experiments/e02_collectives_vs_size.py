@@ -92,7 +92,8 @@ class Params(base.Params):
     profiles in artifact/profiles/*.yaml override them."""
 
     world_size: int = 4
-    emu_alpha_s: float = 1e-3
+    # netem.check_host's margin at p = 4 on 2 cores (docs/network_model.md, "Quick defaults"):
+    emu_alpha_s: float = 3e-3
     emu_bandwidth_Bps: float = 100e6
     emu_cases: dict[str, Any] = field(default_factory=lambda: {
         "single/broadcast": ["lp", "mst", "be", "ring"],

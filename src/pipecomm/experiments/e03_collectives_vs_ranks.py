@@ -69,7 +69,8 @@ class Params(base.Params):
     nbytes: int = 1 << 20
     op: str = "broadcast"
     algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
-    emu_alpha_s: float = 1e-3
+    # netem.check_host's margin at p = 4 on 2 cores (docs/network_model.md, "Quick defaults"):
+    emu_alpha_s: float = 2e-3
     emu_bandwidth_Bps: float = 100e6
     ports: str = "single"
     iters: int = 2
