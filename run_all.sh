@@ -20,9 +20,10 @@ usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p
   --only E...         run only these experiments
   -p NAME=VALUE       override a parameter of the selected experiments (repeatable); the run is
                       written to results/<profile>/<E>__NAME=VALUE/, never over the default
-  --force             re-run even when a result with the same commit and parameters exists
-  --list              list experiments with their budgets and parameters
-  --tests             set up, then `ruff check` and `pytest` (extra arguments go to pytest)
+  --force             re-run even when a current result (same parameters and code) exists
+  --list              list experiments: budget, parameters, whether the result is current
+  --tests             set up, then `ruff check` and `pytest` (arguments after it go to pytest;
+                      no run options with it)
   --help              this text
 
 Environment: PYTHON (interpreter used to create .venv, default python3),
@@ -35,18 +36,32 @@ args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
-    --tests) mode=tests; shift; args+=("$@"); break ;;
+    --tests)
+      if [ ${#args[@]} -gt 0 ]; then
+        echo "run_all.sh: --tests runs ruff and pytest and takes no run options (got ${args[*]}); run them separately" >&2
+        exit 2
+      fi
+      mode=tests; shift; args+=("$@"); break ;;
     *) args+=("$1"); shift ;;
   esac
 done
+if [ "$mode" = tests ]; then
+  for a in "${args[@]+"${args[@]}"}"; do
+    case "$a" in
+      --only|--only=*|--profile|--profile=*|--force|--list|--save-reference|--timeout-factor|--timeout-factor=*)
+        echo "run_all.sh: $a is a run option; --tests passes its arguments to pytest: run them separately (./run_all.sh $a ...)" >&2
+        exit 2 ;;
+    esac
+  done
+fi
 
 PYTHON=${PYTHON:-python3}
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
-  echo "run_all.sh: $PYTHON not found; install Python 3.10+ or set PYTHON=/path/to/python3" >&2
+  echo "run_all.sh: $PYTHON not found; install Python 3.11+ (3.11-3.13 checked) or set PYTHON=/path/to/python3" >&2
   exit 2
 fi
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-  echo "run_all.sh: Python >= 3.10 is required, $PYTHON is $("$PYTHON" -V 2>&1)" >&2
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "run_all.sh: Python >= 3.11 is required (the pinned numpy, pandas and scipy have no release for older ones), $PYTHON is $("$PYTHON" -V 2>&1): set PYTHON=python3.11" >&2
   exit 2
 fi
 
