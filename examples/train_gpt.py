@@ -9,6 +9,8 @@ picks how the replicas stay in sync; every other line is the same:
 * ``ddp`` - torch's ``DistributedDataParallel`` on gloo (CPU) or NCCL (CUDA): the baseline.
 * ``ddp-pipecomm`` - the same DDP over ``pipecomm.backend.new_group(algorithm=...)``: its
   bucketed AllReduce is linear pipelining (Wang et al., arXiv 1611.04255) or mst / be / ring.
+  With ``--error-feedback``: DDP with ``pipecomm.hooks.allreduce_hook`` and
+  ``CollectiveState(..., error_feedback=True)`` (the residuals live in the hook state).
 * ``ddp-pipelined-hook`` - DDP with ``pipecomm.hooks.pipelined_hook``: Pipe-SGD (Li et al.,
   NeurIPS 2018) inside stock DDP; the optimizer applies the average of ``--staleness`` steps ago
   and skips its step while the pipeline fills (``state.filling``), as PipeSGD does.
@@ -23,10 +25,12 @@ How each strategy does the training-loop features:
 strategy               accumulation        clipping (2-norm)                checkpoint
 =====================  ==================  ===============================  ===================
 ddp, ddp-pipecomm      ``no_sync()``       averaged gradient                rank 0, exact
-ddp-pipelined-hook     ``no_sync()``       applied (stale) average          rank 0; the
-                                                                            pipeline refills
+ddp-pipelined-hook     ``no_sync()``       applied (stale) average          rank 0, exact (+ each
+                                                                            rank's hook state)
 pipesgd                grads add up        applied (stale) average, in a    rank 0, exact (the
-                       locally             step pre-hook                    average in flight)
+                       locally             step pre-hook                    average in flight;
+                                                                            one per rank with
+                                                                            error feedback)
 decentralized          ``no_sync()``       local gradient (``"global"``     one per rank, exact
                                            scope)
 =====================  ==================  ===============================  ===================
@@ -38,9 +42,17 @@ Usage (CPU, 2 ranks; each rank prints nothing but rank 0's log)::
         --max-iters 200 --grad-accum 2 --out out-gpt
     torchrun ... examples/train_gpt.py --strategy pipesgd --max-iters 400 --out out-gpt --resume
 
+``--compression int8 --error-feedback`` adds each bucket's last compression error to its next
+gradient (``pipecomm.compress.error_feedback``). ``--trace DIR`` writes a Chrome trace of a few
+steps per rank (``DIR/trace_rank{r}.json``, open in chrome://tracing or Perfetto): pipecomm's
+collectives appear as ``pipecomm.allreduce.<algorithm>`` ranges beside the compute, on the main
+and the communication thread.
+
 Rank 0 writes ``OUT/log.jsonl`` (one JSON object per step: step, loss, lr, dt_ms; then the
-validation loss) and ``OUT/ckpt.pt`` (``decentralized``: ``OUT/ckpt_rank{r}.pt``, the replicas
-differ).
+validation loss and this rank's pipecomm counters, ``pipecomm.observe.counters()``) and
+``OUT/ckpt.pt`` (``decentralized``, and ``pipesgd`` with error feedback: ``OUT/ckpt_rank{r}.pt``,
+the replicas or residuals differ); the DDP hook strategies add ``OUT/hook_rank{r}.pt``, every
+rank's hook state (averages in flight, residuals).
 """
 
 from __future__ import annotations
@@ -61,7 +73,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipecomm import backend, data, hooks, models, vocab
+from pipecomm import backend, data, hooks, models, observe, vocab
 from pipecomm.decentralized import DecentralizedDataParallel
 from pipecomm.pipesgd import PipeSGD
 
@@ -76,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pipecomm's AllReduce (not used by --strategy ddp)")  # fmt: skip
     p.add_argument("--compression", choices=vocab.CODECS, default=None, help="lp / ring only")
     p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")
+    p.add_argument("--error-feedback", action="store_true",
+                   help="feed each bucket's compression error into its next gradient")  # fmt: skip
     p.add_argument("--topology", default="one-peer-exp", help="gossip topology (decentralized)")
     # model and data
     p.add_argument("--n-layer", type=int, default=2)
@@ -101,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for any collective")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write a Chrome trace of a few steps per rank to DIR")  # fmt: skip
     args = p.parse_args(argv)
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.max_iters
@@ -109,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.compression is not None and args.strategy in ("ddp", "decentralized"):
         p.error("--compression applies to ddp-pipecomm, ddp-pipelined-hook and pipesgd")
+    if args.error_feedback and args.compression is None:
+        p.error("--error-feedback needs --compression (nothing is lost to feed back without it)")
     return args
 
 
@@ -152,17 +170,25 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
     clip = args.grad_clip
     if args.strategy == "ddp":
         return DDP(model), opt, None
+    if args.strategy == "ddp-pipecomm" and args.error_feedback:
+        ddp = DDP(model)
+        state = hooks.CollectiveState(args.algorithm, args.compression, error_feedback=True)
+        hooks.register(ddp, state, hooks.allreduce_hook)
+        return ddp, opt, state
     if args.strategy == "ddp-pipecomm":
         pg = backend.new_group(algorithm=args.algorithm, compression=args.compression)
         return DDP(model, process_group=pg), opt, None
     if args.strategy == "ddp-pipelined-hook":
         ddp = DDP(model)
-        state = hooks.PipelinedState(args.staleness, args.algorithm, args.compression)
+        state = hooks.PipelinedState(
+            args.staleness, args.algorithm, args.compression, error_feedback=args.error_feedback
+        )
         hooks.register(ddp, state, hooks.pipelined_hook)
         return ddp, opt, state
     if args.strategy == "pipesgd":
         opt = PipeSGD(model, opt, mode="pipe", staleness=args.staleness,
-                      algorithm=args.algorithm, compression=args.compression)  # fmt: skip
+                      algorithm=args.algorithm, compression=args.compression,
+                      error_feedback=args.error_feedback)  # fmt: skip
         if clip > 0:  # clip the averaged gradient that the update applies (as DDP does)
 
             def clip_applied_gradient(*_: Any) -> None:
@@ -178,21 +204,59 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
     return ddp, ddp.optimizer, None
 
 
+def per_rank(args: argparse.Namespace) -> bool:
+    """Decentralized replicas differ, and so do PipeSGD's error-feedback residuals."""
+    return args.strategy == "decentralized" or (args.strategy == "pipesgd" and args.error_feedback)
+
+
 def ckpt_path(args: argparse.Namespace, rank: int) -> Path:
-    """Replicated strategies share one checkpoint; decentralized replicas differ: one per rank."""
-    name = f"ckpt_rank{rank}.pt" if args.strategy == "decentralized" else "ckpt.pt"
-    return Path(args.out) / name
+    """Replicated strategies share one checkpoint (rank 0's); else one per rank."""
+    return Path(args.out) / (f"ckpt_rank{rank}.pt" if per_rank(args) else "ckpt.pt")
+
+
+def hook_path(args: argparse.Namespace, rank: int) -> Path:
+    """Every rank's DDP hook state (its residuals are its own)."""
+    return Path(args.out) / f"hook_rank{rank}.pt"
+
+
+def _save(obj: Any, path: Path) -> None:
+    torch.save(obj, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
 
 
 def save_checkpoint(
-    model: torch.nn.Module, opt: Any, step: int, args: argparse.Namespace, rank: int
+    model: torch.nn.Module, opt: Any, pipe: Any, step: int, args: argparse.Namespace, rank: int
 ) -> None:
     ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
             "args": vars(args)}  # fmt: skip
-    if rank == 0 or args.strategy == "decentralized":
-        path = ckpt_path(args, rank)
-        torch.save(ckpt, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+    if rank == 0 or per_rank(args):
+        _save(ckpt, ckpt_path(args, rank))
+    if pipe is not None:  # the hook's averages in flight and residuals: every rank
+        _save(pipe.state_dict(), hook_path(args, rank))
+
+
+def make_profiler(args: argparse.Namespace, steps: int, cuda: bool, rank: int) -> Any:
+    """``torch.profiler.profile`` of a few steps (after two warm-up ones, when there are enough),
+    pipecomm's communication thread included; the trace goes to ``--trace``/trace_rank{r}.json."""
+    if args.trace is None:
+        return None
+    Path(args.trace).mkdir(parents=True, exist_ok=True)
+    active = min(3, steps)
+    warmup = min(1, steps - active)
+    wait = min(2, steps - active - warmup)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def write(prof: Any) -> None:
+        prof.export_chrome_trace(str(Path(args.trace) / f"trace_rank{rank}.json"))
+
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=write,
+        experimental_config=observe.all_threads(),
+    )
 
 
 def log(args: argparse.Namespace, **record: Any) -> None:
@@ -256,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     fwd, opt, pipe = wrap(model, args)
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
+        if pipe is not None:  # continues as the uninterrupted run (no pipeline refill)
+            pipe.load_state_dict(torch.load(hook_path(args, rank), weights_only=False))
     if master:
         n = models.count_parameters(model)
         print(f"{args.strategy}: {n} parameters, {world} ranks, steps {start}..{args.max_iters}")
@@ -263,6 +329,10 @@ def main(argv: list[str] | None = None) -> None:
         (Path(args.out) / "log.jsonl").write_text("")
 
     step_ms = []
+    observe.reset()
+    prof = make_profiler(args, args.max_iters - start, cuda, rank)
+    if prof is not None:
+        prof.start()
     for step in range(start, args.max_iters):
         t0 = time.perf_counter()
         lr = get_lr(step, args)
@@ -285,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.strategy != "decentralized":
             if args.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if pipe is None or not pipe.filling:  # Pipe-SGD: w_{t+1} = w_t while filling
+            if not getattr(pipe, "filling", False):  # Pipe-SGD: w_{t+1} = w_t while filling
                 opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:
@@ -295,12 +365,17 @@ def main(argv: list[str] | None = None) -> None:
         if master:
             print(f"step {step:5d} | loss {loss_sum:.4f} | lr {lr:.2e} | {dt:7.1f} ms")
             log(args, step=step, loss=loss_sum, lr=lr, dt_ms=dt)
+        if prof is not None:
+            prof.step()
         if args.ckpt_interval and (step + 1) % args.ckpt_interval == 0:
-            save_checkpoint(model, opt, step + 1, args, rank)
+            save_checkpoint(model, opt, pipe, step + 1, args, rank)
+    if prof is not None:
+        prof.stop()
 
-    save_checkpoint(model, opt, args.max_iters, args, rank)
-    if pipe is not None:
+    save_checkpoint(model, opt, pipe, args.max_iters, args, rank)
+    if isinstance(pipe, hooks.PipelinedState):
         pipe.wait()  # the hook's averages still in flight (not applied)
+    comm = observe.counters()  # before evaluation's own collectives
     if args.eval_iters > 0:
         val = evaluate(fwd, corpus, args, device)
         if master:
@@ -312,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
             med = statistics.median(timed)
             print(f"median step {med:.1f} ms over {len(timed)} steps")
             log(args, median_step_ms=med, steps_timed=len(timed))
+        log(args, comm=comm)
     if isinstance(fwd, DecentralizedDataParallel):
         fwd.close()
     if owns_group:

@@ -25,8 +25,10 @@ SCRIPT = ROOT / "examples" / "train_gpt.py"
 STEPS = 4
 COMMON = ["--max-iters", str(STEPS), "--lr-decay-iters", str(STEPS), "--warmup-iters", "1",
           "--grad-accum", "2", "--batch-size", "4", "--eval-iters", "1", "--timeout", "120"]  # fmt: skip
-#: strategies whose resume is exact (the pipelined hook's averages in flight are not saved)
-EXACT_RESUME = ("ddp", "pipesgd", "decentralized")
+#: strategies whose resume is exact (every one: the hook states are checkpointed too)
+EXACT_RESUME = ("ddp", "ddp-pipelined-hook", "pipesgd", "decentralized")
+#: PipeSGD with int8 and error feedback (its residuals differ per rank: one checkpoint per rank)
+EF = ["--strategy", "pipesgd", "--compression", "int8", "--error-feedback"]
 TIMEOUT_S = 420
 
 
@@ -44,11 +46,16 @@ def drive(out: Path) -> None:
     train = load_script()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     for strategy in train.STRATEGIES:
-        train.main([*COMMON, "--strategy", strategy, "--out", str(out / strategy)])
+        trace = ["--trace", str(out / "trace")] if strategy == "ddp-pipelined-hook" else []
+        train.main([*COMMON, "--strategy", strategy, "--out", str(out / strategy), *trace])
+    train.main([*COMMON, *EF, "--out", str(out / "pipesgd-ef")])
     for strategy in EXACT_RESUME:
         run = [*COMMON, "--strategy", strategy, "--out", str(out / f"{strategy}-resumed")]
         train.main([*run, "--max-iters", "2"])  # stops (and checkpoints) after step 2 of 4
         train.main([*run, "--resume"])
+    run = [*COMMON, *EF, "--out", str(out / "pipesgd-ef-resumed")]
+    train.main([*run, "--max-iters", "2"])
+    train.main([*run, "--resume"])
     dist.destroy_process_group()
 
 
@@ -104,12 +111,35 @@ def test_pipelined_hook_trains_like_pipesgd(runs: Path) -> None:
     assert [r["loss"] for r in hook] == pytest.approx([r["loss"] for r in pipe], rel=1e-4)
 
 
-@pytest.mark.parametrize("strategy", EXACT_RESUME)
+@pytest.mark.parametrize("strategy", [*EXACT_RESUME, "pipesgd-ef"])
 def test_resume_continues_exactly(runs: Path, strategy: str) -> None:
     whole, _ = read_log(runs / strategy)
     resumed, _ = read_log(runs / f"{strategy}-resumed")
     assert [r["step"] for r in resumed] == list(range(STEPS))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
+
+
+def test_error_feedback_trains_and_checkpoints_every_rank(runs: Path) -> None:
+    steps, rest = read_log(runs / "pipesgd-ef")
+    assert [r["step"] for r in steps] == list(range(STEPS)) and math.isfinite(rest["val_loss"])
+    plain, _ = read_log(runs / "pipesgd")
+    assert [r["loss"] for r in steps] != [r["loss"] for r in plain]  # int8 changed the updates
+    for rank in (0, 1):
+        ckpt = torch.load(runs / "pipesgd-ef" / f"ckpt_rank{rank}.pt", weights_only=False)
+        assert ckpt["optimizer"]["rank"] == rank and ckpt["optimizer"]["residuals"]
+
+
+def test_trace_and_counters(runs: Path) -> None:
+    """--trace: a Chrome trace per rank with pipecomm's ranges on the main thread and on the
+    communication thread; the log holds the counters."""
+    for rank in (0, 1):
+        events = json.loads((runs / "trace" / f"trace_rank{rank}.json").read_text())["traceEvents"]
+        tids = {e.get("tid") for e in events if e.get("name") == "pipecomm.allreduce.lp"}
+        assert len(tids) >= 2, tids
+        assert any(e.get("name") == "aten::addmm" for e in events)  # the compute, beside it
+    _, rest = read_log(runs / "ddp-pipelined-hook")
+    lp = rest["comm"]["pipecomm.allreduce.lp"]
+    assert lp["calls"] >= STEPS and lp["bytes"] > 0 and lp["seconds"] > 0
 
 
 def test_bad_arguments_are_refused_before_training() -> None:
@@ -120,6 +150,8 @@ def test_bad_arguments_are_refused_before_training() -> None:
         train.parse_args(["--grad-accum", "0"])
     with pytest.raises(SystemExit):
         train.parse_args(["--strategy", "decentralized", "--compression", "fp16"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--strategy", "pipesgd", "--error-feedback"])
     args = train.parse_args(["--max-iters", "50"])
     assert args.lr_decay_iters == 50
     assert train.get_lr(0, args) < train.get_lr(args.warmup_iters, args) == pytest.approx(args.lr)
