@@ -127,6 +127,62 @@ def test_run_all_help_and_bad_option():
     assert bad.returncode == 2 and "E99" in bad.stderr
 
 
+@pytest.mark.parametrize("argv", [["--only", "E4", "--tests"], ["--tests", "--only", "E4"],
+                                  ["--tests", "--profile=cpu", "-k", "x"]])
+def test_run_all_tests_with_run_options_is_refused(argv):
+    """--tests and run options do not mix: refused before any set-up, not by pytest."""
+    proc = subprocess.run([str(ROOT / "run_all.sh"), *argv], capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "run option" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_python_versions_agree():
+    """pyproject, run_all.sh and the README name the same oldest Python (the lock's numpy 2.4,
+    pandas 3.1 and scipy 1.17 need 3.11)."""
+    import tomllib
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert spec["requires-python"] == ">=3.11"
+    assert any(d.startswith("scipy") for d in spec["dependencies"])  # pipecomm.stats imports it
+    assert "sys.version_info < (3, 11)" in (ROOT / "run_all.sh").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "Python 3.11" in readme and "3.10+" not in readme
+
+
+_SLOW = ("netem: this host cannot deliver the emulated network (emulated, single-port, 2.0 ms / "
+         "50 MB/s) at p=8: a real ring step of 64 B takes 2.61 ms here but the emulated link "
+         "gives it 2.0 ms; raise alpha_s to at least 2.48 ms (or lower bandwidth_Bps to at most "
+         "1.234 MB/s)")
+
+
+@pytest.mark.parametrize("eid, alpha, bandwidth", [("E0", "emu_alpha_s", "emu_bandwidth_Bps"),
+                                                   ("E5", "alpha_s", "bandwidth_Bps"),
+                                                   ("E10", "intra_alpha_s", "intra_bandwidth_Bps")])
+def test_host_too_slow_names_the_experiments_parameter(eid, alpha, bandwidth, monkeypatch):
+    """netem's advice in the experiment's own parameter names, with the -p that runs it here."""
+
+    class Failed(Exception):  # what papermill raises for an exception in a cell
+        ename, evalue = "HostTooSlow", _SLOW
+
+    monkeypatch.setattr(artifact, "auto_profile", lambda: "cpu")
+    exp = artifact.discover()[eid]
+    line = artifact.failure_message(exp, Failed("86 hint = ...\n---> 87 raise"), {"iters": 3},
+                                    "cpu")
+    assert "\n" not in line and "---> 87" not in line
+    assert f"raise {alpha} to at least 2.48 ms" in line
+    assert f"lower {bandwidth} to at most 1.234 MB/s" in line
+    assert line.endswith(f"./run_all.sh --only {eid} -p iters=3 -p {alpha}=0.0025")
+
+
+def test_failure_message_is_the_notebooks_exception_only():
+    class Failed(Exception):
+        ename, evalue = "ValueError", "parameter x must be >= 1, got 0"
+
+    line = artifact.failure_message(artifact.discover()["E4"], Failed("source lines"), {}, "cpu")
+    assert line == "ValueError: parameter x must be >= 1, got 0"
+
+
 def test_override_dirname_is_separate_from_default():
     assert artifact.override_dirname("E0", {}) == "E0"
     name = artifact.override_dirname("E0", {"sizes_max": 1048576, "iters": 2})
@@ -365,6 +421,134 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
     assert counter.read_text() == "xx"  # run 0 came from the run directory, only run 1 ran
     assert (out / "data.csv").read_text() == "a,b\n0,10\n"
     assert not (tmp_path / "results" / ".runs").exists()
+
+
+_INTERRUPT_SCRIPT = """
+import pathlib, sys
+from pipecomm import artifact
+artifact.RESULTS = pathlib.Path(sys.argv[1])
+exp = artifact.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
+sys.exit(artifact.run("cpu", [exp], {}))
+"""
+
+
+def test_ctrl_c_is_one_line_exit_130_and_nothing_left_running(tmp_path):
+    """Ctrl-C while a notebook runs: the kernel and what it started stop, nothing is written,
+    one line says so, exit status 130 (no tracebacks)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    artifact.ensure_kernel()
+    marker = tmp_path / "started"
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
+    cell = nbformat.v4.new_code_cell("out_dir = None")
+    cell.metadata["tags"] = ["parameters"]
+    book.cells = [cell, nbformat.v4.new_code_cell(
+        "import pathlib, subprocess, time\nchild = subprocess.Popen(['sleep', '300'])\n"
+        f"pathlib.Path({str(marker)!r}).write_text(str(child.pid))\ntime.sleep(300)")]
+    nb = tmp_path / "98_sleep.ipynb"
+    nbformat.write(book, nb)
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPT_SCRIPT, str(tmp_path / "results"),
+                             str(nb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the notebook did not start"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert out.rstrip().splitlines()[-1] == "interrupted: E98; nothing was written; re-run to resume"
+    assert "Traceback" not in out + err and "ERROR" not in out + err, out + err
+    assert not err.strip(), err
+    time.sleep(1)
+    with pytest.raises(ProcessLookupError):  # the kernel's own child went with it
+        os.kill(int(marker.read_text()), 0)
+    assert not (tmp_path / "results" / "cpu" / "E98").exists()
+    assert not list((tmp_path / "results" / "cpu").glob(".E98*"))
+
+
+def test_a_successful_run_logs_no_error_and_records_relative_paths(tmp_path, capfd):
+    """No "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" when nothing failed (the
+    kernel is not sent SIGINT before its shutdown request)."""
+    artifact.ensure_kernel()
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
+    cell = nbformat.v4.new_code_cell("out_dir = None")
+    cell.metadata["tags"] = ["parameters"]
+    book.cells = [cell, nbformat.v4.new_code_cell(
+        "import pathlib\n(pathlib.Path(out_dir) / 'data.csv').write_text('a\\n1\\n')")]
+    nb = tmp_path / "97_ok.ipynb"
+    nbformat.write(book, nb)
+    out = tmp_path / "results" / "E97"
+    artifact.run_experiment(artifact.Experiment("E97", nb, {}, budget_s=30), "cpu", {}, out)
+    captured = capfd.readouterr()
+    assert "ERROR" not in captured.out + captured.err, captured.out + captured.err
+    text = (out / "notebook.ipynb").read_text()
+    assert ".E97.tmp-" not in text  # the temporary directory it ran in is not recorded
+
+
+def test_a_finished_kernel_is_not_interrupted_before_its_shutdown(monkeypatch):
+    """jupyter_client sends SIGINT before every shutdown request; a kernel busy with a message
+    then logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" after a successful run.
+    pipecomm's kernel manager skips that interrupt while shutting down, and only then."""
+    import asyncio
+
+    from jupyter_client.manager import AsyncKernelManager, KernelManager
+
+    sent = []
+
+    async def record(self):
+        sent.append(self.shutting_down)
+
+    monkeypatch.setattr(KernelManager, "_async_interrupt_kernel", record)
+    monkeypatch.setattr(AsyncKernelManager, "interrupt_kernel", record)
+    km = artifact._ipc_kernel_manager()(kernel_name=artifact.KERNEL)
+    try:
+        km.shutting_down = False
+        asyncio.run(km.interrupt_kernel())  # a timeout's interrupt still reaches the kernel
+        km.shutting_down = True
+        asyncio.run(km._async_interrupt_kernel())  # the one before the shutdown request
+    finally:
+        import shutil
+
+        shutil.rmtree(Path(km.ip).parent, ignore_errors=True)
+    assert sent == [False]
+
+
+def test_executed_notebooks_record_repository_relative_paths(tmp_path):
+    """The injected parameters cell and papermill's metadata name the result directory relative
+    to the repository, not the temporary directory on the machine that ran it."""
+    exp = artifact.discover()["E4"]
+    book = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('# Parameters\nworld_size = 8\n'
+                                     'out_dir = "/work/wt/results/cpu/.E4.tmp-13704"\n')
+    cell.metadata["tags"] = ["injected-parameters"]
+    book.cells = [cell]
+    book.metadata["papermill"] = {
+        "input_path": "/work/wt/notebooks/04_lp_block_size.ipynb", "cwd": "/work/wt/notebooks",
+        "output_path": "/work/wt/results/cpu/.E4.tmp-13704/notebook.ipynb",
+        "parameters": {"world_size": 8, "out_dir": "/work/wt/results/cpu/.E4.tmp-13704"}}
+    path = tmp_path / "notebook.ipynb"
+    nbformat.write(book, path)
+    artifact.relocate_notebook(path, artifact.RESULTS / "cpu" / "E4", exp.notebook)
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[0].source == '# Parameters\nworld_size = 8\nout_dir = "../results/cpu/E4"\n'
+    meta = nb.metadata["papermill"]
+    assert meta["parameters"]["out_dir"] == "../results/cpu/E4"
+    assert meta["input_path"] == "notebooks/04_lp_block_size.ipynb"
+    assert meta["output_path"] == "results/cpu/E4/notebook.ipynb" and "cwd" not in meta
+    assert "/work/wt" not in path.read_text()
+
+
+def test_interrupted_line():
+    assert artifact.interrupted_line("E4", []) == \
+        "interrupted: E4; nothing was written; re-run to resume"
+    assert artifact.interrupted_line("E4", ["E0", "E1"]) == (
+        "interrupted: E4; nothing was written for it (E0, E1 finished and kept); re-run to resume")
 
 
 def test_e0_through_papermill(tmp_path):
