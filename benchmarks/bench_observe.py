@@ -8,8 +8,10 @@ Prints microseconds per call, best of ``--repeats`` rounds of ``--calls`` calls,
 * ``wrapper``: the whole of :func:`pipecomm.observe.ranged` (check, counters, context variable)
   around a function that does nothing, minus that function called bare;
 
-then, on ``--world`` local gloo ranks, a blocking 4 KiB (1024 float32) LP AllReduce (median of
-``--repeats`` rounds of ``--calls`` calls; rank 0's time), and the ratio of ``wrapper`` to it.
+then, on ``--world`` local gloo ranks, a blocking 4 KiB (1024 float32) AllReduce, LP and the
+built-in (``"torch"``, gloo's; it passes through the same wrapper) (median of ``--repeats``
+rounds of ``--allreduce-calls`` calls; rank 0's time), and the ratios of ``wrapper`` and
+``record_function`` to it.
 
 Usage::
 
@@ -43,21 +45,21 @@ def _bare(t: torch.Tensor, *, algorithm: str = "lp", async_op: bool = False) -> 
     return t
 
 
-def allreduce_us(calls: int, repeats: int) -> float:
-    """Rank function: median over rounds of the microseconds per 4 KiB LP AllReduce."""
+def allreduce_us(calls: int, repeats: int, algorithm: str) -> float:
+    """Rank function: median over rounds of the microseconds per blocking 4 KiB AllReduce."""
     import torch.distributed as dist
 
     from pipecomm import collectives
 
     t = torch.ones(1024)
     for _ in range(20):
-        collectives.allreduce(t, algorithm="lp")
+        collectives.allreduce(t, algorithm=algorithm)
     rounds = []
     for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()
         for _ in range(calls):
-            collectives.allreduce(t, algorithm="lp")
+            collectives.allreduce(t, algorithm=algorithm)
         rounds.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(rounds)
 
@@ -85,10 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     }
     for name, us in rows.items():
         print(f"{name:16s} {us:8.3f} us per call")
-    ar = launch.spawn(allreduce_us, args.world, args.allreduce_calls, args.repeats)[0]
-    print(f"{'allreduce 4KiB':16s} {ar:8.1f} us per call (lp, {args.world} ranks)")
-    print(f"wrapper / allreduce = {rows['wrapper'] / ar:.2e}")
-    print(f"record_function / allreduce = {rows['record_function'] / ar:.2e}")
+    for algorithm in ("lp", "torch"):
+        ar = launch.spawn(allreduce_us, args.world, args.allreduce_calls, args.repeats, algorithm)[
+            0
+        ]
+        print(f"allreduce 4KiB {algorithm:5s} {ar:8.1f} us per call ({args.world} ranks)")
+        print(f"  wrapper / allreduce = {rows['wrapper'] / ar:.2e}, "
+              f"record_function / allreduce = {rows['record_function'] / ar:.2e}")  # fmt: skip
 
 
 if __name__ == "__main__":
