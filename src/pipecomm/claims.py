@@ -423,9 +423,13 @@ class VerdictTable(pd.DataFrame):
         VerdictTable({"claim": ["C4.2"], "verdict": ["ERROR"], "measured": [long_reason]})
     """
 
+    # JupyterLab right-aligns table cells (.jp-RenderedHTMLCommon td): left, top, wrapped at
+    # spaces; the claim id and the verdict on one line
     _STYLE = ("<style>table.pipecomm-verdicts td, table.pipecomm-verdicts th "
-              "{text-align: left; vertical-align: top; white-space: pre-wrap; "
-              "word-break: break-word; max-width: 48em}</style>")
+              "{text-align: left !important; vertical-align: top; white-space: pre-wrap; "
+              "overflow-wrap: break-word; max-width: 48em} "
+              "table.pipecomm-verdicts td:first-child, table.pipecomm-verdicts td:last-child "
+              "{white-space: nowrap}</style>")
 
     @property
     def _constructor(self) -> type[VerdictTable]:

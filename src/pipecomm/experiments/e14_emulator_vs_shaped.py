@@ -65,7 +65,10 @@ class Params(base.Params):
     iters: int = 3
     warmup: int = 1
     link_sizes: list[int] = field(default_factory=lambda: [4 << 10, 1 << 20, 4 << 20])
-    link_iters: int = 5  # the host check takes the best of these: fewer refuse a host by chance
+    # the host check takes the best of these: fewer refuse a host by chance (all node links busy
+    # kept 94-99% of a lone link at 5, 96-99% at 10, in 20 runs each at 20 MB/s on 4 nodes;
+    # docs/network_model.md, "Quick defaults")
+    link_iters: int = 10
     min_block_bytes: int = 256 << 10
     timeout_s: float = 600.0
 
