@@ -10,7 +10,7 @@ export) shows them beside the compute; torch's profiler records other threads on
 so pass :func:`all_threads` as its ``experimental_config`` to see the communication thread.
 With no profiler running a range costs a check of torch's profiler flags
 (a ``record_function`` entered unconditionally would cost microseconds; measured in
-artifact/ARTIFACT.md, "Profiler ranges and counters").
+artifact/ARTIFACT.md, "Error feedback, profiler ranges and counters").
 
 :func:`counters` returns, per range name, the calls, the bytes (the tensors' sizes,
 uncompressed) and the seconds this rank spent in them: the call's duration for a blocking call;
