@@ -280,3 +280,48 @@ def test_cuda_matches_cpu(name):
     y = codec.decode(payload, x.numel(), torch.float32)
     assert y.is_cuda
     torch.testing.assert_close(y.cpu(), codec.decode(codec.encode(x), x.numel(), torch.float32))
+
+
+# --------------------------------------------------------------------------- error feedback
+
+
+def test_error_feedback_step_is_the_rule():
+    """x = g + e, e' = x - D(C(x)); e_0 = 0 (None); x is updated in place."""
+    codec = get_codec("int8")
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    x, e = compress.error_feedback(g.clone(), None, codec)
+    assert torch.equal(x, g)
+    assert torch.equal(e, g - codec.decode(codec.encode(g), 1000, g.dtype))
+    g2 = torch.randn(1000, generator=torch.Generator().manual_seed(4))
+    buf = g2.clone()
+    x2, e2 = compress.error_feedback(buf, e, codec)
+    assert x2 is buf and torch.equal(x2, g2 + e)
+    assert torch.equal(e2, x2 - codec.decode(codec.encode(x2), 1000, g.dtype))
+
+
+def test_error_feedback_state_keeps_one_residual_per_key():
+    ef = compress.ErrorFeedback("fp16")
+    a, b = torch.full((5,), 1 / 3), torch.full((7,), 1 / 7)
+    ef.compensate("a", a.clone())
+    ef.compensate("b", b.clone())
+    assert set(ef.residuals) == {"a", "b"} and ef.residuals["a"].numel() == 5
+    with pytest.raises(ValueError, match="codec"):
+        compress.ErrorFeedback(None)
+
+
+def test_error_feedback_needs_a_compression_and_a_bool():
+    assert compress.check_error_feedback(False, None, "X") is False
+    with pytest.raises(ValueError, match=r"X: error_feedback=True needs a compression"):
+        compress.check_error_feedback(True, None, "X")
+    with pytest.raises(TypeError, match="error_feedback must be True or False"):
+        compress.check_error_feedback(1, "int8", "X")
+
+
+def test_pipesgd_error_feedback_needs_a_compression():
+    from pipecomm.pipesgd import PipeSGD
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"PipeSGD: error_feedback=True.*compression"):
+        PipeSGD(model, opt, compression=None, error_feedback=True)
+    assert PipeSGD(model, opt, compression="int8", error_feedback=True).error_feedback
