@@ -183,3 +183,23 @@ def test_readme_names_the_errors_the_backend_raises():
     assert (avg_int, max_complex) == (TypeError, ValueError)
     assert f"AVG of integers is a {avg_int.__name__}" in text
     assert re.search(r"MAX or MIN of complex numbers[^.]*are a " + max_complex.__name__, text)
+
+
+def test_readme_jupyter_command_runs_as_root():
+    """README's one JupyterLab command starts as root too: jupyter refuses root unless
+    ServerApp.allow_root (an option only root's start consults)."""
+    import shlex
+
+    from jupyter_server.serverapp import ServerApp
+    from jupyterlab.labapp import LabApp
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Interactive use", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
+    assert len(commands) == 1, "Interactive use gives one command"
+    argv = shlex.split(commands[0])
+    assert argv[:2] == [".venv/bin/jupyter", "lab"]
+    app = LabApp()
+    app.parse_command_line(argv[2:])
+    assert app.extra_args == ["notebooks/"]
+    assert ServerApp(config=app.config).allow_root is True
