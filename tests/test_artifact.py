@@ -544,6 +544,32 @@ def test_executed_notebooks_record_repository_relative_paths(tmp_path):
     assert "/work/wt" not in path.read_text()
 
 
+def test_a_run_prints_only_its_experiments_claims():
+    table = pd.DataFrame({"claim": ["C0.2", "C1.1", "C4.1", "C4.2"],
+                          "experiment": ["E0", "E1", "E4", "E4"],
+                          "statement": ["s" * 300] * 4, "measured": ["m", "", "", "x"],
+                          "threshold": ["t"] * 4,
+                          "verdict": ["PASS", "NOT RUN", "NOT RUN", "FAIL"]})
+    text = artifact.claims_report(table, ["E0"])
+    assert "C0.2" in text and "C1.1" not in text and "C4.1" not in text
+    assert text.rstrip().endswith("3 claims of other experiments are not shown (2 of them NOT RUN)")
+
+
+def test_reference_notebooks_record_no_machines_paths():
+    """artifact/reference's executed notebooks name their results relative to the repository."""
+    import re
+
+    books = sorted((ROOT / "artifact" / "reference").glob("*/E*/notebook.ipynb"))
+    assert books
+    for path in books:
+        text = path.read_text()
+        assert not re.search(r"\.E\d+\.tmp-\d+", text), path
+        assert "/work/" not in text and str(ROOT) not in text, path
+        nb = nbformat.read(path, as_version=4)
+        eid, profile = path.parent.name, path.parent.parent.name
+        assert nb.metadata["papermill"]["parameters"]["out_dir"] == f"../results/{profile}/{eid}"
+
+
 def test_interrupted_line():
     assert artifact.interrupted_line("E4", []) == \
         "interrupted: E4; nothing was written; re-run to resume"

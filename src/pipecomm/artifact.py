@@ -451,9 +451,10 @@ def _shown_path(path: Path, start: Path = ROOT) -> str:
 
 def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> None:
     """Rewrite an executed notebook's recorded paths (the injected parameters cell's
-    ``out_dir``, papermill's metadata) from the temporary directory it ran in to ``out``,
-    relative to the repository: ``out_dir`` as the notebook opens it from notebooks/
-    (``"../results/cpu/E4"``), papermill's input and output paths from the repository root.
+    ``out_dir``, papermill's metadata, outputs that print them or a file of this checkout) from
+    the temporary directory it ran in to ``out``, relative to the repository: ``out_dir`` as the
+    notebook opens it from notebooks/ (``"../results/cpu/E4"``), papermill's input and output
+    paths and other files from the repository root.
 
     Example::
 
@@ -465,10 +466,29 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 
     nb = nbformat.read(path, as_version=4)
     out_dir = _shown_path(out, NOTEBOOKS)
+    ran_in = None  # the directory it ran in, as the parameters cell recorded it
     for cell in nb.cells:
         if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            found = re.search(r"(?m)^out_dir = (.*)$", cell.source)
+            with contextlib.suppress(ValueError, SyntaxError):
+                ran_in = ast.literal_eval(found.group(1)) if found else None
             cell.source = re.sub(r"(?m)^out_dir = .*$", lambda _: f"out_dir = {json.dumps(out_dir)}",
                                  cell.source)
+    swaps = [(ran_in, out_dir)] if isinstance(ran_in, str) and ran_in else []
+    swaps.append((f"{ROOT}/", ""))  # a warning's source file: relative to the repository
+
+    def relative(text: str) -> str:
+        for old, new in swaps:
+            text = text.replace(old, new)
+        return text
+
+    for cell in nb.cells:  # outputs that show a path (a printed out_dir, a warning's file)
+        for output in cell.get("outputs", []):
+            if isinstance(output.get("text"), str):
+                output["text"] = relative(output["text"])
+            for key, value in output.get("data", {}).items():
+                if isinstance(value, str) and key.startswith("text/"):
+                    output["data"][key] = relative(value)
     meta = nb.metadata.get("papermill")
     if meta is not None:
         if "out_dir" in (meta.get("parameters") or {}):
@@ -629,6 +649,7 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
                 if "image/png" in data or "application/pdf" in data:
                     output["data"] = {"text/plain": "[figure: see figure.png beside this notebook]"}
         nbformat.write(nb, out / "notebook.ipynb")
+        relocate_notebook(out / "notebook.ipynb", source / eid)  # no machine's paths
     for name in ("claims.md", "claims.csv"):
         shutil.copy2(source / name, tmp / name)
     results.replace_dir(tmp, dest)
@@ -957,17 +978,19 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                 bar.close()
         print(f"\n{interrupted_line(current, finished)}", flush=True)
         return 130
-    default_dirs = {k: v for k, v in dirs.items() if v.name == k}
-    table = claims_table(profile, write=True)
-    print()
-    print(claims_report(table, list(default_dirs)), end="")
-    print(f"(all claims of profile {profile}: {_shown_path(base / 'claims.md')})")
-    extra = {k: v for k, v in dirs.items() if k not in default_dirs}
-    if extra:
+    table = claims_table(profile, write=True)  # claims.md: the default results
+    extra = {k: v for k, v in dirs.items() if v.name != k}
+    if extra:  # the runs with overrides are judged on their own directories
+        import pandas as pd
+
         sub = claims_table(profile, dirs=extra, write=False)
-        sub = sub[sub.experiment.isin(list(extra))]
-        print("\nClaims on the runs with overridden parameters:\n")
-        print(claims.to_markdown(sub))
+        table = pd.concat([table[~table.experiment.isin(list(extra))],
+                           sub[sub.experiment.isin(list(extra))]])
+        print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides:")
+    print()
+    print(claims_report(table, list(dirs)), end="")
+    print(f"(all claims of profile {profile}, default parameters: "
+          f"{_shown_path(base / 'claims.md')})")
     if failures:
         print(f"experiments that failed: {failures}", file=sys.stderr)
         return 1
