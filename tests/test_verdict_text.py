@@ -4,6 +4,8 @@ shows every verdict with its reason in full (issue 29, item 6)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -80,3 +82,27 @@ def test_verdict_table_shows_every_reason_in_full(render):
     assert isinstance(table[["claim", "verdict"]], claims.VerdictTable)  # selections too
     if render == "html":
         assert "white-space: pre-wrap" in out  # wrapped in the notebook, not one long line
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "artifact" / "reference" / "cpu"
+
+
+@pytest.mark.parametrize("entry", [e for e in claims.load_claims()
+                                   if e.get("check") in claims.PREDICTIONS],
+                         ids=lambda e: e["id"])
+def test_every_registered_prediction_runs_on_the_reference_run(entry):
+    """On the cpu profile's reference run each registered prediction is computed (not the
+    fallback) and names the model."""
+    df = pd.read_csv(REFERENCE / entry["experiment"] / "data.csv.gz")
+    text = claims.predict(entry, df)
+    assert "model" in text and not text.startswith("for the profile's configuration")
+
+
+def test_a_run_without_the_claims_world_size_says_the_prediction_is_the_profiles():
+    """C10.2 is stated at p = 8: a quick run at p = 4 shows claims.yaml's text as the
+    profile's, with the reason."""
+    entry = next(e for e in claims.load_claims() if e["id"] == "C10.2")
+    df = pd.read_csv(REFERENCE / "E10" / "data.csv.gz")
+    assert claims.predict(entry, df).startswith("model AER/complete at p = 8: ")
+    text = claims.predict(entry, df[df.world_size == 4])
+    assert text.startswith("for the profile's configuration: ") and "no AER and complete" in text

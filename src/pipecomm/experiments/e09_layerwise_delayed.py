@@ -316,6 +316,41 @@ def plot(df: pd.DataFrame, **params: Any):
 # --------------------------------------------------------------------------- claims
 
 
+def _calibrated_model(df: pd.DataFrame, column: str) -> float:
+    """The timing model's time per batch ``column`` over sync's, from the run's calibration."""
+    claims.require_columns(df, "kind", "model_sync_s", column)
+    cal = df[df["kind"] == "calibration"]
+    if cal.empty:
+        raise ValueError("no calibration rows")
+    return float(cal[column].iloc[0] / cal["model_sync_s"].iloc[0])
+
+
+@claims.prediction("e9_delayed_faster")
+def predict_delayed_faster(df: pd.DataFrame) -> str:
+    """C9.1's prediction for the run: the timing model's delayed / sync time per batch from the
+    run's calibrated compute and AllReduce.
+
+    Example::
+
+        predict_delayed_faster(df)   # 'model ratio 0.67 (1.50x faster) ...'
+    """
+    r = _calibrated_model(df, "model_pipe_s")
+    return f"model ratio {r:.2f} ({1 / r:.2f}x faster) from this run's calibrated compute and AllReduce"
+
+
+@claims.prediction("e9_layerwise_not_slower")
+def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
+    """C9.2's prediction for the run: the bucket-schedule model's layer-wise / sync time.
+
+    Example::
+
+        predict_layerwise_not_slower(df)   # 'bucket-schedule model ratio 0.90 ...'
+    """
+    r = _calibrated_model(df, "model_layerwise_s")
+    return (f"bucket-schedule model ratio {r:.2f} (communication hidden behind the backward pass "
+            f"only), from this run's calibration")
+
+
 @claims.check("e9_delayed_faster")
 def check_delayed_faster(df: pd.DataFrame, methods: list[str],
                          max_ratio: float) -> claims.Verdict:

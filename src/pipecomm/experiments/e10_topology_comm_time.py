@@ -275,6 +275,25 @@ def check_within_model(df: pd.DataFrame, tolerance: float) -> claims.Verdict:
     return claims.model_points([samples[k] for k in keys], t.model_s.tolist(), labels, tolerance)
 
 
+@claims.prediction("e10_aer_below_complete")
+def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
+    """C10.2's prediction for the run: the model's AER / complete communication time per
+    iteration at p = ``world_size``, per model (an error when the run lacks that p).
+
+    Example::
+
+        predict_aer_below_complete(df, 8)   # 'model AER/complete at p = 8: mlp 0.52'
+    """
+    t = per_iteration(df)
+    t = t[t.world_size == world_size].set_index(["model", "topology"]).model_s
+    parts = [f"{m} {t[(m, 'alternating-exp-ring')] / t[(m, 'complete')]:.2f}"
+             for m in dict.fromkeys(t.index.get_level_values(0))
+             if (m, "alternating-exp-ring") in t and (m, "complete") in t]
+    if not parts:
+        raise ValueError(f"this run has no AER and complete at p = {world_size}")
+    return f"model AER/complete at p = {world_size}: " + ", ".join(parts)
+
+
 @claims.check("e10_aer_below_complete")
 def check_aer_below_complete(df: pd.DataFrame, world_size: int,
                              max_ratio: float) -> claims.Verdict:
