@@ -29,6 +29,7 @@ import importlib
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -807,7 +808,8 @@ def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
     text = _ADVICE.sub(rename, text)
     if not fixes:
         return text
-    given = [f"-p {k}={v}" for k, v in overrides.items() if not fixes[0].startswith(f"-p {k}=")]
+    given = [f"-p {shlex.quote(f'{k}={v}')}" for k, v in overrides.items()
+             if not fixes[0].startswith(f"-p {k}=")]
     prof = "" if profile == auto_profile() else f" --profile {profile}"
     load = ""
     with contextlib.suppress(OSError, AttributeError):
@@ -969,8 +971,9 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                 finished.append(exp.id)
                 note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
                 tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where}")
-            current = None
             bar.close()
+            current = "the claims table"  # written atomically: the old one or the new one
+            table = claims_table(profile, write=True)  # claims.md: the default results
     except KeyboardInterrupt:
         with _quiet():
             stop_kernels()
@@ -978,7 +981,6 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                 bar.close()
         print(f"\n{interrupted_line(current, finished)}", flush=True)
         return 130
-    table = claims_table(profile, write=True)  # claims.md: the default results
     extra = {k: v for k, v in dirs.items() if v.name != k}
     if extra:  # the runs with overrides are judged on their own directories
         import pandas as pd
