@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
         if pipe is not None:  # continues as the uninterrupted run (no pipeline refill)
-            pipe.load_state_dict(torch.load(hook_path(args, rank), weights_only=False))
+            saved = torch.load(hook_path(args, rank), map_location=device, weights_only=False)
+            pipe.load_state_dict(saved)
     if master:
         n = models.count_parameters(model)
         print(f"{args.strategy}: {n} parameters, {world} ranks, steps {start}..{args.max_iters}")

@@ -253,3 +253,32 @@ def test_pipelined_state_resumes_exactly(pool, world, k, algorithm, compression,
         assert res["residuals"] == (6 if ef else 0)
         close(res["resumed"], res["whole"], exact=True)
         assert any(not torch.equal(a, b) for a, b in zip(res["refilled"], res["whole"]))
+
+
+def test_load_state_dict_refuses_what_does_not_fit():
+    def registered(state):
+        state._params = [torch.zeros(3), torch.zeros(2)]  # what hooks.register records
+        return state
+
+    saved = registered(hooks.PipelinedState(1, "lp", "int8", error_feedback=True)).state_dict()
+    assert saved["in_flight"] == [] and saved["residuals"] == {} and saved["rank"] == 0
+    with pytest.raises(ValueError, match="staleness=1"):
+        registered(hooks.PipelinedState(2, "lp", "int8", error_feedback=True)).load_state_dict(
+            saved
+        )
+    with pytest.raises(ValueError, match="error_feedback"):
+        registered(hooks.PipelinedState(1, "lp", "int8")).load_state_dict(saved)
+    with pytest.raises(TypeError, match="got PipelinedState's"):
+        registered(hooks.CollectiveState("lp", "int8", error_feedback=True)).load_state_dict(saved)
+    other = dict(saved, rank=1, residuals={0: torch.ones(3)})
+    with pytest.raises(ValueError, match="residuals of rank 1"):
+        registered(hooks.PipelinedState(1, "lp", "int8", error_feedback=True)).load_state_dict(
+            other
+        )
+    wrong = dict(saved, residuals={0: torch.ones(4)})
+    with pytest.raises(ValueError, match="parameter 0"):
+        registered(hooks.PipelinedState(1, "lp", "int8", error_feedback=True)).load_state_dict(
+            wrong
+        )
+    with pytest.raises(RuntimeError, match="register"):
+        hooks.PipelinedState(1, "lp", "int8", error_feedback=True).load_state_dict(saved)

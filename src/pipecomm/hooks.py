@@ -331,16 +331,16 @@ class PipelinedState:
             state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
         """
         sd = state_dict
-        _load_state_dict(self, "PipelinedState", sd, ("iteration", "in_flight", "staleness"))
-        if sd["staleness"] != self.staleness:
-            raise ValueError(
-                f"PipelinedState.load_state_dict: state_dict was saved with staleness="
-                f"{sd['staleness']}, this state has staleness={self.staleness}"
-            )
         if self._history:
             raise RuntimeError(
                 "PipelinedState.load_state_dict needs a fresh state (nothing launched yet)"
             )
+        if isinstance(sd, dict) and sd.get("staleness", self.staleness) != self.staleness:
+            raise ValueError(
+                f"PipelinedState.load_state_dict: state_dict was saved with staleness="
+                f"{sd['staleness']}, this state has staleness={self.staleness}"
+            )
+        _load_state_dict(self, "PipelinedState", sd, ("iteration", "in_flight", "staleness"))
         for it, pieces in sd["in_flight"]:
             key, offsets, avg = _from_index(self, pieces, "in_flight")
             handle = CompletedHandle(avg, "loaded average")
@@ -607,8 +607,10 @@ def _state_dict(state: Any, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
 
 def _load_state_dict(state: Any, kind: str, sd: Any, keys: tuple[str, ...] = ()) -> None:
     where = f"{kind}.load_state_dict"
+    _registered(state, "load_state_dict")
     if not isinstance(sd, dict) or sd.get("kind") != kind:
-        raise TypeError(f"{where}: state_dict must come from {kind}.state_dict()")
+        got = sd.get("kind", "something else") if isinstance(sd, dict) else type(sd).__name__
+        raise TypeError(f"{where}: state_dict must come from {kind}.state_dict(), got {got}'s")
     missing = {"rank", "compression", "error_feedback", "residuals", *keys} - set(sd)
     if missing:
         raise ValueError(f"{where}: state_dict is missing {sorted(missing)}")
