@@ -570,6 +570,28 @@ def test_reference_notebooks_record_no_machines_paths():
         assert nb.metadata["papermill"]["parameters"]["out_dir"] == f"../results/{profile}/{eid}"
 
 
+def test_a_run_with_a_current_result_reuses_it_and_says_where_it_is(tmp_path, capsys,
+                                                                   monkeypatch):
+    """No kernel for a current result; the run names its figure and data, prints E1's claims
+    only and one line on the others."""
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(artifact, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
+    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    out = tmp_path / "cpu" / "E1"
+    out.mkdir(parents=True)
+    for name in ("data.csv", "notebook.ipynb", "figure.png"):
+        (out / name).write_text("a\n1\n")
+    results.write_json(out / "params.json", artifact.run_params(exp))
+    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    assert artifact.run("cpu", [exp], {}) == 0
+    text = capsys.readouterr().out
+    assert f"E1: current, reused: figure {out / 'figure.png'}, data {out / 'data.csv'}" in text
+    rows = [line for line in text.splitlines() if line.startswith("| C")]
+    assert rows and all(line.split(" | ")[1] == "E1" for line in rows)
+    assert "claims of other experiments are not shown" in text
+    assert (tmp_path / "cpu" / "claims.md").exists()
+
+
 def test_interrupted_line():
     assert artifact.interrupted_line("E4", []) == \
         "interrupted: E4; nothing was written; re-run to resume"

@@ -926,6 +926,17 @@ def claims_report(table: Any, selected: list[str]) -> str:
     return text
 
 
+def where_result(out: Path) -> str:
+    """Where a finished result's figure and data are, relative to the repository.
+
+    Example::
+
+        where_result(RESULTS / "cpu/E4")   # 'figure results/cpu/E4/figure.png, data results/...'
+    """
+    parts = [f"figure {_shown_path(out / 'figure.png')}"] if (out / "figure.png").exists() else []
+    return ", ".join([*parts, f"data {_shown_path(out / 'data.csv')}"])
+
+
 def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
         force: bool = False, timeout_factor: float = 3.0) -> int:
     """Run ``selected`` (reusing current results), print where each result is and the claims
@@ -955,10 +966,8 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                 if calibration.exists():
                     os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
                 code = code_hash(exp)
-                where = (f"figure {_shown_path(out / 'figure.png')}, "
-                         f"data {_shown_path(out / 'data.csv')}")
                 if not force and is_reusable(out, params, code):
-                    tqdm.write(f"{exp.id}: current, reused: {where}")
+                    tqdm.write(f"{exp.id}: current, reused: {where_result(out)}")
                     continue
                 try:
                     wall = run_experiment(exp, profile, params, out, timeout_factor, code=code)
@@ -970,7 +979,7 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                     continue
                 finished.append(exp.id)
                 note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
-                tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where}")
+                tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where_result(out)}")
             bar.close()
             current = "the claims table"  # written atomically: the old one or the new one
             table = claims_table(profile, write=True)  # claims.md: the default results
