@@ -597,6 +597,10 @@ def test_interrupted_line():
         "interrupted: E4; nothing was written; re-run to resume"
     assert artifact.interrupted_line("E4", ["E0", "E1"]) == (
         "interrupted: E4; nothing was written for it (E0, E1 finished and kept); re-run to resume")
+    assert artifact.interrupted_line(None, ["E0"]) == \
+        "interrupted: after E0 finished and kept; re-run to resume"
+    assert artifact.interrupted_line(None, []) == \
+        "interrupted: before the first experiment; nothing was written; re-run to resume"
 
 
 def test_e0_through_papermill(tmp_path):

@@ -906,9 +906,12 @@ def interrupted_line(current: str | None, finished: list[str]) -> str:
 
         interrupted_line("E4", [])   # 'interrupted: E4; nothing was written; re-run to resume'
     """
-    kept = f" ({', '.join(finished)} finished and kept)" if finished else ""
-    return f"interrupted: {current or 'before the first experiment'}; nothing was written" \
-           f"{' for it' if finished else ''}{kept}; re-run to resume"
+    kept = f"{', '.join(finished)} finished and kept" if finished else ""
+    if current is None:
+        where = f"after {kept}" if finished else "before the first experiment; nothing was written"
+        return f"interrupted: {where}; re-run to resume"
+    return f"interrupted: {current}; nothing was written{' for it (' + kept + ')' if kept else ''}" \
+           "; re-run to resume"
 
 
 def claims_report(table: Any, selected: list[str]) -> str:
@@ -957,6 +960,8 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                   flush=True)
             bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
             for exp in bar:
+                if guard.interrupted:  # Ctrl-C as a notebook finished: it was kept
+                    raise KeyboardInterrupt
                 current = exp.id
                 bar.set_postfix_str(exp.id)
                 own = overrides.get(exp.id, {})
@@ -978,8 +983,11 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                     tqdm.write(f"{exp.id}: FAILED: {failure_message(exp, exc, own, profile)}")
                     continue
                 finished.append(exp.id)
+                current = None
                 note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
                 tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where_result(out)}")
+            if guard.interrupted:
+                raise KeyboardInterrupt
             bar.close()
             current = "the claims table"  # written atomically: the old one or the new one
             table = claims_table(profile, write=True)  # claims.md: the default results
