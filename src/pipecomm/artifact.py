@@ -727,8 +727,8 @@ def list_table(selected: list[Experiment], profile: str) -> str:
     """
     from pipecomm.experiments import _meanings
 
-    lines = [f"profile {profile}: experiment, budget, result; its parameters (value in this "
-             f"profile, meaning)"]
+    lines = [f"profile {profile}: experiment, budget, result; its parameters (default in this "
+             f"profile, * where the profile changes the notebook's quick default; meaning)"]
     for exp in selected:
         state = result_state(exp, profile)
         where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
@@ -737,7 +737,9 @@ def list_table(selected: list[Experiment], profile: str) -> str:
         params = run_params(exp)
         width = max((len(k) for k in params), default=0)
         for name, value in params.items():
-            lines.append(f"     {name:{width}}  {_short(value):28}  "
+            changed = "*" if results.json_roundtrip(value) != results.json_roundtrip(
+                exp.defaults.get(name)) else " "
+            lines.append(f"     {name:{width}}  {_short(value):28}{changed} "
                          f"{_meanings.meaning(exp.id, name)}")
     return "\n".join(lines)
 
