@@ -110,6 +110,8 @@ def test_an_option_or_parameter_given_twice_is_an_error(capsys):
     assert "--profile is given twice" in capsys.readouterr().err
     assert _main("--only", "E0", "-p", "sizes_max=1024", "-p", "sizes_max=2048") == 2
     assert "-p sizes_max is given twice" in capsys.readouterr().err
+    assert _main("--only", "E0", "--only", "E1", "--list") == 2
+    assert "--only is given twice (E0 and E1)" in capsys.readouterr().err
 
 
 def test_list(capsys):

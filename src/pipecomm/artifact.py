@@ -666,8 +666,11 @@ class _Once(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         if getattr(namespace, f"_{self.dest}_given", False):
-            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)} and "
-                         f"{values}): give it once")
+            def show(v: Any) -> str:
+                return " ".join(v) if isinstance(v, list) else str(v)
+
+            parser.error(f"{option_string} is given twice ({show(getattr(namespace, self.dest))} "
+                         f"and {show(values)}): give it once")
         setattr(namespace, f"_{self.dest}_given", True)
         setattr(namespace, self.dest, values)
 
@@ -681,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--profile", choices=PROFILE_NAMES, default=None, action=_Once,
                    help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
-    p.add_argument("--only", nargs="+", metavar="E", default=None,
+    p.add_argument("--only", nargs="+", metavar="E", default=None, action=_Once,
                    help="run (or --list) only these experiments (e.g. E0 E3)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override a parameter (once per name); written to its own directory")
