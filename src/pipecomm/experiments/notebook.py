@@ -39,27 +39,15 @@ def parameters(namespace: Mapping[str, Any], module: ModuleType) -> dict[str, An
     return notebook_params(namespace, module)
 
 
-def verdicts(module: ModuleType, df: pd.DataFrame) -> pd.DataFrame:
-    """The claims of ``module``'s experiment (artifact/claims.yaml) evaluated on ``df``: the
-    prediction, what was measured with its interval, the threshold and PASS / FAIL /
-    INCONCLUSIVE (an illustration shows no verdict; a check that cannot run on this data, for
-    example a quick configuration without the claim's world size, shows ERROR with the reason).
+def verdicts(module: ModuleType, df: pd.DataFrame) -> claims.VerdictTable:
+    """The claims of ``module``'s experiment (artifact/claims.yaml) evaluated on ``df``, with the
+    prediction computed from the parameters that ran, what was measured with its interval, the
+    threshold and PASS / FAIL / INCONCLUSIVE, every cell in full
+    (:func:`pipecomm.claims.experiment_verdicts`; an illustration shows no verdict, a check that
+    cannot run on this data shows ERROR with the reason).
 
     Example::
 
         verdicts(E, df)[["claim", "measured", "threshold", "verdict"]]
     """
-    rows = []
-    for entry in claims.load_claims():
-        if entry["experiment"] != module.ID:
-            continue
-        row = {"claim": entry["id"], "prediction": entry.get("prediction", ""),
-               "measured": "", "threshold": "", "verdict": claims.MODEL}
-        if entry["kind"] == "claim":
-            try:
-                v = claims.run_check(entry, df)
-                row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict)
-            except Exception as exc:  # shown, not hidden: the table says why
-                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=claims.ERROR)
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["claim", "prediction", "measured", "threshold", "verdict"])
+    return claims.experiment_verdicts(module.ID, df)
