@@ -97,6 +97,7 @@ from pipecomm import bench, cluster, cost, launch, netem, stats, sweep
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
 CHECK = "check"  # the ranks' agreement check alone (``--check-cost``)
+UNCHECKED = "unchecked:"  # an algorithm's call without that check (``--check-cost``)
 OPS = ("broadcast", "allreduce", "reduce")
 DEFAULT_SIZES = tuple(64 * 1024 * 4**i for i in range(6))  # 64 KiB .. 64 MiB
 COLUMNS = (
@@ -212,10 +213,11 @@ def rank_bench(cfg: dict) -> list[dict]:
     """
     p = cfg["p"]
     labels = [*cfg["algorithms"], *(f"lp/{k}" for k in cfg.get("lp_blocks", ())),
-              *([AA] if cfg.get("aa") else []), *([CHECK] if cfg.get("check") else [])]
+              *([AA] if cfg.get("aa") else []), *([CHECK] if cfg.get("check") else []),
+              *(f"{UNCHECKED}{a}" for a in cfg["algorithms"] if cfg.get("check") and a != "torch")]
 
     def point(op: str, n: int, label: str) -> dict:
-        alg = "torch" if label == AA else label.split("/")[0]
+        alg = "torch" if label == AA else label if label.startswith(UNCHECKED) else label.split("/")[0]
         pt = {"op": op, "algorithm": alg, "label": label, "nbytes": n, "p": p,
               "warmup": cfg["warmup"], "iters": cfg["repeats"]}
         if "/" in label:
@@ -229,7 +231,8 @@ def rank_bench(cfg: dict) -> list[dict]:
     if dist.get_rank() < p:
         wrong = {_what(pt): _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p,
                                    pt.get("block_bytes"))
-                 for pt in points if pt["label"] not in (AA, CHECK)}  # no call of their own
+                 for pt in points if pt["label"] not in (AA, CHECK)
+                 and not pt["label"].startswith(UNCHECKED)}  # no call of their own
     dist.barrier()
     if dist.get_rank() != 0:
         return []
@@ -414,14 +417,15 @@ TARGET_OPS = {"C2.5": "broadcast", "C2.6": "allreduce"}
 
 
 def check_cost(csv_path: Path) -> str:
-    """The markdown table of the agreement check's cost in a CSV with ``check`` rows
-    (``--check-cost``): per p and size, the check's median time alone and its share of each
-    algorithm's call (check time / the call's time, which includes the check), with bootstrap
-    95% intervals over the repeats of the same run.
+    """The markdown table of the agreement check's cost in a CSV of a ``--check-cost`` run: per
+    p and size, the check's median time alone, and per algorithm what the check adds to its
+    call (the call's median over the same call without the check, minus 1) and the check's
+    time alone as a share of the call, with bootstrap 95% intervals over the repeats of the
+    same run.
 
     Example::
 
-        print(check_cost(Path("checkcost.csv")))
+        print(check_cost(Path("artifact/reference/bench/check_cost_cpu.csv")))
     """
     with csv_path.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -429,17 +433,25 @@ def check_cost(csv_path: Path) -> str:
     if not checks:
         raise ValueError(f"{csv_path} has no '{CHECK}' rows (run with --check-cost)")
     algs = [a for a in ALGORITHMS if a != "torch" and any(r["algorithm"] == a for r in rows)]
-    out = ["| p | size | check alone (ms) | " + " | ".join(f"share of {a}" for a in algs) + " |",
-           "|---|---|---|" + "---|" * len(algs)]
+    cell = {(r["algorithm"], r["op"], r["p"], r["nbytes"]): r for r in rows}
+    out = ["| p | size | check alone (ms) | "
+           + " | ".join(f"{a}: added by the check | {a}: check alone / call" for a in algs) + " |",
+           "|---|---|---|" + "---|---|" * len(algs)]
     for c in checks:
         cells = []
+        key = (c["op"], c["p"], c["nbytes"])
         for a in algs:
-            m = [r for r in rows if r["algorithm"] == a and r["op"] == c["op"]
-                 and r["p"] == c["p"] and r["nbytes"] == c["nbytes"]]
-            if not m:
-                cells.append("")
+            call, bare = cell.get((a, *key)), cell.get((f"{UNCHECKED}{a}", *key))
+            if call is None:
+                cells += ["", ""]
                 continue
-            v, lo, hi = stats.ratio_ci(stats.repeats(c["times_s"]), stats.repeats(m[0]["times_s"]))
+            times = stats.repeats(call["times_s"])
+            if bare is None:
+                cells.append("")
+            else:
+                v, lo, hi = stats.ratio_ci(times, stats.repeats(bare["times_s"]))
+                cells.append(f"{v - 1:+.1%} [{lo - 1:+.1%}, {hi - 1:+.1%}]")
+            v, lo, hi = stats.ratio_ci(stats.repeats(c["times_s"]), times)
             cells.append(f"{v:.1%} [{lo:.1%}, {hi:.1%}]")
         out.append(f"| {c['p']} | {_fmt_size(int(c['nbytes']))} {c['op']} | "
                    f"{float(c['time_s']) * 1e3:.3f} | " + " | ".join(cells) + " |")

@@ -839,3 +839,33 @@ def mismatched_calls() -> list[str]:
                 failures.append(f"rank {me} {spec} {alg}: checked call differs from the schedule")
     dist.barrier()
     return failures
+
+
+def agreement_allgather() -> list[str]:
+    """The check's allgather in one round and in Bruck's rounds (DIRECT_MAX forced to 1) over
+    groups of 2, 3 and 5: every member gets every member's row in group order; a call inside
+    ``skipped()`` makes no check."""
+    from pipecomm.collectives import agreement
+    from pipecomm.collectives._group import make_comm
+
+    g = groups()
+    me = dist.get_rank()
+    failures = []
+    saved = agreement.DIRECT_MAX
+    try:
+        for direct_max in (saved, 1):
+            agreement.DIRECT_MAX = direct_max
+            for spec in ((2, 5), (1, 4, 6), (1, 3, 4, 6, 7)):
+                if me not in spec:
+                    continue
+                rows = agreement.allgather_rows([me, 7 * me, -me], make_comm(spec, g[spec]))
+                if rows != [[r, 7 * r, -r] for r in spec]:
+                    failures.append(f"rank {me} {spec} DIRECT_MAX={direct_max}: {rows}")
+    finally:
+        agreement.DIRECT_MAX = saved
+    if me in (2, 5):  # skipped: no message, so a mismatched call would not be caught
+        with agreement.skipped():
+            agreement.check(agreement.Call("allreduce", "lp", "sum", -1, me, torch.float32, 1,
+                                           None), make_comm((2, 5), g[(2, 5)]))
+    dist.barrier()
+    return failures

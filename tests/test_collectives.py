@@ -934,8 +934,10 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = list(csvmod.DictReader(out.open()))
-    assert len(rows) == 6 * 2 * 2  # algorithms (+ lp/3, + A/A, + check) x ops x sizes
-    assert "| p | size | check alone (ms) | share of lp | share of ring |" in proc.stdout
+    # algorithms (+ lp/3, + A/A, + the check alone, + lp and ring without it) x ops x sizes
+    assert len(rows) == 8 * 2 * 2
+    assert ("| p | size | check alone (ms) | lp: added by the check | lp: check alone / call | "
+            "ring: added by the check |") in proc.stdout
     assert all(r["wrong"] == "0" for r in rows)
     for r in rows:  # LP in 3 blocks: ceil(n / 3) bytes, rounded up to whole float32 elements
         if r["algorithm"] == "lp/3":
@@ -1118,6 +1120,11 @@ def test_loopback_cpu_profile_categories():
             "other kernel": 0.04, "other user": 0.03}
     assert got == pytest.approx(want)
     assert list(got) == [name for name, _ in mod.CATEGORIES]
+
+
+@pytest.mark.timeout(240)
+def test_agreement_allgather_one_round_and_bruck(pool):
+    _check(pool(8).run(fns.agreement_allgather, timeout_s=120))
 
 
 @pytest.mark.timeout(240)

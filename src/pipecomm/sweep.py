@@ -105,7 +105,9 @@ def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
                     block_bytes: int | None = None) -> Callable[[], Any]:
     """A call of ``op`` (sum; root 0) with algorithm ``alg`` on ``t`` over ``group``: what a
     sweep point times. ``alg="check"``: only the check that the ranks agree on the call, which
-    every pipecomm algorithm makes first (:func:`pipecomm.collectives.agreement.check_alone`).
+    every pipecomm algorithm makes first (:func:`pipecomm.collectives.agreement.check_alone`);
+    ``"unchecked:ALG"``: ``ALG``'s call without it (:func:`~pipecomm.collectives.agreement.
+    skipped`).
 
     Example::
 
@@ -113,6 +115,14 @@ def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
     """
     if alg == "check":  # the ranks' agreement check of a pipecomm call, alone
         return lambda: agreement.check_alone(op, t, group=group)
+    if alg.startswith("unchecked:"):  # the call without that check
+        call = collective_call(op, alg.removeprefix("unchecked:"), t, group, block_bytes)
+
+        def unchecked() -> Any:
+            with agreement.skipped():
+                return call()
+
+        return unchecked
     kw = {"algorithm": alg, "group": group, "block_bytes": block_bytes}
     if op == "broadcast":
         return lambda: collectives.broadcast(t, 0, **kw)
