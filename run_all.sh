@@ -3,7 +3,7 @@
 #   ./run_all.sh            set up .venv, run every experiment (profile chosen automatically),
 #                           print the claims table
 #   ./run_all.sh --tests    set up .venv, then ruff and the whole test suite
-#   ./run_all.sh --help     all options (the orchestration itself is python -m pipecomm.artifact)
+#   ./run_all.sh --help     all options (the orchestration itself is python -m pipecomm.lab.artifact)
 # Bash only bootstraps the environment; everything else is Python.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -104,4 +104,4 @@ if [ "$mode" = tests ]; then
   echo "run_all.sh: pytest"
   exec "$VPY" -m pytest "${args[@]+"${args[@]}"}"
 fi
-exec "$VPY" -m pipecomm.artifact "${args[@]+"${args[@]}"}"
+exec "$VPY" -m pipecomm.lab.artifact "${args[@]+"${args[@]}"}"

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     wrapped_us = per_call_us(lambda: wrapped(t, algorithm="lp"), args.calls, args.repeats)
     rows = {
         "record_function": per_call_us(rf, args.calls, args.repeats),
-        "check": per_call_us(observe._profiling, args.calls, args.repeats),
+        "check": per_call_us(observe.profiling, args.calls, args.repeats),
         "wrapper": wrapped_us - bare_us,
     }
     for name, us in rows.items():

@@ -2,7 +2,7 @@
 pipecomm's strategies, same model, data and seeds.
 
 Each run is ``examples/train_gpt.py`` (a nanoGPT-style GPT on pydoc text) under one torchrun
-agent per node of a virtual cluster (:class:`pipecomm.cluster.VirtualCluster`: one network
+agent per node of a virtual cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network
 namespace per node, every node link shaped to ``--cluster`` bytes/s each way by tc tbf; root
 only; everything is removed afterwards). A strategy is ``NAME[:ALGORITHM][+CODEC]``:
 
@@ -17,7 +17,9 @@ Per run (one strategy, one seed): rank 0's median step time over the steps after
 step and the validation loss, and the bytes each rank sent per step (the node interfaces' tx
 counters over the whole run, rendezvous and evaluation included, divided by the ranks of the
 node and the steps). Seeds run in rounds, every strategy once per round, the order rotated from
-round to round. ``--summary CSV`` prints, per strategy, the median step time over seeds with its
+round to round. A run that fails is a row with its ``error`` (the end of the failing node's
+output) and the sweep goes on; the CSV is rewritten after every run, so an interrupted sweep
+keeps what finished, and ``--resume`` skips the (strategy, seed) runs already in it. ``--summary CSV`` prints, per strategy, the median step time over seeds with its
 bootstrap 95% interval, its ratio to ``ddp`` (paired by seed), the bytes per step and the final
 losses.
 
@@ -40,7 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipecomm import cluster, stats, sweep
+from pipecomm.lab import cluster, stats, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_gpt.py"
@@ -48,7 +50,7 @@ DEFAULT_STRATEGIES = ("ddp", "ddp-pipecomm:ring", "ddp-pipecomm:lp", "ddp-pipeco
                       "ddp-pipecomm:ring+int8", "ddp-pipelined-hook:ring", "pipesgd:ring",
                       "decentralized")
 COLUMNS = ("strategy", "seed", "nodes", "ranks_per_node", "bandwidth_Bps", "steps", "step_ms",
-           "step_times_ms", "loss", "val_loss", "tx_bytes_per_rank_step")
+           "step_times_ms", "loss", "val_loss", "tx_bytes_per_rank_step", "error")
 
 
 def strategy_args(spec: str) -> list[str]:
@@ -117,6 +119,8 @@ def summary(csv_path: Path) -> str:
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{csv_path}: no rows")
+    failed = [r for r in rows if r.get("error")]
+    rows = [r for r in rows if not r.get("error")]
     by: dict[str, dict[int, dict]] = {}
     for r in rows:
         by.setdefault(r["strategy"], {})[int(r["seed"])] = r
@@ -139,6 +143,7 @@ def summary(csv_path: Path) -> str:
         out.append(f"| {spec} | {mid:.0f} [{lo:.0f}, {hi:.0f}] | {ratio} | {sent:.2f} | "
                    f"{statistics.mean(loss):.4f} ({max(loss) - min(loss):.4f}) | "
                    f"{statistics.mean(val):.4f} |")
+    out += [f"\nfailed: {r['strategy']} seed {r['seed']}: {r['error'][-200:]}" for r in failed]
     return "\n".join(out)
 
 
@@ -159,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--timeout-s", type=float, default=600.0, help="limit per run")
     ap.add_argument("--csv", type=Path, default=None)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of --csv and run only the (strategy, seed) not in it")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
                     help="print the table of a CSV and exit")
     args = ap.parse_args(argv)
@@ -179,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ok, why = cluster.available()
     if not ok:
         ap.error(f"a virtual cluster is not available here: {why}")
+    if args.resume and args.csv is None:
+        ap.error("--resume needs --csv")
     rows: list[dict] = []
+    if args.resume and args.csv.exists():
+        with args.csv.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if not r.get("error")]
+    done = {(r["strategy"], int(r["seed"])) for r in rows}
     net = cluster.VirtualCluster(args.nodes, args.ranks_per_node, args.cluster,
                                  timeout_s=args.timeout_s)
     print(f"# {net.describe()}; {len(args.strategies)} strategies x {len(args.seeds)} seeds",
@@ -187,22 +200,35 @@ def main(argv: list[str] | None = None) -> int:
     with net:
         for i, seed in enumerate(args.seeds):
             for spec in sweep.rotated(args.strategies, i):
-                row = run_once(net, spec, seed, args)
+                if (spec, seed) in done:
+                    continue
+                try:
+                    row = run_once(net, spec, seed, args)
+                except (cluster.ClusterError, TimeoutError) as exc:
+                    row = {"strategy": spec, "seed": seed, "error": " ".join(str(exc).split())}
+                    print(f"{spec:>26} seed {seed}: FAILED: {row['error'][-300:]}", flush=True)
+                else:
+                    print(f"{spec:>26} seed {seed}: {row['step_ms']:8.1f} ms/step, loss "
+                          f"{row['loss']:.4f}, val {row['val_loss']:.4f}, sent "
+                          f"{row['tx_bytes_per_rank_step'] / 1e6:.2f} MB/rank/step", flush=True)
                 rows.append(row)
-                print(f"{spec:>26} seed {seed}: {row['step_ms']:8.1f} ms/step, loss "
-                      f"{row['loss']:.4f}, val {row['val_loss']:.4f}, sent "
-                      f"{row['tx_bytes_per_rank_step'] / 1e6:.2f} MB/rank/step", flush=True)
+                if args.csv is not None:
+                    _write(args.csv, rows)
     if args.csv is not None:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.csv.with_suffix(".tmp")
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(rows)
-        tmp.replace(args.csv)
         print(f"# wrote {len(rows)} rows to {args.csv}")
         print(summary(args.csv))
-    return 0
+    return 0 if not any(r.get("error") for r in rows) else 1
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    """``rows`` as CSV at ``path``, atomically (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What gloo over loopback can move on this host, and where an LP rank's time goes.
 
-``flows``: one local pool of 8 gloo ranks; one flow alone (:func:`pipecomm.cluster.link_bandwidth`)
-against every hop of an 8-rank chain at once (:func:`pipecomm.cluster.chain_bandwidth`, what LP's
+``flows``: one local pool of 8 gloo ranks; one flow alone (:func:`pipecomm.lab.cluster.link_bandwidth`)
+against every hop of an 8-rank chain at once (:func:`pipecomm.lab.cluster.chain_bandwidth`, what LP's
 pipeline runs) and 3 flows at once, ``--nbytes`` each: the host's aggregate byte rate, which
 bounds every schedule's time on one machine (ARTIFACT.md, "Where LP's time goes").
 
@@ -22,7 +22,7 @@ all busy.
 pipecomm's ring allreduce, the built-in, and :func:`lean_ring` -- the same ring schedule (receives
 posted ahead, sends waited lazily, the same TCP connections) written straight on
 ``ProcessGroup.send`` / ``recv`` with none of pipecomm's layers -- timed round-robin, ``--iters``
-rounds from common starts (:func:`pipecomm.bench.time_fn`), each with its median ratio to the
+rounds from common starts (:func:`pipecomm.lab.bench.time_fn`), each with its median ratio to the
 built-in and the bootstrap 95% interval. pipecomm's ring against the lean ring is what its own
 layers cost; the lean ring against the built-in is what the backend's point-to-point path costs
 against the backend's own ring, which no schedule written in Python can remove.
@@ -51,7 +51,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import bench, cluster, collectives, launch, stats
+from pipecomm import collectives, launch
+from pipecomm.lab import bench, cluster, stats
 
 
 def rank_pid() -> int:

@@ -1,7 +1,7 @@
 """Probes of why multi-step schedules are slower on the shaped network than on the emulator.
 
-Each builds a virtual cluster of single-port nodes (``pipecomm.cluster``, root only; everything
-is removed afterwards) and times collectives with :func:`pipecomm.sweep.measure_points`
+Each builds a virtual cluster of single-port nodes (``pipecomm.lab.cluster``, root only; everything
+is removed afterwards) and times collectives with :func:`pipecomm.lab.sweep.measure_points`
 (median of ``--iters`` after one warm-up). ARTIFACT.md's shaped section quotes their output.
 
 Usage (as root, on a quiet machine)::
@@ -11,7 +11,7 @@ Usage (as root, on a quiet machine)::
     .venv/bin/python benchmarks/shaped_probes.py slow-start 1 0         # TCP slow start after idle
 
 ``steps``: ring and BE allreduce of ``--nbytes`` on p nodes at ``--rate``, against the alpha-beta
-model on that cluster's own calibration (:func:`pipecomm.experiments._network.ranks_on`): the
+model on that cluster's own calibration (:func:`pipecomm.lab.network.ranks_on`): the
 excess per step of each schedule. ``tbf-latency``: the same 8-node timings with the token
 bucket's queue limit set to each value (the cluster's default is 100ms). ``slow-start``: with
 ``net.ipv4.tcp_slow_start_after_idle`` set in every node's namespace.
@@ -25,8 +25,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from pipecomm import cluster, cost, netem, sweep
-from pipecomm.experiments._network import ranks_on
+from pipecomm import cost, netem
+from pipecomm.lab import cluster, sweep
+from pipecomm.lab.network import ranks_on
 
 
 def _points(nbytes: int, p: int, iters: int, cases: tuple[tuple[str, str], ...]) -> list[dict]:
@@ -53,12 +54,12 @@ def steps(ps: list[int], nbytes: int, rate: float, iters: int) -> None:
 @contextlib.contextmanager
 def _tbf_latency(latency: str) -> Iterator[None]:
     """Clusters built inside use ``latency`` as their token buckets' queue limit."""
-    original = cluster._tbf
-    cluster._tbf = lambda ns, dev, bw, burst: original(ns, dev, bw, burst)[:-1] + [latency]
+    original = cluster.tbf_argv
+    cluster.tbf_argv = lambda ns, dev, bw, burst: original(ns, dev, bw, burst)[:-1] + [latency]
     try:
         yield
     finally:
-        cluster._tbf = original
+        cluster.tbf_argv = original
 
 
 def _time_on_cluster(nbytes: int, rate: float, iters: int, sysctl: str | None = None) -> list:

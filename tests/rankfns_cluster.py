@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from pipecomm import cluster
+from pipecomm.lab import cluster
 
 
 def where(n: int = 0) -> dict:

@@ -754,7 +754,7 @@ def _staged_cases(numel: int) -> list[str]:
 def interleaved_order(points: list) -> dict:
     """``sweep.measure_points(points, interleave=True)`` with every timed collective call
     recorded: the algorithms in call order (rank 0) and the rows."""
-    from pipecomm import sweep
+    from pipecomm.lab import sweep
 
     calls: list[str] = []
     real = sweep.collective_call

@@ -170,7 +170,7 @@ def use_virtual_clock(on: bool) -> bool:
     was = use_virtual_clock.on
     if use_virtual_clock.original is not None:  # p2p's own sleep: route it through netem
         p2p._sleep_until = netem.wait_until if on else use_virtual_clock.original
-    emu = netem._emulator()
+    emu = netem.emulator()
     if on:
         emu.clock.__dict__.pop("settle", None)
     else:

@@ -9,8 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm import artifact, claims, results
-from pipecomm.experiments import _cli
+from pipecomm.lab import artifact, claims, cli, results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,22 +29,22 @@ ROOT = Path(__file__).resolve().parents[1]
     ],
 )
 def test_parse_value_follows_the_default_type(text, default, expected):
-    value = _cli.parse_value(text, default)
+    value = cli.parse_value(text, default)
     assert value == expected and type(value) is type(expected)
 
 
 @pytest.mark.parametrize("text, default", [("abc", 3), ("1.5", 3), ("maybe", True), ("x", [1])])
 def test_parse_value_rejects_wrong_types(text, default):
     with pytest.raises(ValueError, match="expected"):
-        _cli.parse_value(text, default, "n")
+        cli.parse_value(text, default, "n")
 
 
 def test_check_type():
-    _cli.check_type("a", 3, 1.0)
+    cli.check_type("a", 3, 1.0)
     with pytest.raises(ValueError, match="wrong type"):
-        _cli.check_type("a", "3", 1.0)
+        cli.check_type("a", "3", 1.0)
     with pytest.raises(ValueError, match="wrong type"):
-        _cli.check_type("a", True, 1)
+        cli.check_type("a", True, 1)
 
 
 def _main(*argv):
@@ -146,7 +145,7 @@ def test_python_versions_agree():
 
     spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert spec["requires-python"] == ">=3.11"
-    assert any(d.startswith("scipy") for d in spec["dependencies"])  # pipecomm.stats imports it
+    assert any(d.startswith("scipy") for d in spec["dependencies"])  # pipecomm.lab.stats imports it
     assert "sys.version_info < (3, 11)" in (ROOT / "run_all.sh").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "Python 3.11" in readme and "3.10+" not in readme
@@ -203,10 +202,11 @@ class _ReachedRanks(Exception):
 @pytest.mark.parametrize("eid", ["E0", "E5", "E7", "E8", "E9", "E13"])
 def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     """The gpu profile's NCCL experiments get as far as starting their NCCL pool (GPUs assumed)."""
-    from pipecomm import data, launch
+    from pipecomm import launch
+    from pipecomm.lab import data
 
     exp = artifact.load_profile("gpu", artifact.discover())[eid]
-    module = importlib.import_module(f"pipecomm.experiments.e{exp.notebook.stem}")
+    module = importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
     params = {**module.DEFAULTS, **exp.profile_params}
     assert params["backend"] == "nccl"
 
@@ -245,14 +245,14 @@ def test_notebooks_are_stored_without_outputs_and_mirror_defaults():
         params = artifact.notebook_parameters(path)
         assert params["out_dir"] is None and params["data_csv"] is None
         module = next(
-            importlib.import_module(f"pipecomm.experiments.{p.stem}")
-            for p in (ROOT / "src/pipecomm/experiments").glob("e*.py")
-            if path.stem == importlib.import_module(f"pipecomm.experiments.{p.stem}").NOTEBOOK
+            importlib.import_module(f"pipecomm.lab.experiments.{p.stem}")
+            for p in (ROOT / "src/pipecomm/lab/experiments").glob("e*.py")
+            if path.stem == importlib.import_module(f"pipecomm.lab.experiments.{p.stem}").NOTEBOOK
         )
         assert {k: v for k, v in params.items() if k not in artifact.RESERVED} == \
             results.json_roundtrip(module.DEFAULTS), f"{path.name}: run tools/make_notebooks.py"
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-        assert "_cli" not in code, f"{path.name}: notebooks use pipecomm.experiments.notebook"
+        assert "_cli" not in code, f"{path.name}: notebooks use pipecomm.lab.notebook"
         last = [c for c in nb.cells if c.cell_type == "code"][-1].source
         if any(e["experiment"] == module.ID for e in claims.load_claims()):
             assert "nb.verdicts(E, df)" in last, f"{path.name}: the last cell shows the verdicts"
@@ -327,9 +327,9 @@ def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     """E1's key covers its notebook and the pipecomm modules it imports, not docs, not E4."""
     exps = artifact.discover()
     files = {p.relative_to(ROOT).as_posix() for p in artifact.code_files(exps["E1"])}
-    assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/experiments/e01_lp_cost_model.py",
+    assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
             "src/pipecomm/cost.py", "src/pipecomm/__init__.py"} <= files
-    assert "src/pipecomm/experiments/e04_lp_block_size.py" not in files
+    assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
     assert not any(f.endswith(".md") for f in files)
     before = artifact.code_hash(exps["E1"])
     assert before == artifact.code_hash(exps["E1"]) and len(before) == 16
@@ -350,12 +350,12 @@ def test_list_is_a_table_of_the_selected_experiments(capsys, tmp_path, monkeypat
 
 
 def test_every_parameter_has_a_meaning():
-    from pipecomm.experiments import _meanings
+    from pipecomm.lab import meanings
 
     for exp in artifact.discover().values():
         module = artifact.experiment_module(exp)
-        missing = [k for k in module.DEFAULTS if not _meanings.meaning(exp.id, k)]
-        assert not missing, f"{exp.id}: no meaning in experiments/_meanings.py for {missing}"
+        missing = [k for k in module.DEFAULTS if not meanings.meaning(exp.id, k)]
+        assert not missing, f"{exp.id}: no meaning in experiments/meanings.py for {missing}"
 
 
 def test_list_says_which_results_are_current(tmp_path, monkeypatch):
@@ -406,7 +406,7 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
     cell = nbformat.v4.new_code_cell("out_dir = None\nfail = True\ncounter = ''")
     cell.metadata["tags"] = ["parameters"]
     book.cells = [cell, nbformat.v4.new_code_cell(
-        "import pathlib\nfrom pipecomm import results\nruns = results.Runs(2)\n"
+        "import pathlib\nfrom pipecomm.lab import results\nruns = results.Runs(2)\n"
         "def work(i):\n    with open(counter, 'a') as f:\n        f.write('x')\n    return i * 10\n"
         "a = runs({'i': 0}, work, 0)\n"
         "if fail:\n    raise RuntimeError('interrupted on purpose')\n"
@@ -427,7 +427,7 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
 
 _INTERRUPT_SCRIPT = """
 import pathlib, sys
-from pipecomm import artifact
+from pipecomm.lab import artifact
 artifact.RESULTS = pathlib.Path(sys.argv[1])
 exp = artifact.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
 sys.exit(artifact.run("cpu", [exp], {}))
@@ -625,7 +625,7 @@ def test_e0_through_papermill(tmp_path):
     cal = json.loads((out / "calibration.json").read_text())
     assert cal["alpha_s"] >= 0 and cal["beta_s_per_byte"] >= 0  # a load spike can flatten it
     assert cal["host_links"] > 0
-    from pipecomm import claims
+    from pipecomm.lab import claims
 
     table = claims.evaluate(claims.load_claims(), tmp_path / "cpu")
     verdicts = dict(zip(table.claim, table.verdict))

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipecomm import claims
+from pipecomm.lab import claims
 
 HERE = Path(__file__).resolve().parent
 EXACT: set[str] = set()

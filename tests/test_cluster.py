@@ -1,4 +1,4 @@
-"""The virtual cluster (pipecomm.cluster): namespaces, shaped links, torchrun per node, clean-up.
+"""The virtual cluster (pipecomm.lab.cluster): namespaces, shaped links, torchrun per node, clean-up.
 
 Tests that build namespaces need root, iproute2 and the tbf qdisc; without them they skip with
 ``cluster.available()``'s reason. Oracles: the built-in gloo allreduce, the configured link rate,
@@ -19,9 +19,10 @@ import pandas as pd
 import pytest
 import rankfns_cluster as rf
 
-from pipecomm import cluster, launch
-from pipecomm.cluster import VirtualCluster
-from pipecomm.experiments import e13_dadam_convergence as e13
+from pipecomm import launch
+from pipecomm.lab import cluster
+from pipecomm.lab.cluster import VirtualCluster
+from pipecomm.lab.experiments import e13_dadam_convergence as e13
 
 ROOT = Path(__file__).resolve().parents[1]
 OK, REASON = cluster.available()
@@ -100,7 +101,7 @@ def test_available_can_be_switched_off(monkeypatch):
 def test_program_args_of_a_profile():
     args = cluster.program_args("gpu", "E13", "out/E13", world_size=8, ranks_per_node=4,
                                 overrides=["-p", "backend=gloo"])
-    assert args[:4] == ["-m", "pipecomm.experiments.e13_dadam_convergence", "--out", "out/E13"]
+    assert args[:4] == ["-m", "pipecomm.lab.experiments.e13_dadam_convergence", "--out", "out/E13"]
     assert "backend=nccl" in args and args[-6:] == ["-p", "world_size=8", "-p",
                                                      "ranks_per_node=4", "-p", "backend=gloo"]
     e0 = cluster.program_args("gpu", "E0", "o", world_size=2, ranks_per_node=1)
@@ -249,7 +250,7 @@ def test_per_neighbor_links_do_not_share_a_port():
 
 _ORCHESTRATOR = """
 import signal, sys, time
-from pipecomm import cluster
+from pipecomm.lab import cluster
 # a Ctrl-C as in a terminal, also when the test runner ignores SIGINT (a background job does)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 c = cluster.VirtualCluster(2, bandwidth_Bps=50e6)

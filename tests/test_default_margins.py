@@ -16,6 +16,7 @@ import importlib
 import pytest
 
 from pipecomm import netem
+from pipecomm.lab import network
 
 HOST_STEP_S = {2: 0.5e-3, 4: 1.31e-3}  # worst real ring step of a few KiB, quiet 2-core host
 HOST_BANDWIDTH_BPS = 500e6
@@ -31,7 +32,7 @@ class _Stop(Exception):
 
 
 def pools_of(module, params: dict) -> list[tuple]:
-    """The (world_size, network, sizes, ranks_per_node) of every netem.pool the run opens
+    """The (world_size, network, sizes, ranks_per_node) of every emulated pool the run opens
     first (its host check), without running anything."""
     seen = []
 
@@ -43,7 +44,7 @@ def pools_of(module, params: dict) -> list[tuple]:
         yield  # pragma: no cover
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(netem, "pool", record)
+        mp.setattr(network, "emulated_pool", record)
         with contextlib.suppress(_Stop):
             module.run(**params)
     return seen
@@ -68,7 +69,7 @@ def short_of_margin(world_size: int, net: netem.Network, sizes: list[int],
 
 @pytest.mark.parametrize("name", CHECKED)
 def test_notebook_defaults_leave_the_host_check_a_margin(name):
-    module = importlib.import_module(f"pipecomm.experiments.{name}")
+    module = importlib.import_module(f"pipecomm.lab.experiments.{name}")
     per_world = [{"world_sizes": [w]} for w in module.DEFAULTS.get("world_sizes", [])] or [{}]
     pools = [pool for extra in per_world for pool in pools_of(module, {**module.DEFAULTS,
                                                                         **extra})]
@@ -78,7 +79,7 @@ def test_notebook_defaults_leave_the_host_check_a_margin(name):
 
 
 def test_e0_emulated_defaults_leave_a_margin():
-    from pipecomm.experiments import e00_calibrate as e0
+    from pipecomm.lab.experiments import e00_calibrate as e0
 
     d = e0.DEFAULTS
     net = netem.Network(d["emu_alpha_s"], d["emu_bandwidth_Bps"])
@@ -96,6 +97,6 @@ def test_e14_default_host_check_takes_the_best_of_ten_chains():
     best of ``link_iters`` repeats) kept 94-99% of a link at 5 repeats and 96-99% at 10 over
     20 runs each: the default takes 10 at 20 MB/s (a slower link did not help: 87-97% at
     10 MB/s)."""
-    from pipecomm.experiments import e14_emulator_vs_shaped as e14
+    from pipecomm.lab.experiments import e14_emulator_vs_shaped as e14
 
     assert e14.DEFAULTS["link_iters"] >= 10 and e14.DEFAULTS["bandwidth_Bps"] <= 20e6

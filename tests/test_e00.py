@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import claims
-from pipecomm.experiments import e00_calibrate as e0
+from pipecomm.lab import claims
+from pipecomm.lab.experiments import e00_calibrate as e0
 
 SIZES = e0.message_sizes(4, 64 << 20, 4)
 
@@ -99,7 +99,8 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     f = e0.fit(df)
     assert f["host_links"] == pytest.approx(1.75) and "host_links" not in e0.fit(_real())
     # the real backend's LP model reads it from calibration.json
-    from pipecomm import cost, results
+    from pipecomm import cost
+    from pipecomm.lab import results
 
     path = tmp_path / "calibration.json"
     results.write_json(path, f)

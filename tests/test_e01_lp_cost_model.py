@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from pipecomm.experiments import e01_lp_cost_model as e1
+from pipecomm.lab.experiments import e01_lp_cost_model as e1
 
 SMALL = {"sizes_min": 1024, "sizes_max": 1 << 20, "world_sizes": [2, 64]}
 

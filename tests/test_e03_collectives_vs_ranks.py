@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import claims, cost
-from pipecomm.experiments import e03_collectives_vs_ranks as e3
+from pipecomm import cost
+from pipecomm.lab import claims
+from pipecomm.lab.experiments import e03_collectives_vs_ranks as e3
 
 CLAIM_ARGS = {
     "e3_lp_flat_mst_grows": {

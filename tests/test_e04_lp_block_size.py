@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import claims, cost
-from pipecomm.experiments import e04_lp_block_size as e4
+from pipecomm import cost
+from pipecomm.lab import claims
+from pipecomm.lab.experiments import e04_lp_block_size as e4
 
 CLAIM_ARGS = {
     "e4_best_block_near_model": {"op": "broadcast", "factor": 2.0},

@@ -7,10 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from pipecomm import claims, cost, netem
-from pipecomm.experiments import e05_bsp_sgd as e5
-from pipecomm.experiments._network import network_and_link, network_text
-from pipecomm.experiments._pipesgd_training import iteration_rows
+from pipecomm import cost, netem
+from pipecomm.lab import claims
+from pipecomm.lab.experiments import e05_bsp_sgd as e5
+from pipecomm.lab.network import network_and_link, network_text
+from pipecomm.lab.pipesgd_training import iteration_rows
 
 MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
 
@@ -129,7 +130,7 @@ def test_tiny_run_two_ranks_identical_losses():
 @pytest.mark.parametrize("module", ["e05_bsp_sgd", "e07_pipesgd_convergence",
                                     "e08_pipesgd_breakdown", "e09_layerwise_delayed"])
 def test_nccl_without_gpus_is_refused_before_starting_ranks(module):
-    E = importlib.import_module(f"pipecomm.experiments.{module}")
+    E = importlib.import_module(f"pipecomm.lab.experiments.{module}")
     with pytest.raises(ValueError, match="needs 2 visible GPUs"):
         E.run(backend="nccl")
 

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from pipecomm import cost
-from pipecomm.experiments import e07_pipesgd_convergence as e7
-from pipecomm.experiments._network import choose_bandwidth
-from pipecomm.experiments._pipesgd_analysis import first_reach, per_iteration, steady
-from pipecomm.experiments._pipesgd_config import check_config, lr_scale, parse_method
-from pipecomm.experiments._pipesgd_training import eval_rows, iteration_rows
+from pipecomm.lab.experiments import e07_pipesgd_convergence as e7
+from pipecomm.lab.network import choose_bandwidth
+from pipecomm.lab.pipesgd_analysis import first_reach, per_iteration, steady
+from pipecomm.lab.pipesgd_config import check_config, lr_scale, parse_method
+from pipecomm.lab.pipesgd_training import eval_rows, iteration_rows
 
 METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
 
@@ -286,7 +286,7 @@ def test_bad_parameters_name_the_parameter(bad):
 
 
 def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
-    from pipecomm import results
+    from pipecomm.lab import results
 
     monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
     params = dict(
@@ -331,7 +331,7 @@ def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
 
 def test_checks_work_on_data_read_back_from_csv(tmp_path):
     """Claims are evaluated from data.csv: booleans and seeds come back as objects / floats."""
-    from pipecomm import results
+    from pipecomm.lab import results
 
     for make in (_e7, lambda: _e7(int8_acc={0: 70.0, 1: 70.0, 2: 70.0})):
         df = make()

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from test_e07_pipesgd_convergence import fake_training
 
-from pipecomm.experiments import e08_pipesgd_breakdown as e8
+from pipecomm.lab.experiments import e08_pipesgd_breakdown as e8
 
 
 def _e8(pipe_ms=23.0, noise=0.02):

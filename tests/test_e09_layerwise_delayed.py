@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from test_e07_pipesgd_convergence import fake_training
 
-from pipecomm.experiments import e09_layerwise_delayed as e9
+from pipecomm.lab.experiments import e09_layerwise_delayed as e9
 
 ACC = {m: {0: 80.0, 1: 78.0, 2: 79.0} for m in ("sync", "layerwise", "delayed-1", "delayed-2")}
 FLAT = [0.3, 0.8, 0.999, 0.9992, 0.9995, 1.0]

@@ -8,10 +8,10 @@ from claimdata import repeats_around
 
 from pipecomm import cost
 from pipecomm.decentralized import topology
-from pipecomm.experiments import e10_topology_comm_time as e10
-from pipecomm.experiments._dadam_timing import model_gossip_time
-from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
-from pipecomm.experiments._workloads import workload_bucket_bytes
+from pipecomm.lab.dadam_timing import model_gossip_time
+from pipecomm.lab.experiments import e10_topology_comm_time as e10
+from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.workloads import workload_bucket_bytes
 
 
 def _table(error=0.1, aer_factor=0.6, spread=0.01):

@@ -11,11 +11,11 @@ from claimdata import repeats_around
 
 from pipecomm import netem
 from pipecomm.decentralized import runtime_model
-from pipecomm.experiments import e11_runtime_model as e11
-from pipecomm.experiments._calibration import summarize_buckets
-from pipecomm.experiments._dadam_timing import _factors, method_name, predict_training
-from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
-from pipecomm.experiments._workloads import (
+from pipecomm.lab.calibration import summarize_buckets
+from pipecomm.lab.dadam_timing import _factors, method_name, predict_training
+from pipecomm.lab.experiments import e11_runtime_model as e11
+from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.workloads import (
     EmulatedCompute,
     bucket_bytes_forward,
     bucket_layout,

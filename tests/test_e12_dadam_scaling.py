@@ -5,9 +5,9 @@ import pytest
 from claimdata import repeats_around
 
 from pipecomm.decentralized import runtime_model
-from pipecomm.experiments import e12_dadam_scaling as e12
-from pipecomm.experiments._dadam_timing import method_name
-from pipecomm.experiments._network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.dadam_timing import method_name
+from pipecomm.lab.experiments import e12_dadam_scaling as e12
+from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
 
 
 def _rows(aer_ms_at_8=70.0, spread=0.01):

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipecomm.experiments import e13_dadam_convergence as e13
-from pipecomm.experiments._trainers import AllReduceTrainer
-from pipecomm.experiments._workloads import corpus
+from pipecomm.lab.experiments import e13_dadam_convergence as e13
+from pipecomm.lab.trainers import AllReduceTrainer
+from pipecomm.lab.workloads import corpus
 
 # ----------------------------------------------------------------------------- rank functions
 
@@ -239,7 +239,7 @@ def test_bad_parameters_name_the_parameter(bad, match):
 def test_tiny_end_to_end_run(tmp_path, monkeypatch):
     """Sweep on seed 0, selected rate on seed 1; curves at fixed intervals; a second run with
     the same run directory resumes from the finished runs instead of training again."""
-    from pipecomm import results
+    from pipecomm.lab import results
 
     monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
     params = dict(world_size=2, ranks_per_node=1, tasks=["digits", "lm"],

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm import claims, cluster
-from pipecomm.experiments import e14_emulator_vs_shaped as e14
+from pipecomm.lab import claims, cluster
+from pipecomm.lab.experiments import e14_emulator_vs_shaped as e14
 
 ARGS = {"min_bytes": 1 << 20, "tolerance": 0.15}
 

@@ -1,4 +1,4 @@
-"""Every experiment module follows the one shape of pipecomm.experiments.base, and no
+"""Every experiment module follows the one shape of pipecomm.lab.experiment, and no
 experiment imports another (what two experiments share lives in a library module)."""
 
 import ast
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import pipecomm.experiments as pkg
-from pipecomm.experiments import base
+import pipecomm.lab.experiments as pkg
+from pipecomm.lab import experiment
 
 MODULES = sorted(i.name for i in pkgutil.iter_modules(pkg.__path__) if i.name[:1] == "e"
                  and i.name[1:3].isdigit())
@@ -18,7 +18,7 @@ MODULES = sorted(i.name for i in pkgutil.iter_modules(pkg.__path__) if i.name[:1
 
 @pytest.mark.parametrize("name", MODULES)
 def test_module_follows_the_shape(name):
-    base.check_module(importlib.import_module(f"pipecomm.experiments.{name}"))
+    experiment.check_module(importlib.import_module(f"pipecomm.lab.experiments.{name}"))
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -37,7 +37,7 @@ def test_no_experiment_imports_another(name):
 
 
 @dataclass(frozen=True)
-class _P(base.Params):
+class _P(experiment.Params):
     n: int = 3
     rate: float = 0.5
     names: list[str] = field(default_factory=lambda: ["a"])

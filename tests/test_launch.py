@@ -11,7 +11,8 @@ import pytest
 import rankfns_launch as fns
 import torch
 
-from pipecomm import bench, launch
+from pipecomm import launch
+from pipecomm.lab import bench
 
 
 @pytest.fixture(scope="module")

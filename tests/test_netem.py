@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipecomm import launch, netem
+from pipecomm.lab.network import emulated_pool
 from pipecomm.netem import LinkSchedule, Network
 
 KiB = 1024
@@ -278,7 +279,7 @@ def test_shared_table_under_concurrent_threads():
     try:
         netem.activate(net, handle, rank=0, world_size=2, ranks_per_node=None)
         assert netem.current() == net
-        emu = netem._emulator()
+        emu = netem.emulator()
         results: list[float] = []
 
         def post_many():
@@ -340,7 +341,7 @@ def test_posts_are_stamped_with_the_emulated_time_and_late_stamps_never_overlap(
     handle = netem.setup(net, 2, None)
     try:
         netem.activate(net, handle, rank=0, world_size=2, ranks_per_node=None)
-        emu = netem._emulator()
+        emu = netem.emulator()
         emu.clock.lag = 0.004
         before = time.monotonic()
         (deadline,) = emu.post([(1, 1000)])
@@ -678,12 +679,12 @@ def test_late_wakeups_do_not_accumulate_along_a_chain(pool, virtual):
 
 
 def test_pool_refuses_a_network_the_host_cannot_deliver():
-    """netem.pool probes before anything is measured: too fast an emulated link is refused
+    """emulated_pool probes before anything is measured: too fast an emulated link is refused
     with the parameter to relax, a slow one yields a working pool."""
     with pytest.raises(netem.HostTooSlow, match="bandwidth_Bps"), \
-            netem.pool(2, NET_FAST, 1 << 20, timeout_s=60):
+            emulated_pool(2, NET_FAST, 1 << 20, timeout_s=60):
         raise AssertionError("the pool must not be handed out")
-    with netem.pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
+    with emulated_pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
         assert ranks.world_size == 2 and ranks.network.alpha_s == 5e-3
 
 
@@ -700,6 +701,6 @@ def test_pool_probes_again_after_a_failed_probe(monkeypatch):
 
     monkeypatch.setattr(netem, "check_host", flaky)
     monkeypatch.setattr(netem, "RECHECK_PAUSE_S", 0.01)
-    with netem.pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
+    with emulated_pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
         assert ranks.world_size == 2
     assert calls == [False, True]  # the second probe raises if it fails too

@@ -13,11 +13,11 @@ import importlib
 
 import pytest
 
-from pipecomm import cluster, netem, results, sweep
-from pipecomm.experiments import _network
-from pipecomm.experiments import e02_collectives_vs_size as e2
-from pipecomm.experiments import e05_bsp_sgd as e5
-from pipecomm.experiments import e10_topology_comm_time as e10
+from pipecomm import netem
+from pipecomm.lab import cluster, network, results, sweep
+from pipecomm.lab.experiments import e02_collectives_vs_size as e2
+from pipecomm.lab.experiments import e05_bsp_sgd as e5
+from pipecomm.lab.experiments import e10_topology_comm_time as e10
 
 OK, REASON = cluster.available()
 needs_ns = pytest.mark.skipif(not OK, reason=f"no virtual cluster: {REASON}")
@@ -29,7 +29,7 @@ NETWORK_EXPERIMENTS = ["e00_calibrate", "e02_collectives_vs_size", "e03_collecti
 
 @pytest.mark.parametrize("name", NETWORK_EXPERIMENTS)
 def test_every_network_experiment_takes_the_network_kind(name):
-    mod = importlib.import_module(f"pipecomm.experiments.{name}")
+    mod = importlib.import_module(f"pipecomm.lab.experiments.{name}")
     assert mod.DEFAULTS["network"] == "emulated"
     assert mod.Params.make(network="shaped")["network"] == "shaped"
     with pytest.raises(ValueError, match="network"):
@@ -60,7 +60,7 @@ def test_network_kind_refuses_unknown_text():
 
 def test_without_the_cluster_shaped_says_why_and_names_the_fallback(monkeypatch):
     monkeypatch.setenv("PIPECOMM_NO_CLUSTER", "1")
-    with pytest.raises(RuntimeError, match="network='emulated'"), _network.ranks_on(
+    with pytest.raises(RuntimeError, match="network='emulated'"), network.ranks_on(
             "shaped", 2, netem.Network(1e-3, 50e6), 1 << 20):
         pass
     with pytest.raises(RuntimeError, match="PIPECOMM_NO_CLUSTER"):
@@ -68,11 +68,11 @@ def test_without_the_cluster_shaped_says_why_and_names_the_fallback(monkeypatch)
 
 
 def test_bad_network_kind_and_shapes_are_refused():
-    with pytest.raises(ValueError, match="network"), _network.ranks_on(
+    with pytest.raises(ValueError, match="network"), network.ranks_on(
             "tc", 2, netem.Network(1e-3, 50e6), 1 << 20):
         pass
     if OK:
-        with pytest.raises(ValueError, match="ranks_per_node"), _network.ranks_on(
+        with pytest.raises(ValueError, match="ranks_per_node"), network.ranks_on(
                 "shaped", 3, netem.Network(1e-3, 50e6), None, ranks_per_node=2):
             pass
 
@@ -186,7 +186,7 @@ def test_a_shaped_links_bound_allows_the_buckets_burst(noise_s):
 def test_shaped_ranks_run_the_same_rank_functions_as_the_emulator():
     pts = [{"op": "allreduce", "algorithm": "ring", "nbytes": 1 << 18, "p": 4, "warmup": 0,
             "iters": 2}]
-    with _network.ranks_on("shaped", 4, netem.Network(3e-3, 400e6, inter_alpha_s=5e-3,
+    with network.ranks_on("shaped", 4, netem.Network(3e-3, 400e6, inter_alpha_s=5e-3,
                                                       inter_bandwidth_Bps=80e6), None,
                            ranks_per_node=2, timeout_s=60) as ranks:
         cal = ranks.calibration

@@ -6,7 +6,7 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from pipecomm import artifact, cluster
+from pipecomm.lab import artifact, cluster
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

@@ -1,11 +1,11 @@
-"""pipecomm.schedules against the closed form, and its argument errors."""
+"""pipecomm.lab.schedules against the closed form, and its argument errors."""
 
 import math
 
 import pytest
 import torch
 
-from pipecomm import schedules
+from pipecomm.lab import schedules
 
 
 def _closed_form(step: int, total: int, warmup: int, lo: float) -> float:

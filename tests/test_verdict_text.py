@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipecomm import claims, stats
-from pipecomm.experiments import e04_lp_block_size as e4
+from pipecomm.lab import claims, stats
+from pipecomm.lab.experiments import e04_lp_block_size as e4
 
 REASON = "the block grid lacks b*/8, b* or 8 b*: use block_range >= 8"
 

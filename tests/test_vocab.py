@@ -50,15 +50,17 @@ def test_checks_reject(call, words: str) -> None:
 
 
 def test_modules_share_the_vocabulary() -> None:
-    from pipecomm import collectives, compress, cost, pipesgd, timing_model
-    from pipecomm.experiments import _pipesgd_config, e05_bsp_sgd
+    from pipecomm import collectives, compress, cost, pipesgd
+    from pipecomm.lab import pipesgd_config
+    from pipecomm.lab.experiments import e05_bsp_sgd
+    from pipecomm.pipesgd import timing_model
 
     assert collectives.ALGORITHMS is vocab.ALGORITHMS
     assert collectives.COMPRESSIONS is vocab.CODECS
     assert cost.ALGORITHMS is vocab.MODELLED_ALGORITHMS
     assert e05_bsp_sgd.ALGORITHMS is vocab.MODELLED_ALGORITHMS
     assert compress.CODECS is vocab.CODECS
-    assert _pipesgd_config.COMPRESSIONS is vocab.CODECS
+    assert pipesgd_config.COMPRESSIONS is vocab.CODECS
     assert timing_model.CODECS is vocab.CODECS
     assert timing_model.MODES is vocab.TIMING_MODES
     assert pipesgd.MODES is vocab.MODES

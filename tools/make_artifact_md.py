@@ -62,7 +62,7 @@ def reference_section(profile: str) -> str:
 
 def experiments_section() -> str:
     sys.path.insert(0, str(ROOT / "src"))
-    from pipecomm import artifact
+    from pipecomm.lab import artifact
 
     found = artifact.discover()
     names = artifact.PROFILE_NAMES

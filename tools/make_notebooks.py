@@ -44,12 +44,12 @@ def sync(path: Path, module) -> None:
 
 
 def main(only: list[str]) -> None:
-    import pipecomm.experiments as pkg
+    import pipecomm.lab.experiments as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
         if not info.name.startswith("e"):
             continue
-        module = importlib.import_module(f"pipecomm.experiments.{info.name}")
+        module = importlib.import_module(f"pipecomm.lab.experiments.{info.name}")
         if only and module.ID not in only:
             continue
         path = ROOT / "notebooks" / f"{module.NOTEBOOK}.ipynb"

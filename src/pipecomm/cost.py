@@ -163,7 +163,14 @@ class LinkModel:
         return dataclasses.replace(self, ports=ports)
 
 
-def _as_count(value: Any, name: str, minimum: int) -> int:
+def as_count(value: Any, name: str, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum`` (an integral float is accepted), else an
+    error naming ``name``.
+
+    Example::
+
+        cost.as_count(8.0, "p", 1)   # 8
+    """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool")
     integral = isinstance(value, numbers.Integral)
@@ -205,7 +212,7 @@ def _check_op(op: Any) -> str:
 def _check_block(block_bytes: Any) -> int | None:
     if block_bytes is None:
         return None
-    return _as_count(block_bytes, "block_bytes", 1)
+    return as_count(block_bytes, "block_bytes", 1)
 
 
 def _check_compression(algorithm: str, ratio: Any, codec: Any) -> tuple[float, float]:
@@ -339,8 +346,8 @@ def lp_analytic_block_bytes(
     """
     _check_op(op)
     link = _check_link(link)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
+    n = as_count(nbytes, "nbytes", 0)
+    p = as_count(p, "p", 1)
     ratio, codec = _check_compression("lp", compression_ratio, codec_s_per_byte)
     beta, gamma = link.beta / ratio, link.gamma + codec
     if op == "broadcast":
@@ -386,10 +393,10 @@ def lp_optimal_block_bytes(
     """
     _check_op(op)
     link = _check_link(link)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
-    lo = _as_count(min_bytes, "min_bytes", 1)
-    hi = n if max_bytes is None else _as_count(max_bytes, "max_bytes", 1)
+    n = as_count(nbytes, "nbytes", 0)
+    p = as_count(p, "p", 1)
+    lo = as_count(min_bytes, "min_bytes", 1)
+    hi = n if max_bytes is None else as_count(max_bytes, "max_bytes", 1)
     if hi < lo and max_bytes is not None:
         raise ValueError(f"max_bytes ({hi}) must be >= min_bytes ({lo})")
     ratio, codec = _check_compression("lp", compression_ratio, codec_s_per_byte)
@@ -443,8 +450,8 @@ def _check_args(
     return (
         _check_algorithm(algorithm),
         _check_link(link),
-        _as_count(nbytes, "nbytes", 0),
-        _as_count(p, "p", 1),
+        as_count(nbytes, "nbytes", 0),
+        as_count(p, "p", 1),
         _check_block(block_bytes),
     )
 
@@ -844,14 +851,14 @@ def model_table(
             for alg in algorithms:
                 for p in ps:
                     for n in sizes:
-                        n_ = _as_count(n, "sizes", 0)
-                        p_ = _as_count(p, "ps", 1)
+                        n_ = as_count(n, "sizes", 0)
+                        p_ = as_count(p, "ps", 1)
                         b = None
                         if alg == "lp":
                             b = (
                                 lp_optimal_block_bytes(op, n_, p_, lk)
                                 if block_bytes is None
-                                else min(_as_count(block_bytes, "block_bytes", 1), max(n_, 1))
+                                else min(as_count(block_bytes, "block_bytes", 1), max(n_, 1))
                             )
                         t = collective_time(op, alg, n_, p_, lk, b)
                         rows.append((op, alg, n_, p_, port, t, b))
@@ -1061,11 +1068,11 @@ def lp_time_on_host(op: str, nbytes: int, p: int, link: HostLink, block_bytes: i
         0.072
     """
     _check_op(op)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
+    n = as_count(nbytes, "nbytes", 0)
+    p = as_count(p, "p", 1)
     if not isinstance(link, HostLink):
         raise TypeError(f"link must be a HostLink, got {type(link).__name__}")
-    b = min(_as_count(block_bytes, "block_bytes", 1), max(n, 1))
+    b = min(as_count(block_bytes, "block_bytes", 1), max(n, 1))
     if n == 0 or p == 1:
         return 0.0
     return float(_lp_host_vec(op, n, p, link, np.array([b]))[0])
@@ -1111,8 +1118,8 @@ def lp_block_bytes_on_host(
         True
     """
     _check_op(op)
-    n = _as_count(nbytes, "nbytes", 0)
-    p = _as_count(p, "p", 1)
+    n = as_count(nbytes, "nbytes", 0)
+    p = as_count(p, "p", 1)
     if n <= min_bytes or p <= 2 and op != "allreduce":
         return n if n > 0 else 8
     return _lp_block_bytes_on_host(op, n, p, link, int(min_bytes))

@@ -257,6 +257,20 @@ def reverse_transport(transport: Any) -> tuple[Any, int] | None:
     return _REVERSE["world"], 1 + (zlib.crc32(name.encode()) & 0x3FFFFFFF)
 
 
+def synchronize(device: Any) -> None:
+    """Wait for ``device``'s queued kernels when it is a GPU (CUDA kernels run asynchronously, so
+    a host clock read without this measures launches, not work); nothing for the CPU or None.
+
+    Example::
+
+        launch.synchronize(launch.device()); t0 = time.perf_counter()
+    """
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def device():
     """This rank's device: ``cuda:<current>`` when the default process group is NCCL (launch
     pinned one GPU per local rank), else ``cpu`` (gloo, or no process group at all).
@@ -307,18 +321,18 @@ def _die_with_parent() -> None:
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _to_cpu(obj: Any) -> Any:
+def to_cpu(obj: Any) -> Any:
     """Move tensors (nested in lists, tuples, dicts) to the CPU so any caller can unpickle them."""
     import torch
 
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, list):
-        return [_to_cpu(x) for x in obj]
+        return [to_cpu(x) for x in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_to_cpu(x) for x in obj)
+        return tuple(to_cpu(x) for x in obj)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v) for k, v in obj.items()}
     return obj
 
 
@@ -415,7 +429,7 @@ def _worker(
         _, payload = message
         try:
             fn, args, kwargs = pickle.loads(payload)
-            _reply(conn, "ok", rank, _to_cpu(fn(*args, **kwargs)))
+            _reply(conn, "ok", rank, to_cpu(fn(*args, **kwargs)))
         except BaseException as exc:
             _reply(conn, "error", rank, (repr(exc), traceback.format_exc()))
 
@@ -426,7 +440,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+def check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    """``(fn, args, kwargs)`` pickled for a rank, or one error saying why a rank could not
+    import ``fn`` (defined in a notebook cell or ``__main__`` without a file) or unpickle the
+    arguments.
+
+    Example::
+
+        payload = launch.check_picklable(mymodule.fn, (1 << 20,), {})
+    """
     module = getattr(fn, "__module__", None)
     main = sys.modules.get("__main__")
     if module == "__main__" and not getattr(main, "__file__", None):
@@ -643,7 +665,7 @@ class Ranks:
         """
         if timeout_s is None or timeout_s <= 0:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        payload = _check_picklable(fn, args, kwargs)
+        payload = check_picklable(fn, args, kwargs)
         self.start()
         for conn in self._conns:
             conn.send(("run", payload))
@@ -709,7 +731,7 @@ class TorchrunJob:
 
     Example::
 
-        # torchrun --nnodes 2 --nproc-per-node 4 ... -m pipecomm.experiments.e13_dadam_convergence
+        # torchrun --nnodes 2 --nproc-per-node 4 ... -m pipecomm.lab.experiments.e13_dadam_convergence
         with launch.pool(8, backend="nccl") as ranks:     # a TorchrunJob under torchrun
             per_rank = ranks.run(mymodule.train, cfg)
     """
@@ -745,7 +767,7 @@ class TorchrunJob:
         import torch.distributed as dist
 
         try:
-            mine: tuple[str, Any] = ("ok", _to_cpu(fn(*args, **kwargs)))
+            mine: tuple[str, Any] = ("ok", to_cpu(fn(*args, **kwargs)))
         except Exception as exc:
             mine = ("error", (repr(exc), traceback.format_exc()))
         gathered: list[Any] = [None] * self.world_size
@@ -804,7 +826,7 @@ def spawn(
         from pipecomm import launch
         sums = launch.spawn(mymodule.allreduce_ones, 4, 1024)
     """
-    _check_picklable(fn, args, {})
+    check_picklable(fn, args, {})
     with Ranks(world_size, backend=backend, network=network, ranks_per_node=ranks_per_node) as r:
         return r.run(fn, *args, timeout_s=timeout_s)
 
@@ -826,7 +848,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     if missing:
         raise RuntimeError(
             f"init_from_env: environment variables {missing} are not set; start this program "
-            "with torchrun (for example `torchrun --nproc-per-node 4 -m pipecomm.experiments."
+            "with torchrun (for example `torchrun --nproc-per-node 4 -m pipecomm.lab.experiments."
             "e13_dadam_convergence --out DIR`) or use pipecomm.launch.spawn for local ranks"
         )
     if backend is None:

@@ -41,7 +41,7 @@ host delivers the configured step at that p and refuses, naming the link paramet
 
 Use: ``launch.Ranks(4, network=Network(2e-3, 50e6))`` — the launcher calls :func:`setup`,
 :func:`activate` and :func:`teardown`; :func:`pipecomm.collectives.p2p.exchange` applies the
-deadlines (it reserves with ``_emulator().post`` and waits with :func:`wait_until`). Only pipecomm's own point-to-point transfers are emulated; backend built-ins are not.
+deadlines (it reserves with ``emulator().post`` and waits with :func:`wait_until`). Only pipecomm's own point-to-point transfers are emulated; backend built-ins are not.
 
 Example::
 
@@ -53,15 +53,12 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
-import os
 import threading
 import time
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -79,7 +76,8 @@ __all__ = [
     "clock",
     "current",
     "deactivate",
-    "pool",
+    "emulator",
+    "record",
     "reset_stats",
     "setup",
     "stats",
@@ -89,7 +87,7 @@ __all__ = [
 
 PORTS = ("single", "per-neighbor")
 _LOCK_TIMEOUT_S = 60.0
-SKIP_CHECK_ENV = "PIPECOMM_SKIP_HOST_CHECK"  # set: netem.pool does not probe the host (tests)
+SKIP_CHECK_ENV = "PIPECOMM_SKIP_HOST_CHECK"  # set: no host probe (tests)
 MAX_LAG_S = 0.02  # most lateness a rank is forgiven; the port table keeps this much past
 
 
@@ -644,7 +642,14 @@ def current() -> Network | None:
     return _ACTIVE.network if _ACTIVE is not None else None
 
 
-def _emulator() -> _Emulator | None:
+def emulator() -> _Emulator | None:
+    """This rank's active emulator (what :mod:`pipecomm.collectives.p2p` posts through), or
+    ``None`` when nothing is emulated.
+
+    Example::
+
+        if netem.emulator() is None: ...   # the real backend
+    """
     return _ACTIVE
 
 
@@ -838,40 +843,8 @@ def check_host(
     return result
 
 
-#: Seconds :func:`pool` waits before probing the host a second time.
+#: Seconds :func:`pipecomm.lab.network.emulated_pool` waits before probing the host a second time.
 RECHECK_PAUSE_S = 2.0
-
-
-@contextlib.contextmanager
-def pool(world_size: int, network: Network, smallest_bytes: int, *,
-         ranks_per_node: int | None = None, timeout_s: float = 120.0) -> Iterator[Any]:
-    """A local rank pool on the emulated ``network`` that is known to be valid: before anything
-    is measured, :func:`check_host` probes this host at this p with the smallest message the
-    measurement sends (``smallest_bytes``) and with 1 MiB, and raises :class:`HostTooSlow`
-    (naming the link parameter to relax) when a real transfer is slower than the emulated one
-    in a second probe too, :data:`RECHECK_PAUSE_S` after a first that failed (a process that
-    was finishing, e.g. the kernel tearing down network namespaces, is not the host).
-    ``PIPECOMM_SKIP_HOST_CHECK=1`` skips the probe with a warning (the tests' tiny end-to-end runs
-    on fast links check plumbing, not timing).
-
-    Example::
-
-        with netem.pool(8, net, smallest_bytes=64 << 10) as ranks:
-            rows = ranks.run(sweep.measure_points, points)[0]
-    """
-    from pipecomm import launch
-
-    sizes = sorted({max(1, int(smallest_bytes)), 1 << 20})
-    with launch.Ranks(world_size, network=network, ranks_per_node=ranks_per_node) as ranks:
-        if os.environ.get(SKIP_CHECK_ENV, "") in ("", "0"):
-            if not check_host(ranks, sizes, timeout_s=timeout_s, raise_error=False).ok:
-                time.sleep(RECHECK_PAUSE_S)  # a passing disturbance, not the host: probe again
-                check_host(ranks, sizes, timeout_s=timeout_s)
-        else:
-            warnings.warn(f"{SKIP_CHECK_ENV} is set: the emulated network ({network.describe()})"
-                          f" was not checked against this host; its timings may be the host's",
-                          stacklevel=3)
-        yield ranks
 
 
 # --------------------------------------------------------------------------- counters
@@ -913,13 +886,20 @@ def stats() -> dict[str, float]:
     return out
 
 
-def _record(
+def record(
     bytes_sent: int,
     messages_sent: int,
     bytes_received: int,
     messages_received: int,
     waited_s: float,
 ) -> None:
+    """Add one transfer's bytes, messages and emulated waiting time to this rank's
+    :func:`stats` (called by :mod:`pipecomm.collectives.p2p` for every message).
+
+    Example::
+
+        netem.record(4096, 1, 0, 0, 0.0)
+    """
     with _STATS_LOCK:
         _STATS["bytes_sent"] += bytes_sent
         _STATS["messages_sent"] += messages_sent

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["all_threads", "counters", "on_thread", "ranged", "reset", "totals"]
+__all__ = ["all_threads", "counters", "on_thread", "profiling", "ranged", "reset", "totals"]
 
 _LOCK = threading.Lock()
 _COUNTS: dict[str, list[float]] = {}  # name -> [calls, bytes, seconds]
@@ -75,9 +75,14 @@ def _add(name: str, calls: int, nbytes: int, seconds: float) -> None:
 _autograd_profiler = torch.autograd.profiler
 
 
-def _profiling() -> bool:
+def profiling() -> bool:
     """A torch profiler runs in this process (``torch.profiler.profile`` sets the flag for
-    every thread; ``_profiler_enabled()`` is this thread's callbacks, e.g. the legacy one)."""
+    every thread; ``_profiler_enabled()`` is this thread's callbacks, e.g. the legacy one).
+
+    Example::
+
+        observe.profiling()   # False outside torch.profiler.profile(...)
+    """
     return _autograd_profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled()
 
 
@@ -112,7 +117,7 @@ def ranged(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             token = _CURRENT.set(call)
             start = time.perf_counter()
             try:
-                if _profiling():
+                if profiling():
                     with torch.profiler.record_function(call.name):
                         result = fn(t, *args, **kwargs)
                 else:
@@ -146,7 +151,7 @@ def on_thread(job: Callable[[], Any]) -> Callable[[], Any]:
     def run() -> Any:
         start = time.perf_counter()
         try:
-            if _profiling():
+            if profiling():
                 with torch.profiler.record_function(name):
                     return job()
             return job()

@@ -2,7 +2,7 @@
 
 One concept: the vocabularies, defined once. The collectives (:mod:`pipecomm.collectives`), their
 cost model (:mod:`pipecomm.cost`), the codecs (:mod:`pipecomm.compress`), PipeSGD
-(:mod:`pipecomm.pipesgd`), the Pipe-SGD timing model (:mod:`pipecomm.timing_model`), the
+(:mod:`pipecomm.pipesgd`), the Pipe-SGD timing model (:mod:`pipecomm.pipesgd.timing_model`), the
 torch.distributed backend and hooks, decentralized training and the experiments import their
 names from here instead of spelling them out.
 
@@ -64,7 +64,7 @@ COMPRESSIONS: tuple[str | None, ...] = (None, *CODECS)
 
 #: PipeSGD's modes (:class:`pipecomm.pipesgd.PipeSGD`).
 MODES: tuple[str, ...] = ("sync", "layerwise", "pipe")
-#: The timing model's modes (:func:`pipecomm.timing_model.iteration_time`): PipeSGD's, plus
+#: The timing model's modes (:func:`pipecomm.pipesgd.timing_model.iteration_time`): PipeSGD's, plus
 #: ``"nocomm"`` (no communication) and ``"delayed"`` (delayed GD, the pipe with staleness k).
 TIMING_MODES: tuple[str, ...] = ("nocomm", "sync", "layerwise", "pipe", "delayed")
 

@@ -101,7 +101,7 @@ def exchange(
         # rank 0 and rank 1 swap a block
         exchange([(mine, peer)], [(theirs, peer)])
     """
-    emu = netem._emulator()
+    emu = netem.emulator()
     if emu is None:
         for i, (t, _) in enumerate(sends):
             _as_bytes(t, "sends", i)
@@ -119,7 +119,7 @@ def exchange(
         for (t, _), (h, _) in zip(recvs, host_recvs):
             if h is not t:
                 t.copy_(h)
-        netem._record(
+        netem.record(
             sum(t.numel() * t.element_size() for t, _ in sends),
             len(sends),
             sum(t.numel() * t.element_size() for t, _ in recvs),
@@ -169,7 +169,7 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
             deadlines.append(float(buf[:_HEADER].view(torch.float64)[0]))
             t.copy_(buf[_HEADER:])
     waited = _sleep_until(max(deadlines))
-    netem._record(
+    netem.record(
         sum(p.numel() for p in payloads),
         len(payloads),
         sum(t.numel() for t in targets),
@@ -228,7 +228,7 @@ class Transfer:
                 self._target.copy_(self._head[_HEADER:])
         if deadline is not None:
             waited = _sleep_until(deadline)
-        netem._record(
+        netem.record(
             self._sent, int(self._sent > 0), self._received, int(self._received > 0), waited
         )
 
@@ -248,7 +248,7 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
         ...
         pending.wait()           # before block is written again
     """
-    emu = netem._emulator()
+    emu = netem.emulator()
     if emu is None:  # straight to the process group: no byte view, no dist.isend per message
         sent = _check(t, "sends", 0).numel() * t.element_size()
         pg, peer = _process_group(group, dst)
@@ -283,7 +283,7 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
         pending = post_recv(buf, src=0)
         pending.wait()           # buf now holds the message
     """
-    if netem._emulator() is None:  # straight to the process group, as post_send
+    if netem.emulator() is None:  # straight to the process group, as post_send
         received = _check(t, "recvs", 0).numel() * t.element_size()
         pg, peer = _process_group(group, src)
         if _staged(t, group):
@@ -342,9 +342,9 @@ class Direct:
     def record(self) -> None:
         """Add the posted messages to :func:`pipecomm.netem.stats` (once, after the waits)."""
         if self._send:
-            netem._record(self.nbytes, self.count, 0, 0, 0.0)
+            netem.record(self.nbytes, self.count, 0, 0, 0.0)
         else:
-            netem._record(0, 0, self.nbytes, self.count, 0.0)
+            netem.record(0, 0, self.nbytes, self.count, 0.0)
         self.nbytes = self.count = 0
 
 
@@ -353,7 +353,7 @@ def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: 
     """A :class:`Direct` poster to global rank ``peer`` for tensors like ``like`` (its dtype and
     device), or ``None`` where a message needs more than the backend's own send (an emulated
     network, a host copy of a CUDA tensor on gloo, complex numbers, autograd)."""
-    if (netem._emulator() is not None or _staged(like, group) or like.is_complex()
+    if (netem.emulator() is not None or _staged(like, group) or like.is_complex()
             or like.requires_grad):
         return None
     pg, rank = _process_group(group, peer)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from pipecomm import bench
+from pipecomm import launch
 
 __all__ = ["TIMING_KEYS", "NullTimer", "StepTimer", "TimedCodec"]
 
@@ -139,7 +139,7 @@ class StepTimer:
 
     def settled(self) -> float:
         """The host clock after the GPU's queued work (nothing to wait for on the CPU)."""
-        bench.synchronize(self._device)
+        launch.synchronize(self._device)
         return time.perf_counter()
 
     def reset(self) -> None:

@@ -1,0 +1,1026 @@
+"""Orchestration behind ``run_all.sh``: profiles, papermill runs, result reuse, the claims table.
+
+Each experiment ``E<k>`` is the notebook ``notebooks/<kk>_<name>.ipynb``. Its parameters are the
+notebook's parameters cell (the quick configuration), updated by the profile
+(``artifact/profiles/<profile>.yaml``) and then by ``-p NAME=VALUE`` overrides (each parsed to the
+type of the parameter's default; unknown names are an error, since papermill would silently accept
+them). Results go to ``results/<profile>/<E>/``, or, with overrides, to
+``results/<profile>/<E>__<name>=<value>.../`` so the default result is never overwritten. Every
+override is checked against the experiment's ``Params`` before any kernel starts. A result is
+reused when its parameters and the hash of the code it runs (:func:`code_hash`: its notebook and
+the pipecomm modules its module imports) match (``--force`` re-runs). Each run is assembled in a
+temporary directory and renamed into place: an interrupted run (Ctrl-C: one line, exit status
+130) leaves nothing half-written, and running again resumes with the experiments still missing.
+
+Usage::
+
+    python -m pipecomm.lab.artifact                   # every experiment, automatic profile
+    python -m pipecomm.lab.artifact --only E0 E3 -p sizes_max=1048576
+    python -m pipecomm.lab.artifact --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import hashlib
+import importlib
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from pipecomm.lab import claims, results
+from pipecomm.lab.cli import parse_value
+
+ROOT = results.REPO_ROOT
+NOTEBOOKS = ROOT / "notebooks"
+PROFILES = ROOT / "artifact" / "profiles"
+PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
+RESULTS = ROOT / "results"
+REFERENCE = ROOT / "artifact" / "reference"
+KERNEL = "pipecomm"
+RESERVED = ("out_dir", "data_csv")  # notebook parameters the orchestrator sets itself
+
+
+class UsageError(ValueError):
+    """A bad command line: unknown option, experiment id or parameter."""
+
+
+@dataclass
+class Experiment:
+    id: str
+    notebook: Path
+    defaults: dict[str, Any]
+    budget_s: float = 60.0
+    profile_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        return self.notebook.stem
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def notebook_parameters(path: Path) -> dict[str, Any]:
+    """The literal assignments of a notebook's cell tagged ``parameters``."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            params = {}
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0], ast.Name
+                ):
+                    params[node.targets[0].id] = ast.literal_eval(node.value)
+            return params
+    raise ValueError(f"{path} has no cell tagged 'parameters'")
+
+
+def discover() -> dict[str, Experiment]:
+    """Experiments E<k> from notebooks/<kk>_<name>.ipynb, in order."""
+    found = {}
+    for nb in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        eid = f"E{int(nb.name[:2])}"
+        found[eid] = Experiment(eid, nb, notebook_parameters(nb))
+    return found
+
+
+def auto_profile() -> str:
+    """``gpu`` when at least two GPUs are visible, else ``cpu``."""
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Experiment]:
+    """The experiments a profile runs (those it names), with its parameters and budgets;
+    profile names are checked like ``-p``.
+
+    A profile with ``extends: <other>`` starts from the other profile's experiments and replaces
+    the budgets and parameters it names (``cpu-full`` extends ``cpu``). An experiment no profile
+    entry names does not run in that profile (E14 needs the virtual cluster: it is in
+    ``shaped`` only)."""
+    path = PROFILES / f"{name}.yaml"
+    if not path.exists():
+        choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
+        raise UsageError(f"unknown profile {name!r}; choose from {choices}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    entries = dict(spec.get("experiments") or {})
+    if spec.get("extends"):  # a profile that changes some experiments of another one
+        parent = yaml.safe_load((PROFILES / f"{spec['extends']}.yaml").read_text()) or {}
+        for eid, entry in (parent.get("experiments") or {}).items():
+            own = entries.get(eid) or {}
+            entries[eid] = {**entry, **own,
+                            "params": {**(entry.get("params") or {}), **(own.get("params") or {})}}
+    for eid, entry in entries.items():
+        if eid not in experiments:
+            continue  # a profile may describe experiments whose notebooks are not here yet
+        exp = experiments[eid]
+        exp.budget_s = float(entry.get("budget_s", exp.budget_s))
+        params = entry.get("params") or {}
+        unknown = sorted(set(params) - set(exp.defaults))
+        if unknown:
+            raise ValueError(f"{path}: {eid} sets unknown parameter(s) {unknown}")
+        exp.profile_params = params
+    return {eid: exp for eid, exp in experiments.items() if eid in entries}
+
+
+def profiles_of(eid: str) -> list[str]:
+    """The profiles that run experiment ``eid``.
+
+    Example::
+
+        profiles_of("E14")   # ['shaped']
+    """
+    return [name for name in PROFILE_NAMES if eid in profile_runs(name)]
+
+
+def profile_runs(name: str) -> list[str] | None:
+    """The experiments profile ``name`` runs (None for a name without a profile file).
+
+    Example::
+
+        profile_runs("shaped")   # ['E14']
+    """
+    if not (PROFILES / f"{name}.yaml").exists():
+        return None
+    return list(load_profile(name, discover()))
+
+
+def own_experiments(name: str) -> list[str] | None:
+    """The experiments a profile that ``extends`` another sets itself (``cpu-full``: E7, E9,
+    E13); None for a self-contained profile (all of them)."""
+    spec = yaml.safe_load((PROFILES / f"{name}.yaml").read_text()) or {}
+    return list(spec.get("experiments") or {}) if spec.get("extends") else None
+
+
+def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
+    """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names and a name given
+    twice are errors (:class:`UsageError`)."""
+    per_exp: dict[str, dict[str, Any]] = {e.id: {} for e in selected}
+    seen: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"-p expects NAME=VALUE, got {item!r}")
+        name, text = item.split("=", 1)
+        if name in seen:
+            raise UsageError(f"-p {name} is given twice ({name}={seen[name]} and {item}): "
+                             f"give each parameter once")
+        seen[name] = text
+        owners = [e for e in selected if name in e.defaults and name not in RESERVED]
+        if not owners:
+            known = sorted({k for e in selected for k in e.defaults if k not in RESERVED})
+            raise UsageError(
+                f"unknown parameter {name!r} for {[e.id for e in selected]}; known: {known}"
+            )
+        for e in owners:
+            try:
+                per_exp[e.id][name] = parse_value(text, e.defaults[name], name)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from exc
+    return per_exp
+
+
+def experiment_module(exp: Experiment) -> ModuleType | None:
+    """The module ``pipecomm.lab.experiments.e<notebook stem>`` behind an experiment's notebook
+    (None for a notebook without one, such as a test's).
+
+    Example::
+
+        experiment_module(discover()["E4"]).Params   # e04_lp_block_size.Params
+    """
+    try:
+        return importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
+    except ModuleNotFoundError:
+        return None
+
+
+def run_params(exp: Experiment, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters a run of ``exp`` gets: notebook defaults, then the profile's, then
+    ``overrides``; without the ones the orchestrator sets itself (:data:`RESERVED`)."""
+    params = {**exp.defaults, **exp.profile_params, **(overrides or {})}
+    return {k: v for k, v in params.items() if k not in RESERVED}
+
+
+def check_params(selected: list[Experiment], overrides: dict[str, dict[str, Any]]) -> None:
+    """Validate every selected experiment's parameters (profile and ``-p``) with its module's
+    ``Params.make`` before any kernel starts; a refused value is a one-line :class:`UsageError`
+    naming the experiment, the parameter, the value and what is allowed.
+
+    Example::
+
+        check_params([discover()["E4"]], {"E4": {"world_size": 0}})
+        # UsageError: E4: parameter world_size must be an int >= 3 (...), got 0
+    """
+    for exp in selected:
+        module = experiment_module(exp)
+        if module is None:
+            continue
+        own = overrides.get(exp.id, {})
+        try:
+            module.Params.make(**run_params(exp, own))
+        except ValueError as exc:
+            text = " ".join(str(exc).split())
+            given = [f"-p {k}={v}" for k, v in own.items() if re.search(rf"\b{k}\b", text)]
+            source = f" (from {', '.join(given)})" if given else ""
+            raise UsageError(f"{exp.id}: {text}{source}") from exc
+
+
+def gpu_count() -> int:
+    """GPUs torch sees here (0 without CUDA or without torch)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def check_profile_host(profile: str) -> None:
+    """Refuse, before anything starts, a profile this machine cannot run: ``gpu`` needs at least
+    two visible GPUs (NCCL places one rank per GPU)."""
+    if profile == "gpu":
+        have = gpu_count()
+        if have < 2:
+            raise UsageError(f"profile 'gpu' needs at least 2 visible GPUs (NCCL, one rank per "
+                             f"GPU); this machine has {have}: use --profile cpu")
+
+
+def override_dirname(eid: str, overrides: dict[str, Any]) -> str:
+    """``E0__sizes_max=1048576`` — the directory of a run with overrides."""
+    if not overrides:
+        return eid
+    parts = [f"{k}={v}" for k, v in sorted(overrides.items())]
+    name = eid + "__" + ",".join(parts)
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", "", name)[:200]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def ensure_kernel() -> None:
+    """Register the ``pipecomm`` Jupyter kernel inside this interpreter's prefix if missing."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve():
+            return
+    except NoSuchKernel:
+        pass
+    from ipykernel.kernelspec import install
+
+    install(kernel_name=KERNEL, display_name="Python (pipecomm)", prefix=sys.prefix)
+
+
+def _ipc_kernel_manager():
+    """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports."""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.transport = "ipc"  # sockets are files in a private temporary directory
+            self.ip = str(Path(tempfile.mkdtemp(prefix="pipecomm-kernel-")) / "kernel")
+
+        async def _async_start_kernel(self, **kw: Any) -> None:
+            await super()._async_start_kernel(**kw)
+            _LIVE_KERNELS.add(self)  # Ctrl-C stops it (stop_kernels)
+
+        start_kernel = _async_start_kernel
+
+        async def _async_interrupt_kernel(self) -> None:
+            if getattr(self, "shutting_down", False):
+                return  # a SIGINT before the shutdown request only logs an ERROR in the kernel
+            await super()._async_interrupt_kernel()
+
+        interrupt_kernel = _async_interrupt_kernel
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                _LIVE_KERNELS.discard(self)
+                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+
+        cleanup_resources = _async_cleanup_resources
+
+    return IPCKernelManager
+
+
+def execute_notebook(path: Path, output: Path, parameters: dict[str, Any] | None = None,
+                     timeout_s: float = 600.0) -> None:
+    """papermill on the ``pipecomm`` kernel (IPC transport), from the notebooks' directory.
+
+    Example::
+
+        execute_notebook(Path("notebooks/01_lp_cost_model.ipynb"), Path("/tmp/out.ipynb"))
+    """
+    import papermill as pm
+
+    pm.execute_notebook(
+        str(path), str(output), parameters=parameters or {}, kernel_name=KERNEL,
+        cwd=str(path.parent), execution_timeout=int(timeout_s), progress_bar=False,
+        report_mode=False, kernel_manager_class=_ipc_kernel_manager(),
+    )
+
+
+SRC = ROOT / "src"
+#: Packages whose modules count whole when one of them is imported (they load their submodules
+#: lazily, by name); pipecomm itself and pipecomm.lab.experiments count module by module.
+_WHOLE_PACKAGES = ("pipecomm.collectives", "pipecomm.decentralized", "pipecomm.pipesgd")
+
+
+def _module_file(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def code_files(exp: Experiment) -> list[Path]:
+    """The files a result of ``exp`` depends on: its notebook and every pipecomm module its
+    experiment module imports, directly or through other pipecomm modules (imports anywhere in
+    a module, read from the source; a package of :data:`_WHOLE_PACKAGES` counts whole).
+
+    Example::
+
+        [p.name for p in code_files(discover()["E1"])][:2]   # ['01_lp_cost_model.ipynb', ...]
+    """
+    files = {exp.notebook}
+    todo = [f"pipecomm.lab.experiments.e{exp.notebook.stem}"]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run too
+        whole = next((w for w in _WHOLE_PACKAGES if name == w or name.startswith(w + ".")), None)
+        if whole is not None and whole not in seen:
+            todo += [f"{whole}.{p.stem}" for p in _module_file(whole).parent.glob("*.py")
+                     if p.stem != "__init__"]
+        path = _module_file(name)
+        if path is None:
+            continue
+        files.add(path)
+        package = name if path.name == "__init__.py" else ".".join(parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.split(".")[0] == "pipecomm"]
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    mod = ".".join([*up, mod] if mod else up)
+                if mod.split(".")[0] == "pipecomm":
+                    todo += [mod, *(f"{mod}.{a.name}" for a in node.names)]
+    return sorted(files)
+
+
+def code_hash(exp: Experiment) -> str:
+    """A hash of the contents of :func:`code_files` (paths relative to the repository): a result
+    is current while it matches; a commit that touches only docs or other experiments keeps it.
+
+    Example::
+
+        code_hash(discover()["E1"])   # '3f2a...' (16 hex digits)
+    """
+    digest = hashlib.sha256()
+    for path in code_files(exp):
+        digest.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode())
+        digest.update(b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def is_reusable(out: Path, params: dict[str, Any], code: str) -> bool:
+    """A finished result with the same parameters and the same :func:`code_hash`.
+
+    Example::
+
+        is_reusable(RESULTS / "cpu" / "E1", run_params(exp), code_hash(exp))
+    """
+    try:
+        env = results.read_json(out / "env.json")
+        old = results.read_json(out / "params.json")
+    except (OSError, ValueError):
+        return False
+    done = (out / "data.csv").exists() and (out / "notebook.ipynb").exists()
+    same = results.json_roundtrip(params) == old
+    return done and same and env.get("code_hash") == code
+
+
+def result_state(exp: Experiment, profile: str) -> str:
+    """``current`` (reusable with the profile's parameters and today's code), ``stale`` (there,
+    but made with other parameters or code) or ``none`` -- of ``results/<profile>/<E>/``."""
+    out = RESULTS / profile / exp.id
+    if not (out / "data.csv").exists():
+        return "none"
+    return "current" if is_reusable(out, run_params(exp), code_hash(exp)) else "stale"
+
+
+def _shown_path(path: Path, start: Path = ROOT) -> str:
+    """``path`` relative to ``start`` when it lies in the repository (``..`` allowed), else as
+    it is."""
+    try:
+        path.resolve().relative_to(ROOT)
+    except ValueError:
+        return str(path)
+    return os.path.relpath(path.resolve(), start.resolve())
+
+
+def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> None:
+    """Rewrite an executed notebook's recorded paths (the injected parameters cell's
+    ``out_dir``, papermill's metadata, outputs that print them or a file of this checkout) from
+    the temporary directory it ran in to ``out``, relative to the repository: ``out_dir`` as the
+    notebook opens it from notebooks/ (``"../results/cpu/E4"``), papermill's input and output
+    paths and other files from the repository root.
+
+    Example::
+
+        relocate_notebook(RESULTS / "cpu/E4/notebook.ipynb", RESULTS / "cpu/E4")
+    """
+    import json
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    out_dir = _shown_path(out, NOTEBOOKS)
+    ran_in = None  # the directory it ran in, as the parameters cell recorded it
+    for cell in nb.cells:
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            found = re.search(r"(?m)^out_dir = (.*)$", cell.source)
+            with contextlib.suppress(ValueError, SyntaxError):
+                ran_in = ast.literal_eval(found.group(1)) if found else None
+            cell.source = re.sub(r"(?m)^out_dir = .*$", lambda _: f"out_dir = {json.dumps(out_dir)}",
+                                 cell.source)
+    swaps = [(ran_in, out_dir)] if isinstance(ran_in, str) and ran_in else []
+    swaps.append((f"{ROOT}/", ""))  # a warning's source file: relative to the repository
+
+    def relative(text: str) -> str:
+        for old, new in swaps:
+            text = text.replace(old, new)
+        return text
+
+    for cell in nb.cells:  # outputs that show a path (a printed out_dir, a warning's file)
+        for output in cell.get("outputs", []):
+            if isinstance(output.get("text"), str):
+                output["text"] = relative(output["text"])
+            for key, value in output.get("data", {}).items():
+                if isinstance(value, str) and key.startswith("text/"):
+                    output["data"][key] = relative(value)
+    meta = nb.metadata.get("papermill")
+    if meta is not None:
+        if "out_dir" in (meta.get("parameters") or {}):
+            meta["parameters"]["out_dir"] = out_dir
+        if notebook is not None:
+            meta["input_path"] = _shown_path(notebook)
+        elif meta.get("input_path"):  # recorded on another machine: the same notebook here
+            meta["input_path"] = f"notebooks/{Path(meta['input_path']).name}"
+        meta["output_path"] = _shown_path(out / path.name)
+        meta.pop("cwd", None)
+    nbformat.write(nb, path)
+
+
+def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
+                   timeout_factor: float = 3.0, code: str | None = None) -> float:
+    """Execute the notebook into a temporary directory, then rename it to ``out``.
+
+    Args:
+        exp: the experiment (its notebook and budget).
+        profile: recorded in env.json.
+        params: the notebook's parameters (``out_dir`` is set here).
+        out: the final result directory.
+        timeout_factor: hard limit = factor x budget (at least 120 s).
+        code: the :func:`code_hash` recorded in env.json (computed when None).
+
+    Returns the wall time in seconds.
+    """
+    code = code if code is not None else code_hash(exp)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    limit = max(120.0, exp.budget_s * timeout_factor)
+    # finished training runs survive an interruption here (results.Runs): re-running resumes
+    runs_dir = out.parent / ".runs" / f"{out.name}-{code[:12]}"
+    os.environ[results.RUNS_ENV] = str(runs_dir)
+    start = time.perf_counter()
+    try:
+        results.write_json(tmp / "env.json", {"profile": profile})
+        with _run_progress(runs_dir, exp.id):
+            execute_notebook(exp.notebook, tmp / "notebook.ipynb",
+                             {**params, "out_dir": str(tmp)}, timeout_s=limit)
+        wall = time.perf_counter() - start
+        if not (tmp / "data.csv").exists():
+            raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
+        env = results.read_json(tmp / "env.json")
+        env |= {"profile": profile, "wall_time_s": wall, "budget_s": exp.budget_s,
+                "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name,
+                "code_hash": code}
+        results.write_json(tmp / "env.json", env)
+        relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
+        results.replace_dir(tmp, out)
+        shutil.rmtree(runs_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            runs_dir.parent.rmdir()  # only when no other experiment keeps runs there
+        return wall
+    finally:
+        os.environ.pop(results.RUNS_ENV, None)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
+    """A progress bar of an experiment's training runs (done, total, time remaining), read from
+    the ``progress.json`` that :class:`pipecomm.lab.results.Runs` writes inside the notebook."""
+    import threading
+
+    from tqdm.auto import tqdm
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        bar = None
+        while not stop.wait(every_s):
+            try:
+                prog = results.read_json(runs_dir / "progress.json")
+            except (OSError, ValueError):
+                continue
+            if bar is None:
+                bar = tqdm(total=prog["total"], desc=f"{eid} runs", unit="run", file=sys.stdout,
+                           leave=False)
+            bar.n = prog["done"]
+            bar.set_postfix_str(f"~{prog['remaining_s'] / 60:.1f} min left")
+        if bar is not None:
+            bar.close()
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def reference_values(profile: str) -> dict[str, str] | None:
+    path = REFERENCE / profile / "claims.csv"
+    if not path.exists():
+        return None
+    import pandas as pd
+
+    ref = pd.read_csv(path, dtype=str).fillna("")
+    return dict(zip(ref["claim"], ref["measured"] + " (" + ref["verdict"] + ")"))
+
+
+def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True):
+    """Evaluate every claim of the profile's experiments on ``results/<profile>``; write
+    claims.md and claims.csv (the claims of experiments another profile runs, such as E14's in
+    the cpu profile, and claims limited to other ``profiles`` in claims.yaml, are not listed)."""
+    runs = profile_runs(profile)
+    entries = [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
+               and (e["profiles"] is None or profile in e["profiles"])]
+    table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
+                            reference=reference_values(profile))
+    if write:
+        results.write_text(RESULTS / profile / "claims.md",
+                           f"# Claims, profile {profile}\n\n" + claims.to_markdown(table))
+        results.write_csv(RESULTS / profile / "claims.csv", table)
+    return table
+
+
+def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
+    """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly (a
+    profile that extends another keeps only the experiments it changes, :func:`own_experiments`):
+    data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
+    beside it), params.json, env.json, and the claims table (claims.md, claims.csv).
+
+    Example::
+
+        python -m pipecomm.lab.artifact --profile cpu --save-reference
+    """
+    import gzip
+
+    import nbformat
+
+    source = source or RESULTS / profile
+    dest = dest or REFERENCE / profile
+    runs = profile_runs(profile)
+    wanted = own_experiments(profile) if runs is not None else None
+    if wanted is None:  # a self-contained profile keeps every experiment it runs
+        wanted = runs if runs is not None else list(discover())
+    missing = [e for e in wanted if not (source / e / "data.csv").exists()]
+    if missing:
+        raise UsageError(f"{source} lacks results for {missing}: run them first")
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for eid in wanted:
+        src, out = source / eid, tmp / eid
+        out.mkdir(parents=True)
+        with gzip.open(out / "data.csv.gz", "wb", compresslevel=9) as f:
+            f.write((src / "data.csv").read_bytes())
+        for name in ("figure.png", "params.json", "env.json", "calibration.json"):
+            if (src / name).exists():
+                shutil.copy2(src / name, out / name)
+        nb = nbformat.read(src / "notebook.ipynb", as_version=4)
+        for cell in nb.cells:
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                if "image/png" in data or "application/pdf" in data:
+                    output["data"] = {"text/plain": "[figure: see figure.png beside this notebook]"}
+        nbformat.write(nb, out / "notebook.ipynb")
+        relocate_notebook(out / "notebook.ipynb", source / eid)  # no machine's paths
+    for name in ("claims.md", "claims.csv"):
+        shutil.copy2(source / name, tmp / name)
+    results.replace_dir(tmp, dest)
+    return dest
+
+
+# --------------------------------------------------------------------------- command line
+
+
+class _Once(argparse.Action):
+    """An option that may be given once (a second ``--profile`` is an error, not the winner)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            def show(v: Any) -> str:
+                return " ".join(v) if isinstance(v, list) else str(v)
+
+            parser.error(f"{option_string} is given twice ({show(getattr(namespace, self.dest))} "
+                         f"and {show(values)}): give it once")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``run_all.sh`` / ``python -m pipecomm.lab.artifact``."""
+    p = argparse.ArgumentParser(
+        prog="run_all.sh",
+        description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
+        "and check every claim.",
+    )
+    p.add_argument("--profile", choices=PROFILE_NAMES, default=None, action=_Once,
+                   help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
+    p.add_argument("--only", nargs="+", metavar="E", default=None, action=_Once,
+                   help="run (or --list) only these experiments (e.g. E0 E3)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a parameter (once per name); written to its own directory")
+    p.add_argument("--force", action="store_true", help="re-run even if a result matches")
+    p.add_argument("--list", action="store_true",
+                   help="list experiments: budget, parameters, whether the result is current")
+    p.add_argument("--save-reference", action="store_true",
+                   help="copy results/<profile> to artifact/reference/<profile> (maintainers)")
+    p.add_argument("--timeout-factor", type=float, default=3.0,
+                   help="hard limit per experiment = factor x budget (min 120 s)")
+    return p
+
+
+def select(experiments: dict[str, Experiment], only: list[str] | None,
+           profile: str) -> list[Experiment]:
+    """The experiments ``--only`` names (all of the profile's without it); an id no profile
+    has, or one another profile runs, is a :class:`UsageError`."""
+    if not only:
+        return list(experiments.values())
+    bad = [e for e in only if e.upper() not in experiments]
+    elsewhere = {e: profiles_of(e.upper()) for e in bad}
+    unknown = [e for e in bad if not elsewhere[e]]
+    if unknown:
+        raise UsageError(f"unknown experiment id(s) {unknown}; available: {list(experiments)}")
+    if bad:
+        raise UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the profiles "
+                         f"that run them: {elsewhere}")
+    return [experiments[e.upper()] for e in dict.fromkeys(only)]
+
+
+def _short(value: Any, width: int = 28) -> str:
+    text = repr(value) if not isinstance(value, float) else f"{value:g}"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def list_table(selected: list[Experiment], profile: str) -> str:
+    """``--list``: per experiment its budget and whether ``results/<profile>/<E>/`` is current
+    (:func:`result_state`), then one row per parameter: name, the profile's value, meaning.
+
+    Example::
+
+        print(list_table([discover()["E1"]], "cpu"))
+    """
+    from pipecomm.lab import meanings
+
+    lines = [f"profile {profile}: experiment, budget, result; its parameters (default in this "
+             f"profile, * where the profile changes the notebook's quick default; meaning)"]
+    for exp in selected:
+        state = result_state(exp, profile)
+        where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
+        lines.append(f"\n{exp.id:4} {exp.title:26} budget {exp.budget_s:5.0f} s   "
+                     f"result: {state}{where}")
+        params = run_params(exp)
+        width = max((len(k) for k in params), default=0)
+        for name, value in params.items():
+            changed = "*" if results.json_roundtrip(value) != results.json_roundtrip(
+                exp.defaults.get(name)) else " "
+            lines.append(f"     {name:{width}}  {_short(value):28}{changed} "
+                         f"{meanings.meaning(exp.id, name)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (2: usage, 1: an experiment failed, 130:
+    interrupted)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    profile = args.profile or auto_profile()
+    try:
+        experiments = load_profile(profile, discover())
+        selected = select(experiments, args.only, profile)
+        if args.list:
+            if args.param:
+                raise UsageError("--list shows the profile's parameters; it takes no -p")
+            print(list_table(selected, profile))
+            return 0
+        overrides = parse_overrides(args.param, selected)
+        if args.save_reference:
+            print(f"wrote {save_reference(profile).relative_to(ROOT)}")
+            return 0
+        check_profile_host(profile)
+        check_params(selected, overrides)
+    except UsageError as exc:
+        parser.error(str(exc))
+    return run(profile, selected, overrides, force=args.force,
+               timeout_factor=args.timeout_factor)
+
+
+# --------------------------------------------------------------------------- failures, Ctrl-C
+
+_UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "B/s": 1.0, "MB/s": 1e6, "GB/s": 1e9}
+_ADVICE = re.compile(r"(raise|lower) (\w+) to at (least|most) ([0-9.]+(?:e[+-]?\d+)?) "
+                     r"(ms|us|s|B/s|MB/s|GB/s)")
+
+
+def _round(value: float, up: bool) -> float:
+    """``value`` to two significant digits, rounded up (``up``) or down."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10 ** (math.floor(math.log10(value)) - 1)
+    return (math.ceil if up else math.floor)(value / scale - 1e-9 * up) * scale
+
+
+def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
+                         profile: str) -> str:
+    """netem's HostTooSlow message in the terms of ``exp``'s parameters (``alpha_s`` of E0's
+    network is ``emu_alpha_s``; of E10-E13's, ``intra_alpha_s``), ending with the command that
+    runs it on this host.
+
+    Example::
+
+        host_too_slow_advice(discover()["E0"], "...; raise alpha_s to at least 2.48 ms", {},
+                             "cpu")   # '...; raise emu_alpha_s ...: ./run_all.sh ... -p emu_alpha_s=0.0025'
+    """
+    names = set(exp.defaults) - set(RESERVED)
+    fixes: list[str] = []
+
+    def rename(match: re.Match) -> str:
+        verb, name, bound, number, unit = match.groups()
+        own = next((c for c in (name, f"emu_{name}", f"intra_{name}") if c in names), name)
+        value = _round(float(number) * _UNITS[unit], up=verb == "raise")
+        if not fixes and own in names:
+            fixes.append(f"-p {own}={value:.2g}")
+        return f"{verb} {own} to at {bound} {number} {unit}"
+
+    text = _ADVICE.sub(rename, text)
+    if not fixes:
+        return text
+    given = [f"-p {shlex.quote(f'{k}={v}')}" for k, v in overrides.items()
+             if not fixes[0].startswith(f"-p {k}=")]
+    prof = "" if profile == auto_profile() else f" --profile {profile}"
+    load = ""
+    with contextlib.suppress(OSError, AttributeError):
+        load = f" (load average now {os.getloadavg()[0] / (os.cpu_count() or 1):.1f} per core)"
+    return (f"{text}{load}; to run it here: ./run_all.sh{prof} --only {exp.id} "
+            f"{' '.join([*given, fixes[0]])}")
+
+
+def failure_message(exp: Experiment, exc: BaseException, overrides: dict[str, Any],
+                    profile: str) -> str:
+    """One line on why an experiment failed: the notebook's exception (papermill's ``ename``
+    and ``evalue``), without its source lines; a HostTooSlow names the experiment's parameter
+    and the ``-p`` to pass (:func:`host_too_slow_advice`)."""
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None)
+    if evalue is None:
+        lines = str(exc).strip().splitlines()
+        evalue = " | ".join(lines[-6:])
+    text = " ".join(str(evalue).split())
+    if ename == "HostTooSlow":
+        text = host_too_slow_advice(exp, text, overrides, profile)
+    return f"{ename}: {text}"
+
+
+_LIVE_KERNELS: set[Any] = set()
+
+
+def stop_kernels() -> bool:
+    """Kill every kernel this process runs, with its process group (the kernel's ranks and fork
+    server); True when there was one."""
+    stopped = False
+    for km in list(_LIVE_KERNELS):
+        proc = getattr(getattr(km, "provisioner", None), "process", None)
+        pid = getattr(proc, "pid", None)
+        if pid:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # the kernel leads its own session
+            stopped = True
+    return stopped
+
+
+class _Interrupt:
+    """SIGINT while experiments run: with a kernel running, kill it (the notebook then fails
+    quietly and :func:`run` reports); otherwise raise KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        import logging
+
+        self.interrupted = True
+        logging.disable(logging.CRITICAL)  # the notebook's failure is ours: no tracebacks
+        if not stop_kernels():
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        """This handler for SIGINT inside the block (in the main thread; elsewhere unchanged)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence stderr and logging while an interrupted run cleans up (asyncio's "Task exception
+    was never retrieved", nbclient's dead-kernel errors)."""
+    import logging
+
+    old_level = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    old_err, sys.stderr = sys.stderr, devnull
+    try:
+        yield
+    finally:
+        sys.stderr = old_err
+        devnull.close()
+        logging.disable(old_level)
+
+
+def interrupted_line(current: str | None, finished: list[str]) -> str:
+    """What a Ctrl-C prints (one line).
+
+    Example::
+
+        interrupted_line("E4", [])   # 'interrupted: E4; nothing was written; re-run to resume'
+    """
+    kept = f"{', '.join(finished)} finished and kept" if finished else ""
+    if current is None:
+        where = f"after {kept}" if finished else "before the first experiment; nothing was written"
+        return f"interrupted: {where}; re-run to resume"
+    return f"interrupted: {current}; nothing was written{' for it (' + kept + ')' if kept else ''}" \
+           "; re-run to resume"
+
+
+def claims_report(table: Any, selected: list[str]) -> str:
+    """The claims rows of the experiments run now, and one line on how many others there are
+    (the whole table is in claims.md)."""
+    from pipecomm.lab import claims as claims_mod
+
+    mine = table[table.experiment.isin(selected)]
+    text = claims_mod.to_markdown(mine) if len(mine) else "(these experiments have no claims)\n"
+    others = table[~table.experiment.isin(selected)]
+    if len(others):
+        not_run = int((others.verdict == claims_mod.NOT_RUN).sum())
+        text += (f"{len(others)} claims of other experiments are not shown ({not_run} of them "
+                 f"NOT RUN)\n")
+    return text
+
+
+def where_result(out: Path) -> str:
+    """Where a finished result's figure and data are, relative to the repository.
+
+    Example::
+
+        where_result(RESULTS / "cpu/E4")   # 'figure results/cpu/E4/figure.png, data results/...'
+    """
+    parts = [f"figure {_shown_path(out / 'figure.png')}"] if (out / "figure.png").exists() else []
+    return ", ".join([*parts, f"data {_shown_path(out / 'data.csv')}"])
+
+
+def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
+        force: bool = False, timeout_factor: float = 3.0) -> int:
+    """Run ``selected`` (reusing current results), print where each result is and the claims
+    of the experiments run; returns the exit status (1: an experiment failed, 130: Ctrl-C)."""
+    from tqdm.auto import tqdm
+
+    base = RESULTS / profile
+    calibration = base / "E0" / "calibration.json"
+    failures, dirs, finished = [], {}, []
+    current: str | None = None
+    guard = _Interrupt()
+    bar = None
+    try:
+        with guard.installed():
+            ensure_kernel()
+            total = sum(e.budget_s for e in selected)
+            print(f"profile {profile}: {len(selected)} experiment(s), budget {total / 60:.1f} min",
+                  flush=True)
+            bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
+            for exp in bar:
+                if guard.interrupted:  # Ctrl-C as a notebook finished: it was kept
+                    raise KeyboardInterrupt
+                current = exp.id
+                bar.set_postfix_str(exp.id)
+                own = overrides.get(exp.id, {})
+                params = run_params(exp, own)
+                out = base / override_dirname(exp.id, own)
+                dirs[exp.id] = out
+                if calibration.exists():
+                    os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
+                code = code_hash(exp)
+                if not force and is_reusable(out, params, code):
+                    tqdm.write(f"{exp.id}: current, reused: {where_result(out)}")
+                    continue
+                try:
+                    wall = run_experiment(exp, profile, params, out, timeout_factor, code=code)
+                except Exception as exc:
+                    if guard.interrupted:
+                        raise KeyboardInterrupt from None
+                    failures.append(exp.id)
+                    tqdm.write(f"{exp.id}: FAILED: {failure_message(exp, exc, own, profile)}")
+                    continue
+                finished.append(exp.id)
+                current = None
+                note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
+                tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where_result(out)}")
+            if guard.interrupted:
+                raise KeyboardInterrupt
+            bar.close()
+            current = "the claims table"  # written atomically: the old one or the new one
+            table = claims_table(profile, write=True)  # claims.md: the default results
+    except KeyboardInterrupt:
+        with _quiet():
+            stop_kernels()
+            if bar is not None:
+                bar.close()
+        print(f"\n{interrupted_line(current, finished)}", flush=True)
+        return 130
+    extra = {k: v for k, v in dirs.items() if v.name != k}
+    if extra:  # the runs with overrides are judged on their own directories
+        import pandas as pd
+
+        sub = claims_table(profile, dirs=extra, write=False)
+        table = pd.concat([table[~table.experiment.isin(list(extra))],
+                           sub[sub.experiment.isin(list(extra))]])
+        print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides:")
+    print()
+    print(claims_report(table, list(dirs)), end="")
+    print(f"(all claims of profile {profile}, default parameters: "
+          f"{_shown_path(base / 'claims.md')})")
+    if failures:
+        print(f"experiments that failed: {failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,576 @@
+"""Claims: machine-readable statements of the papers, checked against a run's data.csv.
+
+``artifact/claims.yaml`` lists every claim (id, paper, the paper's statement and number where
+known, experiment, what the model predicts, the threshold and why it was chosen before the run,
+the check name and its arguments). Thresholds live only there: a check function takes every
+threshold as an argument without a default.
+
+A *check* is a function registered here by name that reads an experiment's tidy DataFrame and
+returns a :class:`Verdict`: the measured value with its interval, the threshold, and one of PASS,
+FAIL or INCONCLUSIVE. Timed quantities are decided on their 95% confidence intervals
+(:mod:`pipecomm.lab.stats`): a claim "x <= t" passes only when the whole interval is at or below t,
+fails when the whole interval is above it, and is INCONCLUSIVE otherwise (:func:`at_most`,
+:func:`at_least`, :func:`within`). A point with fewer than :data:`MIN_REPEATS` repeats cannot be
+decided. Claims of several points combine with :func:`combine` (any FAIL fails; all PASS pass).
+Entries with ``kind: illustration`` are analytic model statements shown without a verdict.
+
+A check that cannot fail is a defect: tests feed every check synthetic data that must PASS, data
+that must FAIL and, for interval checks, data that must be INCONCLUSIVE.
+
+Example::
+
+    from pipecomm.lab import claims
+    table = claims.evaluate(claims.load_claims(), "results/cpu")
+    print(claims.to_markdown(table))
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from pipecomm.lab import stats
+from pipecomm.lab.results import REPO_ROOT
+
+CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+NOT_RUN, ERROR, MODEL = "NOT RUN", "ERROR", "MODEL (no verdict)"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, NOT_RUN, MODEL)
+MIN_REPEATS = 5  # fewer repeats than this cannot decide a timed claim
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one check: what was measured (with its interval), against what, and the
+    verdict (PASS, FAIL or INCONCLUSIVE; a bool is read as PASS / FAIL)."""
+
+    measured: str
+    threshold: str
+    verdict: str | bool
+
+    def __post_init__(self) -> None:
+        v = self.verdict
+        if isinstance(v, (bool, np.bool_)):
+            object.__setattr__(self, "verdict", PASS if v else FAIL)
+        elif v not in (PASS, FAIL, INCONCLUSIVE):
+            raise ValueError(f"verdict must be PASS, FAIL, INCONCLUSIVE or a bool, got {v!r}")
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+
+def at_most(lo: float, hi: float, threshold: float) -> str:
+    """Decide "x <= threshold" from x's interval ``[lo, hi]``.
+
+    Example::
+
+        at_most(0.93, 0.98, 1.0)   # PASS;  at_most(0.97, 1.04, 1.0) -> INCONCLUSIVE
+    """
+    if hi <= threshold:
+        return PASS
+    return FAIL if lo > threshold else INCONCLUSIVE
+
+
+def at_least(lo: float, hi: float, threshold: float) -> str:
+    """Decide "x >= threshold" from x's interval ``[lo, hi]``.
+
+    Example::
+
+        at_least(1.3, 1.5, 1.2)   # PASS
+    """
+    if lo >= threshold:
+        return PASS
+    return FAIL if hi < threshold else INCONCLUSIVE
+
+
+def within(lo: float, hi: float, tolerance: float) -> str:
+    """Decide "|x| <= tolerance" from x's interval ``[lo, hi]`` (x a signed error).
+
+    Example::
+
+        within(-0.05, 0.12, 0.25)   # PASS;  within(0.2, 0.3, 0.25) -> INCONCLUSIVE
+    """
+    if -tolerance <= lo and hi <= tolerance:
+        return PASS
+    return FAIL if hi < -tolerance or lo > tolerance else INCONCLUSIVE
+
+
+def combine(verdicts: list[str]) -> str:
+    """All of several points: FAIL if any fails, PASS if all pass, else INCONCLUSIVE.
+
+    Example::
+
+        combine([PASS, INCONCLUSIVE])   # INCONCLUSIVE
+    """
+    if not verdicts:
+        raise ValueError("no points to decide")
+    if FAIL in verdicts:
+        return FAIL
+    return PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
+
+
+#: The convergence gate looks back at least this many evaluation intervals (see tail_gain).
+GATE_INTERVALS = 3
+
+
+def tail_gain(curve: pd.Series, tail: float, higher_is_better: bool = False) -> float:
+    """How much a training curve (value per step, indexed by step) still improved over the last
+    ``tail`` fraction of its steps, and at least over its last :data:`GATE_INTERVALS` evaluation
+    intervals (one interval of a noisy curve says nothing): last value against the one at the
+    start of that window (positive = better; NaN without an evaluation before the window).
+
+    Example::
+
+        tail_gain(pd.Series([2.0, 1.5, 1.2, 1.19], index=[25, 50, 75, 100]), 0.25)   # 0.81
+        # (from step 25: the window spans at least the last 3 evaluation intervals)
+    """
+    curve = curve.dropna().sort_index()
+    if len(curve) < 2:
+        return math.nan
+    last = curve.index[-1]
+    start = curve[curve.index <= last - tail * last]
+    if start.empty:
+        return math.nan
+    first = min(len(start) - 1, max(0, len(curve) - 1 - GATE_INTERVALS))
+    gain = float(curve.iloc[-1] - curve.iloc[first])
+    return gain if higher_is_better else -gain
+
+
+def still_improving(curve: pd.Series, tail: float, tolerance: float,
+                    higher_is_better: bool = False) -> str | None:
+    """The convergence gate of a comparison of training runs: the reason why it cannot be
+    decided when the reference run's metric (``curve``: value per step, mean over seeds) still
+    improved by more than ``tolerance`` over the last ``tail`` fraction of its steps
+    (:func:`tail_gain`) -- a gap within a margin could then open or close with more training.
+    None when it has levelled off.
+
+    Example::
+
+        still_improving(pd.Series([2.0, 1.5, 1.2, 1.195, 1.19, 1.19], index=range(1, 7)), 0.1,
+                        0.02)   # None: 1.20 -> 1.19 over the last 3 evaluations
+    """
+    gain = tail_gain(curve, tail, higher_is_better)
+    if math.isnan(gain):
+        return "the reference has no evaluation before its last steps: convergence unknown"
+    if gain > tolerance:
+        return (f"not converged: the reference improved by {gain:.4g} over its last "
+                f"{tail:.0%} of steps or {GATE_INTERVALS} evaluations (> {tolerance:.4g})")
+    return None
+
+
+def gate(verdict: str, reasons: list[str]) -> str:
+    """INCONCLUSIVE when a protocol condition of the claim is not met (``reasons`` non-empty),
+    whatever the interval says; else ``verdict``.
+
+    Example::
+
+        gate(PASS, ["only 1 learning rate swept"])   # INCONCLUSIVE
+    """
+    return INCONCLUSIVE if reasons else verdict
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Median of a timed point's repeats with its 95% interval; fewer than
+    :data:`MIN_REPEATS` repeats give an unbounded interval (cannot decide).
+
+    Example::
+
+        m, lo, hi = interval(stats.repeats(row.times_s))
+    """
+    m, lo, hi = stats.median_ci(values)
+    if len(values) < MIN_REPEATS:
+        return m, -math.inf, math.inf
+    return m, lo, hi
+
+
+def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """``median(a) / median(b)`` with its 95% interval (unbounded with too few repeats).
+
+    Example::
+
+        r, lo, hi = ratio(lp_times, builtin_times)
+    """
+    r, lo, hi = stats.ratio_ci(a, b)
+    if min(len(a), len(b)) < MIN_REPEATS:
+        return r, 0.0, math.inf
+    return r, lo, hi
+
+
+def fmt_ci(x: float, lo: float, hi: float, spec: str = ".3g") -> str:
+    """``"1.23 [1.20, 1.27]"``: an estimate with its 95% interval.
+
+    Example::
+
+        fmt_ci(1.234, 1.2, 1.27)   # '1.23 [1.2, 1.27]'
+    """
+    return f"{x:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+CheckFn = Callable[..., Verdict]
+CHECKS: dict[str, CheckFn] = {}
+
+
+def check(name: str) -> Callable[[CheckFn], CheckFn]:
+    """Register a claim check under ``name`` (referenced from artifact/claims.yaml).
+
+    Example::
+
+        @claims.check("e0_fit_within")
+        def _fit_within(df, min_bytes, tolerance):
+            worst = ...
+            return claims.Verdict(f"{worst:.1%}", f"<= {tolerance:.0%}", worst <= tolerance)
+    """
+
+    def register(fn: CheckFn) -> CheckFn:
+        if name in CHECKS and CHECKS[name] is not fn:
+            raise ValueError(f"claim check {name!r} registered twice")
+        CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+PredictFn = Callable[..., str]
+PREDICTIONS: dict[str, PredictFn] = {}
+
+
+def prediction(name: str) -> Callable[[PredictFn], PredictFn]:
+    """Register the model's prediction for the claims of check ``name``, computed from a run's
+    own data (its parameters and model columns): the text the claims table and the notebooks
+    show in place of claims.yaml's ``prediction``, which states it for the profile's
+    configuration. A claim whose prediction does not depend on the configuration registers
+    none. The function takes the DataFrame and any of the claim's ``args`` by name.
+
+    Example::
+
+        @claims.prediction("e4_best_block_near_model")
+        def _predict_best_block(df, op):
+            return f"model optimum {int(df.optimal_block_bytes.iloc[0]) >> 10} KiB"
+    """
+
+    def register(fn: PredictFn) -> PredictFn:
+        if name in PREDICTIONS and PREDICTIONS[name] is not fn:
+            raise ValueError(f"prediction of claim check {name!r} registered twice")
+        PREDICTIONS[name] = fn
+        return fn
+
+    return register
+
+
+def predict(entry: dict[str, Any], df: pd.DataFrame | None) -> str:
+    """The model's prediction for ``entry`` on the run ``df``: from the parameters that ran
+    when the check registered a :func:`prediction`, else claims.yaml's text (a prediction that
+    holds for any configuration). When the run's prediction cannot be computed, claims.yaml's
+    text says that it is the profile's, and why this run's is missing.
+
+    Example::
+
+        predict(entry, df)   # 'model optimum 341 KiB (k = 6); blocks 2x off cost 9.8% more ...'
+    """
+    text = entry.get("prediction", "") or ""
+    fn = PREDICTIONS.get(entry.get("check", ""))
+    if fn is None or df is None:
+        return text
+    names = list(inspect.signature(fn).parameters)[1:]
+    args = entry.get("args", {})
+    try:
+        return str(fn(df, **{k: args[k] for k in names if k in args}))
+    except Exception as exc:  # the verdict still shows; the prediction says whose it is
+        return (f"for the profile's configuration: {text} (this run's prediction cannot be "
+                f"computed: {type(exc).__name__}: {exc})")
+
+
+def load_checks() -> dict[str, CheckFn]:
+    """Import every experiment module so that all checks are registered."""
+    import pipecomm.lab.experiments as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    return CHECKS
+
+
+def _check_signature(entry: dict[str, Any], fn: CheckFn, path: Any) -> None:
+    """Every threshold comes from claims.yaml: the check's parameters (after the DataFrame) have
+    no defaults, and ``args`` gives each of them."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    with_default = [q.name for q in params if q.default is not inspect.Parameter.empty]
+    if with_default:
+        raise ValueError(f"claim check {entry['check']!r} has defaults for {with_default}: "
+                         f"thresholds and arguments belong in {path} only")
+    names = {q.name for q in params}
+    missing, unknown = sorted(names - set(entry["args"])), sorted(set(entry["args"]) - names)
+    if missing or unknown:
+        raise ValueError(f"claim {entry['id']} in {path}: args lack {missing} / have unknown "
+                         f"{unknown} for check {entry['check']!r}")
+
+
+def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
+    """Read artifact/claims.yaml and validate each entry: ids unique; a checked claim names a
+    known check, gives every argument of it, and states its ``prediction`` and the
+    ``threshold_reason`` (why this threshold, chosen before the run); an entry with
+    ``kind: illustration`` is an analytic statement shown without a verdict. An optional
+    ``profiles`` list limits the profiles whose claims table lists the claim (for example the
+    real-backend targets, which the ``shaped`` profile's network runs do not measure).
+
+    Example::
+
+        [e["id"] for e in load_claims()]
+    """
+    entries = yaml.safe_load(Path(path).read_text()) or []
+    checks = load_checks()
+    seen = set()
+    for entry in entries:
+        kind = entry.setdefault("kind", "claim")
+        if kind not in ("claim", "illustration"):
+            raise ValueError(f"claim {entry.get('id', '?')}: kind must be claim or illustration")
+        required = {"id", "paper", "experiment", "statement"}
+        if kind == "claim":
+            required |= {"check", "prediction", "threshold_reason"}
+        missing = required - set(entry)
+        if missing:
+            raise ValueError(f"claim {entry.get('id', '?')} in {path} lacks {sorted(missing)}")
+        if entry["id"] in seen:
+            raise ValueError(f"claim id {entry['id']} appears twice in {path}")
+        seen.add(entry["id"])
+        entry.setdefault("args", {})
+        profiles = entry.setdefault("profiles", None)
+        if profiles is not None and (not isinstance(profiles, list) or not profiles):
+            raise ValueError(f"claim {entry['id']}: profiles must be a non-empty list, got "
+                             f"{profiles!r}")
+        entry.setdefault("paper_value", "")
+        entry.setdefault("prediction", "")
+        if kind == "claim":
+            if entry["check"] not in checks:
+                raise ValueError(f"claim {entry['id']}: unknown check {entry['check']!r}")
+            _check_signature(entry, checks[entry["check"]], path)
+    return entries
+
+
+def run_check(entry: dict[str, Any], df: pd.DataFrame) -> Verdict:
+    """Apply one claim's check to a DataFrame."""
+    return CHECKS[entry["check"]](df, **entry.get("args", {}))
+
+
+def evaluate(
+    entries: list[dict[str, Any]],
+    results_dir: str | Path,
+    dirs: dict[str, Path] | None = None,
+    reference: dict[str, str] | None = None,
+) -> pd.DataFrame:
+    """Evaluate every claim whose experiment has a data.csv under ``results_dir/<E>/``.
+
+    ``dirs`` overrides the directory per experiment id; ``reference`` maps claim id to the
+    measured value of the reference run (shown beside the new value). Illustrations get the
+    verdict :data:`MODEL` without running anything.
+
+    Example::
+
+        evaluate(load_claims(), "results/cpu")[["claim", "measured", "verdict"]]
+    """
+    rows = []
+    for entry in entries:
+        exp = entry["experiment"]
+        d = Path(dirs[exp]) if dirs and exp in dirs else Path(results_dir) / exp
+        row = {
+            "claim": entry["id"],
+            "experiment": exp,
+            "statement": entry["statement"],
+            "paper_value": entry.get("paper_value", ""),
+            "prediction": entry.get("prediction", ""),
+            "network": "",
+            "measured": "",
+            "threshold": "",
+            "verdict": NOT_RUN,
+        }
+        csv = d / "data.csv"
+        if entry["kind"] == "illustration":
+            row["verdict"] = MODEL
+        elif csv.exists():
+            try:
+                df = pd.read_csv(csv)
+                row["prediction"] = predict(entry, df)
+                row["network"] = network_kinds(df)
+                verdict = run_check(entry, df)
+                row.update(measured=verdict.measured, threshold=verdict.threshold,
+                           verdict=verdict.verdict)
+            except Exception as exc:  # a broken check must show, not vanish
+                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
+        if reference is not None:
+            row["reference"] = reference.get(entry["id"], "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+class VerdictTable(pd.DataFrame):
+    """A table of verdicts that a notebook shows in full: every cell (a prediction, what was
+    measured, an ERROR's reason) whole and wrapped, never cut at pandas' column width; the
+    text form (``print``, ``repr``) holds every character too.
+
+    Example::
+
+        VerdictTable({"claim": ["C4.2"], "verdict": ["ERROR"], "measured": [long_reason]})
+    """
+
+    # JupyterLab right-aligns table cells (.jp-RenderedHTMLCommon td): left, top, wrapped at
+    # spaces; the claim id and the verdict on one line
+    _STYLE = ("<style>table.pipecomm-verdicts td, table.pipecomm-verdicts th "
+              "{text-align: left !important; vertical-align: top; white-space: pre-wrap; "
+              "overflow-wrap: break-word; max-width: 48em} "
+              "table.pipecomm-verdicts td:first-child, table.pipecomm-verdicts td:last-child "
+              "{white-space: nowrap}</style>")
+
+    @property
+    def _constructor(self) -> type[VerdictTable]:
+        return VerdictTable
+
+    def _full(self):
+        return pd.option_context("display.max_colwidth", None, "display.max_rows", None,
+                                 "display.max_columns", None, "display.width", None)
+
+    def _repr_html_(self) -> str:
+        with self._full():
+            return self._STYLE + pd.DataFrame(self).to_html(
+                index=False, classes="pipecomm-verdicts", justify="left", border=0)
+
+    def __repr__(self) -> str:
+        with self._full():
+            return pd.DataFrame(self).to_string(index=False, justify="left")
+
+
+def experiment_verdicts(experiment: str, df: pd.DataFrame,
+                        entries: list[dict[str, Any]] | None = None) -> VerdictTable:
+    """The claims of one experiment (``"E4"``) evaluated on a run's ``df``, as a notebook shows
+    them: the model's prediction for the parameters that ran (:func:`predict`), what was
+    measured with its interval, the threshold and PASS / FAIL / INCONCLUSIVE; an illustration
+    shows no verdict; a check that cannot run on this data (for example a quick configuration
+    without the claim's world size) shows ERROR with its reason in ``measured``. Every cell is
+    shown in full (:class:`VerdictTable`).
+
+    Example::
+
+        experiment_verdicts("E4", df)[["claim", "measured", "threshold", "verdict"]]
+    """
+    rows = []
+    for entry in load_claims() if entries is None else entries:
+        if entry["experiment"] != experiment:
+            continue
+        row = {"claim": entry["id"], "prediction": entry.get("prediction", "") or "",
+               "measured": "", "threshold": "", "verdict": MODEL}
+        if entry["kind"] == "claim":
+            row["prediction"] = predict(entry, df)
+            try:
+                v = run_check(entry, df)
+                row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict)
+            except Exception as exc:  # shown, not hidden: the table says why
+                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
+        rows.append(row)
+    return VerdictTable(rows, columns=["claim", "prediction", "measured", "threshold", "verdict"])
+
+
+def network_kinds(df: pd.DataFrame) -> str:
+    """The kinds of network a data.csv was measured on (``"emulated"``, ``"shaped"``,
+    ``"real"``, ...; :func:`pipecomm.lab.results.network_kind`), comma-separated: the claims table
+    says which network decided each verdict.
+
+    Example::
+
+        network_kinds(pd.DataFrame({"network": ["real", "shaped: Linux tc tbf, ..."]}))
+    """
+    from pipecomm.lab.results import NETWORK_COLUMN, network_kind
+
+    if NETWORK_COLUMN not in df:
+        return ""
+    return ", ".join(sorted({network_kind(n) for n in df[NETWORK_COLUMN].dropna()}))
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """Render a claims table as GitHub markdown, with the count of each verdict."""
+    cols = ["claim", "experiment", "statement", "paper_value", "prediction", "network",
+            "measured"]
+    cols = [c for c in cols if c in table.columns]
+    if "reference" in table.columns:
+        cols.append("reference")
+    cols += ["threshold", "verdict"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in table.iterrows():
+        cells = [str(row[c]).replace("|", "\\|").replace("\n", " ") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = table["verdict"].value_counts().to_dict()
+    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
+    return "\n".join(lines) + f"\n\n{summary}\n"
+
+
+# --------------------------------------------------------------------------- generic helpers
+
+
+def require_columns(df: pd.DataFrame, *cols: str) -> None:
+    """Raise a clear error when a check's data lacks columns it needs."""
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"data.csv lacks columns {missing}; has {list(df.columns)}")
+
+
+def model_points(
+    samples: list[list[float]],
+    models: list[float],
+    labels: list[str],
+    tolerance: float,
+    abs_tolerance_s: float = 0.0,
+) -> Verdict:
+    """The one model-error claim: every point's signed error ``(measured - model) / model``
+    (:func:`pipecomm.lab.stats.model_error`) lies within ``tolerance`` (or within
+    ``abs_tolerance_s`` seconds, when that is the larger bound for the point), decided on the
+    interval of the measured median. Reports the worst error with its interval, the mean signed
+    bias, how many errors share the bias' sign, and the count of each point verdict.
+
+    Example::
+
+        model_points([[0.11, 0.12, 0.11, 0.12, 0.11]], [0.1], ["lp 1 MiB"], tolerance=0.25)
+    """
+    if not (len(samples) == len(models) == len(labels)) or not samples:
+        raise ValueError("need one sample, model value and label per point (and >= 1 point)")
+    errs, verdicts, spans = [], [], []
+    for xs, model in zip(samples, models):
+        m, lo, hi = interval(xs)
+        tol = max(tolerance, abs_tolerance_s / model)
+        e, elo, ehi = (stats.model_error(v, model) for v in (m, lo, hi))
+        errs.append(e)
+        spans.append((elo, ehi))
+        verdicts.append(within(elo, ehi, tol))
+    bound = f"|error| <= {tolerance:.0%}"
+    if abs_tolerance_s:
+        bound += f" or <= {abs_tolerance_s * 1e3:g} ms"
+    return Verdict(error_report(errs, spans, labels, verdicts),
+                   bound + " at every point (95% interval)", combine(verdicts))
+
+
+def error_report(errors: list[float], spans: list[tuple[float, float]], labels: list[str],
+                 verdicts: list[str]) -> str:
+    """What a many-point error claim measured: the worst signed error with its interval and
+    label, the mean signed bias, how many errors share the bias' sign, and the count of each
+    point verdict.
+
+    Example::
+
+        error_report([0.05, -0.2], [(0.0, 0.1), (-0.3, -0.1)], ["a", "b"], [PASS, FAIL])
+    """
+    summ = stats.error_summary(errors)
+    i = int(np.argmax(np.abs(errors)))
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in (PASS, INCONCLUSIVE, FAIL)
+                       if verdicts.count(v))
+    lo, hi = spans[i]
+    return (f"worst {errors[i]:+.1%} [{lo:+.1%}, {hi:+.1%}] ({labels[i]}); bias "
+            f"{summ['bias']:+.1%}, {round(summ['same_sign'] * len(errors))}/{len(errors)} same "
+            f"sign; points: {counts}")

@@ -1,0 +1,340 @@
+"""Per-iteration time of decentralized training vs AllReduce, measured and modelled (E10-E12).
+
+Paper: Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance
+Decentralized Training" (ICLR 2025): the runtime model of three factors -- overlap of
+communication with computation, the network's links, varying compute times
+(:mod:`pipecomm.decentralized.runtime_model`).
+
+* :func:`rank_time_training` (E11, E12): on every rank, train the timing workload
+  (:class:`~pipecomm.lab.workloads.TimingNet`) through a
+  :class:`~pipecomm.lab.trainers.Trainer` -- AllReduce or DecentralizedDataParallel,
+  both with Adam -- and time its iterations; :func:`predict_training` is the runtime model's
+  prediction of the same statistic from a compute calibration
+  (:func:`pipecomm.lab.calibration.rank_calibrate_buckets`), the network's link
+  parameters and the same injected compute factors.
+* :func:`rank_gossip_times` (E10): the isolated gossip of one period of a topology, and
+  :func:`model_gossip_time`, the cost model's time of one gossip step.
+* Labels, checks and the measured-vs-model bar chart the three experiments share.
+
+Example::
+
+    from pipecomm import launch
+    from pipecomm.lab import calibration, _dadam_timing, _network, _workloads
+    net = _network.make_network(_network.DEFAULT_NETWORK)
+    spec = _workloads.timing_spec(p=8)
+    with launch.Ranks(8, network=net, ranks_per_node=2) as ranks:
+        calib = _calibration.summarize_buckets(
+            ranks.run(_calibration.rank_calibrate_buckets, spec, timeout_s=120))
+        spec["kind"], spec["topology"] = "decentralized", "alternating-exp-ring"
+        measured = ranks.run(_dadam_timing.rank_time_training, spec, timeout_s=300)[0]
+    predicted = _dadam_timing.predict_training(spec, calib, net)["iteration_s"]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipecomm import collectives, netem
+from pipecomm.decentralized import runtime_model, topology
+from pipecomm.lab import bench
+from pipecomm.lab.checks import check_int
+from pipecomm.lab.network import link_models
+from pipecomm.lab.stats import join_repeats
+from pipecomm.lab.trainers import DecentralizedTrainer, OptimizerFactory, make_trainer
+from pipecomm.lab.workloads import build_timing_net, check_world, timing_bucket_mb
+
+__all__ = [
+    "bars_with_markers",
+    "check_timing_workload",
+    "method_name",
+    "model_gossip_time",
+    "predict_training",
+    "rank_gossip_times",
+    "rank_time_training",
+]
+
+
+def _factors(spec: dict[str, Any], iterations: int) -> np.ndarray:
+    """Compute factors ``[iteration, rank]``: exactly the draws of ``runtime_model.simulate``."""
+    rng = np.random.default_rng(spec["seed"])
+    return runtime_model.lognormal_factors(spec["compute_cv"], (iterations, spec["p"]), rng)
+
+
+
+def _adam_fn(lr: float) -> OptimizerFactory:
+    return functools.partial(_make_adam, lr=lr)
+
+
+def _make_adam(named: list[tuple[str, nn.Parameter]], lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam([p for _, p in named], lr=lr)
+
+
+def rank_time_training(spec: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: train the timing workload and time its iterations.
+
+    ``spec["kind"]`` ``"allreduce"`` (:class:`~pipecomm.lab.trainers.AllReduceTrainer`
+    + Adam) or ``"decentralized"`` (:class:`~pipecomm.decentralized.DecentralizedDataParallel` +
+    Adam on ``spec["topology"]``), gossip/allreduce ``spec["algorithm"]``. Iteration ``k`` of
+    rank ``r`` scales its emulated compute by ``factors[k, r]`` (:func:`_factors`, the same draws
+    as the runtime model's). ``warmup`` iterations (iteration 0 included), then ``blocks`` blocks
+    of ``block_iters`` iterations timed with :func:`pipecomm.lab.bench.time_fn` (a barrier before
+    each block, max over ranks). Returns ``iteration_s`` = median block time / block_iters, the
+    block times and, for decentralized runs, the wrapper's cumulative wait/update/launch times.
+    """
+    p = check_world(spec)
+    rank = dist.get_rank()
+    model = build_timing_net(spec)
+    total = spec["warmup"] + spec["blocks"] * spec["block_iters"]
+    factors = _factors(spec, total)
+    x = torch.randn(
+        spec["batch"], spec["width"], generator=torch.Generator().manual_seed(1000 + rank)
+    )
+    if spec["kind"] == "allreduce":
+        topo = None
+    elif spec["kind"] == "decentralized":
+        topo = topology.get_topology(spec["topology"], p, ranks_per_node=spec["ranks_per_node"])
+    else:
+        raise ValueError(f"kind must be 'allreduce' or 'decentralized', got {spec['kind']!r}")
+    trainer = make_trainer(
+        model,
+        _adam_fn(spec["lr"]),
+        topology=topo,
+        bucket_mb=timing_bucket_mb(spec),
+        algorithm=spec["algorithm"],
+    )
+    ddp = trainer.ddp if isinstance(trainer, DecentralizedTrainer) else None
+    k = 0
+
+    def one() -> None:
+        nonlocal k
+        model.set_factor(float(factors[k, rank]))
+        k += 1
+        trainer.zero_grad()
+        trainer.module(x).pow(2).mean().backward()
+        trainer.step()
+
+    def block() -> None:
+        for _ in range(spec["block_iters"]):
+            one()
+
+    try:
+        for _ in range(spec["warmup"]):
+            one()
+        if ddp is not None:
+            ddp.reset_timing()
+        stats = bench.time_fn(block, warmup=0, repeats=spec["blocks"])
+    finally:
+        trainer.close()
+    out = {
+        "rank": rank,
+        "iteration_s": stats["median_s"] / spec["block_iters"],
+        "iteration_ci_lo_s": stats["ci_lo_s"] / spec["block_iters"],
+        "iteration_ci_hi_s": stats["ci_hi_s"] / spec["block_iters"],
+        "block_s": stats["times_s"],
+        # per-iteration time of each block: the repeats behind iteration_s
+        "times_s": join_repeats(
+            [b / spec["block_iters"] for b in stats["times_s"]]),
+        "iterations": k,
+    }
+    if ddp is not None:
+        out.update({key: float(v) for key, v in ddp.timing.items()})
+    return out
+
+
+def predict_training(
+    spec: dict[str, Any], calib: dict[str, Any], net: netem.Network
+) -> dict[str, Any]:
+    """The runtime model's prediction of :func:`rank_time_training`'s ``iteration_s``.
+
+    Inputs: the per-bucket compute of ``calib`` (a separate compute-only run), the link
+    parameters of ``net`` (:func:`link_models`), the topology, and the same compute factors that
+    the measured run injects. The statistic mirrors the measurement: iterations after
+    ``warmup``, cut into ``blocks`` blocks, median block time / ``block_iters``.
+
+    Example::
+
+        predict_training(spec, calib, net)["iteration_s"]
+    """
+    intra, inter = link_models(net)
+    total = spec["warmup"] + spec["blocks"] * spec["block_iters"]
+    kw = dict(
+        bucket_bytes=calib["bucket_bytes"],
+        fwd_s=calib["fwd_s"],
+        bwd_s=calib["bwd_s"],
+        step_s=calib["step_s"],
+        p=spec["p"],
+        ranks_per_node=spec["ranks_per_node"],
+        intra=intra,
+        inter=inter,
+        compute_cv=spec["compute_cv"],
+        iterations=total,
+        seed=spec["seed"],
+        algorithm=spec["algorithm"],
+        warmup=spec["warmup"],
+    )
+    if spec["kind"] == "allreduce":
+        r = runtime_model.simulate("allreduce", **kw)
+    else:
+        r = runtime_model.simulate("decentralized", topology=spec["topology"], **kw)
+    its = np.asarray(r["iteration_s"]).reshape(spec["blocks"], spec["block_iters"])
+    return {
+        "iteration_s": float(np.median(its.sum(axis=1))) / spec["block_iters"],
+        "mean_iteration_s": r["mean_iteration_s"],
+        "comm_s": r["comm_s"],
+        "compute_s": r["compute_s"],
+    }
+
+
+# ------------------------------------------------------------------------ gossip timing (E10)
+
+_GROUPS: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+def _group(ranks: tuple[int, ...]) -> Any:
+    """Process group of ``ranks`` (created on first use; all ranks call in the same order)."""
+    key = (id(dist.group.WORLD), ranks)
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(ranks))
+    return _GROUPS[key]
+
+
+def rank_gossip_times(
+    bucket_bytes: Sequence[int],
+    topology_name: str,
+    ranks_per_node: int,
+    algorithm: str,
+    warmup: int,
+    iters: int,
+) -> list[dict[str, Any]]:
+    """On every rank: for each step of one period of the topology, time the gossip of all
+    buckets (float32 buffers of ``bucket_bytes``) over that step's groups, every group at once.
+
+    The buckets are all-reduced (``op="avg"``) asynchronously, back to back on the
+    communication thread, as DecentralizedDataParallel launches them; the time of a step is
+    :func:`pipecomm.lab.bench.time_fn`'s (barrier, max over ranks, median over ``iters``).
+    Returns one row per step (identical on every rank).
+    """
+    p, rank = dist.get_world_size(), dist.get_rank()
+    topo = topology.get_topology(topology_name, p, ranks_per_node=ranks_per_node)
+    for g in topo.distinct_groups():  # every rank creates the same groups in the same order
+        if len(g) > 1:
+            _group(g)
+    bufs = [torch.ones(max(1, int(n) // 4)) for n in bucket_bytes]
+    rows = []
+    for step in range(topo.period or 1):
+        g = topo.group_of(rank, step)
+        pg = _group(g) if len(g) > 1 else None
+
+        def gossip(pg: Any = pg) -> None:
+            if pg is None:
+                return
+            hs = [
+                collectives.allreduce(b, algorithm=algorithm, op="avg", group=pg, async_op=True)
+                for b in bufs
+            ]
+            for h in hs:
+                h.wait()
+
+        st = bench.time_fn(gossip, warmup=warmup, repeats=iters)
+        rows.append(
+            {
+                "step": step,
+                **bench.columns(st),
+                "groups": " ".join("(" + ",".join(map(str, g)) + ")" for g in topo.groups(step)),
+            }
+        )
+    return rows
+
+
+def method_name(kind: str, topology: str | None) -> str:
+    """Display name: ``AllReduce`` or ``DAdam (<topology>)`` (AER for the alternating ring).
+
+    Example::
+
+        method_name("decentralized", "alternating-exp-ring")   # 'DAdam (AER)'
+    """
+    if kind == "allreduce":
+        return "AllReduce"
+    return f"DAdam ({'AER' if topology == 'alternating-exp-ring' else topology})"
+
+
+def model_gossip_time(
+    groups: Sequence[Sequence[int]],
+    bucket_bytes: Sequence[int],
+    ranks_per_node: int,
+    net: netem.Network,
+    algorithm: str,
+) -> float:
+    """Cost-model time of one gossip step: the slowest group's allreduces of every bucket, back
+    to back, with concurrent groups sharing the inter-node uplinks
+    (:func:`pipecomm.decentralized.runtime_model.step_comm_times`).
+
+    Example::
+
+        model_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK), "ring")
+    """
+    intra, inter = link_models(net)
+    times = runtime_model.step_comm_times(
+        groups,
+        list(bucket_bytes),
+        ranks_per_node=ranks_per_node,
+        intra=intra,
+        inter=inter,
+        algorithm=algorithm,
+    )
+    return float(max(sum(row) for row in times))
+
+
+
+def bars_with_markers(ax: Any, data: Any, *, x: str, y: str, hue: str, order: list,
+                      hue_order: list, marker: str, label: str) -> None:
+    """Seaborn bars of ``y`` (measured) with a black dash per bar at ``marker`` (the model).
+
+    Example::
+
+        bars_with_markers(ax, df, x="topology", y="measured_ms", hue="world_size",
+                          order=["complete", "AER"], hue_order=[4, 8], marker="model_ms",
+                          label="model")
+    """
+    import seaborn as sns
+
+    sns.barplot(data=data, x=x, y=y, hue=hue, order=order, hue_order=hue_order, ax=ax,
+                palette="deep")
+    width = 0.8 / len(hue_order)
+    for j, h in enumerate(hue_order):
+        for i, xv in enumerate(order):
+            sel = data[(data[hue] == h) & (data[x] == xv)]
+            if len(sel):
+                ax.plot([i - 0.4 + width * (j + 0.5)], [sel[marker].iloc[0]], "k_",
+                        markersize=14, mew=2, label=label if i == 0 and j == 0 else None)
+
+
+def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
+    """Validate the timing workload shared by E11 and E12: the gossip/AllReduce algorithm
+    (pipecomm's own), the layer and iteration counts, and ``fwd_ms``, ``bwd_ms`` and any other
+    ``nonnegative`` numbers."""
+    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
+        raise ValueError(
+            f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
+            f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
+        )
+    for key, lo in (
+        ("width", 1),
+        ("layers", 1),
+        ("blocks", 1),
+        ("block_iters", 1),
+        ("warmup", 1),
+        ("calib_iters", 2),
+        ("seed", 0),
+    ):
+        check_int(key, p[key], lo)
+    for key in ("fwd_ms", "bwd_ms", *nonnegative):
+        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
+            raise ValueError(f"parameter {key} must be a number >= 0, got {p[key]!r}")

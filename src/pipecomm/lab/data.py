@@ -1,0 +1,763 @@
+"""Data sets for the training experiments: offline images and text, MNIST/CIFAR-10 loaders, sharding.
+
+No paper equation; this module supplies the inputs of the BSP-SGD, Pipe-SGD (Li et al., NeurIPS
+2018), layer-wise/delayed GD (Daily et al., 2017) and decentralized Adam (Wang et al., ICLR 2025)
+experiments. Which data set each profile uses, where it comes from, its licence and checksums are
+in ``data/README.md``.
+
+* ``load_dataset("digits")`` - real 8x8 handwritten digits that ship inside scikit-learn (UCI
+  Optical Recognition of Handwritten Digits, 1797 images, 10 classes): the cpu profile's images,
+  no download, with a deterministic stratified train/test split per seed.
+* ``load_dataset("mnist" | "cifar10", root=...)`` - the gpu profile's images, read from the
+  official files under ``root`` (IDX files; CIFAR-10 "python" pickles). ``fetch(name, root)``
+  downloads and verifies them, and only when called explicitly: nothing in this module touches
+  the network otherwise.
+* ``load_text("pydoc")`` / ``CharCorpus`` - an English character-level corpus available offline:
+  the documentation topics that CPython ships in ``pydoc_data.topics``. The text differs between
+  Python versions, so every corpus carries the sha256 of the exact text it was built from.
+* ``shard`` / ``batches`` - a deterministic, disjoint, equal-sized split of a data set over ranks
+  per epoch (the data-parallel setting of all four papers) and a minibatch iterator over a shard.
+
+Example::
+
+    from pipecomm.lab import data
+    X, y = data.load_dataset("digits", split="train", seed=0)    # [1437, 1, 8, 8] float32, int64
+    idx = data.shard(len(X), rank=0, world_size=4, seed=0, epoch=0)
+    for xb, yb in data.batches(X, y, idx, batch_size=32, seed=0, epoch=0):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import hashlib
+import math
+import os
+import pickle
+import shutil
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "DATASETS",
+    "DIGITS_SHA256",
+    "CharCorpus",
+    "batches",
+    "fetch",
+    "digits_split_indices",
+    "download_file",
+    "file_digest",
+    "load_cifar10",
+    "load_dataset",
+    "load_mnist",
+    "load_text",
+    "read_cifar_batch",
+    "read_idx",
+    "shard",
+    "text_sha256",
+]
+
+DATASETS = ("digits", "mnist", "cifar10")
+TEXTS = ("pydoc",)
+
+# sha256 of the digits data as scikit-learn returns it: images as uint8 (values 0..16, C order,
+# shape 1797x8x8) followed by the targets as int64 little-endian. Checked on every load (warning on
+# mismatch) so results say which data they were trained on.
+DIGITS_SHA256 = "65e5b4619795efb40c1082f4c350c049e4ad552200d369b6ae99e21eef5e72c5"
+
+# Normalisation constants (mean, std over the training images after scaling to [0, 1]); the
+# usual published values for these data sets.
+_MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
+_CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+# Official files and their published checksums. MNIST: its home page publishes no checksum; the
+# md5 values are those torchvision verifies (pytorch/vision, torchvision/datasets/mnist.py), which
+# the MNIST files downloaded from both mirrors have matched for years. CIFAR-10: the archive's md5
+# is published on https://www.cs.toronto.edu/~kriz/cifar.html; the per-batch md5 values are
+# torchvision's (torchvision/datasets/cifar.py). No sha256 is published for either.
+_MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "http://yann.lecun.com/exdb/mnist/",
+)
+_MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": ("md5", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+    "train-labels-idx1-ubyte.gz": ("md5", "d53e105ee54ea40749a09fcbcd1e9432"),
+    "t10k-images-idx3-ubyte.gz": ("md5", "9fb629c4189551a2d022fa330f9573f3"),
+    "t10k-labels-idx1-ubyte.gz": ("md5", "ec29112dd5afa0611ce80d1b7f02629c"),
+}
+_CIFAR10_URLS = ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",)
+_CIFAR10_ARCHIVE = ("cifar-10-python.tar.gz", ("md5", "c58f30108f718f92721af3b95e74349a"))
+_CIFAR10_DIR = "cifar-10-batches-py"
+_CIFAR10_FILES = {
+    "data_batch_1": ("md5", "c99cafc152244af753f735de768cd75f"),
+    "data_batch_2": ("md5", "d4bba439e000b95fd0a9bffe97cbabec"),
+    "data_batch_3": ("md5", "54ebc095f3ab1f0389bbae665268c751"),
+    "data_batch_4": ("md5", "634d18415352ddfa80567beed471001a"),
+    "data_batch_5": ("md5", "482c414d41f54cd18b22e5b47cb7c3cb"),
+    "test_batch": ("md5", "40351d587109b95175f43aff81a1287e"),
+}
+
+_IDX_DTYPES = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Image data sets
+# --------------------------------------------------------------------------------------------
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: str | os.PathLike | None = None,
+    split: str = "train",
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load an image classification data set as ``(X, y)``.
+
+    ``X`` is float32 ``[N, C, H, W]``, normalised (zero mean, unit variance per channel as
+    described below); ``y`` is int64 ``[N]`` with class labels 0..9.
+
+    * ``"digits"``: scikit-learn's bundled 8x8 digits (1x8x8), no download. ``split`` is a
+      stratified held-out split fixed by ``seed`` (``test_fraction`` of every class goes to
+      "test"); pixel values 0..16 are standardised with the mean and std of that seed's training
+      split, so train and test use the same transform.
+    * ``"mnist"``: 1x28x28 from the IDX files under ``root`` (``.gz`` or not; looked up in
+      ``root``, ``root/mnist`` and ``root/MNIST/raw``); train 60000, test 10000.
+    * ``"cifar10"``: 3x32x32 from the "python" batches under ``root`` (``root`` itself or
+      ``root/cifar-10-batches-py``); train 50000, test 10000.
+
+    ``seed`` and ``test_fraction`` only affect "digits" (MNIST and CIFAR-10 have official splits).
+
+    Example::
+
+        X, y = load_dataset("digits", split="test", seed=1)     # [360, 1, 8, 8], [360]
+        X, y = load_dataset("cifar10", root="~/data", split="train")
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if name == "digits":
+        return _load_digits(split, seed, test_fraction)
+    if name in ("mnist", "cifar10"):
+        if root is None:
+            raise ValueError(
+                f"load_dataset({name!r}) needs root=, the folder holding the official files; "
+                f"get them once with pipecomm.lab.data.fetch({name!r}, root) (needs network)"
+            )
+        if name == "mnist":
+            return load_mnist(root, split=split)
+        return load_cifar10(root, split=split)
+    raise ValueError(f"unknown data set name {name!r}; choose one of {DATASETS}")
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the 'digits' data set ships with scikit-learn; install it with "
+            "`pip install 'pipecomm[data]'` (or `pip install scikit-learn`)"
+        ) from e
+    bunch = load_digits()
+    images = np.asarray(bunch.images).astype(np.uint8)
+    target = np.asarray(bunch.target).astype("<i8")
+    images.flags.writeable = False  # cached: shared by every call
+    target.flags.writeable = False
+    digest = hashlib.sha256(images.tobytes() + target.tobytes()).hexdigest()
+    if digest != DIGITS_SHA256:
+        warnings.warn(
+            f"scikit-learn's digits data has sha256 {digest}, not the {DIGITS_SHA256} this "
+            "artifact was built with; results may not be comparable",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return images, target
+
+
+def _stratified_split(y: np.ndarray, seed: int, test_fraction: float) -> tuple[np.ndarray, ...]:
+    gen = torch.Generator().manual_seed(_mix(seed, 0x5D17))
+    train, test = [], []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        perm = idx[torch.randperm(len(idx), generator=gen).numpy()]
+        n_test = int(round(len(idx) * test_fraction))
+        test.append(perm[:n_test])
+        train.append(perm[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def digits_split_indices(
+    seed: int = 0, test_fraction: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (into scikit-learn's 1797 digits, sorted) of the train and test split for ``seed``.
+
+    Per class, a permutation fixed by ``seed`` sends ``round(test_fraction * class size)``
+    samples to test and the rest to train; the two are disjoint and cover all 1797 samples.
+
+    Example::
+
+        train_idx, test_idx = digits_split_indices(seed=0)      # 1438 and 359 indices
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    _, target = _digits_raw()
+    return _stratified_split(target, seed, test_fraction)
+
+
+def _load_digits(split: str, seed: int, test_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    images, target = _digits_raw()
+    train_idx, test_idx = _stratified_split(target, seed, test_fraction)
+    x_train = images[train_idx].astype(np.float64) / 16.0
+    mean, std = float(x_train.mean()), float(x_train.std())
+    idx = train_idx if split == "train" else test_idx
+    x = (images[idx].astype(np.float64) / 16.0 - mean) / std
+    X = torch.from_numpy(x.astype(np.float32)).unsqueeze(1).contiguous()
+    return X, torch.from_numpy(target[idx].astype(np.int64))
+
+
+def _normalise_uint8(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 [N, C, H, W] -> float32, scaled to [0, 1], then per-channel (x - mean) / std."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return t.sub_(m).div_(s)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (the MNIST format), gzip-compressed or not, into a numpy array.
+
+    The header is two zero bytes, a type code (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32,
+    0x0D float32, 0x0E float64), the number of dimensions, then each dimension as a big-endian
+    uint32. Raises ``ValueError`` naming the file if the magic, type, dimensions or length are
+    wrong, and ``FileNotFoundError`` if it is missing.
+
+    Example::
+
+        images = read_idx("mnist/t10k-images-idx3-ubyte.gz")      # uint8 [10000, 28, 28]
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, ValueError) as e:
+            raise ValueError(f"{path}: corrupt gzip data ({e}); delete it and fetch again") from e
+    if len(raw) < 4:
+        raise ValueError(f"{path}: not an IDX file (only {len(raw)} bytes)")
+    if raw[0] != 0 or raw[1] != 0:
+        raise ValueError(
+            f"{path}: not an IDX file (magic starts {raw[:2].hex()}, expected 0000); "
+            "is it a corrupt or HTML download?"
+        )
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise ValueError(f"{path}: unknown IDX data type 0x{code:02x}")
+    if ndim == 0:
+        raise ValueError(f"{path}: IDX header declares 0 dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header ({len(raw)} bytes, need {header})")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    dtype = _IDX_DTYPES[code]
+    expected = header + math.prod(dims) * dtype.itemsize
+    if len(raw) != expected:
+        raise ValueError(
+            f"{path}: IDX header says shape {dims} of {dtype} ({expected} bytes with header) "
+            f"but the file holds {len(raw)} bytes; it is truncated or corrupt"
+        )
+    arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="), copy=True)
+
+
+def _find_mnist(root: Path, stem: str) -> Path:
+    for folder in (root, root / "mnist", root / "MNIST" / "raw"):
+        for name in (stem, stem + ".gz"):
+            if (folder / name).is_file():
+                return folder / name
+    raise FileNotFoundError(
+        f"MNIST file {stem}(.gz) not found under {root} (looked in ., mnist/, MNIST/raw/); "
+        f"download it with pipecomm.lab.data.fetch('mnist', {str(root)!r}) or place the official files there"
+    )
+
+
+def load_mnist(
+    root: str | os.PathLike, *, split: str = "train"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST from its IDX files: ``X`` float32 ``[N, 1, 28, 28]`` normalised, ``y`` int64 ``[N]``.
+
+    Checks that images are 3-D uint8 28x28, labels 1-D uint8 in 0..9, and that their counts match.
+
+    Example::
+
+        X, y = load_mnist("~/data", split="test")                  # [10000, 1, 28, 28]
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    root = Path(root).expanduser()
+    prefix = "train" if split == "train" else "t10k"
+    img_path = _find_mnist(root, f"{prefix}-images-idx3-ubyte")
+    lbl_path = _find_mnist(root, f"{prefix}-labels-idx1-ubyte")
+    images, labels = read_idx(img_path), read_idx(lbl_path)
+    if images.ndim != 3 or images.dtype != np.uint8 or images.shape[1:] != (28, 28):
+        raise ValueError(
+            f"{img_path}: expected uint8 images of shape [N, 28, 28], got {images.dtype} {images.shape}"
+        )
+    if labels.ndim != 1 or labels.dtype != np.uint8:
+        raise ValueError(
+            f"{lbl_path}: expected 1-D uint8 labels, got {labels.dtype} {labels.shape}"
+        )
+    if len(labels) != len(images):
+        raise ValueError(
+            f"{img_path} holds {len(images)} images but {lbl_path} holds {len(labels)} labels"
+        )
+    if len(labels) and labels.max() > 9:
+        raise ValueError(f"{lbl_path}: label {int(labels.max())} out of range 0..9")
+    X = _normalise_uint8(images[:, None], _MNIST_MEAN, _MNIST_STD)
+    return X, torch.from_numpy(labels.astype(np.int64))
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickler that can rebuild numpy arrays and nothing else (a CIFAR batch is untrusted)."""
+
+    _ALLOWED = {
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+    }
+
+    def find_class(self, module: str, name: str):
+        # pickles written by numpy 1.x (and the Python 2 originals) name numpy.core
+        if module.startswith("numpy.core"):
+            module = "numpy._core" + module[len("numpy.core") :]
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(
+                f"refusing to load {module}.{name}: a CIFAR-10 batch holds only numpy arrays, lists and bytes"
+            )
+        return super().find_class(module, name)
+
+
+def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR-10 "python" batch: ``(images uint8 [N, 3, 32, 32], labels int64 [N])``.
+
+    The file is a pickled dict with ``b"data"`` (N x 3072 uint8: 1024 red, 1024 green, 1024 blue
+    values, each row-major) and ``b"labels"`` (N ints in 0..9). Only numpy arrays are unpickled.
+    Raises ``ValueError`` naming the file if it is not such a dict.
+
+    Example::
+
+        images, labels = read_cifar_batch("cifar-10-batches-py/test_batch")   # [10000, 3, 32, 32]
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            obj = _NumpyOnlyUnpickler(f, encoding="latin1").load()
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable CIFAR-10 batch ({type(e).__name__}: {e})") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
+    obj = {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in obj.items()}
+    if "data" not in obj or "labels" not in obj:
+        raise ValueError(f"{path}: missing key 'data' or 'labels' (keys: {sorted(map(str, obj))})")
+    data, labels = obj["data"], np.asarray(obj["labels"])
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3072
+    ):
+        desc = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise ValueError(f"{path}: 'data' must be a uint8 array of shape [N, 3072], got {desc}")
+    if labels.ndim != 1 or len(labels) != len(data) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"{path}: 'labels' must be {len(data)} integers, got {labels.dtype} {labels.shape}"
+        )
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(f"{path}: labels out of range 0..9")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def load_cifar10(
+    root: str | os.PathLike, *, split: str = "train"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-10 from its "python" batches: ``X`` float32 ``[N, 3, 32, 32]`` normalised, ``y`` int64.
+
+    Train is ``data_batch_1`` .. ``data_batch_5`` in order, test is ``test_batch``; looked up in
+    ``root/cifar-10-batches-py`` or ``root`` itself.
+
+    Example::
+
+        X, y = load_cifar10("~/data", split="test")                 # [10000, 3, 32, 32]
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    root = Path(root).expanduser()
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+    folder = next((d for d in (root / _CIFAR10_DIR, root) if (d / names[0]).is_file()), None)
+    if folder is None:
+        raise FileNotFoundError(
+            f"CIFAR-10 batch {names[0]} not found in {root} or {root / _CIFAR10_DIR}; download it "
+            f"with pipecomm.lab.data.fetch('cifar10', {str(root)!r}) or extract the official archive there"
+        )
+    parts = [read_cifar_batch(folder / n) for n in names]
+    images = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    return _normalise_uint8(images, _CIFAR10_MEAN, _CIFAR10_STD), torch.from_numpy(labels)
+
+
+# --------------------------------------------------------------------------------------------
+# Download (only when called explicitly)
+# --------------------------------------------------------------------------------------------
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
+    """Hex digest of a file (``algorithm`` is any hashlib name, e.g. "sha256", "md5").
+
+    Example::
+
+        file_digest("data/cifar-10-python.tar.gz", "md5")   # 'c58f30108f718f92721af3b95e74349a'
+    """
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_file(
+    urls: str | Sequence[str],
+    dest: str | os.PathLike,
+    checksum: tuple[str, str],
+    *,
+    timeout_s: float = 60.0,
+) -> Path:
+    """Download ``dest`` from the first of ``urls`` that answers and verify its checksum.
+
+    ``checksum`` is ``(algorithm, hexdigest)``, e.g. ``("md5", "c58f...")`` or ``("sha256", ...)``.
+    The bytes go to a temporary file beside ``dest`` that is renamed onto ``dest`` only once the
+    checksum matches, so ``dest`` is never partial. A mismatch raises ``ValueError`` (nothing is
+    left behind); no mirror reachable raises ``ConnectionError`` saying how to place the file by
+    hand. An existing ``dest`` with the right checksum is kept without downloading.
+
+    Example::
+
+        download_file("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                      "data/cifar-10-python.tar.gz", ("md5", "c58f30108f718f92721af3b95e74349a"))
+    """
+    algorithm, expected = checksum[0], checksum[1].lower()
+    hashlib.new(algorithm)  # unknown algorithm -> ValueError now, before any download
+    dest = Path(dest)
+    if dest.is_file() and file_digest(dest, algorithm) == expected:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    errors = []
+    for url in urls:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        tmp = Path(tmp_name)
+        try:
+            h = hashlib.new(algorithm)
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                for block in iter(lambda resp=resp: resp.read(1 << 20), b""):
+                    h.update(block)
+                    out.write(block)
+            got = h.hexdigest()
+            if got != expected:
+                raise ValueError(
+                    f"checksum mismatch for {url}: {algorithm} {got}, expected {expected}; "
+                    f"the download is corrupt or the file changed upstream - {dest} was not written"
+                )
+            os.replace(tmp, dest)
+            return dest
+        except (urllib.error.URLError, OSError) as e:
+            errors.append(f"{url}: {e}")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    raise ConnectionError(
+        f"could not download {dest.name} (offline?): "
+        + "; ".join(errors)
+        + f". Copy the official file to {dest} by hand and call again."
+    )
+
+
+def _safe_extract(archive: Path, into: Path) -> None:
+    with tarfile.open(archive, "r:gz") as tar:
+        for m in tar.getmembers():
+            target = (into / m.name).resolve()
+            if not (m.isfile() or m.isdir()) or not str(target).startswith(
+                str(into.resolve()) + os.sep
+            ):
+                raise ValueError(f"{archive}: refusing to extract unexpected member {m.name!r}")
+        # members checked above: plain files and folders inside `into`; the "data" filter (Python
+        # >= 3.11.4) checks again and drops permissions and owners from the archive
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:  # pragma: no cover - older Pythons
+            tar.extractall(into)
+
+
+def fetch(name: str, root: str | os.PathLike, *, timeout_s: float = 60.0) -> Path:
+    """Download an official data set into ``root`` and verify it (network needed; never implicit).
+
+    ``"mnist"``: the four IDX ``.gz`` files into ``root/mnist``. ``"cifar10"``: the python
+    archive into ``root``, its md5 checked, extracted to ``root/cifar-10-batches-py`` (through a
+    temporary folder renamed into place) and every batch's md5 checked. Files already present
+    with the right checksum are not downloaded again. "digits" and "pydoc" ship with the
+    installed packages and need no fetch. Returns the folder holding the files.
+
+    Example::
+
+        fetch("cifar10", "~/data"); X, y = load_dataset("cifar10", root="~/data")
+    """
+    root = Path(root).expanduser()
+    if name == "mnist":
+        folder = root / "mnist"
+        for fname, checksum in _MNIST_FILES.items():
+            download_file(
+                [m + fname for m in _MNIST_MIRRORS], folder / fname, checksum, timeout_s=timeout_s
+            )
+        return folder
+    if name == "cifar10":
+        folder = root / _CIFAR10_DIR
+        if folder.is_dir() and all(
+            (folder / f).is_file() and file_digest(folder / f, algo) == digest
+            for f, (algo, digest) in _CIFAR10_FILES.items()
+        ):
+            return folder
+        archive_name, checksum = _CIFAR10_ARCHIVE
+        archive = download_file(_CIFAR10_URLS, root / archive_name, checksum, timeout_s=timeout_s)
+        tmp = Path(tempfile.mkdtemp(prefix=".cifar10.", dir=root))
+        try:
+            _safe_extract(archive, tmp)
+            extracted = tmp / _CIFAR10_DIR
+            for f, (algo, digest) in _CIFAR10_FILES.items():
+                if not (extracted / f).is_file() or file_digest(extracted / f, algo) != digest:
+                    raise ValueError(f"{archive}: member {f} missing or has the wrong {algo}")
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(extracted, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+    if name in ("digits", "pydoc"):
+        raise ValueError(f"{name!r} ships with the installed packages; there is nothing to fetch")
+    raise ValueError(f"unknown data set name {name!r}; fetch supports 'mnist' and 'cifar10'")
+
+
+# --------------------------------------------------------------------------------------------
+# Character-level text
+# --------------------------------------------------------------------------------------------
+
+
+def text_sha256(text: str) -> str:
+    """sha256 of ``text`` encoded as UTF-8 (cite it with results trained on that text).
+
+    Example::
+
+        text_sha256(load_text("pydoc"))
+    """
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_text(name: str = "pydoc", *, path: str | os.PathLike | None = None) -> str:
+    """An English text corpus available offline.
+
+    ``"pydoc"``: the documentation topics shipped with CPython (``pydoc_data.topics``, the text
+    of ``help('topic')``), joined in sorted key order with blank lines. About 465 KB on Python
+    3.11; it changes with the Python version, so cite :func:`text_sha256` of it. With ``path=``,
+    the UTF-8 text of that file instead (``name`` is then ignored).
+
+    Example::
+
+        text = load_text("pydoc"); print(len(text), text_sha256(text)[:12])
+    """
+    if path is not None:
+        return Path(path).read_text(encoding="utf-8")
+    if name == "pydoc":
+        from pydoc_data.topics import topics
+
+        return "\n\n".join(topics[k] for k in sorted(topics))
+    raise ValueError(f"unknown text corpus {name!r}; choose one of {TEXTS} or pass path=")
+
+
+class CharCorpus:
+    """A character-level language-modelling corpus: vocabulary, encoding, train/val split, batches.
+
+    The vocabulary is the sorted set of characters of ``text``; ids are their ranks. The first
+    ``1 - val_fraction`` of the text (as ids) is the training split, the rest validation.
+    ``sha256`` identifies the text exactly.
+
+    Example::
+
+        corpus = CharCorpus(load_text("pydoc"))
+        g = torch.Generator().manual_seed(0)
+        x, y = corpus.batch(16, 64, g)             # int64 [16, 64]; y is x shifted by one
+        model = models.get_model("char_transformer", vocab_size=corpus.vocab_size)
+    """
+
+    def __init__(self, text: str, *, val_fraction: float = 0.1) -> None:
+        if not isinstance(text, str) or len(text) < 2:
+            raise ValueError("text must be a str of at least 2 characters")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
+        self.text_length = len(text)
+        self.sha256 = text_sha256(text)
+        self.vocab: list[str] = sorted(set(text))
+        self._stoi = {c: i for i, c in enumerate(self.vocab)}
+        ids = self.encode(text)
+        n_val = int(len(ids) * val_fraction)
+        self.train = ids[: len(ids) - n_val]
+        self.val = ids[len(ids) - n_val :]
+
+    @classmethod
+    def from_name(cls, name: str = "pydoc", *, val_fraction: float = 0.1) -> CharCorpus:
+        """``CharCorpus(load_text(name))``. Example: ``CharCorpus.from_name("pydoc")``."""
+        return cls(load_text(name), val_fraction=val_fraction)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, s: str) -> torch.Tensor:
+        """Characters -> int64 ids. Example: ``corpus.encode("def")``."""
+        try:
+            return torch.tensor([self._stoi[c] for c in s], dtype=torch.int64)
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the corpus vocabulary") from None
+
+    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
+        """int ids -> characters. Example: ``corpus.decode(corpus.encode("def")) == "def"``."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        try:
+            return "".join(self.vocab[i] for i in ids)
+        except (IndexError, TypeError) as e:
+            raise ValueError(f"ids must be integers in [0, {self.vocab_size}): {e}") from None
+
+    def batch(
+        self,
+        batch_size: int,
+        seq_len: int,
+        generator: torch.Generator | None = None,
+        *,
+        split: str = "train",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows ``(x, y)``, each int64 ``[batch_size, seq_len]``, ``y[:, t] = x[:, t+1]``.
+
+        Window starts are uniform over the split, drawn from ``generator`` (reproducible per seed).
+
+        Example::
+
+            x, y = corpus.batch(8, 32, torch.Generator().manual_seed(0), split="val")
+        """
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        data = self.train if split == "train" else self.val
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+        if seq_len + 1 > len(data):
+            raise ValueError(
+                f"seq_len {seq_len} needs at least {seq_len + 1} characters; the {split} split has {len(data)}"
+            )
+        starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)
+        offsets = starts[:, None] + torch.arange(seq_len + 1)[None, :]
+        window = data[offsets]
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding over ranks
+# --------------------------------------------------------------------------------------------
+
+
+def _mix(seed: int, salt: int) -> int:
+    """A 63-bit generator seed from (seed, salt), distinct for distinct pairs in practice."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    h = hashlib.sha256(f"{seed}:{salt}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def shard(n: int, rank: int, world_size: int, seed: int, epoch: int = 0) -> torch.Tensor:
+    """Indices of the samples ``rank`` trains on in ``epoch``: int64 ``[n // world_size]``.
+
+    One permutation of ``range(n)``, fixed by ``(seed, epoch)``, is cut into ``world_size`` equal
+    contiguous pieces; the last ``n % world_size`` samples of the permutation are dropped that
+    epoch (a different few each epoch). Shards are disjoint and together cover all but that
+    remainder; every rank computes the same permutation, so no communication is needed.
+
+    Example::
+
+        idx = shard(1437, rank=2, world_size=4, seed=0, epoch=3)    # 359 indices
+    """
+    for arg, v in (("n", n), ("rank", rank), ("world_size", world_size), ("epoch", epoch)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{arg} must be an int, got {type(v).__name__}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if n < world_size:
+        raise ValueError(f"n = {n} samples cannot give each of {world_size} ranks at least one")
+    per = n // world_size
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(seed, epoch)))
+    return perm[rank * per : (rank + 1) * per].clone()
+
+
+def batches(
+    X: torch.Tensor,
+    y: torch.Tensor,
+    indices: torch.Tensor,
+    batch_size: int,
+    seed: int,
+    epoch: int = 0,
+    *,
+    drop_last: bool = True,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Minibatches ``(X[b], y[b])`` over ``indices`` in an order shuffled by ``(seed, epoch)``.
+
+    With ``drop_last`` (default) every batch has exactly ``batch_size`` samples, so ranks with
+    equal shards take equal numbers of steps.
+
+    Example::
+
+        for xb, yb in batches(X, y, shard(len(X), rank, p, seed, epoch), 32, seed, epoch):
+            loss_fn(model(xb), yb).backward()
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    indices = torch.as_tensor(indices, dtype=torch.int64)
+    order = torch.randperm(
+        len(indices), generator=torch.Generator().manual_seed(_mix(seed, ~epoch))
+    )
+    indices = indices[order]
+    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
+    for start in range(0, stop, batch_size):
+        b = indices[start : start + batch_size]
+        yield X[b], y[b]

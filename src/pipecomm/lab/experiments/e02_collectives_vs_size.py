@@ -1,0 +1,912 @@
+"""E2 — measured collective time vs message size: emulated network (model overlaid) and real backend.
+
+Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
+Networks" (arXiv 1611.04255): linear pipelining (LP) is faster than minimum-spanning-tree (MST)
+and bidirectional-exchange (BE) collectives for the large messages of data-parallel training, "up
+to 2x" the bandwidth of BE; its allreduce uses both directions of every link of the chain.
+
+Two sections, one tidy table (column ``section``):
+
+* ``emulated``: pipecomm's lp, mst, be and ring on ``world_size`` gloo ranks whose point-to-point
+  transfers pass through the emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s`` latency,
+  ``emu_bandwidth_Bps`` per link, one or the other port model). ``emu_cases`` maps
+  ``"ports/op"`` to the algorithms measured (one pool of ranks per port model). Every point has
+  the alpha-beta-gamma model beside it (``model_s``: :func:`pipecomm.cost.collective_time` with
+  :func:`pipecomm.cost.link_from_network` -- gamma from E0's calibration when the orchestrator
+  has one -- and the LP block size the collective really used, the model's optimum). A point
+  whose modelled time exceeds ``max_point_s`` is not measured (its model line still shows).
+  Broadcast schedules move at most one message in and one out of a rank per step, so their
+  modelled time is the same under both port models; the profile measures broadcast with single
+  ports and allreduce (where LP's two streams share or do not share a port) with both.
+  With ``network="shaped"`` the same cases run on a real network instead (section ``shaped``:
+  a virtual cluster of single-port nodes, Linux tc tbf links of ``emu_bandwidth_Bps``, real TCP;
+  :func:`pipecomm.lab.network.ranks_on`): latency cannot be added there, so
+  ``emu_alpha_s`` does not apply and the model uses the cluster's calibrated link (alpha and
+  bandwidth as measured), recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``.
+* ``real``: no emulation (loopback gloo on the cpu profile, NCCL on the gpu profile): lp, mst,
+  be, ring and the backend's built-in ``torch`` at ``real_sizes_*`` for every p of
+  ``real_world_sizes`` (subgroups of ranks 0..p-1 of one pool of max(p) ranks), time and busbw
+  (nccl-tests conventions, :mod:`pipecomm.lab.bench`) and the ratio to the built-in. The algorithms
+  of one size are timed round-robin (``measure_points(..., interleave=True)``), so a passing
+  disturbance of the host does not bias whichever algorithm is timed first; the LP rows carry
+  the host model's prediction (``model_s``, :func:`pipecomm.cost.lp_time_on_host`).
+
+Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median over iterations). Under
+emulation the first untimed call of every algorithm runs at the smallest size; messages of
+``large_bytes`` or more get ``iters_large`` timed calls and no warm-up (each call costs seconds and
+is deterministic to a few percent under the emulator; a warm-up would only repeat the page faults
+of the freshly allocated transfer buffers, which every call pays anyway). The real section times
+every size ``real_iters`` times after ``real_warmup`` calls (its calls cost milliseconds).
+
+Claims (artifact/claims.yaml C2.*, with their thresholds, the model's predictions and the
+reasons; emulated: 2 ms, 50 MB/s, p = 8, largest message 64 MiB): LP is the fastest broadcast at
+the largest message, with BE/LP against the model's ratio; the size where LP overtakes BE
+against the modelled crossover; per-neighbor LP allreduce against BE at the largest message
+(the single-port ratio reported as information); the model's signed error for large messages.
+Real backend (implementation targets, not paper claims): LP broadcast, and LP and ring
+allreduce, against the built-in at large messages.
+
+Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
+each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
+``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e02_collectives_vs_size --out results/manual/E2
+    torchrun --nproc-per-node 8 -m pipecomm.lab.experiments.e02_collectives_vs_size --out DIR \\
+        -p backend=nccl -p 'emu_cases={}'        # real section only, on the job's ranks
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipecomm import collectives, cost, launch
+from pipecomm.lab import bench, claims, experiment, stats
+from pipecomm.lab.cli import main
+from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
+from pipecomm.lab.sweep import (
+    ALG_COLORS,
+    measure_points,
+    measured_crossover_bytes,
+    message_sizes,
+    model_crossover_bytes,
+    network,
+)
+
+ID = "E2"
+NOTEBOOK = "02_collectives_vs_size"
+
+
+@dataclass(frozen=True)
+class Params(experiment.Params):
+    """E2's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    # netem.check_host's margin at p = 4 on 2 cores (docs/network_model.md, "Quick defaults"):
+    emu_alpha_s: float = 3e-3
+    emu_bandwidth_Bps: float = 100e6
+    emu_cases: dict[str, Any] = field(default_factory=lambda: {
+        "single/broadcast": ["lp", "mst", "be", "ring"],
+        "single/allreduce": ["lp", "mst", "be", "ring"],
+        "per-neighbor/allreduce": ["lp", "be"],
+    })
+    sizes_min: int = 16384
+    sizes_max: int = 1 << 20
+    size_factor: int = 4
+    iters: int = 3
+    warmup: int = 1
+    large_bytes: int = 16 << 20
+    iters_large: int = 2
+    max_point_s: float = 5.0
+    real_world_sizes: list[int] = field(default_factory=lambda: [2])
+    real_algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring", "torch"])
+    real_ops: list[str] = field(default_factory=lambda: ["broadcast", "allreduce"])
+    real_sizes_min: int = 1 << 20
+    real_sizes_max: int = 4 << 20
+    real_iters: int = 3
+    real_warmup: int = 1
+    backend: str = "gloo"
+    timeout_s: float = 900.0
+    network: str = "emulated"  # where emu_cases run: "emulated" or "shaped" (_network.ranks_on)
+
+    def validate(self) -> None:
+        p = self
+        check_network_kind(p["network"])
+        _check_int("world_size", p["world_size"], 2)
+        for name in ("iters", "iters_large", "real_iters"):
+            _check_int(name, p[name], 1)
+        for name in ("warmup", "real_warmup"):
+            _check_int(name, p[name], 0)
+        for name in ("sizes_min", "sizes_max", "real_sizes_min", "real_sizes_max", "large_bytes"):
+            _check_int(name, p[name], 4)
+        for name in ("emu_alpha_s", "max_point_s", "timeout_s"):
+            v = p[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
+        if not p["timeout_s"] > 0:
+            raise ValueError(f"parameter timeout_s must be > 0, got {p['timeout_s']!r}")
+        bw = p["emu_bandwidth_Bps"]
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
+        parse_cases(p["emu_cases"])
+        ws = p["real_world_sizes"]
+        if not isinstance(ws, (list, tuple)) or any(
+            isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
+        ):
+            raise ValueError(
+                f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
+            )
+        for name, allowed in (("real_algorithms", collectives.ALGORITHMS), ("real_ops", OPS)):
+            v = p[name]
+            if not isinstance(v, (list, tuple)) or any(a not in allowed for a in v):
+                raise ValueError(f"parameter {name} must list entries of {allowed}, got {v!r}")
+        if p["backend"] not in ("gloo", "nccl"):
+            raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {p['backend']!r}")
+        if p["backend"] == "nccl" and p["emu_cases"]:
+            raise ValueError(
+                "the emulated network is a gloo (cpu profile) tool: with backend='nccl' "
+                "pass emu_cases={} (real section only)"
+            )
+
+
+DEFAULTS = Params.defaults()
+
+OPS = ("broadcast", "reduce", "allreduce")
+PORTS = ("single", "per-neighbor")
+_POOL_START_S = 3.0  # rough start-up cost of one pool on a quiet 2-core machine
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parse_cases(cases: Any) -> list[tuple[str, str, list[str]]]:
+    """``{"ports/op": [algorithms]}`` -> ``[(ports, op, algorithms)]``, checked.
+
+    Example::
+
+        parse_cases({"single/broadcast": ["lp", "be"]})   # [("single", "broadcast", ["lp", "be"])]
+    """
+    if not isinstance(cases, dict):
+        raise ValueError(
+            f"parameter emu_cases must be a dict {{'ports/op': [algorithms]}}, got {cases!r}"
+        )
+    out = []
+    for key, algs in cases.items():
+        parts = str(key).split("/")
+        if len(parts) != 2 or parts[0] not in PORTS or parts[1] not in OPS:
+            raise ValueError(
+                f"emu_cases key {key!r} must be 'ports/op' with ports in {PORTS} and op in {OPS}"
+            )
+        if (
+            not isinstance(algs, (list, tuple))
+            or not algs
+            or any(a not in cost.ALGORITHMS for a in algs)
+        ):
+            raise ValueError(
+                f"emu_cases[{key!r}] must be a non-empty list of {cost.ALGORITHMS} "
+                f"(the built-in cannot be emulated), got {algs!r}"
+            )
+        out.append((parts[0], parts[1], list(algs)))
+    return out
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"parameter {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def plan(**params: Any) -> pd.DataFrame:
+    """The emulated points ``run`` measures, in order, with modelled time and repetitions.
+
+    Columns ``ports, op, algorithm, nbytes, model_s, warmup, iters, measure`` (``measure`` is
+    False where ``model_s > max_point_s``).
+
+    Example::
+
+        plan(world_size=8, sizes_max=64 << 20).query("measure").model_s.sum()
+    """
+    p = Params.make(**params)
+    sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+    rows = []
+    for ports, op, algs in parse_cases(p["emu_cases"]):
+        link = cost.link_from_network(network(p, ports))
+        for alg in algs:
+            for n in sizes:
+                t = cost.collective_time(op, alg, n, p["world_size"], link)
+                large = n >= p["large_bytes"]
+                rows.append(
+                    {
+                        "ports": ports,
+                        "op": op,
+                        "algorithm": alg,
+                        "nbytes": n,
+                        "model_s": t,
+                        "warmup": 0 if large else p["warmup"],
+                        "iters": p["iters_large"] if large else p["iters"],
+                        "measure": t <= p["max_point_s"],
+                    }
+                )
+    return pd.DataFrame(
+        rows,
+        columns=["ports", "op", "algorithm", "nbytes", "model_s", "warmup", "iters", "measure"],
+    )
+
+
+def expected_runtime_s(**params: Any) -> dict[str, float]:
+    """Model estimate of ``run``'s wall time (seconds): emulated sweep, real sweep, pool starts.
+
+    The emulated part is exact up to the emulator's overheads (a few percent); the real part
+    uses the calibrated link (``cost.calibrated_link``), scaled by ranks per core -- rough.
+
+    Example::
+
+        expected_runtime_s(world_size=8, sizes_max=64 << 20)["total_s"]
+    """
+    p = Params.make(**params)
+    pl = plan(**params)
+    m = pl[pl.measure]
+    emulated = float((m.model_s * (m.warmup + m.iters)).sum())
+    emulated += float(pl.groupby(["ports", "op", "algorithm"]).model_s.min().sum())  # warm-up
+    real = 0.0
+    link = cost.calibrated_link()
+    cores = os.cpu_count() or 1
+    for pt in _real_points(p, list(p["real_world_sizes"])):
+        a = "ring" if pt["algorithm"] == "torch" else pt["algorithm"]
+        t = cost.collective_time(pt["op"], a, pt["nbytes"], pt["p"], link)
+        real += t * max(1.0, pt["p"] / cores) * (pt["warmup"] + pt["iters"])
+    pools = len({ports for ports, _, _ in parse_cases(p["emu_cases"])})
+    pools += 1 if p["real_world_sizes"] else 0
+    starts = pools * _POOL_START_S * max(1.0, p["world_size"] / 8)
+    return {
+        "emulated_s": emulated,
+        "real_s": real,
+        "starts_s": starts,
+        "total_s": emulated + real + starts,
+    }
+
+
+# --------------------------------------------------------------------------- on the ranks
+
+
+def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, Any]]:
+    sizes = message_sizes(p["real_sizes_min"], p["real_sizes_max"], p["size_factor"])
+    return [
+        {
+            "op": op,
+            "algorithm": alg,
+            "nbytes": n,
+            "p": q,
+            "warmup": p["real_warmup"],
+            "iters": p["real_iters"],  # real calls cost milliseconds: no iters_large here
+        }
+        for q in sorted(world_sizes)
+        for op in p["real_ops"]
+        for n in sizes
+        for alg in p["real_algorithms"]  # one comparison, timed round-robin (interleave=True)
+    ]
+
+
+_EMULATED_COLUMNS = (
+    "ports",
+    "model_s",
+    "emu_alpha_s",
+    "emu_bandwidth_Bps",
+    "model_gamma_s_per_byte",
+)
+
+
+def _add_bandwidths(df: pd.DataFrame) -> pd.DataFrame:
+    """algbw and busbw columns; the emulated section's columns (empty) when it did not run."""
+    df["algbw_Bps"] = [bench.algbw(n, t) for n, t in zip(df.nbytes, df.time_s)]
+    df["busbw_Bps"] = [
+        bench.busbw(o, n, t, q) for o, n, t, q in zip(df.op, df.nbytes, df.time_s, df.world_size)
+    ]
+    for col in _EMULATED_COLUMNS:
+        if col not in df:
+            df[col] = np.nan
+    return df
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Measure the emulated and the real sections; one row per (section, case, algorithm, size).
+
+    Columns: ``section`` ("emulated" or "real"), ``ports`` (emulated), ``op``, ``algorithm``,
+    ``nbytes``, ``world_size``, ``time_s`` (median over iterations of the max over ranks),
+    ``min_s``, ``max_s``, ``warmup``, ``iters``, ``block_bytes`` (LP), ``algbw_Bps``,
+    ``busbw_Bps``, ``model_s`` (emulated; the host model for real gloo LP rows), the emulated
+    link (``emu_alpha_s``, ``emu_bandwidth_Bps``, ``model_gamma_s_per_byte``), the real gloo
+    section's ``host_links`` and ``host_links_measured`` (from E0, else the default),
+    ``backend`` and ``network``.
+
+    Example::
+
+        df = run(world_size=4, sizes_max=1 << 20, real_world_sizes=[2])
+    """
+    p = Params.make(**params)
+    frames = []
+    if launch.under_torchrun():  # a torchrun job: the real section on the job's own ranks
+        if p["emu_cases"]:
+            raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
+        info = launch.init_from_env(p["backend"])
+        ws = [q for q in p["real_world_sizes"] if q <= info.world_size] or [info.world_size]
+        rows = measure_points(_real_points(p, ws), info.device if info.backend == "nccl" else None,
+                              interleave=True)
+        if not rows:  # ranks other than 0
+            return pd.DataFrame()
+        return _add_bandwidths(
+            pd.DataFrame(rows).assign(section="real", backend=info.backend, network="real")
+        )
+
+    pl = plan(**params)
+    for ports in [q for q in PORTS if q in set(pl.ports)]:
+        net = network(p, ports)
+        todo = pl[(pl.ports == ports) & pl.measure]
+        points = [
+            {
+                "op": r.op,
+                "algorithm": r.algorithm,
+                "nbytes": int(r.nbytes),
+                "p": p["world_size"],
+                "warmup": int(r.warmup),
+                "iters": int(r.iters),
+                "first_warmup": True,
+            }
+            for r in todo.itertuples()
+        ]
+        if not points:
+            continue
+        smallest = min(pt["nbytes"] for pt in points) // p["world_size"]  # a BE / ring chunk
+        with ranks_on(p["network"], p["world_size"], net, smallest,
+                      timeout_s=p["timeout_s"]) as ranks:
+            out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+        link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
+        d = pd.DataFrame(out[0])
+        d["model_s"] = [
+            cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
+            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, d.block_bytes)
+        ]
+        frames.append(
+            d.assign(
+                section=ranks.kind,
+                ports=ports,
+                backend="gloo",
+                network=ranks.text,
+                emu_alpha_s=link.alpha,
+                emu_bandwidth_Bps=link.bandwidth_Bps,
+                model_gamma_s_per_byte=link.gamma,
+            )
+        )
+
+    ws = list(p["real_world_sizes"])
+    if ws and p["backend"] == "nccl":
+        have = torch.cuda.device_count()
+        ws = [q for q in ws if q <= have]
+    if ws and p["real_algorithms"] and p["real_ops"]:
+        device = "cuda" if p["backend"] == "nccl" else None
+        with launch.Ranks(max(ws), backend=p["backend"]) as ranks:
+            out = ranks.run(_measure_real, _real_points(p, ws), device, timeout_s=p["timeout_s"])
+        real = pd.DataFrame(out[0])
+        if p["backend"] == "gloo":
+            link = cost.host_link()
+            real["model_s"] = _host_model(real, link)
+            real["host_links"] = link.host_links
+            real["host_links_measured"] = link.host_links_measured
+        frames.append(real.assign(section="real", backend=p["backend"], network="real"))
+    if not frames:
+        raise ValueError(
+            "nothing to measure: emu_cases and real_world_sizes are both empty "
+            "(or no GPU for backend='nccl')"
+        )
+    return _add_bandwidths(pd.concat(frames, ignore_index=True))
+
+
+def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
+    """LP rows of the real gloo section: :func:`pipecomm.cost.lp_time_on_host` on this host's
+    ``link`` (E0's per-size table and ``host_links`` when the artifact set
+    ``PIPECOMM_CALIBRATION``) with the block the collective used; NaN for the other
+    algorithms."""
+    return [
+        cost.lp_time_on_host(o, int(n), int(q), link, int(b)) if a == "lp" and pd.notna(b)
+        else float("nan")
+        for o, a, n, q, b in zip(real.op, real.algorithm, real.nbytes, real.world_size,
+                                 real.block_bytes)
+    ]
+
+
+def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict]:
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    return measure_points(points, device, interleave=True)
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _emulated(df: pd.DataFrame, op: str, ports: str) -> pd.DataFrame:
+    claims.require_columns(df, "section", "ports", "op", "algorithm", "nbytes", "time_s")
+    d = df[df.section.isin(NETWORK_KINDS) & (df.ports == ports) & (df.op == op)]
+    if d.empty:
+        raise ValueError(f"no emulated {op} measurements with {ports!r} ports")
+    return d
+
+
+def _times_at(d: pd.DataFrame, nbytes: int, algorithms: tuple[str, ...]) -> dict[str, float]:
+    at = d[d.nbytes == nbytes].groupby("algorithm").time_s.median()
+    missing = [a for a in algorithms if a not in at.index]
+    if missing:
+        raise ValueError(f"no measurement of {missing} at {nbytes} B (the largest message)")
+    return {a: float(at[a]) for a in at.index}
+
+
+def _link_of(d: pd.DataFrame, ports: str) -> cost.LinkModel:
+    claims.require_columns(d, "emu_alpha_s", "emu_bandwidth_Bps", "model_gamma_s_per_byte")
+    return cost.LinkModel.from_bandwidth(
+        float(d.emu_alpha_s.iloc[0]),
+        float(d.emu_bandwidth_Bps.iloc[0]),
+        gamma=float(d.model_gamma_s_per_byte.iloc[0]),
+        ports=ports,
+    )
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per section, setting, op and size (>= 1 MiB): measured time (ms) per algorithm; for the
+    emulated section also the model (ms), for the real section each algorithm's time over the
+    built-in's.
+
+    Example::
+
+        summary(run())       # measured (and model) ms per algorithm
+    """
+    df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
+    rows = []
+    emu = (
+        df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= (1 << 20))]
+        if "section" in df
+        else df.iloc[:0]
+    )
+    for (kind, ports, op, n), g in emu.groupby(["section", "ports", "op", "nbytes"]):
+        base = {
+            "section": kind,
+            "setting": f"{ports} ports, p={int(g.world_size.iloc[0])}",
+            "op": op,
+            "MiB": n / 2**20,
+        }
+        rows.append(
+            base | {"metric": "measured ms"} | {a: t * 1e3 for a, t in zip(g.algorithm, g.time_s)}
+        )
+        rows.append(
+            base | {"metric": "model ms"} | {a: t * 1e3 for a, t in zip(g.algorithm, g.model_s)}
+        )
+    real = df[df.section == "real"] if "section" in df else df.iloc[:0]
+    for (q, op, n), g in real.groupby(["world_size", "op", "nbytes"]):
+        base = {
+            "section": "real",
+            "setting": f"{g.backend.iloc[0]}, p={q}",
+            "op": op,
+            "MiB": n / 2**20,
+        }
+        times = dict(zip(g.algorithm, g.time_s))
+        rows.append(base | {"metric": "measured ms"} | {a: t * 1e3 for a, t in times.items()})
+        if "torch" in times:
+            rows.append(
+                base
+                | {"metric": "time / built-in"}
+                | {a: t / times["torch"] for a, t in times.items()}
+            )
+    out = pd.DataFrame(rows)
+    cols = ["section", "setting", "op", "MiB", "metric"]
+    algs = [a for a in collectives.ALGORITHMS if a in out.columns]
+    return out[cols + algs].round(3) if len(out) else out
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Row 1: emulated time vs size per case, model lines; row 2: real busbw and ratios.
+
+    Example::
+
+        fig = plot(run()); fig.savefig("e2.png")
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
+    emu = df[df.section.isin(NETWORK_KINDS)]
+    real = df[df.section == "real"]
+    if len(real) and "busbw_Bps" not in real:
+        real = _add_bandwidths(real.copy())
+    cases = [(pt, op) for pt in PORTS for op in OPS if len(emu[(emu.ports == pt) & (emu.op == op)])]
+    real_ops = [op for op in OPS if op in set(real.op)]
+    ncols = max(len(cases), len(real_ops) + (1 if len(real_ops) else 0), 1)
+    nrows = int(bool(cases)) + int(bool(real_ops))
+    fig, axes = plt.subplots(
+        max(nrows, 1), ncols, figsize=(4.6 * ncols, 4.2 * max(nrows, 1)), squeeze=False
+    )
+    row = 0
+    if cases:
+        for j, (ports, op) in enumerate(cases):
+            ax, g = axes[row, j], emu[(emu.ports == ports) & (emu.op == op)]
+            link, q = _link_of(g, ports), int(g.world_size.iloc[0])
+            xs = np.unique(np.geomspace(g.nbytes.min(), g.nbytes.max(), 60).astype(np.int64))
+            for alg, ga in g.groupby("algorithm"):
+                ax.loglog(ga.nbytes, ga.time_s, "o", color=ALG_COLORS[alg], label=f"{alg}")
+                ax.loglog(
+                    xs,
+                    [cost.collective_time(op, alg, int(n), q, link) for n in xs],
+                    "-",
+                    color=ALG_COLORS[alg],
+                    lw=1,
+                    alpha=0.7,
+                )
+            ax.set(
+                xlabel="message size (bytes)",
+                ylabel="time (s)",
+                title=f"{op}, {ports} ports, p={q}, {g.section.iloc[0]}",
+            )
+            ax.legend(fontsize=7, title="measured (dots), model (lines)", title_fontsize=7)
+        for j in range(len(cases), ncols):
+            axes[row, j].axis("off")
+        row += 1
+    if real_ops:
+        qmax = int(real.world_size.max())
+        for j, op in enumerate(real_ops):
+            ax, g = axes[row, j], real[(real.op == op) & (real.world_size == qmax)]
+            for alg, ga in g.groupby("algorithm"):
+                ax.semilogx(
+                    ga.nbytes,
+                    ga.busbw_Bps / 1e9,
+                    "o-",
+                    color=ALG_COLORS.get(alg),
+                    label="torch (built-in)" if alg == "torch" else alg,
+                )
+            ax.set(
+                xlabel="message size (bytes)",
+                ylabel="busbw (GB/s)",
+                title=f"{op}, real {g.backend.iloc[0]} (no emulation), p={qmax}",
+            )
+            ax.legend(fontsize=7)
+        ax = axes[row, len(real_ops)]
+        nmax = real.nbytes.max()
+        at = real[real.nbytes == nmax]
+        markers = {"broadcast": "o", "reduce": "s", "allreduce": "^"}
+        for (op, alg), g in at[at.algorithm != "torch"].groupby(["op", "algorithm"]):
+            base = at[(at.op == op) & (at.algorithm == "torch")].set_index("world_size").time_s
+            if base.empty:
+                continue
+            r = base / g.set_index("world_size").time_s
+            ax.plot(
+                r.index,
+                r.values,
+                marker=markers[op],
+                color=ALG_COLORS.get(alg),
+                ls="-" if op == "broadcast" else "--",
+                label=f"{op} {alg}",
+            )
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(sorted(set(at.world_size)))
+        ax.set(
+            xlabel="ranks p",
+            ylabel="built-in time / algorithm time (>1: faster)",
+            title=f"speed relative to the built-in, {_mib(nmax)}, real "
+            f"{at.backend.iloc[0] if len(at) else ''}",
+        )
+        ax.legend(fontsize=6, ncol=2)
+        for j in range(len(real_ops) + 1, ncols):
+            axes[row, j].axis("off")
+    backend = ", ".join(sorted(set(df.backend)))
+    parts = ["measured, with the alpha-beta-gamma model of its link overlaid, on\n"
+             + "\n".join(sorted(set(emu.network)))] if len(emu) else []
+    parts += ["real backend"] if len(real) else []
+    rows = ["top: ", "bottom: "] if len(parts) == 2 else [""]
+    fig.suptitle(f"E2 — collectives vs message size ({backend})\n"
+                 + "\n".join(r + t for r, t in zip(rows, parts)), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def _samples(d: pd.DataFrame, nbytes: int, alg: str) -> list[float]:
+    """Every repeat of ``alg`` at ``nbytes`` (rows of the same point pooled)."""
+    claims.require_columns(d, "times_s")
+    rows = d[(d.nbytes == nbytes) & (d.algorithm == alg)]
+    if rows.empty:
+        raise ValueError(f"no measurement of {alg!r} at {nbytes} B")
+    return [t for cell in rows.times_s for t in stats.repeats(cell)]
+
+
+def _model_at(d: pd.DataFrame, nbytes: int, alg: str) -> float:
+    claims.require_columns(d, "model_s")
+    return float(d[(d.nbytes == nbytes) & (d.algorithm == alg)].model_s.median())
+
+
+def _where(d: pd.DataFrame, n: int) -> str:
+    """``"at 64 MiB, p = 8"``: the point of a run a prediction is for."""
+    return f"at {_mib(n)}, p = {int(d.world_size.iloc[0])}"
+
+
+@claims.prediction("e2_lp_fastest_broadcast")
+def predict_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[str]) -> str:
+    """C2.1's prediction for the run: the model's broadcast time of each algorithm over LP's at
+    the run's largest emulated message.
+
+    Example::
+
+        predict_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
+        # 'model at 64 MiB, p = 8: MST/LP 2.9, BE/LP 1.47, ring/LP 1.46'
+    """
+    d = _emulated(df, "broadcast", ports)
+    n = int(d.nbytes.max())
+    lp = _model_at(d, n, "lp")
+    ratios = [f"{a if a == 'ring' else a.upper()}/LP {_model_at(d, n, a) / lp:.2f}"
+              for a in algorithms if a != "lp"]
+    return f"model {_where(d, n)}: " + ", ".join(ratios)
+
+
+@claims.prediction("e2_crossover_vs_model")
+def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
+    """C2.2's prediction for the run: the model's LP / ``other`` broadcast crossover on the
+    run's link, within its measured sizes.
+
+    Example::
+
+        predict_crossover(df, "single", "be")   # 'model crossover 4.1 MiB (2 ms, 50 MB/s, p = 8)'
+    """
+    d = _emulated(df, "broadcast", ports)
+    sizes = sorted(set(d.nbytes))
+    link = _link_of(d, ports)
+    q = int(d.world_size.iloc[0])
+    x = model_crossover_bytes("broadcast", other, q, link, sizes[0], sizes[-1])
+    where = f"({link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s, p = {q})"
+    if not math.isfinite(x):
+        return f"model: no crossover between {_mib(sizes[0])} and {_mib(sizes[-1])} {where}"
+    return f"model crossover {_mib(x)} {where}"
+
+
+@claims.prediction("e2_allreduce_port_model")
+def predict_allreduce_ports(df: pd.DataFrame) -> str:
+    """C2.3's prediction for the run: the model's BE/LP allreduce time per port model at the
+    largest per-neighbor message.
+
+    Example::
+
+        predict_allreduce_ports(df)   # 'model BE/LP: per-neighbor 1.33, single-port 0.77 ...'
+    """
+    d = _emulated(df, "allreduce", "per-neighbor")
+    n = int(d.nbytes.max())
+    parts = [f"per-neighbor {_model_at(d, n, 'be') / _model_at(d, n, 'lp'):.2f}"]
+    s = df[df.section.isin(NETWORK_KINDS) & (df.ports == "single") & (df.op == "allreduce")]
+    if {"lp", "be"} <= set(s[s.nbytes == n].algorithm):
+        parts.append(f"single-port {_model_at(s, n, 'be') / _model_at(s, n, 'lp'):.2f}")
+    return f"model BE/LP: {', '.join(parts)} {_where(d, n)}"
+
+
+@claims.check("e2_lp_fastest_broadcast")
+def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[str],
+                               tolerance: float) -> claims.Verdict:
+    """At the largest emulated message, LP is the fastest broadcast (every other/LP interval
+    above 1) and BE/LP agrees with the model's BE/LP within ``tolerance`` (relative, signed).
+
+    Example::
+
+        check_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"], 0.15)
+    """
+    d = _emulated(df, "broadcast", ports)
+    n = int(d.nbytes.max())
+    _times_at(d, n, tuple(algorithms))
+    lp = _samples(d, n, "lp")
+    parts, verdicts = [], []
+    for alg in algorithms:
+        if alg == "lp":
+            continue
+        r, lo, hi = claims.ratio(_samples(d, n, alg), lp)
+        verdicts.append(claims.at_least(lo, hi, 1.0))
+        parts.append(f"{alg.upper()}/LP {claims.fmt_ci(r, lo, hi)}")
+    r, lo, hi = claims.ratio(_samples(d, n, "be"), lp)
+    model = _model_at(d, n, "be") / _model_at(d, n, "lp")
+    e = [stats.model_error(v, model) for v in (r, lo, hi)]
+    verdicts.append(claims.within(e[1], e[2], tolerance))
+    return claims.Verdict(
+        f"{'; '.join(parts)} at {_mib(n)}; BE/LP vs model {model:.2f}: {e[0]:+.1%} "
+        f"[{e[1]:+.1%}, {e[2]:+.1%}]",
+        f"every other/LP > 1 and BE/LP within {tolerance:.0%} of the model",
+        claims.combine(verdicts),
+    )
+
+
+@claims.check("e2_crossover_vs_model")
+def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> claims.Verdict:
+    """The measured size where LP broadcast overtakes ``other`` is within ``factor`` of the
+    modelled one. The crossover's interval comes from the timing intervals: the earliest
+    crossing (LP at its interval's low end, ``other`` at its high end) and the latest.
+
+    Example::
+
+        check_crossover(df, "single", "be", 2.0)
+    """
+    d = _emulated(df, "broadcast", ports)
+    sizes = sorted(set(d[d.algorithm == "lp"].nbytes) & set(d[d.algorithm == other].nbytes))
+    if len(sizes) < 2:
+        raise ValueError(f"need emulated lp and {other} broadcasts at >= 2 sizes")
+    ci = {a: [claims.interval(_samples(d, n, a)) for n in sizes] for a in ("lp", other)}
+    med = measured_crossover_bytes(sizes, [c[0] for c in ci["lp"]], [c[0] for c in ci[other]])
+    early = measured_crossover_bytes(sizes, [c[1] for c in ci["lp"]], [c[2] for c in ci[other]])
+    late = measured_crossover_bytes(sizes, [c[2] for c in ci["lp"]], [c[1] for c in ci[other]])
+    q = int(d.world_size.iloc[0])
+    modelled = model_crossover_bytes("broadcast", other, q, _link_of(d, ports), sizes[0],
+                                     sizes[-1])
+
+    def off(x: float) -> float:  # factor between a crossover and the model's (inf: none)
+        if not (math.isfinite(x) and math.isfinite(modelled) and x > 0):
+            return math.inf
+        return max(x / modelled, modelled / x)
+
+    offs = [off(x) for x in (med, early, late)]
+    if max(offs) <= factor:
+        verdict = claims.PASS
+    elif (early > modelled * factor) or (math.isfinite(late) and late < modelled / factor) \
+            or not math.isfinite(early):
+        verdict = claims.FAIL
+    else:
+        verdict = claims.INCONCLUSIVE
+    return claims.Verdict(
+        f"measured {_mib(med)} [{_mib(early)}, {_mib(late)}], model {_mib(modelled)} "
+        f"(x{offs[0]:.2f})",
+        f"within x{factor:g}",
+        verdict,
+    )
+
+
+@claims.check("e2_allreduce_port_model")
+def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
+    """Per-neighbor: the BE/LP allreduce time ratio's interval lies above ``min_ratio`` at the
+    largest message; the single-port ratio is reported alongside (information only).
+
+    Example::
+
+        check_allreduce_ports(df, 1.0)
+    """
+    d = _emulated(df, "allreduce", "per-neighbor")
+    n = int(d.nbytes.max())
+    _times_at(d, n, ("lp", "be"))
+    r, lo, hi = claims.ratio(_samples(d, n, "be"), _samples(d, n, "lp"))
+    text = f"per-neighbor BE/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)}"
+    s = df[df.section.isin(NETWORK_KINDS) & (df.ports == "single") & (df.op == "allreduce")]
+    if {"lp", "be"} <= set(s[s.nbytes == n].algorithm):
+        rs = claims.ratio(_samples(s, n, "be"), _samples(s, n, "lp"))
+        text += f"; single-port BE/LP {claims.fmt_ci(*rs)} (information)"
+    return claims.Verdict(text, f"per-neighbor BE/LP > {min_ratio:g}",
+                          claims.at_least(lo, hi, min_ratio))
+
+
+@claims.check("e2_model_within")
+def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float) -> claims.Verdict:
+    """Signed model error ``(measured - model) / model`` within ``tolerance`` at every emulated
+    point >= ``min_bytes`` (:func:`pipecomm.lab.claims.model_points`).
+
+    Example::
+
+        check_model_within(df, 1 << 20, 0.25)
+    """
+    claims.require_columns(df, "section", "nbytes", "time_s", "model_s", "times_s")
+    d = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
+    if d.empty:
+        raise ValueError(f"no emulated measurements >= {min_bytes} B")
+    labels = [f"{r.op} {r.algorithm}, {r.ports}, {_mib(r.nbytes)}" for r in d.itertuples()]
+    return claims.model_points([stats.repeats(c) for c in d.times_s], d.model_s.tolist(),
+                               labels, tolerance)
+
+
+def _real_ratio_verdicts(df: pd.DataFrame, op: str, algs: list[str], min_bytes: int,
+                         max_ratio: float) -> tuple[list[str], list[str]]:
+    """Per algorithm, p and size >= min_bytes: pipecomm / built-in time ratio with its interval,
+    decided against ``max_ratio``; the worst point per algorithm is described."""
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "times_s")
+    d = df[(df.section == "real") & (df.op == op) & (df.nbytes >= min_bytes)]
+    verdicts, parts = [], []
+    for alg in algs:
+        worst = None
+        for (q, n), g in d[d.algorithm == alg].groupby(["world_size", "nbytes"]):
+            base = d[(d.algorithm == "torch") & (d.world_size == q) & (d.nbytes == n)]
+            if base.empty:
+                continue
+            r = claims.ratio(_samples(g, n, alg), _samples(base, n, "torch"))
+            verdicts.append(claims.at_most(r[1], r[2], max_ratio))
+            if worst is None or r[0] > worst[0][0]:
+                worst = (r, q, n)
+        if worst is not None:
+            r, q, n = worst
+            parts.append(f"{alg} worst {claims.fmt_ci(*r)} (p={int(q)}, {_mib(n)})")
+    if not verdicts:
+        raise ValueError(f"no real {op} measurements of {algs} and the built-in at >= "
+                         f"{min_bytes} B")
+    return verdicts, parts
+
+
+@claims.check("e2_real_lp_broadcast_vs_builtin")
+def check_real_broadcast(df: pd.DataFrame, min_bytes: int, max_ratio: float) -> claims.Verdict:
+    """Real backend: the interval of LP broadcast time / built-in time lies at or below
+    ``max_ratio`` at every p and size >= ``min_bytes``.
+
+    Example::
+
+        check_real_broadcast(df, 16 << 20, 1.0)
+    """
+    verdicts, parts = _real_ratio_verdicts(df, "broadcast", ["lp"], min_bytes, max_ratio)
+    return claims.Verdict("; ".join(parts) + " x built-in",
+                          f"<= {max_ratio:g} at every point (95% interval)",
+                          claims.combine(verdicts))
+
+
+@claims.check("e2_real_allreduce_vs_builtin")
+def check_real_allreduce(df: pd.DataFrame, min_bytes: int,
+                         max_ratio: dict[str, float]) -> claims.Verdict:
+    """Real backend: for each algorithm of ``max_ratio`` (e.g. ``{"lp": 1.3, "ring": 1.15}``)
+    the interval of its allreduce time / built-in time lies at or below its bound at every p
+    and size >= ``min_bytes``.
+
+    Example::
+
+        check_real_allreduce(df, 16 << 20, {"lp": 1.3, "ring": 1.15})
+    """
+    verdicts, parts = [], []
+    for alg, bound in max_ratio.items():
+        v, text = _real_ratio_verdicts(df, "allreduce", [alg], min_bytes, bound)
+        verdicts += v
+        parts += [f"{t} (bound {bound:g})" for t in text]
+    return claims.Verdict("; ".join(parts) + " x built-in",
+                          "each algorithm <= its bound at every point (95% interval)",
+                          claims.combine(verdicts))
+
+
+@claims.check("e2_real_host_model")
+def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
+                          tolerance: float) -> claims.Verdict:
+    """Real gloo backend: LP ``op`` at ``world_size`` and the largest message measured, with its
+    default block, takes the host model's time (``model_s`` of the real section) within
+    ``tolerance``, decided on the interval of the measured median.
+
+    Example::
+
+        check_real_host_model(df, "broadcast", 8, 0.25)
+    """
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "times_s",
+                           "model_s", "block_bytes")
+    d = df[(df.section == "real") & (df.op == op) & (df.algorithm == "lp")
+           & (df.world_size == world_size) & df.model_s.notna()]
+    if d.empty:
+        raise ValueError(f"no real LP {op} at p = {world_size} with a host model (gloo only)")
+    r = d[d.nbytes == d.nbytes.max()].iloc[0]  # a Series: r.nbytes would be its memory size
+    label = f"LP {op}, p={world_size}, {_mib(r['nbytes'])}, block {_mib(r['block_bytes'])}"
+    v = claims.model_points([stats.repeats(r["times_s"])], [float(r["model_s"])], [label],
+                            tolerance)
+    if "host_links_measured" in d and not bool(r["host_links_measured"]):
+        return claims.Verdict(
+            f"{v.measured} -- cannot decide: the host model used the default host_links "
+            f"({float(r['host_links']):g}, the core count), not E0's measurement (run E0 into the "
+            "same results folder first, as ./run_all.sh does)",
+            v.threshold, claims.INCONCLUSIVE)
+    return v
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

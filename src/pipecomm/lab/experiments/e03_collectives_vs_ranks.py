@@ -1,0 +1,348 @@
+"""E3 — measured collective time vs number of ranks p at a large message: LP flat, MST growing.
+
+Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
+Networks" (arXiv 1611.04255): "the cost of LP is invariant to P", while minimum-spanning-tree
+(MST, binomial tree) collectives grow like ``log2 p``. In the alpha-beta model LP broadcast costs
+``(p + k - 2)(alpha + b beta)`` -- with the optimal block count ``k* = sqrt((p-2) n beta / alpha)``
+only the short pipeline fill grows with p -- and MST ``ceil(log2 p)(alpha + n beta)``.
+
+Measured: pipecomm's collectives (``algorithms``, op ``op``) of one ``nbytes`` message on an
+emulated network (:mod:`pipecomm.netem`, ``emu_alpha_s`` and ``emu_bandwidth_Bps`` per link,
+``ports``) for every p in ``world_sizes``. One pool of max(p) gloo ranks measures every p on the
+subgroup of global ranks 0..p-1 (``dist.new_group`` on all ranks; the emulator works on global
+ranks, so a subgroup's transfers use exactly its members' ports and the idle ranks add nothing).
+Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median of ``iters``) after one
+untimed call of each algorithm on a small message; no warm-up at the large size (a call costs
+seconds and is deterministic to a few percent under the emulator). Each point carries the model
+time (``model_s``, :func:`pipecomm.cost.collective_time` on
+:func:`pipecomm.cost.link_from_network`, LP with the block size it used). With
+``network="shaped"`` the pool is a virtual cluster of single-port nodes on Linux tc tbf links
+of ``emu_bandwidth_Bps`` (real TCP; :func:`pipecomm.lab.network.ranks_on`): latency
+cannot be added there, and the model uses the cluster's calibrated link instead of
+``emu_alpha_s`` (recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
+
+Claim (artifact/claims.yaml C3.1, with its threshold and the model's prediction; cpu profile:
+2 ms, 50 MB/s, single-port, 64 MiB, p = 2..8): the growth of LP's and of MST's broadcast time
+from the smallest to the largest p, against the model's growth (LP nearly flat, MST growing
+like log2 p).
+
+Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
+each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
+``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e03_collectives_vs_ranks --out results/manual/E3
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm import cost
+from pipecomm.lab import claims, experiment, stats
+from pipecomm.lab.cli import main
+from pipecomm.lab.network import check_network_kind, ranks_on
+from pipecomm.lab.sweep import (
+    ALG_COLORS,
+    check_link_params,
+    measure_points,
+    network,
+)
+
+ID = "E3"
+NOTEBOOK = "03_collectives_vs_ranks"
+
+
+@dataclass(frozen=True)
+class Params(experiment.Params):
+    """E3's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 3, 4])
+    nbytes: int = 1 << 20
+    op: str = "broadcast"
+    algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
+    # netem.check_host's margin at p = 4 on 2 cores (docs/network_model.md, "Quick defaults"):
+    emu_alpha_s: float = 2e-3
+    emu_bandwidth_Bps: float = 100e6
+    ports: str = "single"
+    iters: int = 2
+    warmup: int = 0
+    timeout_s: float = 600.0
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
+
+    def validate(self) -> None:
+        p = self
+        check_network_kind(p["network"])
+        ws = p["world_sizes"]
+        if (
+            not isinstance(ws, (list, tuple))
+            or not ws
+            or any(isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws)
+        ):
+            raise ValueError(f"parameter world_sizes must be a non-empty list of ints >= 2, got {ws!r}")
+        for name, minimum in (("nbytes", 4), ("iters", 1), ("warmup", 0)):
+            v = p[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ValueError(f"parameter {name} must be an int >= {minimum}, got {v!r}")
+        if p["op"] not in cost.OPS:
+            raise ValueError(f"parameter op must be one of {cost.OPS}, got {p['op']!r}")
+        algs = p["algorithms"]
+        if (
+            not isinstance(algs, (list, tuple))
+            or not algs
+            or any(a not in cost.ALGORITHMS for a in algs)
+        ):
+            raise ValueError(
+                f"parameter algorithms must list entries of {cost.ALGORITHMS} (the "
+                f"built-in cannot be emulated), got {algs!r}"
+            )
+        check_link_params(p)
+
+
+DEFAULTS = Params.defaults()
+_POOL_START_S = 3.0  # rough start-up cost of an 8-rank pool on a quiet 2-core machine
+
+
+def expected_runtime_s(**params: Any) -> dict[str, float]:
+    """Model estimate of ``run``'s wall time: emulated transfers and the pool start (seconds).
+
+    Example::
+
+        expected_runtime_s(world_sizes=[2, 4, 6, 8], nbytes=64 << 20)["total_s"]
+    """
+    p = Params.make(**params)
+    link = cost.link_from_network(network(p))
+    reps = p["warmup"] + p["iters"]
+    emulated = sum(
+        cost.collective_time(p["op"], a, p["nbytes"], q, link) * reps
+        + cost.collective_time(p["op"], a, 4096, q, link)
+        for q in p["world_sizes"]
+        for a in p["algorithms"]
+    )
+    starts = _POOL_START_S * max(1.0, max(p["world_sizes"]) / 8)
+    return {"emulated_s": emulated, "starts_s": starts, "total_s": emulated + starts}
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Measure ``op`` of ``nbytes`` for every algorithm and p; one row per (algorithm, p).
+
+    Columns: ``op``, ``algorithm``, ``nbytes``, ``world_size``, ``ports``, ``time_s`` (median of
+    the max over ranks), ``min_s``, ``max_s``, ``warmup``, ``iters``, ``block_bytes`` (LP),
+    ``model_s``, ``emu_alpha_s``, ``emu_bandwidth_Bps``, ``model_gamma_s_per_byte``, ``backend``,
+    ``network``.
+
+    Example::
+
+        df = run(world_sizes=[2, 4], nbytes=1 << 20)
+    """
+    p = Params.make(**params)
+    net = network(p)
+    link = cost.link_from_network(net)
+    ws = sorted(set(p["world_sizes"]))
+    points = [
+        {
+            "op": p["op"],
+            "algorithm": a,
+            "nbytes": p["nbytes"],
+            "p": q,
+            "warmup": p["warmup"],
+            "iters": p["iters"],
+            "first_warmup": True,
+        }
+        for q in ws
+        for a in p["algorithms"]
+    ]
+    smallest = min(p["nbytes"] // max(ws),  # a BE / ring chunk, or LP's block
+                   cost.lp_optimal_block_bytes(p["op"], p["nbytes"], max(ws), link))
+    with ranks_on(p["network"], max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
+        out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+    link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
+    df = pd.DataFrame(out[0])
+    df["model_s"] = [
+        cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
+        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, df.block_bytes)
+    ]
+    return df.assign(
+        ports=p["ports"],
+        backend="gloo",
+        network=ranks.text,
+        network_kind=ranks.kind,
+        emu_alpha_s=link.alpha,
+        emu_bandwidth_Bps=link.bandwidth_Bps,
+        model_gamma_s_per_byte=link.gamma,
+    )
+
+
+def growth(df: pd.DataFrame) -> pd.DataFrame:
+    """Per algorithm: measured and modelled time relative to the smallest p.
+
+    Example::
+
+        growth(df).loc["lp"]      # time(p) / time(p_min) for each p
+    """
+    d = df.sort_values("world_size")
+    rows = []
+    for alg, g in d.groupby("algorithm"):
+        t0, m0 = float(g.time_s.iloc[0]), float(g.model_s.iloc[0])
+        for r in g.itertuples():
+            rows.append(
+                {
+                    "algorithm": alg,
+                    "world_size": r.world_size,
+                    "measured": r.time_s / t0,
+                    "model": r.model_s / m0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per algorithm and p: measured and modelled time (ms), model error, growth vs smallest p.
+
+    Example::
+
+        summary(run())       # per algorithm and p
+    """
+    g = growth(df).set_index(["algorithm", "world_size"])
+    d = df.set_index(["algorithm", "world_size"])
+    out = pd.DataFrame(
+        {
+            "measured ms": d.time_s * 1e3,
+            "model ms": d.model_s * 1e3,
+            "model error": (d.model_s - d.time_s) / d.time_s,
+            "growth (measured)": g.measured,
+            "growth (model)": g.model,
+        }
+    )
+    return out.round(3).reset_index()
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Left: time vs p (measured dots, model lines); right: growth relative to the smallest p.
+
+    Example::
+
+        fig = plot(run()); fig.savefig("e3.png")
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    op, n, ports = df.op.iloc[0], int(df.nbytes.iloc[0]), df.ports.iloc[0]
+    link = cost.LinkModel.from_bandwidth(
+        float(df.emu_alpha_s.iloc[0]),
+        float(df.emu_bandwidth_Bps.iloc[0]),
+        gamma=float(df.model_gamma_s_per_byte.iloc[0]),
+        ports=ports,
+    )
+    ps = np.arange(int(df.world_size.min()), int(df.world_size.max()) + 1)
+    gr = growth(df)
+    for alg, g in df.groupby("algorithm"):
+        c = ALG_COLORS.get(alg)
+        model = np.array([cost.collective_time(op, alg, n, int(q), link) for q in ps])
+        axes[0].plot(g.world_size, g.time_s, "o", color=c, label=alg)
+        axes[0].plot(ps, model, "-", color=c, lw=1, alpha=0.7)
+        gg = gr[gr.algorithm == alg]
+        axes[1].plot(gg.world_size, gg.measured, "o-", color=c, label=alg)
+        axes[1].plot(ps, model / model[0], ":", color=c, lw=1)
+    axes[0].set(
+        xlabel="ranks p",
+        ylabel="time (s)",
+        title=f"{op} of {n / 2**20:g} MiB",
+        xticks=sorted(set(df.world_size)),
+    )
+    axes[0].legend(fontsize=8, title="measured (dots), model (lines)", title_fontsize=7)
+    axes[1].set(
+        xlabel="ranks p",
+        ylabel=f"time / time at p={int(df.world_size.min())}",
+        title="growth with p (dotted: model)",
+        xticks=sorted(set(df.world_size)),
+    )
+    axes[1].legend(fontsize=8)
+    fig.suptitle(
+        f"E3 — gloo, p = {', '.join(str(q) for q in sorted(set(df.world_size)))} "
+        f"(subgroups of one pool), {df.network.iloc[0]}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.prediction("e3_lp_flat_mst_grows")
+def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
+    """C3.1's prediction for the run: the model's growth of LP's and MST's ``op`` time from
+    ``p_lo`` to ``p_hi`` ranks at the run's largest message on the run's link (the model
+    needs no measurement at those p).
+
+    Example::
+
+        predict_lp_flat(df, 2, 8, "broadcast")   # 'model growth p = 2 -> 8: LP 1.20x, MST 3.0x ...'
+    """
+    claims.require_columns(df, "nbytes", "emu_alpha_s", "emu_bandwidth_Bps")
+    r = df.iloc[0]
+    gamma = float(r["model_gamma_s_per_byte"]) if "model_gamma_s_per_byte" in df else 0.0
+    link = cost.LinkModel.from_bandwidth(float(r["emu_alpha_s"]), float(r["emu_bandwidth_Bps"]),
+                                         0.0 if math.isnan(gamma) else gamma,
+                                         str(r["ports"]) if "ports" in df else "single")
+    n = int(df.nbytes.max())
+
+    def grows(alg: str) -> float:
+        return (cost.collective_time(op, alg, n, p_hi, link)
+                / cost.collective_time(op, alg, n, p_lo, link))
+
+    growth = [f"{alg.upper()} {grows(alg):.2f}x" for alg in ("lp", "mst")]
+    return (f"model growth p = {p_lo} -> {p_hi}: {', '.join(growth)} ({op} of {n / 2**20:g} MiB, "
+            f"{link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s)")
+
+
+@claims.check("e3_lp_flat_mst_grows")
+def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
+                  tolerance: float) -> claims.Verdict:
+    """At the largest message, the growth of LP's and of MST's ``op`` time from ``p_lo`` to
+    ``p_hi`` ranks each agree with the model's growth: signed error of the measured growth
+    ratio (with its interval) within ``tolerance``. The model has LP nearly flat and MST
+    growing like ``ceil(log2 p)``, so a flat MST or a growing LP fails.
+
+    Example::
+
+        check_lp_flat(df, 2, 8, "broadcast", 0.15)   # "LP x1.23 [..] (model x1.20) ..."
+    """
+    claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s", "model_s")
+    d = df[(df.op == op) & (df.nbytes == df.nbytes.max())]
+
+    def at(alg: str, q: int) -> pd.DataFrame:
+        v = d[(d.algorithm == alg) & (d.world_size == q)]
+        if v.empty:
+            raise ValueError(f"no {alg} {op} measured at p={q}")
+        return v
+
+    parts, verdicts = [], []
+    for alg in ("lp", "mst"):
+        hi_rows, lo_rows = at(alg, p_hi), at(alg, p_lo)
+        r = claims.ratio([t for c in hi_rows.times_s for t in stats.repeats(c)],
+                         [t for c in lo_rows.times_s for t in stats.repeats(c)])
+        model = float(hi_rows.model_s.median() / lo_rows.model_s.median())
+        e = [stats.model_error(v, model) for v in r]
+        verdicts.append(claims.within(e[1], e[2], tolerance))
+        parts.append(f"{alg.upper()} x{claims.fmt_ci(*r)} (model x{model:.2f}, {e[0]:+.1%})")
+    n = int(d.nbytes.max())
+    return claims.Verdict(
+        f"p={p_lo}->{p_hi} at {n / 2**20:g} MiB: " + "; ".join(parts),
+        f"growth within {tolerance:.0%} of the model's, LP and MST",
+        claims.combine(verdicts),
+    )
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,407 @@
+"""E6 — Pipe-SGD timing model: predicted iteration time, sync vs pipelined, with measured points.
+
+Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 1811.03619): a
+timing model of AllReduce SGD from network latency, bandwidth, cluster size and compute time;
+synchronous SGD costs ``C + A + U`` per iteration (compute, AllReduce, update) and the pipeline of
+width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.pipesgd.timing_model`).
+
+How it is measured: for each (world size p, emulated bandwidth) pair in ``pools`` one pool of p
+ranks on a ``netem`` network (``alpha_s``, single port by default; gloo underneath). In it, for
+each batch size, first a separate **compute-timing run** (``calibration.rank_calibrate_step``:
+forward + backward + packing = C, optimizer step = U, on all ranks at once, no communication),
+then the **training runs** of ``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` with
+``algorithm`` (ring, as Pipe-SGD's AllReduce). The model's inputs are C and U of the
+compute-timing run, the emulated link (``cost.link_from_network``; gamma from E0's calibration)
+and the gradient bytes -- never the training run it predicts. Measured: per iteration the max
+over ranks of PipeSGD's ``iter_s``, median over the steady iterations.
+
+The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
+default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
+communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
+see ``trainers.gil_switch_interval``).
+
+Claim (artifact/claims.yaml, with its threshold): C6.1 the model's signed error at every
+measured iteration time.
+
+Parameters were chosen from the model before measuring so that the points cover
+communication-bound, balanced and compute-bound pipelines (the compute times C and U of each
+batch size and the model's predictions are columns of the result's data.csv). Slow links keep
+every ring step at several ms, well above the per-wake-up cost of the emulation and of thread
+scheduling.
+
+Known limit: at p = 4 on a 2-core machine four ranks and their communication threads share two
+cores; the model assumes the AllReduce progresses in parallel with compute, but a
+communication thread that needs the GIL waits while its process's compute thread is
+descheduled, so pipelined points at p = 4 measure above the model (the reference run's errors
+are in artifact/ARTIFACT.md). The gpu profile's host (16 cores) measures p = 4 and 8 without
+oversubscription.
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e06_pipesgd_timing_model --out results/manual/E6
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm import cost, netem, vocab
+from pipecomm.lab import claims, network, stats
+from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
+from pipecomm.lab.checks import require
+from pipecomm.lab.cli import main
+from pipecomm.lab.pipesgd_analysis import per_iteration, steady
+from pipecomm.lab.pipesgd_config import CalibratedParams, check_config, config
+from pipecomm.lab.pipesgd_training import iteration_rows, train_rank
+from pipecomm.lab.workloads import check_batch_size, gradient_bytes
+from pipecomm.pipesgd import timing_model
+
+ID = "E6"
+NOTEBOOK = "06_pipesgd_timing_model"
+
+
+@dataclass(frozen=True)
+class Params(CalibratedParams):
+    """E6's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them. The fields E6-E9 share are
+    :class:`~pipecomm.lab.pipesgd_config.CalibratedParams`'."""
+
+    pools: list[Any] = field(default_factory=lambda: [[2, 30e6]])
+    batch_sizes: list[int] = field(default_factory=lambda: [64])
+    modes: list[str] = field(default_factory=lambda: ["sync", "pipe"])
+    iterations: int = 12
+    skip: int = 4
+    calib_iters: int = 6
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        super().validate()
+        p = self
+        pools = p["pools"]
+        require(
+            len(pools) >= 1
+            and all(
+                isinstance(x, (list, tuple))
+                and len(x) == 2
+                and isinstance(x[0], int)
+                and not isinstance(x[0], bool)
+                and x[0] >= 2
+                and isinstance(x[1], (int, float))
+                and x[1] > 0
+                for x in pools
+            ),
+            "pools",
+            pools,
+            "must be a list of [world_size >= 2, bandwidth_Bps > 0] pairs",
+        )
+        require(
+            len(p["batch_sizes"]) >= 1
+            and all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in p["batch_sizes"]
+            ),
+            "batch_sizes",
+            p["batch_sizes"],
+            "must be a non-empty list of ints >= 1",
+        )
+        require(
+            len(p["modes"]) >= 1 and set(p["modes"]) <= set(MODES),
+            "modes",
+            p["modes"],
+            f"must be a non-empty list from {MODES}",
+        )
+        for b in p["batch_sizes"]:
+            check_config(_config(p, b, "sync"))
+            for world, _ in pools:
+                check_batch_size(b, world, name="batch_sizes")
+
+DEFAULTS = Params.defaults()
+MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
+
+
+def _config(p: dict[str, Any], batch: int, mode: str) -> dict[str, Any]:
+    return config(p, batch_size=batch, method=mode)
+
+
+def predict(
+    mode: str,
+    compute_s: float,
+    update_s: float,
+    nbytes: int,
+    world: int,
+    link: cost.LinkModel,
+    algorithm: str,
+) -> float:
+    """The timing model's steady-state iteration time (``timing_model.iteration_time``).
+
+    Example::
+
+        predict("pipe", 0.02, 0.001, 830_000, 2, cost.LinkModel(1e-3, 1 / 60e6), "ring")
+    """
+    return timing_model.iteration_time(
+        mode,
+        compute_s=compute_s,
+        update_s=update_s,
+        nbytes=nbytes,
+        p=world,
+        link=link,
+        algorithm=algorithm,
+    )
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """For every (p, bandwidth) pool and batch size: compute timing, then sync and pipe runs."""
+    p = Params.make(**params)
+    frames = []
+    for world, bw in p["pools"]:
+        net = netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=float(bw), ports=p["ports"])
+        link = cost.link_from_network(net)
+        rows: list[dict[str, Any]] = []
+        ring_chunk = gradient_bytes(_config(p, p["batch_sizes"][0], "sync")) // world
+        with network.emulated_pool(world, net, ring_chunk, timeout_s=p["timeout_s"]) as ranks:
+            for batch in p["batch_sizes"]:
+                nbytes = gradient_bytes(_config(p, batch, "sync"))
+                cal = summarize_step(
+                    ranks.run(
+                        rank_calibrate_step,
+                        _config(p, batch, "sync"),
+                        p["calib_iters"],
+                        3,
+                        timeout_s=p["timeout_s"],
+                    )
+                )
+                meta = dict(bandwidth_Bps=float(bw), batch_size=batch, nbytes=nbytes)
+                rows.append({"kind": "calibration", **meta, **cal})
+                for mode in p["modes"]:
+                    res = ranks.run(train_rank, _config(p, batch, mode), timeout_s=p["timeout_s"])
+                    it = iteration_rows(res, mode=mode, **meta)
+                    rows += it
+                    st = steady(pd.DataFrame(it), p["skip"])
+                    per_it = per_iteration(st, ["mode"])["T"]
+                    rows.append(
+                        {
+                            "kind": "point",
+                            "mode": mode,
+                            **meta,
+                            **cal,
+                            "measured_s": float(per_it.median()),
+                            "times_s": stats.join_repeats(per_it),
+                            "predicted_s": predict(
+                                mode,
+                                cal["compute_s"],
+                                cal["update_s"],
+                                nbytes,
+                                world,
+                                link,
+                                p["algorithm"],
+                            ),
+                        }
+                    )
+        frames.append(
+            pd.DataFrame(rows).assign(
+                backend="gloo",
+                world_size=world,
+                network=net.describe(),
+                alpha_s=p["alpha_s"],
+                ports=p["ports"],
+                algorithm=p["algorithm"],
+                gamma_s_per_byte=link.gamma,
+            )
+        )
+    df = pd.concat(frames, ignore_index=True)
+    return df
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def points(df: pd.DataFrame) -> pd.DataFrame:
+    """The measured points with their predictions and relative errors."""
+    pts = df[df["kind"] == "point"].copy()
+    pts["error"] = stats.model_error(pts["measured_s"].to_numpy(), pts["predicted_s"].to_numpy())
+    return pts
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured point: p, bandwidth, batch, C, U, measured vs predicted."""
+    pts = points(df)
+    return pd.DataFrame(
+        {
+            "p": pts["world_size"].astype(int),
+            "bandwidth_MBps": pts["bandwidth_Bps"] / 1e6,
+            "batch": pts["batch_size"].astype(int),
+            "mode": pts["mode"],
+            "C_ms": pts["compute_s"] * 1e3,
+            "U_ms": pts["update_s"] * 1e3,
+            "measured_ms": pts["measured_s"] * 1e3,
+            "model_ms": pts["predicted_s"] * 1e3,
+            "error": pts["error"].map(lambda e: f"{e:+.1%}"),
+        }
+    ).reset_index(drop=True)
+
+
+def _link(row: pd.Series, bandwidth: float | None = None) -> cost.LinkModel:
+    bw = row["bandwidth_Bps"] if bandwidth is None else bandwidth
+    return cost.LinkModel.from_bandwidth(
+        row["alpha_s"], bw, gamma=row["gamma_s_per_byte"], ports=row["ports"]
+    )
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Model curves over p, bandwidth and compute with measured points; predicted vs measured."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    pts = points(df)
+    cal = df[df["kind"] == "calibration"]
+    base = cal.iloc[0]
+    world0, bw0, batch0 = int(base["world_size"]), base["bandwidth_Bps"], base["batch_size"]
+    alg = base["algorithm"]
+    colors = {"sync": sns.color_palette()[0], "pipe": sns.color_palette()[1]}
+    kw = dict(update_s=base["update_s"], nbytes=int(base["nbytes"]), algorithm=alg)
+
+    # (a) model only, over p, for each emulated bandwidth of the run
+    ps = np.arange(1, 33)
+    for bw, ls in zip(sorted(set(cal["bandwidth_Bps"])), ("-", "--", ":", "-.")):
+        for mode in MODES:
+            ys = [
+                predict(mode, base["compute_s"], world=int(q), link=_link(base, bw), **kw)
+                for q in ps
+            ]
+            axes[0].plot(
+                ps, np.array(ys) * 1e3, ls, color=colors[mode], label=f"{mode}, {bw / 1e6:g} MB/s"
+            )
+    axes[0].set(
+        xscale="log",
+        xlabel="ranks p",
+        ylabel="ms per iteration",
+        title=f"model vs p (C={base['compute_s'] * 1e3:.1f} ms, U, bytes fixed)",
+    )
+    axes[0].legend(fontsize=8)
+
+    # (b) over bandwidth at (world0, batch0)
+    bws = np.geomspace(5e6, 2e9, 80)
+    for mode in MODES:
+        ys = [
+            predict(mode, base["compute_s"], world=world0, link=_link(base, b), **kw) for b in bws
+        ]
+        axes[1].plot(bws / 1e6, np.array(ys) * 1e3, color=colors[mode], label=f"model {mode}")
+        sel = pts[
+            (pts["mode"] == mode) & (pts["world_size"] == world0) & (pts["batch_size"] == batch0)
+        ]
+        axes[1].plot(
+            sel["bandwidth_Bps"] / 1e6,
+            sel["measured_s"] * 1e3,
+            "o",
+            color=colors[mode],
+            label=f"measured {mode}",
+        )
+    axes[1].set(
+        xscale="log",
+        xlabel="emulated bandwidth (MB/s)",
+        ylabel="ms per iteration",
+        title=f"vs bandwidth (p={world0}, batch {batch0})",
+    )
+    axes[1].legend(fontsize=8)
+
+    # (c) over compute at (world0, the fastest bandwidth measured there: compute matters most)
+    bw0 = cal.loc[cal["world_size"] == world0, "bandwidth_Bps"].max()
+    base_c = cal[(cal["world_size"] == world0) & (cal["bandwidth_Bps"] == bw0)].iloc[0]
+    sel_cal = cal[(cal["world_size"] == world0) & (cal["bandwidth_Bps"] == bw0)]
+    cs = np.linspace(0, 3 * sel_cal["compute_s"].max(), 80)
+    for mode in MODES:
+        ys = [
+            predict(
+                mode, c, world=world0, link=_link(base_c), **{**kw, "update_s": base_c["update_s"]}
+            )
+            for c in cs
+        ]
+        axes[2].plot(cs * 1e3, np.array(ys) * 1e3, color=colors[mode], label=f"model {mode}")
+        sel = pts[
+            (pts["mode"] == mode) & (pts["world_size"] == world0) & (pts["bandwidth_Bps"] == bw0)
+        ]
+        axes[2].plot(
+            sel["compute_s"] * 1e3,
+            sel["measured_s"] * 1e3,
+            "o",
+            color=colors[mode],
+            label=f"measured {mode}",
+        )
+    axes[2].set(
+        xlabel="compute C per iteration (ms, from the compute-timing run)",
+        ylabel="ms per iteration",
+        title=f"vs compute (p={world0}, {bw0 / 1e6:g} MB/s)",
+    )
+    axes[2].legend(fontsize=8)
+
+    # (d) predicted vs measured
+    lim = max(pts["measured_s"].max(), pts["predicted_s"].max()) * 1e3 * 1.1
+    xs = np.array([0, lim])
+    axes[3].fill_between(xs, xs * 0.75, xs * 1.25, color="0.9", label="+-25%")
+    axes[3].plot(xs, xs, "k-", lw=1)
+    sns.scatterplot(
+        data=pts.assign(
+            measured_ms=pts["measured_s"] * 1e3,
+            model_ms=pts["predicted_s"] * 1e3,
+            p=pts["world_size"].astype(int),
+        ),
+        x="measured_ms",
+        y="model_ms",
+        hue="mode",
+        style="p",
+        ax=axes[3],
+        s=60,
+        palette=colors,
+    )
+    axes[3].set(
+        xlim=(0, lim),
+        ylim=(0, lim),
+        xlabel="measured ms per iteration",
+        ylabel="model ms per iteration",
+        title="model vs measured, all points",
+    )
+    nets = sorted(set(df["network"]))
+    fig.suptitle(
+        f"E6 Pipe-SGD timing model, gloo, {alg} AllReduce, p in "
+        f"{sorted(set(pts['world_size'].astype(int)))}, emulated: " + "; ".join(nets),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.check("e6_model_within")
+def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int) -> claims.Verdict:
+    """Every measured point with p <= ``max_p``: signed error of the timing model within
+    ``tolerance``, decided on the interval of the median steady iteration time.
+
+    Example::
+
+        check_model_within(df, 0.25, 4)
+    """
+    claims.require_columns(df, "kind", "world_size", "measured_s", "predicted_s", "times_s")
+    pts = points(df)
+    pts = pts[pts["world_size"] <= max_p]
+    if pts.empty:
+        raise ValueError(f"no measured points with p <= {max_p}")
+    labels = [f"{r.mode}, p={int(r.world_size)}, {r.bandwidth_Bps / 1e6:g} MB/s, batch "
+              f"{int(r.batch_size)}" for r in pts.itertuples()]
+    return claims.model_points([stats.repeats(c) for c in pts.times_s],
+                               pts.predicted_s.tolist(), labels, tolerance)
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

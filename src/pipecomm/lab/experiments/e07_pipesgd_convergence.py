@@ -1,0 +1,331 @@
+"""E7 — Pipe-SGD convergence: accuracy vs iterations and vs wall time, with compression.
+
+Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 1811.03619):
+"a pipelined training with a width of two combines the best of both synchronous and
+asynchronous training" -- one stale step hides the AllReduce behind compute without hurting
+convergence, and light compression (16-bit truncation, 8-bit scalar quantization) inside the
+AllReduce does not hurt it either; wall-clock gains "up to 5.4x" on four nodes (overlap alone
+gives at most 2x; the rest came from compression and baselines we do not reproduce).
+
+How it is measured: p ranks of gloo on an emulated network (``netem``: ``alpha_s``, single
+port), ``PipeSGD`` with a ring AllReduce, methods ``sync``, ``pipe``, ``pipe+fp16``,
+``pipe+int8``, each trained from the same seed on the same shards (paired seeds). The network's
+bandwidth is chosen **before measuring** from the timing model: a separate compute-timing run
+(no network) gives C + U, and :func:`pipecomm.lab.network.network_for` picks the
+bandwidth at which the cost model's AllReduce takes ``comm_ratio`` x (C + U) (or give
+``bandwidth_Bps``). The ratio is reported as chosen (model) and as measured in the sync runs.
+Per-iteration time: per step the max over ranks of PipeSGD's ``iter_s``, median over the steady
+steps; wall time: the cumulative ``iter_s`` at each parameter snapshot; accuracy: rank 0
+evaluates the snapshots on the held-out split after training (the last one after ``finish()``).
+The learning rate follows ``schedule`` (constant by default; ``warmup-cosine`` in the cpu-full
+profile, :mod:`pipecomm.lab.schedules`); data.csv records the rate at every evaluation.
+
+The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
+default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
+communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
+see ``trainers.gil_switch_interval``).
+
+Claims (artifact/claims.yaml, with thresholds and the model's predictions): C7.1 pipe's speedup
+per iteration over sync (per-seed ratio over paired seeds; at comm_ratio 1 the model predicts
+2x, less by what waking the communication thread costs per iteration); C7.2 pipe, pipe+fp16
+and pipe+int8 end close to sync's accuracy (paired seeds), decided only when sync has levelled
+off; C7.3, the negative control: at 4x the learning rate (methods ``"sync@4x"``,
+``"pipe@4x"``) the stale gradient costs accuracy -- the configuration where staleness is known
+to hurt, so the figure shows that the comparison can fail. The quick configuration (constant
+rate, short runs) cannot decide C7.2 and C7.3 (INCONCLUSIVE); the ``cpu-full`` profile trains
+with momentum 0.9 and a warm-up + cosine schedule to near convergence.
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e07_pipesgd_convergence --out results/manual/E7
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from pipecomm.lab import claims
+from pipecomm.lab.checks import require
+from pipecomm.lab.cli import main
+from pipecomm.lab.pipesgd_analysis import (
+    accuracy_rise,
+    accuracy_within,
+    final_accuracy,
+    first_reach,
+    median_times,
+    stale_hurts,
+    steady,
+    step_samples,
+)
+from pipecomm.lab.pipesgd_config import (
+    ConvergenceParams,
+    check_config,
+    config,
+    parse_methods,
+)
+from pipecomm.lab.pipesgd_training import calibrate_and_train
+
+ID = "E7"
+NOTEBOOK = "07_pipesgd_convergence"
+
+
+@dataclass(frozen=True)
+class Params(ConvergenceParams):
+    """E7's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
+    :class:`~pipecomm.lab.pipesgd_config.ConvergenceParams`'."""
+
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
+
+    methods: list[str] = field(default_factory=lambda: ["sync", "pipe", "pipe+fp16", "pipe+int8"])
+    iterations: int = 30
+    batch_size: int = 128
+    target_fraction: float = 0.95
+
+    def validate(self) -> None:
+        super().validate()
+        p = self
+        methods = list(p["methods"])
+        require(
+            len(methods) >= 2 and methods[0] == "sync" and len(set(methods)) == len(methods),
+            "methods",
+            methods,
+            "must start with 'sync' (the baseline) and list >= 2 distinct",
+        )
+        parse_methods(methods)
+        require(
+            not any(m.startswith("nocomm") for m in methods),
+            "methods",
+            methods,
+            "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
+        )
+        require(
+            0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
+        )
+        check_config(_config(p, p["seeds"][0], "sync"))
+
+DEFAULTS = Params.defaults()
+
+
+def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
+    return config(p, seed=seed, method=method)
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Train every method for every seed on the chosen emulated network; tidy rows."""
+    p = Params.make(**params)
+    df = calibrate_and_train(p, _config, list(p["methods"]), list(p["seeds"]))
+    return df.assign(target_fraction=p["target_fraction"])
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df.loc[df["kind"] != "calibration", "method"]))
+
+
+def iteration_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: median steady per-iteration time T and its parts C, M."""
+    skip = int(df["skip"].iloc[0])
+    return median_times(steady(df, skip), ["method", "seed"])
+
+
+final_accuracy = final_accuracy
+
+
+def time_to_accuracy(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: first iteration and wall time at which the held-out accuracy
+    reaches ``target_fraction`` x sync's final accuracy of that seed."""
+    frac = float(df["target_fraction"].iloc[0]) if "target_fraction" in df else 0.95
+    ev = df[df["kind"] == "eval"]
+    fin = final_accuracy(df)
+    rows = []
+    for seed, g in ev.groupby("seed"):
+        sync_final = fin[(fin["method"] == "sync") & (fin["seed"] == seed)]["accuracy"]
+        if sync_final.empty:
+            continue
+        target = frac * float(sync_final.iloc[0])
+        for method, gm in g.groupby("method"):
+            it, wall = first_reach(gm, target)
+            rows.append(
+                {"method": method, "seed": seed, "target": target, "iterations": it, "wall_s": wall}
+            )
+    return pd.DataFrame(rows)
+
+
+def comm_ratio_measured(df: pd.DataFrame) -> float:
+    """M / C of the sync runs (median over steps and seeds): the AllReduce on the critical path
+    over the compute thread's work."""
+    it = iteration_times(df)
+    s = it[it["method"] == "sync"]
+    return float((s["M"] / s["C"]).median()) if len(s) else float("nan")
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """The time-to-accuracy table: per method, final accuracy, per-iteration time and speedup,
+    iterations and wall time to the target accuracy and the wall-time speedup (means over
+    seeds of the per-seed values)."""
+    it = iteration_times(df)
+    fin = final_accuracy(df)
+    tta = time_to_accuracy(df)
+    sync_t = it[it["method"] == "sync"].set_index("seed")["T"]
+    sync_wall = tta[tta["method"] == "sync"].set_index("seed")["wall_s"] if len(tta) else None
+    rows = []
+    for m in _order(df):
+        im = it[it["method"] == m].set_index("seed")
+        fm = fin[fin["method"] == m].set_index("seed")["accuracy"]
+        tm = tta[tta["method"] == m].set_index("seed") if len(tta) else None
+        speed = (sync_t / im["T"]).dropna()
+        row = {
+            "method": m,
+            "seeds": len(fm),
+            "final_acc_%": fm.mean(),
+            "rise_last_10%_points": accuracy_rise(df, m, 0.1),
+            "vs_sync_points": (
+                fm - fin[fin["method"] == "sync"].set_index("seed")["accuracy"]
+            ).mean(),
+            "ms_per_iter": im["T"].mean() * 1e3,
+            "iter_speedup": speed.mean(),
+        }
+        if tm is not None and len(tm):
+            wall_speed = (sync_wall / tm["wall_s"]).dropna()
+            row.update(
+                {
+                    "target_acc_%": tm["target"].mean(),
+                    "iters_to_target": tm["iterations"].mean(),
+                    "s_to_target": tm["wall_s"].mean(),
+                    "time_to_acc_speedup": wall_speed.mean() if len(wall_speed) else np.nan,
+                    "reached": f"{int(tm['iterations'].notna().sum())}/{len(tm)}",
+                }
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _title(df: pd.DataFrame, what: str) -> str:
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    seeds = sorted(set(df.loc[df["kind"] == "eval", "seed"]))
+    return (
+        f"{what}: gloo, p={int(df['world_size'].iloc[0])}, {df['algorithm'].iloc[0]} "
+        f"AllReduce, {df['network'].iloc[0]}; AllReduce/compute = "
+        f"{cal['comm_ratio_model']:.2f} (model), {comm_ratio_measured(df):.2f} (measured "
+        f"in sync); {len(seeds)} seed(s)"
+    )
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Accuracy vs iterations and vs wall time (mean over seeds), and time per iteration."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.3))
+    ev = df[df["kind"] == "eval"].copy()
+    order = _order(df)
+    sns.lineplot(
+        data=ev,
+        x="iteration",
+        y="accuracy",
+        hue="method",
+        hue_order=order,
+        style="method",
+        ax=axes[0],
+        errorbar=("pi", 100),
+        markers=True,
+        dashes=False,
+    )
+    axes[0].set(
+        title="held-out accuracy vs iterations (band: range over seeds)", ylabel="accuracy (%)"
+    )
+    mean = ev.groupby(["method", "iteration"], as_index=False)[["accuracy", "wall_s"]].mean()
+    for m in order:
+        g = mean[mean["method"] == m]
+        axes[1].plot(g["wall_s"], g["accuracy"], marker="o", ms=3, label=m)
+    axes[1].set(
+        title="held-out accuracy vs wall time (mean over seeds)",
+        xlabel="seconds",
+        ylabel="accuracy (%)",
+    )
+    axes[1].legend()
+    it = iteration_times(df)
+    sns.barplot(
+        data=it.assign(ms=it["T"] * 1e3),
+        x="method",
+        y="ms",
+        order=order,
+        ax=axes[2],
+        errorbar=("pi", 100),
+    )
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    axes[2].axhline(cal["model_sync_s"] * 1e3, color="k", ls="--", lw=1, label="model sync")
+    axes[2].axhline(cal["model_pipe_s"] * 1e3, color="k", ls=":", lw=1, label="model pipe")
+    axes[2].set(title="time per iteration (median of steady steps)", ylabel="ms")
+    axes[2].legend()
+    fig.suptitle(_title(df, "E7 Pipe-SGD convergence"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.prediction("e7_pipe_speedup")
+def predict_pipe_speedup(df: pd.DataFrame) -> str:
+    """C7.1's prediction for the run: the timing model's speedup of the pipeline from the run's
+    calibrated compute, communication and update times.
+
+    Example::
+
+        predict_pipe_speedup(df)   # 'model speedup 2.00x (sync C + A + U vs pipelined ...'
+    """
+    claims.require_columns(df, "kind", "model_sync_s", "model_pipe_s")
+    cal = df[df["kind"] == "calibration"]
+    if cal.empty:
+        raise ValueError("no calibration rows")
+    model = float((cal["model_sync_s"] / cal["model_pipe_s"]).median())
+    return (f"model speedup {model:.2f}x (sync C + A + U vs pipelined max(C + U, A), with this "
+            f"run's calibrated C, A and U: sync {cal['model_sync_s'].median() * 1e3:.3g} ms, "
+            f"pipelined {cal['model_pipe_s'].median() * 1e3:.3g} ms per iteration)")
+
+
+@claims.check("e7_pipe_speedup")
+def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claims.Verdict:
+    """sync's / ``method``'s per-iteration time (medians over every steady iteration of every
+    seed, with a bootstrap interval) is at least the timing model's speedup discounted by the
+    model's accuracy ``tolerance``: ``model * (1 - tolerance) / (1 + tolerance)``.
+
+    Example::
+
+        check_pipe_speedup(df, "pipe", 0.25)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s",
+                           "model_sync_s", "model_pipe_s")
+    r, lo, hi = claims.ratio(step_samples(df, "sync"), step_samples(df, method))
+    cal = df[df["kind"] == "calibration"]
+    model = float((cal["model_sync_s"] / cal["model_pipe_s"]).median())
+    bound = model * (1 - tolerance) / (1 + tolerance)
+    return claims.Verdict(
+        f"{claims.fmt_ci(r, lo, hi)}x (model {model:.2f}x, bound {bound:.2f}x; "
+        f"{df[df.method == method].seed.nunique()} seeds)",
+        f">= model x (1 - {tolerance:g}) / (1 + {tolerance:g})",
+        claims.at_least(lo, hi, bound),
+    )
+
+
+# C7.2 and C7.3: the paired accuracy comparisons E7 and E9 share (pipecomm.lab.pipesgd_analysis)
+check_accuracy_within = claims.check("e7_accuracy_within")(accuracy_within)
+check_stale_hurts = claims.check("e7_stale_hurts")(stale_hurts)
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,264 @@
+"""E8 — Pipe-SGD iteration-time breakdown: compute, communication, compression, update.
+
+Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 1811.03619). Its
+reviewers asked where an iteration's time goes; the paper's model says the pipeline of width 2
+hides the AllReduce behind compute (``max(C + U, A)`` instead of ``C + A + U``).
+
+How it is measured: p ranks of gloo on an emulated network (``netem``, single port) whose
+bandwidth is chosen *before measuring* from a separate compute-timing run and the cost model
+(AllReduce = ``comm_ratio`` x (C + U); :func:`pipecomm.lab.network.network_for`), then
+one training run per method -- ``sync``, ``sync+fp16``, ``sync+int8``, ``layerwise``, ``pipe``,
+``pipe+fp16``, ``pipe+int8`` (ring AllReduce) -- side by side in the same pool. PipeSGD records
+per iteration: compute (forward + backward, from the end of the previous step), launch
+(packing the gradients), communication (time blocked on the AllReduce), compression (codec
+encode/decode on any thread) and update. The breakdown is the mean over steady iterations and
+ranks (means add up to the iteration time; the rest is "other"). In the sync runs the codec
+runs inside the blocking AllReduce (so it is on the critical path and subtracted from
+"communication"); in the pipelined runs it runs on the communication thread, overlapped.
+
+The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
+default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
+communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
+see ``trainers.gil_switch_interval``).
+
+Claim (artifact/claims.yaml, with its threshold): C8.1 overlap is real -- pipe's iteration time
+against the bound ``max(C, M) + f min(C, M)``, where, in the sync run of the same pool, C is
+the compute thread's time per iteration (everything but the AllReduce) and M the AllReduce on
+the critical path (per step: C = max over ranks of ``iter_s - comm_s``, M = max over ranks of
+``iter_s`` - C; medians over steady steps). Without overlap pipe would take C + M.
+
+The batch (192 per rank) is chosen so that the slack ``f min(C, M)`` is well above what waking
+the communication thread costs per iteration, so the claim tests overlap, not that overhead;
+at batch 64 the two are comparable.
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e08_pipesgd_breakdown --out results/manual/E8
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from pipecomm.lab import claims
+from pipecomm.lab.checks import positive_float, require
+from pipecomm.lab.cli import main
+from pipecomm.lab.pipesgd_analysis import median_times, steady, step_samples
+from pipecomm.lab.pipesgd_config import (
+    CalibratedPoolParams,
+    check_config,
+    config,
+    parse_method,
+    parse_methods,
+)
+from pipecomm.lab.pipesgd_training import TIMING_COLUMNS, calibrate_and_train
+
+ID = "E8"
+NOTEBOOK = "08_pipesgd_breakdown"
+
+
+@dataclass(frozen=True)
+class Params(CalibratedPoolParams):
+    """E8's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them. The fields E7-E9 share are
+    :class:`~pipecomm.lab.pipesgd_config.CalibratedPoolParams`'."""
+
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
+
+    methods: list[str] = field(default_factory=lambda:
+        ["sync", "sync+fp16", "sync+int8", "layerwise", "pipe", "pipe+fp16", "pipe+int8"]
+    )
+    seed: int = 0
+    batch_size: int = 192
+    bucket_mb: float = 0.5
+
+    def validate(self) -> None:
+        super().validate()
+        p = self
+        methods = list(p["methods"])
+        require(
+            len(methods) >= 2
+            and "sync" in methods
+            and "pipe" in methods
+            and len(set(methods)) == len(methods),
+            "methods",
+            methods,
+            "must list distinct methods including 'sync' and 'pipe'",
+        )
+        modes = [mode for mode, _, _ in parse_methods(methods)]
+        require("nocomm" not in modes, "methods", methods, "'nocomm' has nothing to break down")
+        positive_float(p, "bucket_mb")
+        check_config(_config(p, p["seed"], "sync"))
+
+DEFAULTS = Params.defaults()
+PARTS = ("compute", "update", "communication", "compression", "other")
+
+
+def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
+    return config(p, seed=seed, method=method)
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Compute timing, network choice, then one training run per method in one pool."""
+    p = Params.make(**params)
+    return calibrate_and_train(p, _config, list(p["methods"]), [p["seed"]])
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def breakdown(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean per-iteration time of each part, per method (steady iterations, all ranks).
+
+    ``communication`` is the time blocked on the AllReduce (minus the codec time inside it in
+    sync and layer-wise runs), ``compression`` the codec time on the critical path,
+    ``compression_background`` the codec time on the communication thread (pipelined runs).
+    """
+    skip = int(df["skip"].iloc[0])
+    st = steady(df, skip)
+    order = list(dict.fromkeys(st["method"]))
+    rows = []
+    for m in order:
+        g = st[st["method"] == m]
+        mode, _, codec = parse_method(m)
+        mean = g[list(TIMING_COLUMNS)].mean()
+        inline = mode != "pipe"  # the codec runs inside the waited-for AllReduce
+        comp = mean["compress_s"] if inline else 0.0
+        comm = max(mean["comm_s"] - comp, 0.0)
+        compute = mean["compute_s"] + mean["launch_s"]
+        row = {
+            "method": m,
+            "compute": compute,
+            "update": mean["update_s"],
+            "communication": comm,
+            "compression": comp,
+            "compression_background": 0.0 if inline else mean["compress_s"],
+            "total": mean["iter_s"],
+        }
+        row["other"] = max(row["total"] - compute - row["update"] - comm - comp, 0.0)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def overlap_bound(df: pd.DataFrame, method: str = "pipe", tolerance: float = 0.25) -> dict:
+    """C and M of the sync run, the bound ``max(C, M) + tolerance * min(C, M)`` and the
+    measured per-iteration time T of ``method`` (medians over steady steps, see the module
+    docstring)."""
+    skip = int(df["skip"].iloc[0])
+    med = median_times(steady(df, skip), ["method"]).set_index("method")
+    for m in ("sync", method):
+        if m not in med.index:
+            raise ValueError(f"no steady iterations of {m!r} in the data")
+    c, m_ = float(med.loc["sync", "C"]), float(med.loc["sync", "M"])
+    return {
+        "C": c,
+        "M": m_,
+        "bound": max(c, m_) + tolerance * min(c, m_),
+        "T": float(med.loc[method, "T"]),
+        "T_sync": float(med.loc["sync", "T"]),
+    }
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method: the breakdown in ms (means), the median iteration time and speedup vs sync."""
+    b = breakdown(df)
+    skip = int(df["skip"].iloc[0])
+    med = median_times(steady(df, skip), ["method"]).set_index("method")["T"]
+    out = pd.DataFrame({"method": b["method"]})
+    for col in (*PARTS, "compression_background", "total"):
+        out[f"{col}_ms"] = b[col] * 1e3
+    out["median_iter_ms"] = b["method"].map(med) * 1e3
+    out["speedup_vs_sync"] = med.get("sync", np.nan) / b["method"].map(med)
+    return out
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Stacked bars of the critical path per method; codec work on the communication thread
+    hatched beside them; the overlap bound and the model's sync/pipe times as lines."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    b = breakdown(df)
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(b) + 2.2))
+    y = np.arange(len(b))[::-1]
+    left = np.zeros(len(b))
+    colors = dict(zip(PARTS, sns.color_palette("deep", len(PARTS))))
+    for part in PARTS:
+        ax.barh(y, b[part] * 1e3, left=left, color=colors[part], label=part, height=0.6)
+        left += b[part].to_numpy() * 1e3
+    bg = b["compression_background"].to_numpy() * 1e3
+    if bg.any():
+        ax.barh(
+            y - 0.38,
+            bg,
+            left=0,
+            height=0.14,
+            color=colors["compression"],
+            hatch="///",
+            alpha=0.6,
+            label="compression on the comm thread (overlapped)",
+        )
+    ax.set_yticks(y, b["method"])
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    try:
+        ob = overlap_bound(df)
+        ax.axvline(
+            ob["bound"] * 1e3,
+            color="k",
+            ls="-",
+            lw=1,
+            label=f"bound max(C,M)+0.25 min(C,M) = {ob['bound'] * 1e3:.1f} ms",
+        )
+    except ValueError:
+        pass
+    ax.axvline(cal["model_sync_s"] * 1e3, color="0.4", ls="--", lw=1, label="model sync")
+    ax.axvline(cal["model_pipe_s"] * 1e3, color="0.4", ls=":", lw=1, label="model pipe")
+    ax.set(xlabel="ms per iteration (mean over steady iterations and ranks)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(
+        f"E8 iteration breakdown: gloo, p={int(df['world_size'].iloc[0])}, "
+        f"{df['algorithm'].iloc[0]} AllReduce, {df['network'].iloc[0]}\n"
+        f"(bandwidth chosen for AllReduce/compute = {cal['comm_ratio_model']:.2f} by the "
+        "model)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.check("e8_overlap_bound")
+def check_overlap_bound(df: pd.DataFrame, tolerance: float, method: str) -> claims.Verdict:
+    """The interval of ``method``'s median iteration time lies at or below
+    ``max(C, M) + tolerance * min(C, M)`` of the sync run (medians over steady steps).
+
+    Example::
+
+        check_overlap_bound(df, 0.25, "pipe")
+    """
+    claims.require_columns(df, "kind", "method", "iteration", "iter_s", "comm_s", "skip")
+    ob = overlap_bound(df, method, tolerance)
+    t, lo, hi = claims.interval(step_samples(df, method))
+    return claims.Verdict(
+        f"{method} {claims.fmt_ci(t * 1e3, lo * 1e3, hi * 1e3)} ms vs bound "
+        f"{ob['bound'] * 1e3:.1f} ms (C {ob['C'] * 1e3:.1f} ms, M {ob['M'] * 1e3:.1f} ms, sync "
+        f"{ob['T_sync'] * 1e3:.1f} ms)",
+        f"<= max(C, M) + {tolerance:g} min(C, M)",
+        claims.at_most(lo, hi, ob["bound"]),
+    )
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,397 @@
+"""E9 — layer-wise and delayed gradient descent: time per batch and iterations to an accuracy.
+
+Paper: Daily, Vishnu, Siegel, "Leveraging Asynchronicity in Gradient Descent for Scalable Deep
+Learning" (ICLR 2017 submission): synchronous GD (one AllReduce of all gradients), layer-wise GD
+(each layer's AllReduce starts in a background thread as soon as backprop produces it, zero
+staleness), and delayed GD -- "AGD (1 comm)" / "AGD (2 comm)", gradients applied 1 or 2
+iterations late -- on a communication-heavy AlexNet. Figure 1: time per batch against a
+no-communication bound; the best asynchronous method is "up to 1.7x faster than the synchronous
+approach", layer-wise "did not perform as well as expected". Table 1: iterations to reach a
+fixed (early) accuracy grow with the delay (sync < 2000, AGD-1 < 3000, AGD-2 5000).
+
+How it is measured: p ranks of gloo on an emulated network (``netem``, single port) with a
+ring AllReduce (the paper used MPI's); an AlexNet-like net (``conv_channels`` 64, 256; two fully
+connected layers of 1024) whose fully connected layers hold most parameters (9.0 MB of
+gradients) while the convolutions hold most of the compute, so layer-wise overlap has something
+to hide behind, as in AlexNet. The bandwidth is chosen *before measuring* from a separate
+compute-timing run and the cost model so that the AllReduce takes ``comm_ratio`` (2) x the
+compute -- communication-heavy, as in the paper. Methods, side by side in one pool: ``nocomm``
+(each rank steps alone: the bound), ``sync``, ``layerwise`` (buckets of ``bucket_mb`` = 4 MiB in
+backward order: the last two FC layers, the first FC layer, the convolutions), ``delayed-1``,
+``delayed-2`` (``PipeSGD(mode="pipe", staleness=1|2)``). Time per batch: per step the max over
+ranks of ``iter_s``, median over steady steps; iterations to ``target_acc``: rank 0 evaluates
+parameter snapshots every ``eval_every`` iterations on the held-out split after training.
+
+The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
+default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
+communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
+see ``trainers.gil_switch_interval``).
+
+Parameters chosen from the model before measuring: with backward hooks timed on one core, a
+simulation of the bucket schedule (the layers' gradient-ready times, the ring cost model per
+bucket) predicts layer-wise faster than sync at comm_ratio 2 with 4 MiB buckets, and less so
+with 1 MiB buckets, whose extra latencies eat the overlap; the CPU work of the communication
+thread during backward, which the model ignores, costs a few percent more. Delayed / sync:
+(C + U) + A over A = 1.5x.
+
+Claims (artifact/claims.yaml, with thresholds and the model's predictions): C9.1 delayed-1 and
+delayed-2 are faster per batch than sync (the model predicts 1.5x at comm_ratio 2); C9.2
+layer-wise is no slower than sync (the bucket-schedule model predicts it faster); C9.3 the paper's
+Table 1 in a fixed step budget: delayed-2 ends more than 1 accuracy point below sync over paired
+seeds, decided only when sync has levelled off (the ``cpu-full`` profile trains to near
+convergence with momentum 0.9 and a warm-up + cosine schedule; the quick configuration's short
+runs give INCONCLUSIVE).
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e09_layerwise_delayed --out results/manual/E9
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from pipecomm.lab import claims
+from pipecomm.lab.checks import positive_float, positive_int, require
+from pipecomm.lab.cli import main
+from pipecomm.lab.pipesgd_analysis import (
+    accuracy_rise,
+    first_reach,
+    is_true,
+    median_times,
+    stale_hurts,
+    steady,
+    step_samples,
+)
+from pipecomm.lab.pipesgd_config import (
+    ConvergenceParams,
+    check_config,
+    config,
+    parse_methods,
+)
+from pipecomm.lab.pipesgd_training import calibrate_and_train
+
+ID = "E9"
+NOTEBOOK = "09_layerwise_delayed"
+
+
+@dataclass(frozen=True)
+class Params(ConvergenceParams):
+    """E9's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
+    :class:`~pipecomm.lab.pipesgd_config.ConvergenceParams`'."""
+
+    ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "mst", "be", "ring")
+    ALGORITHMS_WHY: ClassVar[str] = " (emulated algorithms)"
+
+    methods: list[str] = field(default_factory=lambda:
+        ["nocomm", "sync", "layerwise", "delayed-1", "delayed-2"]
+    )
+    nocomm_iterations: int = 10
+    eval_every: int = 5
+    skip: int = 4
+    model: str = "alexnet_like"
+    model_kw: dict[str, Any] = field(default_factory=lambda:
+        {"conv_channels": [64, 256], "fc_width": 1024}
+    )
+    lr: float = 0.005
+    momentum: float = 0.9
+    comm_ratio: float = 2.0
+    bucket_mb: float = 4.0
+    target_acc: float = 70.0
+    calib_iters: int = 6
+
+    def validate(self) -> None:
+        super().validate()
+        p = self
+        positive_int(p, "nocomm_iterations")
+        methods = list(p["methods"])
+        require(
+            "sync" in methods and len(set(methods)) == len(methods),
+            "methods",
+            methods,
+            "must list distinct methods including 'sync' (the baseline)",
+        )
+        parse_methods(methods)
+        require(
+            0 <= p["skip"] < p["nocomm_iterations"],
+            "skip",
+            p["skip"],
+            f"must be below nocomm_iterations={p['nocomm_iterations']}",
+        )
+        positive_float(p, "bucket_mb")
+        require(
+            0 < p["target_acc"] <= 100,
+            "target_acc",
+            p["target_acc"],
+            "must be a percentage in (0, 100]",
+        )
+        check_config(_config(p, p["seeds"][0], "sync"))
+
+DEFAULTS = Params.defaults()
+# Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
+# on when each bucket's gradients are ready in backward, which the calibration does not measure).
+MODEL_OF = {
+    "nocomm": "model_nocomm_s",
+    "sync": "model_sync_s",
+    "delayed-1": "model_pipe_s",
+    "delayed-2": "model_pipe_s",
+}
+
+
+def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
+    return config(p, seed=seed, method=method, evaluate=method != "nocomm")
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Compute timing, network choice, then every (seed, method) run in one pool."""
+    p = Params.make(**params)
+    df = calibrate_and_train(
+        p,
+        _config,
+        list(p["methods"]),
+        list(p["seeds"]),
+        iterations={"nocomm": p["nocomm_iterations"]},
+    )
+    return df.assign(target_acc=p["target_acc"])
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df.loc[df["kind"] == "iteration", "method"]))
+
+
+def batch_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: median steady time per batch T (and its parts C, M)."""
+    return median_times(steady(df, int(df["skip"].iloc[0])), ["method", "seed"])
+
+
+def iterations_to_target(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and seed: first snapshot iteration with accuracy >= ``target_acc``."""
+    target = float(df["target_acc"].iloc[0])
+    ev = df[df["kind"] == "eval"]
+    rows = []
+    for (m, seed), g in ev.groupby(["method", "seed"], sort=False):
+        if m == "nocomm":
+            continue
+        it, wall = first_reach(g, target)
+        rows.append(
+            {
+                "method": m,
+                "seed": seed,
+                "target": target,
+                "iterations": it,
+                "wall_s": wall,
+                "max_iteration": int(g["iteration"].max()),
+                "final_acc": float(g.loc[is_true(g["final"]), "accuracy"].iloc[0]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Figure 1 and Table 1 in one table: per method, ms per batch (mean over seeds), speedup
+    over sync, efficiency against the no-communication bound, iterations and seconds to the
+    target accuracy, final accuracy."""
+    bt = batch_times(df)
+    tt = iterations_to_target(df)
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    sync = bt[bt["method"] == "sync"].set_index("seed")["T"]
+    nocomm = bt[bt["method"] == "nocomm"]["T"].mean() if "nocomm" in set(bt["method"]) else np.nan
+    rows = []
+    for m in _order(df):
+        tm = bt[bt["method"] == m].set_index("seed")["T"]
+        row = {
+            "method": m,
+            "ms_per_batch": tm.mean() * 1e3,
+            "model_ms": cal[MODEL_OF[m.split("+")[0]]] * 1e3
+            if m.split("+")[0] in MODEL_OF
+            else np.nan,
+            "speedup_vs_sync": (sync / tm).dropna().mean(),
+            "efficiency_vs_nocomm": nocomm / tm.mean(),
+        }
+        g = tt[tt["method"] == m] if len(tt) else tt
+        if len(g):
+            reached = g["iterations"].notna()
+            row.update(
+                {
+                    "target_acc_%": g["target"].iloc[0],
+                    "iters_to_target": g.loc[reached, "iterations"].mean()
+                    if reached.any()
+                    else np.nan,
+                    "reached": f"{int(reached.sum())}/{len(g)} (of {g['max_iteration'].max()})",
+                    "s_to_target": g.loc[reached, "wall_s"].mean() if reached.any() else np.nan,
+                    "final_acc_%": g["final_acc"].mean(),
+                    "rise_last_10%_points": accuracy_rise(df, m, 0.1),
+                }
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Time per batch with the no-communication bound and the model; accuracy vs iterations;
+    iterations to the target accuracy."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.3))
+    order = _order(df)
+    bt = batch_times(df)
+    cal = df[df["kind"] == "calibration"].iloc[0]
+    sns.barplot(
+        data=bt.assign(ms=bt["T"] * 1e3),
+        x="method",
+        y="ms",
+        order=order,
+        ax=axes[0],
+        errorbar=("pi", 100),
+    )
+    xs = np.arange(len(order))
+    model = [cal[MODEL_OF[m]] * 1e3 if m in MODEL_OF else np.nan for m in order]
+    axes[0].plot(xs, model, "kD", label="timing model")
+    if "nocomm" in order:
+        axes[0].axhline(
+            bt[bt["method"] == "nocomm"]["T"].mean() * 1e3,
+            color="k",
+            ls="--",
+            lw=1,
+            label="no-communication bound",
+        )
+    axes[0].set(title="time per batch (median of steady steps)", ylabel="ms")
+    axes[0].legend(fontsize=8)
+    ev = df[(df["kind"] == "eval") & (df["method"] != "nocomm")]
+    train_order = [m for m in order if m != "nocomm"]
+    if len(ev):
+        sns.lineplot(
+            data=ev,
+            x="iteration",
+            y="accuracy",
+            hue="method",
+            hue_order=train_order,
+            ax=axes[1],
+            errorbar=("pi", 100),
+            marker="o",
+        )
+        axes[1].axhline(float(df["target_acc"].iloc[0]), color="k", ls=":", lw=1, label="target")
+    axes[1].set(title="held-out accuracy vs iterations", ylabel="accuracy (%)")
+    tt = iterations_to_target(df)
+    if len(tt):
+        sns.barplot(
+            data=tt, x="method", y="iterations", order=train_order, ax=axes[2], errorbar=("pi", 100)
+        )
+        for i, m in enumerate(train_order):
+            g = tt[tt["method"] == m]
+            missed = int(g["iterations"].isna().sum())
+            if missed:
+                axes[2].annotate(
+                    f"{missed} seed(s)\nnot reached", (i, 0), ha="center", va="bottom", fontsize=7
+                )
+    axes[2].set(
+        title=f"iterations to {float(df['target_acc'].iloc[0]):g}% held-out accuracy",
+        ylabel="iterations",
+    )
+    seeds = sorted(set(df.loc[df["kind"] == "iteration", "seed"]))
+    fig.suptitle(
+        f"E9 layer-wise and delayed GD: gloo, p={int(df['world_size'].iloc[0])}, "
+        f"{df['algorithm'].iloc[0]} AllReduce, {df['network'].iloc[0]}; AllReduce/"
+        f"compute = {cal['comm_ratio_model']:.2f} (model); {len(seeds)} seed(s)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def _calibrated_model(df: pd.DataFrame, column: str) -> float:
+    """The timing model's time per batch ``column`` over sync's, from the run's calibration."""
+    claims.require_columns(df, "kind", "model_sync_s", column)
+    cal = df[df["kind"] == "calibration"]
+    if cal.empty:
+        raise ValueError("no calibration rows")
+    return float(cal[column].iloc[0] / cal["model_sync_s"].iloc[0])
+
+
+@claims.prediction("e9_delayed_faster")
+def predict_delayed_faster(df: pd.DataFrame) -> str:
+    """C9.1's prediction for the run: the timing model's delayed / sync time per batch from the
+    run's calibrated compute and AllReduce.
+
+    Example::
+
+        predict_delayed_faster(df)   # 'model ratio 0.67 (1.50x faster) ...'
+    """
+    r = _calibrated_model(df, "model_pipe_s")
+    return f"model ratio {r:.2f} ({1 / r:.2f}x faster) from this run's calibrated compute and AllReduce"
+
+
+@claims.prediction("e9_layerwise_not_slower")
+def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
+    """C9.2's prediction for the run: the bucket-schedule model's layer-wise / sync time.
+
+    Example::
+
+        predict_layerwise_not_slower(df)   # 'bucket-schedule model ratio 0.90 ...'
+    """
+    r = _calibrated_model(df, "model_layerwise_s")
+    return (f"bucket-schedule model ratio {r:.2f} (communication hidden behind the backward pass "
+            f"only), from this run's calibration")
+
+
+@claims.check("e9_delayed_faster")
+def check_delayed_faster(df: pd.DataFrame, methods: list[str],
+                         max_ratio: float) -> claims.Verdict:
+    """Each method's time per batch / sync's (medians over every steady iteration of every
+    seed) has its interval below ``max_ratio``.
+
+    Example::
+
+        check_delayed_faster(df, ["delayed-1", "delayed-2"], 1.0)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
+    sync = step_samples(df, "sync")
+    parts, verdicts = [], []
+    for m in methods:
+        r, lo, hi = claims.ratio(step_samples(df, m), sync)
+        verdicts.append(claims.at_most(lo, hi, max_ratio))
+        parts.append(f"{m} {claims.fmt_ci(r, lo, hi)}x sync")
+    return claims.Verdict(
+        "; ".join(parts) + f" (sync {np.median(sync) * 1e3:.1f} ms)",
+        f"time / sync < {max_ratio:g} (95% interval)",
+        claims.combine(verdicts),
+    )
+
+
+@claims.check("e9_layerwise_not_slower")
+def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Verdict:
+    """Layer-wise time per batch / sync's has its interval at or below ``max_ratio``.
+
+    Example::
+
+        check_layerwise_not_slower(df, 1.0)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s")
+    r, lo, hi = claims.ratio(step_samples(df, "layerwise"), step_samples(df, "sync"))
+    return claims.Verdict(f"layerwise / sync {claims.fmt_ci(r, lo, hi)}x",
+                          f"<= {max_ratio:g}x (95% interval)", claims.at_most(lo, hi, max_ratio))
+
+
+# C9.3: a delay of 2 costs accuracy at a fixed step budget (the paired comparison of E7's C7.3)
+check_stale_hurts = claims.check("e9_stale_hurts")(stale_hurts)
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,327 @@
+"""E10 — communication time per iteration per topology (the DAdam paper's Table 1).
+
+Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
+Training" (ICLR 2025) tabulate the communication time of one iteration for each topology (the
+table's numbers could not be recovered; docs/papers.md). This experiment measures it for the models
+in use in this artifact -- E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and E13's
+character-level transformer (one bucket each) -- and compares it with the cost model.
+
+How it is measured. For every step of one period of a topology (complete, ring, one-peer-exp,
+alternating-exp-ring = AER), every rank all-reduces (``op="avg"``, pipecomm's ``ring`` algorithm)
+each bucket of the model over its group of that step, all groups at once, launched back to back
+on the communication thread as DecentralizedDataParallel launches its gossip; ``bench.time_fn``
+takes the max over ranks, the median over iterations. The communication time per iteration is the
+mean over the steps of a period. "complete" is also what AllReduce training moves per iteration
+(one allreduce of every bucket over all ranks).
+
+The model: per step, the slowest group's allreduces of all buckets back to back,
+``runtime_model.step_comm_times`` -- the ring allreduce ``2(m-1)(alpha + n/m beta) + (m-1)/m n
+gamma`` on the intra-node link for groups inside a node, on the inter-node link (beta times the
+number of streams sharing the busiest node uplink) for groups spanning nodes; alpha and beta are
+the emulated network's configured values, gamma E0's calibration (or its fallback).
+
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
+50 MB/s, single port (docs/network_model.md); gloo underneath. Claims (thresholds in
+artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2 AER's time
+against complete's.
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e10_topology_comm_time --out results/manual/E10
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm.decentralized import topology
+from pipecomm.lab import claims, stats
+from pipecomm.lab.checks import check_int, check_world_sizes
+from pipecomm.lab.cli import main
+from pipecomm.lab.dadam_timing import (
+    bars_with_markers,
+    model_gossip_time,
+    rank_gossip_times,
+)
+from pipecomm.lab.network import TwoLevelParams, make_network, ranks_on
+from pipecomm.lab.workloads import TASK_MODELS, workload_bucket_bytes
+
+ID = "E10"
+NOTEBOOK = "10_topology_comm_time"
+TOPOLOGIES = ["complete", "ring", "one-peer-exp", "alternating-exp-ring"]
+SHORT = {
+    "complete": "complete",
+    "ring": "ring",
+    "one-peer-exp": "one-peer-exp",
+    "alternating-exp-ring": "AER",
+}
+@dataclass(frozen=True)
+class Params(TwoLevelParams):
+    """E10's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [4])
+    ranks_per_node: int = 2
+    models: list[str] = field(default_factory=lambda: ["timing", "char_transformer"])
+    topologies: list[str] = field(default_factory=lambda: list(TOPOLOGIES))
+    algorithm: str = "ring"
+    warmup: int = 1
+    iters: int = 2
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        if not p["models"] or not isinstance(p["models"], (list, tuple)):
+            raise ValueError(f"parameter models must be a non-empty list, got {p['models']!r}")
+        known = ["timing", *TASK_MODELS]
+        for m in p["models"]:
+            if m not in known:
+                raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
+        if not p["topologies"] or not isinstance(p["topologies"], (list, tuple)):
+            raise ValueError(f"parameter topologies must be a non-empty list, got {p['topologies']!r}")
+        for t in p["topologies"]:
+            if t not in topology.available_topologies() or t == "random-matching":
+                raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
+        if p["algorithm"] not in ("lp", "ring", "be", "mst"):
+            raise ValueError(
+                f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
+                f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
+            )
+        check_int("warmup", p["warmup"], 0)
+        check_int("iters", p["iters"])
+        super().validate()  # the network's parameters
+
+
+DEFAULTS = Params.defaults()
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Measure the gossip time of every step of every topology; add the cost model's time."""
+    p = Params.make(**params)
+    net = make_network(p)
+    rpn = p["ranks_per_node"]
+    sizes = {m: workload_bucket_bytes(m) for m in p["models"]}
+    rows = []
+    for world in p["world_sizes"]:
+        smallest = min(min(b) for b in sizes.values()) // world  # a ring chunk
+        with ranks_on(p["network"], world, net, smallest, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
+            for model in p["models"]:
+                for topo_name in p["topologies"]:
+                    topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)
+                    per_rank = ranks.run(
+                        rank_gossip_times,
+                        sizes[model],
+                        topo_name,
+                        rpn,
+                        p["algorithm"],
+                        p["warmup"],
+                        p["iters"],
+                        timeout_s=p["timeout_s"],
+                    )
+                    for r in per_rank[0]:
+                        groups = topo.groups(r["step"])
+                        rows.append(
+                            {
+                                "world_size": world,
+                                "model": model,
+                                "topology": topo_name,
+                                "step": r["step"],
+                                "period": topo.period,
+                                "groups": r["groups"],
+                                "n_buckets": len(sizes[model]),
+                                "model_bytes": sum(sizes[model]),
+                                **{k: r[k] for k in ("time_s", "ci_lo_s", "ci_hi_s",
+                                                     "repeats", "times_s")},
+                                "model_s": model_gossip_time(
+                                    groups, sizes[model], rpn, ranks.net, p["algorithm"]
+                                ),
+                                "spectral_gap": topo.spectral_gap(),
+                                "algorithm": p["algorithm"],
+                                "ranks_per_node": rpn,
+                                "backend": "gloo",
+                                "network": ranks.text,
+                                "network_kind": ranks.kind,
+                            }
+                        )
+    return pd.DataFrame(rows)
+
+
+def per_iteration(df: pd.DataFrame) -> pd.DataFrame:
+    """Communication time per iteration: mean over the steps of a period, measured and model."""
+    claims.require_columns(df, "world_size", "model", "topology", "time_s", "model_s")
+    g = df.groupby(["world_size", "model", "topology"], sort=False)
+    out = g.agg(
+        measured_s=("time_s", "mean"), model_s=("model_s", "mean"), steps=("time_s", "size")
+    ).reset_index()
+    if "spectral_gap" in df.columns:
+        out["spectral_gap"] = g["spectral_gap"].first().to_numpy()
+    out["error"] = (out.measured_s - out.model_s) / out.model_s
+    return out
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Table 1: ms per iteration per topology (measured, model, error), per model and p."""
+    t = per_iteration(df)
+    t["topology"] = t.topology.map(lambda x: SHORT.get(x, x))
+    return pd.DataFrame(
+        {
+            "p": t.world_size,
+            "model": t.model,
+            "topology": t.topology,
+            "measured_ms": (t.measured_s * 1e3).round(1),
+            "model_ms": (t.model_s * 1e3).round(1),
+            "error": t.error.map(lambda e: f"{e:+.0%}"),
+            **({"spectral_gap": t.spectral_gap.round(3)} if "spectral_gap" in t else {}),
+        }
+    )
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Bars: measured ms per iteration per topology; black markers: the cost model."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    t = per_iteration(df)
+    t["topology"] = t.topology.map(lambda x: SHORT.get(x, x))
+    models = list(dict.fromkeys(t.model))
+    worlds = sorted(t.world_size.unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.8), squeeze=False)
+    order = [SHORT[x] for x in TOPOLOGIES if SHORT[x] in set(t.topology)]
+    for ax, model in zip(axes[0], models):
+        sub = t[t.model == model]
+        bars_with_markers(
+            ax,
+            sub.assign(ms=sub.measured_s * 1e3, model_ms=sub.model_s * 1e3),
+            x="topology",
+            y="ms",
+            hue="world_size",
+            order=order,
+            hue_order=worlds,
+            marker="model_ms",
+            label="model",
+        )
+        ax.set(
+            xlabel="topology",
+            ylabel="communication per iteration (ms)",
+            title=_model_title(model, sub),
+        )
+        ax.legend(title="p / model", fontsize=7)
+    net = df.network.iloc[0] if "network" in df else "?"
+    alg = df.algorithm.iloc[0] if "algorithm" in df else "ring"
+    fig.suptitle(
+        f"E10: gossip time per iteration (gloo, {alg} allreduce on each group, "
+        f"p={', '.join(map(str, worlds))}; {net})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _model_title(model: str, sub: pd.DataFrame) -> str:
+    if "model_bytes" not in sub or "n_buckets" not in sub:
+        return model
+    return (
+        f"{model}: {int(sub.n_buckets.iloc[0])} bucket(s), {sub.model_bytes.iloc[0] / 1024:.0f} KiB"
+    )
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def iteration_samples(df: pd.DataFrame) -> dict[tuple, list[float]]:
+    """Per (world size, model, topology): repeats of the communication time per iteration, the
+    ``r``-th being the mean over the period's steps of each step's ``r``-th repeat.
+
+    Example::
+
+        iteration_samples(df)[(8, "mlp", "alternating-exp-ring")]
+    """
+    claims.require_columns(df, "world_size", "model", "topology", "times_s")
+    out = {}
+    for key, g in df.groupby(["world_size", "model", "topology"], sort=False):
+        reps = [stats.repeats(c) for c in g.times_s]
+        n = min(len(r) for r in reps)
+        out[key] = np.mean([r[:n] for r in reps], axis=0).tolist()
+    return out
+
+
+@claims.check("e10_within_model")
+def check_within_model(df: pd.DataFrame, tolerance: float) -> claims.Verdict:
+    """Every topology, model and world size: signed error of the cost model's communication
+    time per iteration within ``tolerance``, on the interval of the measured median.
+
+    Example::
+
+        check_within_model(df, 0.25)
+    """
+    t = per_iteration(df)
+    if t.empty:
+        raise ValueError("no measurements")
+    samples = iteration_samples(df)
+    keys = list(zip(t.world_size, t.model, t.topology))
+    labels = [f"{SHORT.get(k[2], k[2])}, {k[1]}, p={int(k[0])}" for k in keys]
+    return claims.model_points([samples[k] for k in keys], t.model_s.tolist(), labels, tolerance)
+
+
+@claims.prediction("e10_aer_below_complete")
+def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
+    """C10.2's prediction for the run: the model's AER / complete communication time per
+    iteration at p = ``world_size``, per model (an error when the run lacks that p).
+
+    Example::
+
+        predict_aer_below_complete(df, 8)   # 'model AER/complete at p = 8: mlp 0.52'
+    """
+    t = per_iteration(df)
+    t = t[t.world_size == world_size].set_index(["model", "topology"]).model_s
+    parts = [f"{m} {t[(m, 'alternating-exp-ring')] / t[(m, 'complete')]:.2f}"
+             for m in dict.fromkeys(t.index.get_level_values(0))
+             if (m, "alternating-exp-ring") in t and (m, "complete") in t]
+    if not parts:
+        raise ValueError(f"this run has no AER and complete at p = {world_size}")
+    return f"model AER/complete at p = {world_size}: " + ", ".join(parts)
+
+
+@claims.check("e10_aer_below_complete")
+def check_aer_below_complete(df: pd.DataFrame, world_size: int,
+                             max_ratio: float) -> claims.Verdict:
+    """At ``world_size`` ranks, AER's communication time per iteration / complete's has its
+    interval below ``max_ratio`` for every model.
+
+    Example::
+
+        check_aer_below_complete(df, 8, 1.0)
+    """
+    samples = iteration_samples(df)
+    t = per_iteration(df)
+    parts, verdicts = [], []
+    for model in t[t.world_size == world_size].model.unique():
+        aer = samples.get((world_size, model, "alternating-exp-ring"))
+        com = samples.get((world_size, model, "complete"))
+        if aer is None or com is None:
+            continue
+        r, lo, hi = claims.ratio(aer, com)
+        verdicts.append(claims.at_most(lo, hi, max_ratio))
+        parts.append(f"{model}: AER/complete {claims.fmt_ci(r, lo, hi)}")
+    if not verdicts:
+        raise ValueError(f"need measurements of both 'alternating-exp-ring' and 'complete' at "
+                         f"p={world_size}")
+    return claims.Verdict(f"p={world_size}: " + "; ".join(parts),
+                          f"AER / complete < {max_ratio:g} for every model (95% interval)",
+                          claims.combine(verdicts))
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

@@ -1,0 +1,340 @@
+"""E11 — the runtime model vs measured per-iteration time, with a sweep of each of its factors.
+
+Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
+Training" (ICLR 2025) explain when decentralized training is faster per iteration than AllReduce
+with a runtime model of three factors: (1) overlap of communication with computation, (2)
+heterogeneous intra- vs inter-node links, (3) sensitivity to varying compute times. Their equations
+(appendix A.5) could not be recovered; ``pipecomm.decentralized.runtime_model.simulate`` is this
+artifact's discrete-event version. This experiment checks its predictions against measured
+training iterations, sweeping each factor:
+
+* overlap: emulated compute per iteration x0.5, x1, x2 (communication-bound to compute-bound);
+* links: the two-level network vs the same network with inter-node links as fast as intra-node;
+* varying compute: every rank's compute of every iteration times a log-normal factor (mean 1,
+  coefficient of variation ``compute_cvs``), drawn per rank per iteration.
+
+Measured: AllReduce training (``pipecomm.pipesgd.PipeSGD`` in layer-wise mode: gradient buckets
+all-reduced with pipecomm's ``ring`` as soon as backward produces them, then Adam -- the best
+overlapped AllReduce this library has, see E12) and DAdam (``DecentralizedDataParallel`` + Adam on
+the AER topology, ``ring`` gossip), on E11/E12's timing workload: two bias-free 512 x 512 linear
+layers (one 1 MiB bucket each) on synthetic inputs, each followed by an emulated compute of 10 ms
+forward / 20 ms backward (sleeps, scaled by the factor; eight ranks on two cores cannot compute in
+parallel, so compute is emulated like the network). Iteration time = median over blocks of
+``block_iters`` iterations (``bench.time_fn``: barrier, max over ranks) / ``block_iters``.
+
+Predicted: ``runtime_model.simulate`` with inputs from calibration, never from the run it predicts:
+per-bucket forward, backward and update times from a *separate* compute-only run of the same
+workload on the same ranks (no communication), the emulated network's configured alpha and
+bandwidth (intra and inter), gamma from E0 (or its fallback), the topology, and the same
+log-normal factors the measured run injects (same seed), summarised the same way.
+
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
+50 MB/s, single port; gloo underneath. Claim C11.1: the model's signed error
+in every configuration (threshold: artifact/claims.yaml).
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e11_runtime_model --out results/manual/E11
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm.lab import claims, experiment, stats
+from pipecomm.lab.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab.checks import check_int, check_world_sizes
+from pipecomm.lab.cli import main
+from pipecomm.lab.dadam_timing import (
+    bars_with_markers,
+    check_timing_workload,
+    method_name,
+    predict_training,
+    rank_time_training,
+)
+from pipecomm.lab.network import (
+    DEFAULT_NETWORK,
+    FLAT_NETWORK,
+    check_network_kind,
+    make_network,
+    ranks_on,
+)
+from pipecomm.lab.workloads import timing_spec
+
+ID = "E11"
+NOTEBOOK = "11_runtime_model"
+NETWORKS = {"two-level": DEFAULT_NETWORK, "flat": FLAT_NETWORK}
+
+
+@dataclass(frozen=True)
+class Params(experiment.Params):
+    """E11's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_size: int = 4
+    ranks_per_node: int = 2
+    compute_scales: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    compute_cvs: list[float] = field(default_factory=lambda: [0.5])
+    networks: list[str] = field(default_factory=lambda: ["two-level", "flat"])
+    topology: str = "alternating-exp-ring"
+    algorithm: str = "ring"
+    width: int = 512
+    layers: int = 2
+    fwd_ms: float = 10.0
+    bwd_ms: float = 20.0
+    warmup: int = 2
+    blocks: int = 2
+    block_iters: int = 3
+    calib_iters: int = 4
+    seed: int = 0
+    timeout_s: float = 300.0
+    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
+    inter_bandwidth_Bps: float | None = None  # None: each network's own inter-node bandwidth
+
+    def validate(self) -> None:
+        p = self
+        check_network_kind(p["network"])
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_size", [p["world_size"]], rpn)
+        for key in ("compute_scales", "compute_cvs"):
+            v = p[key]
+            if not isinstance(v, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in v
+            ):
+                raise ValueError(f"parameter {key} must be a list of numbers >= 0, got {v!r}")
+        if not p["compute_scales"] or any(x <= 0 for x in p["compute_scales"]):
+            raise ValueError(
+                f"parameter compute_scales must be non-empty and > 0, got {p['compute_scales']!r}"
+            )
+        if not isinstance(p["networks"], (list, tuple)) or not p["networks"]:
+            raise ValueError(f"parameter networks must be a non-empty list, got {p['networks']!r}")
+        for n in p["networks"]:
+            if n not in NETWORKS:
+                raise ValueError(
+                    f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
+                )
+        bw = p["inter_bandwidth_Bps"]
+        if bw is not None and not (isinstance(bw, (int, float)) and bw > 0):
+            raise ValueError(f"parameter inter_bandwidth_Bps must be None or > 0, got {bw!r}")
+        check_timing_workload(p)
+
+
+DEFAULTS = Params.defaults()
+
+
+def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configurations measured: the base case (scale 1, cv 0, first network), then one sweep
+    per factor, each changing only that factor.
+
+    Example::
+
+        [c["factor"] for c in cases(DEFAULTS)]   # ['base', 'overlap', 'varying compute', 'links']
+    """
+    base_net = p["networks"][0]
+    out = [{"factor": "base", "compute_scale": 1.0, "compute_cv": 0.0, "net": base_net}]
+    out += [
+        {"factor": "overlap", "compute_scale": float(s), "compute_cv": 0.0, "net": base_net}
+        for s in p["compute_scales"]
+        if float(s) != 1.0
+    ]
+    out += [
+        {
+            "factor": "varying compute",
+            "compute_scale": 1.0,
+            "compute_cv": float(cv),
+            "net": base_net,
+        }
+        for cv in p["compute_cvs"]
+        if float(cv) != 0.0
+    ]
+    out += [
+        {"factor": "links", "compute_scale": 1.0, "compute_cv": 0.0, "net": n}
+        for n in p["networks"][1:]
+    ]
+    return out
+
+
+def _spec(p: dict[str, Any], case: dict[str, Any], kind: str) -> dict[str, Any]:
+    return timing_spec(
+        p["world_size"],
+        ranks_per_node=p["ranks_per_node"],
+        width=p["width"],
+        layers=p["layers"],
+        fwd_ms=p["fwd_ms"],
+        bwd_ms=p["bwd_ms"],
+        compute_scale=case["compute_scale"],
+        compute_cv=case["compute_cv"],
+        seed=p["seed"],
+        kind=kind,
+        topology=p["topology"],
+        algorithm=p["algorithm"],
+        warmup=p["warmup"],
+        blocks=p["blocks"],
+        block_iters=p["block_iters"],
+        calib_iters=p["calib_iters"],
+    )
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Calibrate compute, then measure and predict every case for AllReduce and DAdam."""
+    p = Params.make(**params)
+    rpn, world = p["ranks_per_node"], p["world_size"]
+    todo = cases(p)
+    calib: dict[float, dict[str, Any]] = {}
+    rows = []
+    for net_name in dict.fromkeys(c["net"] for c in todo):
+        over = {} if p["inter_bandwidth_Bps"] is None else {
+            "inter_bandwidth_Bps": p["inter_bandwidth_Bps"]}
+        net = make_network({**NETWORKS[net_name], **over})
+        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
+        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
+            for case in (c for c in todo if c["net"] == net_name):
+                scale = case["compute_scale"]
+                if scale not in calib:  # a separate, compute-only run (no communication)
+                    spec = _spec(p, case, "allreduce")
+                    calib[scale] = summarize_buckets(
+                        ranks.run(rank_calibrate_buckets, spec, timeout_s=p["timeout_s"])
+                    )
+                for kind in ("allreduce", "decentralized"):
+                    spec = _spec(p, case, kind)
+                    res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                    pred = predict_training(spec, calib[scale], ranks.net)
+                    rows.append(
+                        {
+                            "factor": case["factor"],
+                            "network_name": net_name,
+                            "compute_scale": scale,
+                            "compute_cv": case["compute_cv"],
+                            "kind": kind,
+                            "method": method_name(kind, p["topology"]),
+                            "topology": None if kind == "allreduce" else p["topology"],
+                            "measured_s": res["iteration_s"],
+                            "predicted_s": pred["iteration_s"],
+                            "calibrated_compute_s": calib[scale]["compute_s"],
+                            "model_comm_s": pred["comm_s"],
+                            "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
+                            "times_s": res["times_s"],
+                            "algorithm": p["algorithm"],
+                            "ranks_per_node": rpn,
+                            "world_size": world,
+                            "backend": "gloo",
+                            "network": ranks.text,
+                            "network_kind": ranks.kind,
+                        }
+                    )
+    df = pd.DataFrame(rows)
+    df["error"] = stats.model_error(df.measured_s.to_numpy(), df.predicted_s.to_numpy())
+    return df
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Predicted vs measured ms per iteration for every case and method."""
+    claims.require_columns(df, "factor", "method", "measured_s", "predicted_s")
+    return pd.DataFrame(
+        {
+            "factor": df.factor,
+            "network": df.network_name,
+            "compute x": df.compute_scale,
+            "cv": df.compute_cv,
+            "method": df.method,
+            "measured_ms": (df.measured_s * 1e3).round(1),
+            "predicted_ms": (df.predicted_s * 1e3).round(1),
+            "error": ((df.predicted_s - df.measured_s) / df.measured_s).map(lambda e: f"{e:+.0%}"),
+            "compute_ms (calibrated)": (df.calibrated_compute_s * 1e3).round(1),
+        }
+    )
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Left: predicted vs measured (y = x, +-20%); right: per case, measured bars and predicted
+    markers for AllReduce and DAdam."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, (ax0, ax1) = plt.subplots(
+        1, 2, figsize=(11.5, 4.2), gridspec_kw={"width_ratios": [1, 1.8]}
+    )
+    d = df.assign(measured_ms=df.measured_s * 1e3, predicted_ms=df.predicted_s * 1e3)
+    d["case"] = [_case_label(r) for _, r in d.iterrows()]
+    sns.scatterplot(
+        data=d, x="measured_ms", y="predicted_ms", hue="method", style="factor", s=60, ax=ax0
+    )
+    hi = 1.15 * float(max(d.measured_ms.max(), d.predicted_ms.max()))
+    xs = np.linspace(0, hi, 10)
+    ax0.plot(xs, xs, "k-", lw=1, label="y = x")
+    ax0.fill_between(xs, 0.8 * xs, 1.2 * xs, color="grey", alpha=0.2, label="+-20%")
+    ax0.set(
+        xlim=(0, hi),
+        ylim=(0, hi),
+        xlabel="measured ms / iteration",
+        ylabel="predicted ms / iteration",
+        title="runtime model vs measurement",
+    )
+    ax0.legend(fontsize=7)
+    cases_order = list(dict.fromkeys(d.case))
+    methods = list(dict.fromkeys(d.method))
+    bars_with_markers(
+        ax1,
+        d,
+        x="case",
+        y="measured_ms",
+        hue="method",
+        order=cases_order,
+        hue_order=methods,
+        marker="predicted_ms",
+        label="predicted",
+    )
+    ax1.set(xlabel="", ylabel="ms / iteration", title="the three factors (bars: measured)")
+    ax1.tick_params(axis="x", labelsize=7, rotation=15)
+    ax1.legend(fontsize=7)
+    p = int(df.world_size.iloc[0])
+    fig.suptitle(
+        f"E11: runtime model, AllReduce vs DAdam, gloo, p={p} "
+        f"({int(df.ranks_per_node.iloc[0])} ranks/node), {df.algorithm.iloc[0]}; "
+        f"{df.network.iloc[0]} (links case: inter = intra); "
+        "compute emulated",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _case_label(r: pd.Series) -> str:
+    if r.factor == "overlap":
+        return f"compute x{r.compute_scale:g}"
+    if r.factor == "varying compute":
+        return f"cv {r.compute_cv:g}"
+    if r.factor == "links":
+        return f"{r.network_name} links"
+    return "base"
+
+
+@claims.check("e11_prediction_within")
+def check_prediction_within(df: pd.DataFrame, tolerance: float) -> claims.Verdict:
+    """Every configuration: signed error of the runtime model's per-iteration time within
+    ``tolerance``, on the interval of the measured median (one repeat per block).
+
+    Example::
+
+        check_prediction_within(df, 0.2)
+    """
+    claims.require_columns(df, "measured_s", "predicted_s", "method", "factor", "times_s")
+    if df.empty:
+        raise ValueError("no measurements")
+    labels = [f"{r.method}, {_case_label(r)}" for _, r in df.iterrows()]
+    return claims.model_points([stats.repeats(c) for c in df.times_s], df.predicted_s.tolist(),
+                               labels, tolerance)
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

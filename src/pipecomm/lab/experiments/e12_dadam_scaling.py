@@ -1,0 +1,236 @@
+"""E12 — per-iteration time vs world size: AllReduce vs decentralized topologies (DAdam, Figure 6).
+
+Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
+Training" (ICLR 2025), Figure 6: per-iteration time of a Transformer with AllReduce and with
+decentralized training on AER, over the number of GPUs; on four-GPU nodes with 25 Gb/s Ethernet,
+8 GPUs 166.1 vs 122.0 ms, 16: 195.5 vs 78.9, 32: 188.5 vs 67.9 (up to 2.78x); on InfiniBand about
+1.2x. The claim reproduced: with several nodes on a slow inter-node network, AER is faster per
+iteration than AllReduce.
+
+Measured, on the same emulated network and the same workload for every method:
+
+* AllReduce: ``pipecomm.pipesgd.PipeSGD`` in layer-wise mode -- gradient buckets (1 MiB, as
+  DecentralizedDataParallel's) all-reduced with pipecomm's ``ring`` algorithm asynchronously as
+  soon as backward produces them, then Adam. This is the best overlapped AllReduce of this
+  library: it overlaps with backward like PyTorch DDP, and the runtime model prices ring below lp,
+  be and mst for these buckets on this network.
+* DAdam (``DecentralizedDataParallel`` + Adam, ``ring`` gossip) on complete, ring, one-peer-exp and
+  AER.
+
+Workload (E11's): two bias-free 512 x 512 linear layers, one 1 MiB bucket each, synthetic inputs,
+emulated compute of 10 ms forward / 20 ms backward per layer (sleeps: eight ranks on two cores
+cannot compute in parallel). Iteration time: median over blocks of ``block_iters`` iterations
+(``bench.time_fn``: barrier, max over ranks) / ``block_iters``. Dashed lines: the runtime model
+(``runtime_model.simulate``) from a separate compute-only calibration and the configured links.
+
+Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
+50 MB/s, single port; gloo underneath. The model's prediction for every method and world size is
+a column of the result's data.csv. Claim C12.1: at p = 8 (4 nodes) AER is faster per iteration
+than AllReduce.
+
+The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
+is in its ``env.json``. The quick defaults use nodes of one rank (p = 2, 4).
+
+Run::
+
+    python -m pipecomm.lab.experiments.e12_dadam_scaling --out results/manual/E12
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from pipecomm.lab import claims, stats
+from pipecomm.lab.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab.checks import check_int, check_world_sizes
+from pipecomm.lab.cli import main
+from pipecomm.lab.dadam_timing import (
+    check_timing_workload,
+    method_name,
+    predict_training,
+    rank_time_training,
+)
+from pipecomm.lab.network import TwoLevelParams, make_network, ranks_on
+from pipecomm.lab.workloads import timing_spec
+
+ID = "E12"
+NOTEBOOK = "12_dadam_scaling"
+TOPOLOGIES = ["complete", "ring", "one-peer-exp", "alternating-exp-ring"]
+
+
+@dataclass(frozen=True)
+class Params(TwoLevelParams):
+    """E12's parameters with their quick defaults (the notebook's parameters cell); the
+    profiles in artifact/profiles/*.yaml override them."""
+
+    world_sizes: list[int] = field(default_factory=lambda: [2, 4])
+    ranks_per_node: int = 1
+    topologies: list[str] = field(default_factory=lambda: ["alternating-exp-ring"])
+    algorithm: str = "ring"
+    width: int = 512
+    layers: int = 2
+    fwd_ms: float = 10.0
+    bwd_ms: float = 20.0
+    compute_cv: float = 0.0
+    warmup: int = 2
+    blocks: int = 1
+    block_iters: int = 3
+    calib_iters: int = 3
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        p = self
+        rpn = check_int("ranks_per_node", p["ranks_per_node"])
+        check_world_sizes("world_sizes", p["world_sizes"], rpn)
+        if not isinstance(p["topologies"], (list, tuple)):
+            raise ValueError(f"parameter topologies must be a list, got {p['topologies']!r}")
+        for t in p["topologies"]:
+            if t not in TOPOLOGIES:
+                raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
+        check_timing_workload(p, "compute_cv")
+        super().validate()  # the network's parameters
+
+
+DEFAULTS = Params.defaults()
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """For every world size: calibrate compute, then time AllReduce and every topology."""
+    p = Params.make(**params)
+    rpn = p["ranks_per_node"]
+    net = make_network(p)
+    methods = [("allreduce", None)] + [("decentralized", t) for t in p["topologies"]]
+    rows = []
+    for world in p["world_sizes"]:
+        base = timing_spec(
+            world,
+            ranks_per_node=rpn,
+            width=p["width"],
+            layers=p["layers"],
+            fwd_ms=p["fwd_ms"],
+            bwd_ms=p["bwd_ms"],
+            compute_cv=p["compute_cv"],
+            seed=p["seed"],
+            algorithm=p["algorithm"],
+            warmup=p["warmup"],
+            blocks=p["blocks"],
+            block_iters=p["block_iters"],
+            calib_iters=p["calib_iters"],
+        )
+        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
+        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=p["timeout_s"]) as ranks:
+            calib = summarize_buckets(
+                ranks.run(rank_calibrate_buckets, base, timeout_s=p["timeout_s"])
+            )
+            for kind, topo in methods:
+                spec = dict(base, kind=kind, topology=topo or "complete")
+                res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                pred = predict_training(spec, calib, ranks.net)
+                rows.append(
+                    {
+                        "method": method_name(kind, topo),
+                        "kind": kind,
+                        "topology": topo,
+                        "iteration_s": res["iteration_s"],
+                        "predicted_s": pred["iteration_s"],
+                        "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
+                        "times_s": res["times_s"],
+                        "calibrated_compute_s": calib["compute_s"],
+                        "compute_cv": p["compute_cv"],
+                        "algorithm": p["algorithm"],
+                        "ranks_per_node": rpn,
+                        "nodes": world // rpn,
+                        "world_size": world,
+                        "backend": "gloo",
+                        "network": ranks.text,
+                        "network_kind": ranks.kind,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """ms per iteration per method and world size, and the speedup over AllReduce."""
+    claims.require_columns(df, "method", "world_size", "iteration_s")
+    ar = df[df.kind == "allreduce"].set_index("world_size").iteration_s
+    out = pd.DataFrame(
+        {
+            "p": df.world_size,
+            "method": df.method,
+            "measured_ms": (df.iteration_s * 1e3).round(1),
+            "predicted_ms": (df.predicted_s * 1e3).round(1) if "predicted_s" in df else None,
+            "speedup_vs_AllReduce": [
+                round(float(ar.get(w, float("nan")) / t), 2)
+                for w, t in zip(df.world_size, df.iteration_s)
+            ],
+        }
+    )
+    return out.sort_values(["p", "method"], kind="stable").reset_index(drop=True)
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """ms per iteration vs world size, one line per method; dashed: the runtime model."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    d = df.assign(ms=df.iteration_s * 1e3)
+    methods = list(dict.fromkeys(d.method))
+    palette = dict(zip(methods, sns.color_palette("deep", len(methods))))
+    for m in methods:
+        g = d[d.method == m].sort_values("world_size")
+        ax.plot(g.world_size, g.ms, "o-", color=palette[m], label=m, lw=2)
+        if "predicted_s" in g:
+            ax.plot(g.world_size, g.predicted_s * 1e3, "--", color=palette[m], lw=1, alpha=0.8)
+    ax.set_xticks(sorted(d.world_size.unique()))
+    ax.set(
+        xlabel="world size p (2 ranks per node)",
+        ylabel="ms per iteration",
+        title=f"E12: AllReduce vs decentralized (gloo, {d.algorithm.iloc[0]}; dashed: model)",
+    )
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.005, f"emulated network: {d.network.iloc[0]}; compute emulated", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
+@claims.check("e12_aer_faster")
+def check_aer_faster(df: pd.DataFrame, world_size: int, tolerance: float) -> claims.Verdict:
+    """At ``world_size`` ranks, AllReduce's / AER's iteration time (the speedup, with its
+    interval) agrees with the runtime model's speedup within ``tolerance`` (signed relative
+    error), so both a smaller and a larger speedup than predicted fail.
+
+    Example::
+
+        check_aer_faster(df, 8, 0.25)
+    """
+    claims.require_columns(df, "kind", "topology", "world_size", "iteration_s", "predicted_s",
+                           "times_s")
+    at = df[df.world_size == world_size]
+    ar = at[at.kind == "allreduce"]
+    aer = at[(at.kind == "decentralized") & (at.topology == "alternating-exp-ring")]
+    if ar.empty or aer.empty:
+        raise ValueError(f"need AllReduce and AER measurements at p={world_size}")
+    ar = ar.loc[[ar.iteration_s.idxmin()]]  # the best AllReduce configuration measured
+    r, lo, hi = claims.ratio(stats.repeats(ar.times_s.iloc[0]), stats.repeats(aer.times_s.iloc[0]))
+    model = float(ar.predicted_s.iloc[0] / aer.predicted_s.iloc[0])
+    e = [stats.model_error(v, model) for v in (r, lo, hi)]
+    return claims.Verdict(
+        f"p={world_size}: speedup {claims.fmt_ci(r, lo, hi)}x (AllReduce "
+        f"{ar.iteration_s.iloc[0] * 1e3:.1f} ms, AER {aer.iteration_s.iloc[0] * 1e3:.1f} ms); "
+        f"model {model:.2f}x, error {e[0]:+.1%} [{e[1]:+.1%}, {e[2]:+.1%}]",
+        f"speedup within {tolerance:.0%} of the runtime model's",
+        claims.within(e[1], e[2], tolerance),
+    )
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])

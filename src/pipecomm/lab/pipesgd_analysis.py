@@ -1,0 +1,214 @@
+"""Analysis of the Pipe-SGD-family training data (E5-E9): steady-state iteration times and the
+accuracy claims.
+
+The iteration decomposition is the Pipe-SGD timing model's (Li et al. 2018): per step ``T`` is
+the max over ranks of the iteration time, ``C`` the max over ranks of the compute-thread time and
+``M = T - C`` the communication on the critical path (:func:`per_iteration`). The accuracy
+comparisons of E7 and E9 (:func:`accuracy_within`, :func:`stale_hurts`) are paired by seed, with
+a 95% Student-t interval (:func:`pipecomm.lab.stats.paired_diff_ci`), and gated on the reference's
+convergence (:func:`pipecomm.lab.claims.still_improving`).
+
+Example::
+
+    median_times(steady(df, 5), ["method"])
+    accuracy_within(df, 1.0, ["pipe", "pipe+int8"], 0.1)
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipecomm.lab import claims, stats
+
+__all__ = [
+    "accuracy_rise",
+    "accuracy_within",
+    "convergence_gap",
+    "final_accuracy",
+    "first_reach",
+    "is_true",
+    "median_times",
+    "paired_accuracy",
+    "per_iteration",
+    "stale_hurts",
+    "steady",
+    "step_samples",
+]
+
+
+def steady(df: pd.DataFrame, skip: int) -> pd.DataFrame:
+    """Iteration rows of the steady state: iterations ``>= skip`` (the pipeline filled, caches
+    warm); the ``finish()`` record (iteration -1) is dropped.
+
+    Example::
+
+        steady(df[df.kind == "iteration"], skip=5)
+    """
+    return df[(df["kind"] == "iteration") & (df["iteration"] >= skip)]
+
+
+def per_iteration(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per step (``keys`` + iteration): ``T`` = max over ranks of ``iter_s``, ``C`` = max over
+    ranks of the compute-thread time (``iter_s - comm_s``), ``M = T - C`` (the communication on
+    the critical path of the slowest computer), and the other timings' max over ranks.
+
+    Example::
+
+        per_iteration(steady(df, 5), ["method", "seed"])
+    """
+    d = df.assign(work_s=df["iter_s"] - df["comm_s"])
+    agg = d.groupby([*keys, "iteration"], as_index=False).agg(
+        T=("iter_s", "max"),
+        C=("work_s", "max"),
+        compute_s=("compute_s", "max"),
+        launch_s=("launch_s", "max"),
+        comm_s=("comm_s", "max"),
+        compress_s=("compress_s", "max"),
+        update_s=("update_s", "max"),
+        loss=("loss", "mean"),
+    )
+    agg["M"] = (agg["T"] - agg["C"]).clip(lower=0.0)
+    return agg
+
+
+def step_samples(df: pd.DataFrame, method: str) -> list[float]:
+    """Every steady iteration time ``T`` of ``method`` (all seeds pooled): the repeats behind a
+    per-iteration median, for :func:`pipecomm.lab.claims.ratio`.
+
+    Example::
+
+        claims.ratio(step_samples(df, "sync"), step_samples(df, "pipe"))   # speedup
+    """
+    skip = int(df["skip"].iloc[0]) if "skip" in df else 0
+    st = steady(df, skip)
+    st = st[st["method"] == method]
+    if st.empty:
+        raise ValueError(f"no steady iterations of {method!r} in the data")
+    keys = ["method", "seed"] if "seed" in st else ["method"]
+    return per_iteration(st, keys)["T"].tolist()
+
+
+def median_times(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Median over steady iterations of :func:`per_iteration`'s columns, per ``keys``."""
+    cols = ["T", "C", "M", "compute_s", "launch_s", "comm_s", "compress_s", "update_s"]
+    return per_iteration(df, keys).groupby(keys, as_index=False)[cols].median()
+
+
+def first_reach(evals: pd.DataFrame, target: float) -> tuple[float, float]:
+    """(iteration, wall_s) of the first snapshot with accuracy >= ``target``; NaNs if never.
+
+    Example::
+
+        first_reach(df[(df.kind == "eval") & (df.method == "sync")], 80.0)
+    """
+    hit = evals[evals["accuracy"] >= target].sort_values("iteration")
+    if hit.empty:
+        return float("nan"), float("nan")
+    return float(hit["iteration"].iloc[0]), float(hit["wall_s"].iloc[0])
+
+
+def is_true(values: pd.Series) -> pd.Series:
+    """Booleans of a column that went through data.csv (True/False, "True"/"False", 1/0, NaN).
+
+    Example::
+
+        df[is_true(df["final"])]
+    """
+    return values.astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+
+
+# --------------------------------------------------------------------------- accuracy claims (E7, E9)
+
+
+def final_accuracy(df: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy after ``finish()`` per method and seed."""
+    ev = df[(df["kind"] == "eval") & (is_true(df["final"]))]
+    return ev[["method", "seed", "accuracy", "wall_s"]].reset_index(drop=True)
+
+
+def paired_accuracy(df: pd.DataFrame, method: str, reference: str = "sync"
+                    ) -> tuple[float, float, float, int]:
+    """Mean paired (same seed) difference of final accuracy ``method - reference`` in points,
+    with its 95% Student-t interval, and the number of pairs."""
+    fin = final_accuracy(df)
+    ref = fin[fin["method"] == reference].set_index("seed")["accuracy"]
+    other = fin[fin["method"] == method].set_index("seed")["accuracy"]
+    seeds = sorted(set(ref.index) & set(other.index))
+    if not seeds:
+        raise ValueError(f"no paired seeds with both {reference!r} and {method!r}")
+    d, lo, hi = stats.paired_diff_ci(other.loc[seeds].to_numpy(), ref.loc[seeds].to_numpy())
+    return d, lo, hi, len(seeds)
+
+
+def accuracy_rise(df: pd.DataFrame, method: str, tail: float) -> float:
+    """Points of held-out accuracy (mean over seeds) ``method`` still gained over the last
+    ``tail`` fraction of its steps: how close to converged the run ended."""
+    ev = df[(df["kind"] == "eval") & (df["method"] == method)]
+    return claims.tail_gain(ev.groupby("iteration")["accuracy"].mean(), tail,
+                            higher_is_better=True)
+
+
+def convergence_gap(df: pd.DataFrame, reference: str, tail: float, tolerance: float) -> list[str]:
+    """Why an accuracy comparison against ``reference`` cannot be decided: its held-out
+    accuracy (mean over seeds) still rose by more than ``tolerance`` points over the last
+    ``tail`` fraction of its steps (see :func:`pipecomm.lab.claims.still_improving`)."""
+    ev = df[(df["kind"] == "eval") & (df["method"] == reference)]
+    gap = claims.still_improving(ev.groupby("iteration")["accuracy"].mean(), tail, tolerance,
+                                 higher_is_better=True)
+    return [f"{reference} {gap}"] if gap else []
+
+
+def accuracy_within(df: pd.DataFrame, max_points: float, methods: list[str],
+                          tail: float) -> claims.Verdict:
+    """For each method: the mean paired difference (same seed) of final accuracy to sync, with
+    its 95% Student-t interval, lies within ``+- max_points`` (PASS), entirely outside (FAIL),
+    or straddles the bound (INCONCLUSIVE: the seeds cannot tell). Gated on convergence: when
+    sync's accuracy still rose by more than ``max_points / 2`` over the last ``tail`` of its
+    steps the comparison is INCONCLUSIVE whatever the interval says.
+
+    Example::
+
+        accuracy_within(df, 1.0, ["pipe", "pipe+fp16", "pipe+int8"], 0.1)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "accuracy", "final", "iteration")
+    fin = final_accuracy(df)
+    sync = fin[fin["method"] == "sync"]["accuracy"]
+    parts, verdicts = [], []
+    for m in methods:
+        d, lo, hi, _ = paired_accuracy(df, m)
+        verdicts.append(claims.within(lo, hi, max_points))
+        parts.append(f"{m} {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+    reasons = convergence_gap(df, "sync", tail, max_points / 2)
+    measured = f"paired over {len(sync)} seeds, points vs sync ({sync.mean():.1f}%): "
+    measured += ", ".join(parts) + (f" -- cannot decide: {reasons[0]}" if reasons else "")
+    return claims.Verdict(
+        measured,
+        f"|difference| <= {max_points:g} point (95% interval), sync converged",
+        claims.gate(claims.combine(verdicts), reasons),
+    )
+
+
+def stale_hurts(df: pd.DataFrame, method: str, reference: str, min_points: float,
+                      tail: float) -> claims.Verdict:
+    """The negative control: ``method`` (a stale method at a stress learning rate, e.g.
+    ``"pipe@4x"``) ends more than ``min_points`` below ``reference`` (the same rate without
+    staleness): the paired difference's 95% interval lies entirely below ``-min_points`` (PASS),
+    entirely above it (FAIL: staleness did not hurt), or straddles it. Gated on the reference's
+    convergence as :func:`accuracy_within`.
+
+    Example::
+
+        stale_hurts(df, "pipe@4x", "sync@4x", 1.0, 0.1)
+    """
+    claims.require_columns(df, "kind", "method", "seed", "accuracy", "final", "iteration")
+    d, lo, hi, n = paired_accuracy(df, method, reference)
+    reasons = convergence_gap(df, reference, tail, min_points / 2)
+    fin = final_accuracy(df)
+    ref = fin[fin["method"] == reference]["accuracy"].mean()
+    measured = (f"{method} - {reference} ({ref:.1f}%): {d:+.2f} [{lo:+.2f}, {hi:+.2f}] points, "
+                f"{n} paired seeds" + (f" -- cannot decide: {reasons[0]}" if reasons else ""))
+    return claims.Verdict(
+        measured,
+        f"difference < -{min_points:g} point (95% interval), reference converged",
+        claims.gate(claims.at_most(lo, hi, -min_points), reasons),
+    )

@@ -1,0 +1,329 @@
+"""The training runs of the BSP-SGD / Pipe-SGD / layer-wise experiments (E5-E9).
+
+No paper equation of its own: it drives :class:`pipecomm.pipesgd.PipeSGD` (BSP-SGD of the LP
+paper, Pipe-SGD of Li et al. 2018, layer-wise and delayed GD of Daily et al. 2017) on the
+image-classification workload (:mod:`pipecomm.lab.workloads`) and measures
+
+* a **training run** (:func:`train_rank`) - ``iterations`` steps of one method
+  (:func:`pipecomm.lab.pipesgd_config.parse_method`), with PipeSGD's per-iteration
+  timings (compute, launch, communication blocked, compression, update, iteration), the local
+  loss, and snapshots of the parameters every ``eval_every`` iterations that rank 0 evaluates on
+  the held-out split *after* training (evaluation never sits inside a timed iteration; the
+  snapshot copy does and is negligible);
+* **calibrated runs** (:func:`calibrate_and_train`, E7-E9) - the compute-timing run
+  (:func:`pipecomm.lab.calibration.rank_calibrate_step`), the network chosen from it
+  (:func:`pipecomm.lab.network.network_for`), then every (seed, method) training run.
+
+This loop is PipeSGD's own, not the :class:`~pipecomm.lab.trainers.Trainer` loop of the
+DAdam experiments: its update rule has staleness (the gradient applied at step ``t`` is that of
+step ``t - s``), and it records PipeSGD's per-iteration timings.
+
+Devices: every rank trains on :func:`pipecomm.launch.device` -- the CPU under gloo, its own GPU
+under NCCL (``backend="nccl"`` of E5 and E7-E9, gpu profile: no emulated network, the real
+interconnect; the cost model then uses E0's calibrated link). With CUDA every timing point first
+synchronises the device (:func:`pipecomm.launch.synchronize`), so timings are GPU work, not kernel
+launches. The NCCL path has not been run on a GPU yet (artifact/ARTIFACT.md, "GPU").
+
+Example (inside ``launch.Ranks(2)``)::
+
+    cfg = dict(DEFAULT_CONFIG, method="pipe+int8", iterations=20)
+    per_rank = ranks.run(_pipesgd_training.train_rank, cfg, timeout_s=120)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipecomm import cost, launch
+from pipecomm.lab import bench, results, schedules
+from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
+from pipecomm.lab.network import network_and_link, network_for, ranks_on
+from pipecomm.lab.pipesgd_config import check_config, lr_scale, parse_method
+from pipecomm.lab.trainers import gil_switch_interval, rank_world
+from pipecomm.lab.workloads import (
+    batch_stream,
+    build_model,
+    evaluate,
+    fetch_data,
+    gradient_bytes,
+)
+from pipecomm.pipesgd import timing_model
+
+__all__ = [
+    "TIMING_COLUMNS",
+    "calibrate_and_train",
+    "eval_rows",
+    "iteration_rows",
+    "train_rank",
+]
+
+TIMING_COLUMNS = ("compute_s", "launch_s", "comm_s", "compress_s", "update_s", "iter_s")
+
+
+def train_rank(cfg: dict[str, Any]) -> dict[str, Any]:
+    """On every rank: train ``cfg["iterations"]`` steps of ``cfg["method"]``; return timings,
+    losses and (rank 0) held-out accuracy at the snapshots.
+
+    Returns ``{"timings": [per-iteration dicts], "losses": [...], "evals": [...]}``; ``evals``
+    (rank 0 only; none when ``cfg["evaluate"]`` is False) has ``iteration``, ``wall_s`` (this
+    rank's elapsed training time at the snapshot, from the timings), ``accuracy`` (percent) and
+    ``test_loss``; the last entry is the model after ``finish()`` (all in-flight gradients
+    applied).
+
+    Example::
+
+        out = ranks.run(train_rank, dict(DEFAULT_CONFIG, method="pipe"), timeout_s=300)
+    """
+    cfg = check_config(cfg)
+    with gil_switch_interval(cfg["switch_interval_s"]):
+        return _train(cfg)
+
+
+def _train(cfg: dict[str, Any]) -> dict[str, Any]:
+    from pipecomm.pipesgd import PipeSGD
+
+    mode, staleness, compression = parse_method(cfg["method"])
+    rank, world = rank_world()
+    device = launch.device()
+    model = build_model(cfg).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=cfg["lr"] * lr_scale(cfg["method"]), momentum=cfg["momentum"])
+    sched = schedules.build(
+        opt,
+        cfg["schedule"],
+        total_steps=cfg["iterations"],
+        warmup_steps=cfg["warmup_steps"],
+        min_ratio=cfg["min_lr_ratio"],
+    )
+    trainer = None
+    if mode != "nocomm":
+        trainer = PipeSGD(
+            model,
+            opt,
+            mode=mode,
+            staleness=staleness,
+            algorithm=cfg["algorithm"],
+            compression=compression,
+            bucket_mb=float(cfg["bucket_mb"]),
+            timing=True,
+        )
+    stream = batch_stream(cfg, rank, world)
+    every = cfg["eval_every"]
+    snapshots: list[tuple[int, list[torch.Tensor]]] = []
+    losses: list[float] = []
+    lrs: list[float] = []
+    local_timings: list[dict[str, Any]] = []
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    if trainer is not None:
+        trainer.reset_timings()
+    mark = time.perf_counter()
+    for t in range(cfg["iterations"]):
+        xb, yb = (b.to(device) for b in next(stream))
+        model.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        if cfg["barrier_before_step"] and world > 1:
+            dist.barrier()
+        if trainer is None:
+            bench.synchronize(device)
+            start = time.perf_counter()
+            opt.step()
+            bench.synchronize(device)
+            now = time.perf_counter()
+            local_timings.append(
+                {
+                    "iteration": t,
+                    "applied": True,
+                    "updates": 1,
+                    "compute_s": start - mark,
+                    "launch_s": 0.0,
+                    "comm_s": 0.0,
+                    "compress_s": 0.0,
+                    "update_s": now - start,
+                    "iter_s": now - mark,
+                }
+            )
+            mark = now
+        else:
+            trainer.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        schedules.step(sched)
+        losses.append(float(loss.item()))
+        if (
+            rank == 0
+            and cfg["evaluate"]
+            and every
+            and (t + 1) % every == 0
+            and t + 1 < cfg["iterations"]
+        ):
+            snapshots.append((t + 1, [p.detach().clone() for p in params]))
+    if trainer is not None:
+        trainer.finish()
+        timings = [dict(r) for r in trainer.timings]
+        trainer.remove_hooks()
+    else:
+        timings = local_timings
+    evals = []
+    if rank == 0 and cfg["evaluate"]:
+        elapsed = np.cumsum([r["iter_s"] for r in timings])
+        by_iter = {}
+        for r, e in zip(timings, elapsed):
+            if r["iteration"] is not None:
+                by_iter[r["iteration"] + 1] = float(e)
+        final = [p.detach().clone() for p in params]
+        items = [*snapshots, (cfg["iterations"], final)]
+        for i, (it, snap) in enumerate(items):
+            with torch.no_grad():
+                for p, s in zip(params, snap):
+                    p.copy_(s)
+            acc, tl = evaluate(model, cfg)
+            last = i == len(items) - 1
+            evals.append(
+                {
+                    "iteration": it,
+                    "lr": lrs[it - 1],
+                    "lr_peak": cfg["lr"] * lr_scale(cfg["method"]),
+                    "wall_s": float(elapsed[-1]) if last else by_iter[it],
+                    "accuracy": acc,
+                    "test_loss": tl,
+                    "final": last,
+                }
+            )
+    return {"timings": timings, "losses": losses, "evals": evals}
+
+
+# --------------------------------------------------------------------------- in the parent
+
+
+def iteration_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any]]:
+    """Tidy rows (``kind="iteration"``), one per rank and step, from :func:`train_rank` results.
+
+    The record of ``finish()`` (no iteration number) is kept with ``iteration = -1``.
+    """
+    rows = []
+    for rank, res in enumerate(per_rank):
+        losses = res["losses"]
+        for rec in res["timings"]:
+            it = rec["iteration"]
+            row = {
+                "kind": "iteration",
+                **meta,
+                "rank": rank,
+                "iteration": -1 if it is None else int(it),
+                "updates": int(rec["updates"]),
+                "loss": losses[it] if it is not None and it < len(losses) else float("nan"),
+            }
+            row.update({k: float(rec[k]) for k in TIMING_COLUMNS})
+            rows.append(row)
+    return rows
+
+
+def eval_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any]]:
+    """Tidy rows (``kind="eval"``) of rank 0's held-out accuracy at each snapshot, with the
+    ranks' mean training loss of that step."""
+    losses = np.mean([r["losses"] for r in per_rank], axis=0)
+    return [
+        {"kind": "eval", **meta, **e, "train_loss": float(losses[e["iteration"] - 1])}
+        for e in per_rank[0]["evals"]
+    ]
+
+
+
+def calibrate_and_train(
+    p: Any,
+    config: Callable[[Any, int, str], dict[str, Any]],
+    methods: list[str],
+    seeds: list[int],
+    iterations: dict[str, int] | None = None,
+) -> pd.DataFrame:
+    """Compute-timing run, network choice, then every (seed, method) training run (E7-E9).
+
+    ``p`` holds ``backend``, ``world_size``, ``bandwidth_Bps`` (None: choose from
+    ``comm_ratio``), ``alpha_s``, ``ports``, ``algorithm``, ``calib_iters``, ``skip``,
+    ``timeout_s``; with ``backend="nccl"`` there is no emulated network (the network parameters
+    are unused) and the model's link is E0's calibration (:func:`pipecomm.cost.calibrated_link`);
+    ``config(p, seed, method)`` gives a training configuration; ``iterations`` overrides the
+    number of steps per method (e.g. fewer for "nocomm", which only times). With
+    ``bandwidth_Bps=None`` the compute timing runs in a pool without a network, which is then
+    closed; otherwise it runs in the network's pool, before any training. Returns one
+    ``calibration`` row (C, U, bandwidth, the modelled AllReduce/compute ratio and model
+    iteration times) and the iteration and eval rows of every run, in the order run (for each
+    seed, every method: side by side).
+    """
+    world = p["world_size"]
+    fetch_data(p)
+    cfg0 = config(p, seeds[0], "sync")
+    nbytes = gradient_bytes(cfg0)
+    # resumable run by run (results.Runs): the calibration, then every training run
+    runs = results.Runs(1 + len(seeds) * len(methods), desc="training runs")
+
+    def calibrate(ranks) -> dict[str, float]:
+        return summarize_step(
+            ranks.run(rank_calibrate_step, cfg0, p["calib_iters"], 3, timeout_s=p["timeout_s"])
+        )
+
+    nccl = p["backend"] == "nccl"
+    cal = None
+    key = {"calibration": cfg0, "world_size": world, "backend": p["backend"]}
+    if p["bandwidth_Bps"] is None and not nccl:
+        with launch.Ranks(world) as ranks:
+            cal = runs(key, calibrate, ranks)
+    net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
+    rows: list[dict[str, Any]] = []
+    with ranks_on(p["network"], world, net, backend=p["backend"],
+                  timeout_s=p["timeout_s"]) as ranks:
+        if ranks.net is not None:  # a shaped network: the model's link is its calibration
+            link = cost.link_from_network(ranks.net)
+        if cal is None:
+            cal = runs({**key, "network": ranks.text}, calibrate, ranks)
+        kw = dict(
+            compute_s=cal["compute_s"],
+            update_s=cal["update_s"],
+            nbytes=nbytes,
+            p=world,
+            link=link,
+            algorithm=p["algorithm"],
+        )
+        model_comm = cost.allreduce_time(p["algorithm"], nbytes, world, link)
+        rows.append(
+            {
+                "kind": "calibration",
+                **cal,
+                "nbytes": nbytes,
+                "comm_ratio_model": model_comm / (cal["compute_s"] + cal["update_s"]),
+                "model_comm_s": model_comm,
+                **{
+                    f"model_{m}_s": timing_model.iteration_time(m, **kw)
+                    for m in ("nocomm", "sync", "layerwise", "pipe")
+                },
+            }
+        )
+        for seed in seeds:
+            for method in methods:
+                cfg = config(p, seed, method)
+                if iterations and method in iterations:
+                    cfg["iterations"] = iterations[method]
+                res = runs({"train": cfg, "network": ranks.text}, ranks.run, train_rank,
+                           cfg, timeout_s=p["timeout_s"])
+                rows += iteration_rows(res, method=method, seed=seed)
+                rows += eval_rows(res, method=method, seed=seed)
+    runs.close()
+    return pd.DataFrame(rows).assign(
+        backend=p["backend"],
+        world_size=world,
+        schedule=schedules.describe(cfg0["schedule"], cfg0["warmup_steps"], cfg0["min_lr_ratio"]),
+        network=ranks.text,
+        network_kind=ranks.kind,
+        bandwidth_Bps=1.0 / link.beta,
+        skip=p["skip"],
+        algorithm=p["algorithm"],
+    )

@@ -1,0 +1,211 @@
+"""The trainers the training loops drive: one interface over AllReduce and decentralized training.
+
+No paper equation of its own; the update rules are the library's:
+
+* :class:`AllReduceTrainer` -- :class:`pipecomm.pipesgd.PipeSGD` in ``"layerwise"`` mode: gradient
+  buckets all-reduced (average) asynchronously as soon as backward has produced them
+  (PyTorch-DDP style), overlapped with the rest of backward, then one optimizer step (zero
+  staleness): the schedule ``runtime_model.simulate("allreduce")`` models (DAdam paper, Wang,
+  Zhang, Wu, Johansson, ICLR 2025). On pipecomm's collectives, so it runs on the emulated network.
+* :class:`DecentralizedTrainer` -- :class:`~pipecomm.decentralized.DecentralizedDataParallel`:
+  each bucket gossiped over the topology's group and stepped by its own optimizer from backward
+  hooks (DAdam / AccumAdam, docs/update_rules.md).
+
+Both answer :class:`Trainer`: call ``trainer.module`` forward, ``zero_grad()`` before backward,
+``step()`` after it, ``averaged()`` for the parameters averaged over the ranks, ``close()`` at
+the end. :func:`make_trainer` builds either from an optimizer factory. The loops over them are
+E11/E12's timing loop (``dadam_timing.rank_time_training``) and E13's convergence loop.
+
+The Pipe-SGD family (E5-E9, ``pipesgd_training``) drives PipeSGD's own modes (staleness,
+compression, per-iteration timings) directly; what it shares from here is how a rank runs:
+:func:`rank_world` and the GIL switch interval (:func:`gil_switch_interval`).
+
+Example::
+
+    trainer = make_trainer(model, lambda named: torch.optim.Adam([p for _, p in named]),
+                           topology=None, bucket_mb=25.0, algorithm="ring")
+    trainer.zero_grad(); loss_fn(trainer.module(x), y).backward(); trainer.step()
+    trainer.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipecomm.decentralized.topology import Topology
+
+__all__ = [
+    "AllReduceTrainer",
+    "DecentralizedTrainer",
+    "OptimizerFactory",
+    "Trainer",
+    "gil_switch_interval",
+    "make_trainer",
+    "rank_world",
+]
+
+#: Builds the optimizer of a trainer from the model's ``named_parameters()``.
+OptimizerFactory = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
+
+
+class Trainer(Protocol):
+    """What a training loop calls on a data-parallel trainer."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def zero_grad(self) -> None: ...
+
+    def step(self) -> None: ...
+
+    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]: ...
+
+    def close(self) -> None: ...
+
+
+class AllReduceTrainer:
+    """The AllReduce baseline: :class:`pipecomm.pipesgd.PipeSGD` in ``"layerwise"`` mode.
+
+    Gradient buckets (reverse registration order, closed at ``bucket_mb`` MiB, as DDP) are
+    all-reduced (average) asynchronously from backward hooks as soon as backward has produced
+    them, overlapped with the rest of backward; ``step()`` waits for all of them and takes the
+    optimizer's step (zero staleness) -- the schedule ``runtime_model.simulate("allreduce")``
+    models, and the best overlapped AllReduce of this library.
+
+    Example::
+
+        ar = AllReduceTrainer(model, torch.optim.Adam(model.parameters()), 1.0, "ring")
+        ar.zero_grad(); loss_fn(ar.module(x), y).backward(); ar.step()
+    """
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, bucket_mb: float, algorithm: str
+    ) -> None:
+        from pipecomm.pipesgd import PipeSGD
+
+        self.model = self.module = model
+        self.optimizer = optimizer
+        self.trainer = PipeSGD(
+            model, optimizer, mode="layerwise", algorithm=algorithm, bucket_mb=bucket_mb
+        )
+
+    def zero_grad(self) -> None:
+        """Clear the gradients before the next backward."""
+        self.model.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """Wait for the bucket allreduces and step."""
+        self.trainer.step()
+
+    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model itself: after every step all ranks hold the same parameters."""
+        return contextlib.nullcontext(self.model)
+
+    def close(self) -> None:
+        """Apply anything in flight and detach the hooks."""
+        self.trainer.finish()
+        self.trainer.remove_hooks()
+
+
+class DecentralizedTrainer:
+    """:class:`~pipecomm.decentralized.DecentralizedDataParallel` behind :class:`Trainer`: the
+    wrapper gossips and steps from backward hooks, so ``zero_grad()`` and ``step()`` do nothing.
+
+    Example::
+
+        tr = DecentralizedTrainer(model, adam_factory, topology=topo, bucket_mb=1.0,
+                                  algorithm="ring")
+        tr.module(x).pow(2).mean().backward()      # gossip and step happen here
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: OptimizerFactory,
+        *,
+        topology: Topology,
+        bucket_mb: float,
+        algorithm: str,
+    ) -> None:
+        from pipecomm.decentralized import DecentralizedDataParallel
+
+        self.ddp = self.module = DecentralizedDataParallel(
+            model, optimizer, topology=topology, bucket_mb=bucket_mb, algorithm=algorithm
+        )
+        self.optimizer = self.ddp.optimizer
+
+    def zero_grad(self) -> None:
+        """Nothing: the wrapper consumes the gradients in backward."""
+
+    def step(self) -> None:
+        """Nothing: the wrapper steps every bucket in backward."""
+
+    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model holding the parameters averaged over all ranks (a collective)."""
+        return self.ddp.averaged()
+
+    def close(self) -> None:
+        """Wait for in-flight gossip and remove the hooks."""
+        self.ddp.close()
+
+
+def make_trainer(
+    model: nn.Module,
+    optimizer: OptimizerFactory,
+    *,
+    topology: Topology | None,
+    bucket_mb: float,
+    algorithm: str,
+) -> AllReduceTrainer | DecentralizedTrainer:
+    """:class:`AllReduceTrainer` when ``topology`` is None, else :class:`DecentralizedTrainer`
+    on it; ``optimizer(named_parameters)`` builds the optimizer either way.
+
+    Example::
+
+        make_trainer(model, adam, topology=get_topology("complete", 4), bucket_mb=25.0,
+                     algorithm="ring")
+    """
+    if topology is None:
+        opt = optimizer(list(model.named_parameters()))
+        return AllReduceTrainer(model, opt, bucket_mb=bucket_mb, algorithm=algorithm)
+    return DecentralizedTrainer(
+        model, optimizer, topology=topology, bucket_mb=bucket_mb, algorithm=algorithm
+    )
+
+
+def rank_world() -> tuple[int, int]:
+    """``(rank, world size)`` of this process; ``(0, 1)`` outside torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextlib.contextmanager
+def gil_switch_interval(seconds: float) -> Iterator[None]:
+    """Set Python's GIL switch interval (``sys.setswitchinterval``) for a block, then restore it.
+
+    PipeSGD's AllReduce runs on a communication thread. Each time it wakes (a transfer done, an
+    emulated deadline reached) it needs the GIL; while the compute thread runs Python (module
+    calls, hooks, the optimizer loop) it may wait up to the switch interval -- 5 ms by default --
+    per wake-up, which delays the reduction it should overlap. The experiments E6-E9 set
+    ``switch_interval_s`` (recorded with their data); 0.005 is Python's default.
+
+    Example::
+
+        with gil_switch_interval(1e-4):
+            train()
+    """
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+

@@ -1,0 +1,312 @@
+"""Iteration-time model of AllReduce SGD: synchronous, layer-wise and pipelined (Pipe-SGD).
+
+One concept: the steady-state time of one training iteration from compute time, update time,
+gradient size, cluster size, link (latency, bandwidth, reduction cost) and compression, after
+
+* Li, Yu, Li, Avestimehr, Kim, Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for
+  Distributed Deep Net Training", NeurIPS 2018 (arXiv 1811.03619): synchronous AllReduce SGD
+  costs ``compute + allreduce + update`` per iteration; pipelined SGD of width 2 overlaps the
+  AllReduce of iteration t-1 with the compute of iteration t and costs
+  ``max(compute + update, allreduce)``; light compression shrinks the bytes on the wire at a
+  per-byte encode/decode cost;
+* Daily, Vishnu, Siegel, "Leveraging Asynchronicity in Gradient Descent for Scalable Deep
+  Learning" (ICLR 2017 submission): layer-wise GD hides communication behind the rest of backprop
+  only; delayed GD with 1 or 2 iterations of delay ("AGD (1 comm)", "AGD (2 comm)").
+
+Notation: ``C`` = ``compute_s`` (forward + backward), ``U`` = ``update_s`` (optimizer step),
+``M`` = AllReduce time of ``nbytes`` on the wire (:func:`pipecomm.cost.allreduce_time`, with
+``beta`` divided by the compression ratio), ``E`` = the encode/decode time compression adds to the
+AllReduce (``codec_s_per_byte`` per uncompressed byte at every hop that adds a block), ``A = M + E``
+(both run on the communication thread).
+
+Modes (steady state; the first ``k`` iterations of a pipeline are not modelled):
+
+* ``"nocomm"``: ``T = C + U`` (the no-communication bound of Daily et al.'s Figure 1);
+* ``"sync"``: ``T = C + A + U``;
+* ``"layerwise"``: backward is the fraction ``f = backward_fraction`` of ``C``. Gradients become
+  ready during backward and their AllReduce overlaps the rest of backward only; the update waits
+  for all of it. Fluid limit (``buckets=None``): ``T = C + U + max(0, A - f C)``. With ``m``
+  equal buckets ready at ``(1 - f) C + f C (i + 1)/m``, each taking ``a_i`` (its own AllReduce,
+  latency included) in order on one thread, ``T = U + finish time of the last bucket``
+  (``= (1 - f) C + max(f C / m + m a, f C + a)`` for equal ``a``);
+* ``"pipe"`` / ``"delayed"`` with staleness ``k >= 1``: ``T = max(C + U, A)``. The step of
+  iteration t launches the AllReduce of ``g_t`` and only then waits for ``g_{t-k}`` and updates,
+  so the update overlaps communication too (``overlap_update=True``). With ``overlap_update=False``
+  (update first, then launch) and ``k = 1``, ``T = U + max(C, A)``; for ``k >= 2`` the extra
+  iteration in flight hides the update again. A larger ``k`` does not change the steady state, it
+  only absorbs jitter. ``k = 0`` is synchronous.
+
+Example::
+
+    >>> from pipecomm import cost, timing_model
+    >>> link = cost.LinkModel.from_bandwidth(50e-6, 1.25e9)        # 10 Gb/s Ethernet-ish
+    >>> kw = dict(compute_s=0.1, update_s=0.01, nbytes=100 * 2**20, p=4, link=link)
+    >>> round(timing_model.speedup("pipe", **kw), 2)
+    1.87
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from pipecomm import cost, vocab
+
+__all__ = ["CODECS", "MODES", "breakdown", "compression_ratio", "iteration_time", "speedup"]
+
+MODES: tuple[str, ...] = vocab.TIMING_MODES
+CODECS: tuple[str, ...] = vocab.CODECS
+
+
+def compression_ratio(
+    name: str | float | None,
+    *,
+    chunk: int | None = 256,
+    itemsize: int = 4,
+    scale_bytes: int = 4,
+) -> float:
+    """Bytes before / bytes on the wire of a codec (Pipe-SGD's light-weight compression).
+
+    * ``None``: 1 (no compression).
+    * ``"fp16"``, ``"bf16"`` (16-bit truncation): ``itemsize / 2`` -- 2 for float32 gradients.
+    * ``"int8"`` (8-bit scalar quantization with one scale of ``scale_bytes`` per ``chunk``
+      elements): ``itemsize * chunk / (chunk + scale_bytes)``; the defaults are those of
+      :class:`pipecomm.compress.Int8Codec` (256-element chunks, float32 scales): 4 * 256 / 260 =
+      3.94 for float32; ``chunk=None`` ignores the scales (ratio ``itemsize``).
+    * a number ``>= 1``: that ratio.
+
+    Example::
+
+        >>> compression_ratio("fp16"), compression_ratio("int8", chunk=None)
+        (2.0, 4.0)
+        >>> round(compression_ratio("int8"), 4), compression_ratio("int8", chunk=4)
+        (3.9385, 2.0)
+    """
+    for arg, val in (("itemsize", itemsize), ("scale_bytes", scale_bytes)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0:
+            raise ValueError(f"{arg} must be a non-negative integer, got {val!r}")
+    if name is None:
+        return 1.0
+    if isinstance(name, numbers.Real) and not isinstance(name, bool):
+        if not (math.isfinite(name) and name >= 1):
+            raise ValueError(f"a numeric compression ratio must be finite and >= 1, got {name!r}")
+        return float(name)
+    if name in ("fp16", "bf16"):
+        if itemsize < 2:
+            raise ValueError(f"{name} needs elements of >= 2 bytes, got itemsize={itemsize}")
+        return itemsize / 2.0
+    if name == "int8":
+        if itemsize < 1:
+            raise ValueError(f"itemsize must be >= 1, got {itemsize}")
+        if chunk is None:
+            return float(itemsize)
+        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1:
+            raise ValueError(f"chunk must be a positive number of elements or None, got {chunk!r}")
+        return itemsize * chunk / (chunk + scale_bytes)
+    raise ValueError(f"compression must be None, one of {CODECS} or a ratio >= 1, got {name!r}")
+
+
+def _nonneg(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def _staleness(mode: str, staleness: Any) -> int:
+    if staleness is not None and (
+        isinstance(staleness, bool) or not isinstance(staleness, numbers.Integral)
+    ):
+        raise TypeError(f"staleness must be an integer or None, got {staleness!r}")
+    if mode in ("pipe", "delayed"):
+        k = 1 if staleness is None else int(staleness)
+        if k < 0:
+            raise ValueError(f"staleness must be >= 0, got {k}")
+        return k
+    if staleness not in (None, 0):
+        raise ValueError(
+            f"mode {mode!r} has staleness 0; got staleness={staleness!r} "
+            "(use mode='pipe' or 'delayed' for stale gradients)"
+        )
+    return 0
+
+
+def _split_buckets(nbytes: int, buckets: int) -> list[int]:
+    q, r = divmod(nbytes, buckets)
+    return [q + 1 if i < r else q for i in range(buckets)]
+
+
+def breakdown(
+    mode: str,
+    *,
+    compute_s: float,
+    update_s: float,
+    nbytes: int,
+    p: int,
+    link: cost.LinkModel,
+    algorithm: str = "ring",
+    staleness: int | None = None,
+    compression: str | float | None = None,
+    codec_s_per_byte: float = 0.0,
+    backward_fraction: float = 0.67,
+    buckets: int | None = None,
+    block_bytes: int | None = None,
+    chunk: int | None = 256,
+    overlap_update: bool = True,
+) -> dict[str, float]:
+    """Per-iteration time split into what lies on the critical path (see the module docstring).
+
+    Returns ``compute``, ``communication`` and ``compression`` (the parts of ``M`` and ``E`` not
+    hidden behind computation, split in proportion ``M : E``), ``update``, ``total`` (their sum)
+    and ``hidden`` (the part of ``M + E`` overlapped with compute or update). ``compression`` is
+    a codec name (see :func:`compression_ratio`, ``chunk`` passed on) or a ratio;
+    ``codec_s_per_byte`` only counts with compression. ``algorithm`` and ``block_bytes`` go to
+    :func:`pipecomm.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``). The default
+    algorithm is ``"ring"``, not pipecomm's default ``"lp"``: this models Pipe-SGD as its paper
+    analyses it (ring AllReduce, Li et al. 2018), and the E6 experiment compares against that.
+
+    Example::
+
+        >>> from pipecomm.cost import LinkModel
+        >>> link = LinkModel(alpha=0.0, beta=1e-9)
+        >>> b = breakdown("sync", compute_s=0.2, update_s=0.0, nbytes=10**8, p=2, link=link)
+        >>> round(b["communication"], 6), round(b["total"], 6)     # ring, p = 2: n beta
+        (0.1, 0.3)
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    k = _staleness(mode, staleness)
+    c = _nonneg(compute_s, "compute_s")
+    u = _nonneg(update_s, "update_s")
+    codec = _nonneg(codec_s_per_byte, "codec_s_per_byte")
+    f = _nonneg(backward_fraction, "backward_fraction")
+    if f > 1:
+        raise ValueError(f"backward_fraction must be in [0, 1], got {backward_fraction!r}")
+    if buckets is not None and (
+        isinstance(buckets, bool) or not isinstance(buckets, numbers.Integral) or buckets < 1
+    ):
+        raise ValueError(f"buckets must be a positive integer or None, got {buckets!r}")
+    ratio = compression_ratio(compression, chunk=chunk)
+    if compression is None:
+        codec = 0.0
+
+    def comm(n: int) -> tuple[float, float]:
+        m = cost.allreduce_time(algorithm, n, p, link, block_bytes, ratio, 0.0)
+        if codec == 0.0:
+            return m, 0.0
+        a = cost.allreduce_time(algorithm, n, p, link, block_bytes, ratio, codec)
+        return m, max(a - m, 0.0)
+
+    if mode == "nocomm":
+        m_tot = e_tot = 0.0
+        total = c + u
+    elif mode == "layerwise" and buckets is not None:
+        fwd, bwd = (1 - f) * c, f * c
+        finish = 0.0
+        m_tot = e_tot = 0.0
+        sizes = _split_buckets(cost.as_count(nbytes, "nbytes", 0), int(buckets))
+        for i, nb in enumerate(sizes):
+            m, e = comm(nb)
+            m_tot, e_tot = m_tot + m, e_tot + e
+            finish = max(finish, fwd + bwd * (i + 1) / len(sizes)) + m + e
+        total = max(finish, c) + u
+    else:
+        m_tot, e_tot = comm(nbytes)
+        a = m_tot + e_tot
+        if mode == "layerwise":
+            total = c + u + max(0.0, a - f * c)
+        elif mode == "sync" or k == 0:
+            total = c + a + u
+        elif overlap_update or k >= 2:
+            total = max(c + u, a)
+        else:
+            total = u + max(c, a)
+    a_tot = m_tot + e_tot
+    exposed = max(total - c - u, 0.0)
+    share = m_tot / a_tot if a_tot > 0 else 1.0
+    return {
+        "compute": c,
+        "communication": exposed * share,
+        "compression": exposed * (1.0 - share),
+        "update": u,
+        "total": c + u + exposed,
+        "hidden": max(a_tot - exposed, 0.0),
+    }
+
+
+def iteration_time(
+    mode: str,
+    *,
+    compute_s: float,
+    update_s: float,
+    nbytes: int,
+    p: int,
+    link: cost.LinkModel,
+    algorithm: str = "ring",
+    staleness: int | None = None,
+    compression: str | float | None = None,
+    codec_s_per_byte: float = 0.0,
+    backward_fraction: float = 0.67,
+    buckets: int | None = None,
+    block_bytes: int | None = None,
+    chunk: int | None = 256,
+    overlap_update: bool = True,
+) -> float:
+    """Steady-state seconds per iteration of ``mode`` (formulas in the module docstring).
+
+    Example::
+
+        >>> from pipecomm.cost import LinkModel
+        >>> link = LinkModel(alpha=0.0, beta=1e-9)
+        >>> kw = dict(compute_s=0.1, update_s=0.0, nbytes=10**8, p=2, link=link)
+        >>> iteration_time("sync", **kw), iteration_time("pipe", **kw)   # C + M and max(C, M)
+        (0.2, 0.1)
+    """
+    return breakdown(
+        mode,
+        compute_s=compute_s,
+        update_s=update_s,
+        nbytes=nbytes,
+        p=p,
+        link=link,
+        algorithm=algorithm,
+        staleness=staleness,
+        compression=compression,
+        codec_s_per_byte=codec_s_per_byte,
+        backward_fraction=backward_fraction,
+        buckets=buckets,
+        block_bytes=block_bytes,
+        chunk=chunk,
+        overlap_update=overlap_update,
+    )["total"]
+
+
+def speedup(mode: str, *, baseline: str = "sync", **kwargs: Any) -> float:
+    """``iteration_time(baseline) / iteration_time(mode)`` with the same keyword arguments.
+
+    ``staleness`` applies to ``mode`` only (the baseline gets its default); ``compression`` and
+    ``codec_s_per_byte`` apply to both unless ``baseline_compression`` is given (``None`` for an
+    uncompressed baseline, as in Pipe-SGD's comparison against conventional AllReduce).
+
+    Example::
+
+        >>> from pipecomm.cost import LinkModel
+        >>> link = LinkModel(alpha=0.0, beta=1e-9)
+        >>> speedup("pipe", compute_s=0.1, update_s=0.0, nbytes=10**8, p=2, link=link)
+        2.0
+    """
+    base_kwargs = dict(kwargs)
+    base_kwargs.pop("staleness", None)
+    if "baseline_compression" in kwargs:
+        kwargs.pop("baseline_compression")
+        base_kwargs["compression"] = base_kwargs.pop("baseline_compression")
+    t_mode = iteration_time(mode, **kwargs)
+    t_base = iteration_time(baseline, **base_kwargs)
+    if t_mode == 0.0:
+        raise ValueError(
+            "the iteration time of mode is zero (no compute, update or communication); "
+            "a speedup is undefined"
+        )
+    return t_base / t_mode

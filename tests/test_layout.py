@@ -1,0 +1,129 @@
+"""The house's layout: the library (``pipecomm.*``) never imports the lab (``pipecomm.lab``), the
+import graph has no circle (so no floor imports one above it), and no private name (``_x``) of a
+pipecomm module is used outside its package, in the sources, benchmarks, tools and examples."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in SRC.rglob("*.py"):
+        parts = f.relative_to(SRC).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    while name and name not in MODULES:
+        name = name.rsplit(".", 1)[0] if "." in name else ""
+    return name
+
+
+def _package(module: str, path: Path) -> str:
+    """The package whose private names ``module`` may use: its own package, or for a module at
+    the top (``pipecomm.netem``) the module itself."""
+    if path.name == "__init__.py":
+        return module
+    parent = module.rsplit(".", 1)[0]
+    return module if parent == "pipecomm" else parent
+
+
+def _imports(path: Path) -> list[tuple[str, str]]:
+    """(imported module, the name bound or used) of every pipecomm import in ``path``, at any
+    depth (imports inside functions count)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipecomm"):
+            out += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names if a.name.startswith("pipecomm")]
+    return out
+
+
+def _edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, path in MODULES.items():
+        for mod, name in _imports(path):
+            target = _resolve(f"{mod}.{name}" if name else mod)
+            if target and target != m:
+                edges[m].add(target)
+    return edges
+
+
+def test_the_library_never_imports_the_lab():
+    bad = [(m, t) for m, ts in _edges().items() if not m.startswith("pipecomm.lab")
+           for t in ts if t.startswith("pipecomm.lab")]
+    assert not bad, bad
+
+
+def test_no_import_circle():
+    edges = _edges()
+
+    def related(a: str, b: str) -> bool:  # a package and its own submodules
+        return a.startswith(b + ".") or b.startswith(a + ".")
+
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for t in sorted(edges[m]):
+            if related(m, t):
+                continue
+            if state.get(t) == 1:
+                return [*path, m, t]
+            if t not in state and (cycle := visit(t, [*path, m])):
+                return cycle
+        state[m] = 2
+        return None
+
+    for m in sorted(MODULES):
+        if m not in state:
+            assert (cycle := visit(m, [])) is None, " -> ".join(cycle)
+
+
+def test_no_private_name_outside_its_package():
+    files = [*SRC.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "tools").glob("*.py"), *(ROOT / "examples").glob("*.py")]
+    bad = []
+    for path in files:
+        here = next((m for m, p in MODULES.items() if p == path), None)
+        pkg = _package(here, path) if here else None
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}  # a name bound to a pipecomm module -> that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipecomm"):
+                for a in node.names:
+                    target = _resolve(f"{node.module}.{a.name}")
+                    if target == f"{node.module}.{a.name}":
+                        aliases[a.asname or a.name] = target
+                    owner = _package(target, MODULES[target]) if target else node.module
+                    dotted = f"{node.module}.{a.name}".split(".")
+                    if any(part.startswith("_") for part in dotted) and not _inside(pkg, owner):
+                        bad.append(f"{path.relative_to(ROOT)}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("pipecomm") and a.asname:
+                        aliases[a.asname] = _resolve(a.name)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                target = aliases[node.value.id]
+                if not _inside(pkg, _package(target, MODULES[target])):
+                    bad.append(f"{path.relative_to(ROOT)}: {node.value.id}.{node.attr}")
+    assert not bad, bad
+
+
+def _inside(pkg: str | None, owner: str) -> bool:
+    """Whether code of package ``pkg`` may use ``owner``'s private names (its own, or a parent's
+    package's)."""
+    return pkg is not None and (pkg == owner or pkg.startswith(owner + "."))
