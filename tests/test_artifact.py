@@ -92,8 +92,8 @@ def test_bad_values_are_refused_before_any_kernel(eid, item, words, capsys, monk
     """A value the experiment's Params refuses is one usage line, before anything starts."""
     monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
     assert _main("--profile", "cpu", "--only", eid, "-p", item) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert all(w in err for w in words), err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), lines
 
 
 def test_gpu_profile_needs_two_gpus(capsys, monkeypatch):

@@ -767,8 +767,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_profile_host(profile)
         check_params(selected, overrides)
-    except UsageError as exc:
-        parser.error(str(exc))
+    except UsageError as exc:  # one line: the value is wrong, not the command's syntax
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
                timeout_factor=args.timeout_factor)
 
