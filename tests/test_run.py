@@ -45,11 +45,21 @@ dist.destroy_process_group()
 """
 
 
+#: What a process of this torch build sometimes prints when it aborts as a torchrun job of
+#: plain gloo and DDP ends (seen in 3 of 15 runs of this test, in the gloo reference run too, so
+#: not pipecomm's): such a run is started again, up to three times in all; any other failure
+#: fails the test.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def torchrun(script: Path, out: Path, backend: str, *wrapper: str) -> dict:
     env = dict(os.environ, BACKEND=backend)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", *wrapper, str(script), str(out), "--flag"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    for _ in range(3):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0 or GLOO_EXIT_ABORT not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(out.read_text())
 
