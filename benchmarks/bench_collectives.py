@@ -344,13 +344,18 @@ def print_row(r: dict) -> None:
     )
 
 
+def _rows(csv_path: Path, min_bytes: int = 0) -> list[dict]:
+    """The rows of a CSV this script wrote, messages of at least ``min_bytes``."""
+    with csv_path.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+
+
 def _table(csv_path: Path, min_bytes: int, head: Any, text: Any, base_head: str,
            base_text: Any) -> str:
     """A markdown table of a CSV this script wrote, messages of at least ``min_bytes``: one row
     per op, p and size, one column per algorithm but the built-in (``head(alg)`` over
     ``text(row)``), the built-in's ``base_text(row)`` last."""
-    with csv_path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+    rows = _rows(csv_path, min_bytes)
     if not rows:
         raise ValueError(f"{csv_path}: no rows of {_fmt_size(min_bytes)} or more")
     labels = sorted({r["algorithm"] for r in rows if r["algorithm"].startswith("lp/")},
@@ -428,8 +433,7 @@ def check_cost(csv_path: Path) -> str:
 
         print(check_cost(Path("artifact/reference/bench/check_cost_cpu.csv")))
     """
-    with csv_path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(csv_path)
     checks = [r for r in rows if r["algorithm"] == CHECK]
     if not checks:
         raise ValueError(f"{csv_path} has no '{CHECK}' rows (run with --check-cost)")
@@ -490,8 +494,7 @@ def shaped_goals(csv_path: Path) -> str:
 
         print(shaped_goals(Path("artifact/reference/bench/shaped_collectives.csv")))
     """
-    with csv_path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(csv_path)
     if not rows or "link_s" not in rows[0] or not any(
             r["link_s"] not in ("", "nan") for r in rows):
         raise ValueError(f"{csv_path}: no link limits (a run without --cluster)")
@@ -525,8 +528,7 @@ def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
 
         print(parity(Path("artifact/reference/bench/targets60_sixth_cpu.csv")))
     """
-    with csv_path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["nbytes"]) >= min_bytes]
+    rows = _rows(csv_path, min_bytes)
     aa = {(r["op"], r["p"], r["nbytes"]): r for r in rows if r["algorithm"] == AA}
     pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op]
     if not pts or not aa:
@@ -713,15 +715,16 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"--targets: {exc}")
         return 0
-    for flag, path, table in (("--summary", args.summary, summary),
-                              ("--cpu-summary", args.cpu_summary, cpu_summary),
+    for flag, path, table in (("--summary", args.summary,
+                               lambda c: summary(c, args.min_size)),
+                              ("--cpu-summary", args.cpu_summary,
+                               lambda c: cpu_summary(c, args.min_size)),
                               ("--check-summary", args.check_summary, check_cost),
                               ("--shaped-goals", args.shaped_goals, shaped_goals),
                               ("--parity", args.parity, parity)):
         if path is not None:
             try:
-                print(table(path, args.min_size) if table in (summary, cpu_summary)
-                      else table(path))
+                print(table(path))
             except (OSError, ValueError, KeyError) as exc:
                 ap.error(f"{flag}: {exc}")
             return 0

@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipecomm.lab import cluster, stats, sweep
+from pipecomm.lab import cluster, results, stats, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_gpt.py"
@@ -221,14 +221,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(path: Path, rows: list[dict]) -> None:
-    """``rows`` as CSV at ``path``, atomically (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+    """``rows`` as CSV at ``path``, atomically (:func:`pipecomm.lab.results.atomic_path`)."""
+    with results.atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
         w.writeheader()
         w.writerows(rows)
-    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,20 @@ class Call:
     block_elems: int
     compression: str | None
 
+    @classmethod
+    def of(cls, kind: str, t: torch.Tensor, algorithm: str, op: str, root: int | None,
+           block_elems: int = 0, codec: Any = None) -> Call:
+        """The call of ``kind`` on ``t`` (``root`` a group index or ``None``; ``codec`` a codec
+        object or ``None``) as a public entry point receives it.
+
+        Example::
+
+            Call.of("broadcast", torch.ones(8), "lp", "sum", 0, block_elems=8)
+        """
+        name = None if codec is None else getattr(codec, "name", "") or type(codec).__name__
+        return cls(kind, algorithm, op, -1 if root is None else root, t.numel(), t.dtype,
+                   block_elems, name)
+
     def encode(self) -> list[int]:
         """The call as eight integers (names by their index in pipecomm's vocabularies)."""
         codec = 0 if self.compression is None else 1 + (zlib.crc32(self.compression.encode())
@@ -186,15 +200,14 @@ def check_alone(kind: str, t: torch.Tensor, *, algorithm: str = "lp", op: str = 
     members = members_of(group)
     if members is None or len(members) == 1:
         return
-    call = Call(kind, algorithm, op, -1 if kind == "allreduce" else root, t.numel(), t.dtype,
-                0, None)
-    comm = make_comm(members, group)
-    check(call, comm, t.device if comm.batched else "cpu")
+    call = Call.of(kind, t, algorithm, op, None if kind == "allreduce" else root)
+    check(call, make_comm(members, group), t)
 
 
-def check(call: Call, comm: Any, device: torch.device | str = "cpu") -> None:
+def check(call: Call, comm: Any, like: torch.Tensor | None = None) -> None:
     """Return on every member if every member of ``comm`` passed the same ``call``; else raise
-    :class:`MismatchError` on every member, naming each rank's call (global ranks).
+    :class:`MismatchError` on every member, naming each rank's call (global ranks). ``like``:
+    the call's tensor, whose device the messages use where the transport needs it (NCCL).
 
     Example::
 
@@ -202,6 +215,7 @@ def check(call: Call, comm: Any, device: torch.device | str = "cpu") -> None:
     """
     if getattr(_SKIP, "on", False):
         return
+    device = like.device if like is not None and comm.batched else "cpu"
     rows = allgather_rows(call.encode(), comm, device)
     if all(r == rows[0] for r in rows):
         return

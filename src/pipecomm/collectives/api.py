@@ -216,13 +216,10 @@ def _execute(
     if codec is not None:
         kwargs["codec"] = codec
     comm = make_comm(members, transport)
-    call = agreement.Call(kind, algorithm, op, -1 if root is None else root, t.numel(), t.dtype,
-                          kwargs.get("block_elems", 0),
-                          None if codec is None else getattr(codec, "name", "") or type(codec).__name__)
-    device = t.device if comm.batched else "cpu"
+    call = agreement.Call.of(kind, t, algorithm, op, root, kwargs.get("block_elems", 0), codec)
 
     def body() -> None:
-        agreement.check(call, comm, device)  # every rank raises, before any data moves
+        agreement.check(call, comm, t)  # every rank raises, before any data moves
         if data.numel() == 0:
             return
         flat = data.view(-1) if contiguous else data.contiguous().view(-1)
