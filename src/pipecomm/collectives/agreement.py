@@ -39,8 +39,8 @@ from pipecomm.collectives.p2p import _process_group
 #: :func:`pipecomm.launch.reverse_transport`), so they never match a schedule's message.
 TAG = (1 << 30) + 1
 KINDS: tuple[str, ...] = ("allreduce", "broadcast", "reduce")
-#: Up to this many members the allgather is one round of ``p - 1`` messages each way (measured
-#: on gloo with 8 ranks on 2 cores: 2.1 ms against 5.6 ms for Bruck's three rounds).
+#: Up to this many members the allgather is one round of ``p - 1`` messages each way, above it
+#: Bruck's rounds (why: docs/algorithms.md, "Ranks that disagree").
 DIRECT_MAX = 32
 _SKIP = threading.local()
 
