@@ -28,7 +28,7 @@ def _cases():
 
 CASES = _cases()
 ENTRIES = claims.load_claims()
-CHECKED = [e for e in ENTRIES if e["kind"] == "claim"]
+CHECKED = [e for e in ENTRIES if e["kind"] != "illustration"]
 
 
 def test_claims_file_is_valid():
@@ -112,7 +112,8 @@ def test_thresholds_live_only_in_claims_yaml(tmp_path):
     def _with_default(df: pd.DataFrame, tolerance: float = 0.2) -> claims.Verdict:
         return claims.Verdict("", "", True)
 
-    entry = {"id": "X", "paper": "p", "experiment": "E0", "statement": "s", "prediction": "p",
+    entry = {"id": "X", "kind": "method", "paper": "p", "experiment": "E0", "statement": "s",
+             "prediction": "p",
              "threshold_reason": "r", "check": "test_only_with_default",
              "args": {"tolerance": 0.2}}
     path = tmp_path / "claims.yaml"
@@ -143,3 +144,52 @@ def test_convergence_gate():
     assert "unknown" in claims.still_improving(acc.iloc[-1:], 0.1, 1.0, higher_is_better=True)
     assert claims.gate(claims.PASS, []) == claims.PASS
     assert claims.gate(claims.FAIL, ["why"]) == claims.INCONCLUSIVE
+
+
+def test_kind_and_source_are_required(tmp_path):
+    """Every entry says its kind; a paper claim says where the paper says it."""
+    base = {"id": "X", "paper": "p", "experiment": "E0", "statement": "s", "prediction": "p",
+            "threshold_reason": "r", "check": "e0_emulated_within",
+            "args": {"min_bytes": 1, "tolerance": 0.1, "abs_tolerance_s": 0.0,
+                     "world_sizes": [2]}}
+    path = tmp_path / "claims.yaml"
+    for entry, match in ((base, "kind must be one of"), (dict(base, kind="claim"), "kind"),
+                         (dict(base, kind="paper"), "source")):
+        path.write_text(yaml.safe_dump([entry]))
+        with pytest.raises(ValueError, match=match):
+            claims.load_claims(path)
+    path.write_text(yaml.safe_dump([dict(base, kind="paper", source="abstract")]))
+    assert claims.load_claims(path)[0]["source"] == "abstract"
+
+
+def test_every_paper_claim_has_a_source():
+    papers = [e for e in ENTRIES if e["kind"] == claims.PAPER]
+    assert papers and all(e["source"].strip() for e in papers)
+
+
+@pytest.mark.parametrize(("n", "expected"), [(1, 0), (4, 1), (20, 3), (40, 4)])
+def test_binomial_allowance(n, expected):
+    """The allowance keeps a claim true at every point from failing by chance more than 5%."""
+    from scipy.stats import binom
+
+    m = claims.allowance(n, "binomial")
+    assert m == expected
+    assert binom.sf(m, n, 0.05) <= 0.05 + 1e-12
+    assert m == 0 or binom.sf(m - 1, n, 0.05) > 0.05
+
+
+def test_combine_with_an_allowance():
+    P, F, U = claims.PASS, claims.FAIL, claims.INCONCLUSIVE
+    assert claims.combine([P, P, F], may_miss=1) == P
+    assert claims.combine([P, F, F], may_miss=1) == F
+    assert claims.combine([P, U, F], may_miss=1) == U
+    assert claims.combine([P, U], may_miss=0) == U
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="may_miss"):
+            claims.combine([P], may_miss=bad)
+    with pytest.raises(ValueError, match="may_miss"):
+        claims.allowance(3, "holm")
+    v = claims.model_points([[1.0] * 5, [2.0] * 5, [1.05] * 5], [1.0] * 3, list("abc"), 0.25,
+                            may_miss=1)
+    assert v.verdict == P and "1 of 3 points missed (1 may miss)" in v.measured
+    assert "all but 1 of 3 points" in v.threshold
