@@ -685,3 +685,48 @@ def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):
     assert {"C14.1", "C2.1", "C10.1"} <= set(shaped.claim)
     assert not {"C2.5", "C2.6", "C7.2", "C7.3", "C9.3"} & set(shaped.claim)
     assert set(shaped.verdict) == {"NOT RUN"} and "network" in shaped.columns
+
+
+def test_save_reference_keeps_independent_runs(tmp_path):
+    """--runs N: run k >= 2 keeps its data, parameters and claims, not its notebooks."""
+    src = _fake_results(tmp_path / "results", ["E7", "E9", "E13"])
+    for k in (2, 3):
+        _fake_results(src / f"run-{k}", ["E7", "E9", "E13"])
+    dest = artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref")
+    assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == [
+        "E13", "E7", "E9", "run-2", "run-3"]
+    assert (dest / "run-3" / "E9" / "data.csv.gz").exists()
+    assert (dest / "run-2" / "claims.csv").exists()
+    assert not (dest / "run-2" / "E9" / "notebook.ipynb").exists()
+    (src / "run-3" / "E9" / "data.csv").unlink()
+    with pytest.raises(artifact.UsageError, match="run-3 lacks results for"):
+        artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref2")
+
+
+def test_claims_table_over_independent_runs(tmp_path, monkeypatch):
+    """--runs 2: run 2 has its own table; the profile's table has a runs column."""
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    assert artifact.run_dir("cpu", 1) == tmp_path / "cpu"
+    assert artifact.run_dir("cpu", 2) == tmp_path / "cpu" / "run-2"
+    table = artifact.claims_table("cpu", write=True, runs=2)
+    assert set(table.runs) == {"0/2 run", ""}  # illustrations: no runs
+    assert (tmp_path / "cpu" / "run-2" / "claims.md").read_text().startswith(
+        "# Claims, profile cpu, run 2 of 2")
+    text = (tmp_path / "cpu" / "claims.md").read_text()
+    assert text.startswith("# Claims, profile cpu, 2 independent runs")
+    assert text.index("## The papers' claims") < text.index("## Method claims")
+    with pytest.raises(ValueError, match="run must be"):
+        artifact.run_dir("cpu", 0)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--runs", "0"], "argument --runs: must be a whole number >= 1, got '0'"),
+    (["--runs", "2", "--only", "E4", "-p", "world_size=4"], "--runs repeats the profile's own"),
+    (["--runs", "2", "--runs", "3"], "--runs is given twice"),
+])
+def test_runs_option_refuses_bad_use_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        artifact.main(["--profile", "cpu", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and message in err[-1]

@@ -193,3 +193,26 @@ def test_combine_with_an_allowance():
                             may_miss=1)
     assert v.verdict == P and "1 of 3 points missed (1 may miss)" in v.measured
     assert "all but 1 of 3 points" in v.threshold
+
+
+def test_combine_runs_marks_disagreement_unstable():
+    def table(*verdicts):
+        return pd.DataFrame({"claim": ["A", "B", "C", "D"], "measured": [f"{v} x" for v in
+                                                                         verdicts],
+                             "verdict": list(verdicts)})
+
+    runs = [table("PASS", "PASS", "NOT RUN", "ERROR"), table("PASS", "FAIL", "NOT RUN", "PASS"),
+            table("PASS", "PASS", "FAIL", "PASS")]
+    out = claims.combine_runs(runs).set_index("claim")
+    assert out.loc["A", "runs"] == "3/3 PASS" and out.loc["A", "verdict"] == "PASS"
+    assert out.loc["A", "measured"] == "PASS x"
+    assert out.loc["B", "runs"] == "PASS, FAIL, PASS" and out.loc["B", "verdict"] == "UNSTABLE"
+    assert "run 2 (FAIL): FAIL x" in out.loc["B", "measured"]
+    assert out.loc["C", "runs"] == "1/1 FAIL (2 not run)" and out.loc["C", "verdict"] == "FAIL"
+    assert out.loc["D", "verdict"] == "ERROR"
+    assert "1 UNSTABLE" in claims.count_line(out.reset_index())
+    with pytest.raises(ValueError, match="different claims"):
+        claims.combine_runs([table("PASS", "PASS", "PASS", "PASS"),
+                             table("PASS", "PASS", "PASS", "PASS").iloc[:3]])
+    with pytest.raises(ValueError, match="at least one run"):
+        claims.combine_runs([])

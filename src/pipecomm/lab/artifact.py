@@ -594,27 +594,59 @@ def reference_values(profile: str) -> dict[str, str] | None:
     return dict(zip(ref["claim"], ref["measured"] + " (" + ref["verdict"] + ")"))
 
 
-def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True):
-    """Evaluate every claim of the profile's experiments on ``results/<profile>``; write
-    claims.md and claims.csv (the claims of experiments another profile runs, such as E14's in
-    the cpu profile, and claims limited to other ``profiles`` in claims.yaml, are not listed)."""
+def run_dir(profile: str, run: int = 1) -> Path:
+    """Where run ``run`` of a profile writes: ``results/<profile>/`` for the first (the default
+    results), ``results/<profile>/run-<k>/`` for the independent repeats of ``--runs``.
+
+    Example::
+
+        run_dir("cpu", 2)   # results/cpu/run-2
+    """
+    if isinstance(run, bool) or not isinstance(run, int) or run < 1:
+        raise ValueError(f"run must be an int >= 1, got {run!r}")
+    return RESULTS / profile if run == 1 else RESULTS / profile / f"run-{run}"
+
+
+def profile_claims(profile: str) -> list[dict[str, Any]]:
+    """The claims a profile's table lists: those of the experiments it runs (E14's claims are
+    not in the cpu profile's table), less those that claims.yaml limits to other profiles."""
     runs = profile_runs(profile)
-    entries = [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
-               and (e["profiles"] is None or profile in e["profiles"])]
-    table = claims.evaluate(entries, RESULTS / profile, dirs=dirs,
-                            reference=reference_values(profile))
+    return [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
+            and (e["profiles"] is None or profile in e["profiles"])]
+
+
+def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True,
+                 runs: int = 1):
+    """Evaluate every claim of the profile's experiments (:func:`profile_claims`) on
+    ``results/<profile>`` and write claims.md and claims.csv there. With ``runs`` > 1 every
+    run's directory (:func:`run_dir`) is evaluated too, each run k >= 2 gets its own table in
+    its directory, and ``results/<profile>/claims.md`` is the table over all runs
+    (:func:`pipecomm.lab.claims.combine_runs`: a ``runs`` column, UNSTABLE where they disagree).
+    """
+    entries = profile_claims(profile)
+    reference = reference_values(profile)
+    tables = [claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
+                              reference=reference) for k in range(1, runs + 1)]
+    table = tables[0] if runs == 1 else claims.combine_runs(tables)
     if write:
-        results.write_text(RESULTS / profile / "claims.md",
-                           f"# Claims, profile {profile}\n\n" + claims.to_markdown(table))
-        results.write_csv(RESULTS / profile / "claims.csv", table)
+        for k, own in enumerate(tables[1:], start=2):
+            _write_claims(run_dir(profile, k), f"profile {profile}, run {k} of {runs}", own)
+        title = f"profile {profile}" + (f", {runs} independent runs" if runs > 1 else "")
+        _write_claims(RESULTS / profile, title, table)
     return table
+
+
+def _write_claims(folder: Path, title: str, table: Any) -> None:
+    results.write_text(folder / "claims.md", f"# Claims, {title}\n\n" + claims.to_markdown(table))
+    results.write_csv(folder / "claims.csv", table)
 
 
 def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
     """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly (a
     profile that extends another keeps only the experiments it changes, :func:`own_experiments`):
     data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
-    beside it), params.json, env.json, and the claims table (claims.md, claims.csv).
+    beside it), params.json, env.json, and the claims table (claims.md, claims.csv); the
+    independent repeats of ``--runs`` (``run-<k>/``) keep their data, params, env and claims.
 
     Example::
 
@@ -633,8 +665,24 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
     missing = [e for e in wanted if not (source / e / "data.csv").exists()]
     if missing:
         raise UsageError(f"{source} lacks results for {missing}: run them first")
+    repeats = sorted((d for d in source.glob("run-*") if (d / "claims.csv").exists()),
+                     key=lambda d: int(d.name.split("-")[1]))
+    for d in repeats:
+        lacking = [e for e in wanted if not (d / e / "data.csv").exists()]
+        if lacking:
+            raise UsageError(f"{d} lacks results for {lacking}: finish the run (--runs) first")
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    for d in repeats:  # independent repeats: their data and claims, no notebooks or figures
+        for eid in wanted:
+            (tmp / d.name / eid).mkdir(parents=True)
+            with gzip.open(tmp / d.name / eid / "data.csv.gz", "wb", compresslevel=9) as f:
+                f.write((d / eid / "data.csv").read_bytes())
+            for name in ("params.json", "env.json", "calibration.json"):
+                if (d / eid / name).exists():
+                    shutil.copy2(d / eid / name, tmp / d.name / eid / name)
+        for name in ("claims.md", "claims.csv"):
+            shutil.copy2(d / name, tmp / d.name / name)
     for eid in wanted:
         src, out = source / eid, tmp / eid
         out.mkdir(parents=True)
@@ -660,6 +708,13 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 # --------------------------------------------------------------------------- command line
 
 
+class _Parser(argparse.ArgumentParser):
+    """A refused option is one line, naming it (``./run_all.sh --help`` shows the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 class _Once(argparse.Action):
     """An option that may be given once (a second ``--profile`` is an error, not the winner)."""
 
@@ -675,9 +730,19 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``run_all.sh`` / ``python -m pipecomm.lab.artifact``."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="run_all.sh",
         description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
         "and check every claim.",
@@ -689,6 +754,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override a parameter (once per name); written to its own directory")
     p.add_argument("--force", action="store_true", help="re-run even if a result matches")
+    p.add_argument("--runs", type=_positive_int, default=1, action=_Once, metavar="N",
+                   help="run the profile N times, independently (results/<profile>/run-<k>/ "
+                   "for k >= 2); the claims table gets a runs column and UNSTABLE where the "
+                   "runs disagree")
     p.add_argument("--list", action="store_true",
                    help="list experiments: budget, parameters, whether the result is current")
     p.add_argument("--save-reference", action="store_true",
@@ -762,6 +831,8 @@ def main(argv: list[str] | None = None) -> int:
             print(list_table(selected, profile))
             return 0
         overrides = parse_overrides(args.param, selected)
+        if args.runs > 1 and overrides:
+            raise UsageError("--runs repeats the profile's own parameters; it takes no -p")
         if args.save_reference:
             print(f"wrote {save_reference(profile).relative_to(ROOT)}")
             return 0
@@ -770,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:  # one line: the value is wrong, not the command's syntax
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
-               timeout_factor=args.timeout_factor)
+               timeout_factor=args.timeout_factor, runs=args.runs)
 
 
 # --------------------------------------------------------------------------- failures, Ctrl-C
@@ -946,13 +1017,12 @@ def where_result(out: Path) -> str:
 
 
 def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
-        force: bool = False, timeout_factor: float = 3.0) -> int:
-    """Run ``selected`` (reusing current results), print where each result is and the claims
-    of the experiments run; returns the exit status (1: an experiment failed, 130: Ctrl-C)."""
+        force: bool = False, timeout_factor: float = 3.0, runs: int = 1) -> int:
+    """Run ``selected`` (reusing current results) ``runs`` times, independently (run k in
+    :func:`run_dir`), print where each result is and the claims of the experiments run;
+    returns the exit status (1: an experiment failed, 130: Ctrl-C)."""
     from tqdm.auto import tqdm
 
-    base = RESULTS / profile
-    calibration = base / "E0" / "calibration.json"
     failures, dirs, finished = [], {}, []
     current: str | None = None
     guard = _Interrupt()
@@ -960,42 +1030,51 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
     try:
         with guard.installed():
             ensure_kernel()
-            total = sum(e.budget_s for e in selected)
-            print(f"profile {profile}: {len(selected)} experiment(s), budget {total / 60:.1f} min",
-                  flush=True)
-            bar = tqdm(selected, desc="experiments", unit="exp", file=sys.stdout)
-            for exp in bar:
-                if guard.interrupted:  # Ctrl-C as a notebook finished: it was kept
+            total = sum(e.budget_s for e in selected) * runs
+            times = f" x {runs} independent runs" if runs > 1 else ""
+            print(f"profile {profile}: {len(selected)} experiment(s){times}, budget "
+                  f"{total / 60:.1f} min", flush=True)
+            for k in range(1, runs + 1):
+                base = run_dir(profile, k)
+                calibration = base / "E0" / "calibration.json"
+                label = f"run {k}/{runs} " if runs > 1 else ""
+                bar = tqdm(selected, desc=f"{label}experiments", unit="exp", file=sys.stdout)
+                for exp in bar:
+                    if guard.interrupted:  # Ctrl-C as a notebook finished: it was kept
+                        raise KeyboardInterrupt
+                    current = f"{label}{exp.id}"
+                    bar.set_postfix_str(exp.id)
+                    own = overrides.get(exp.id, {})
+                    params = run_params(exp, own)
+                    out = base / override_dirname(exp.id, own)
+                    if k == 1:
+                        dirs[exp.id] = out
+                    if calibration.exists():
+                        os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
+                    code = code_hash(exp)
+                    if not force and is_reusable(out, params, code):
+                        tqdm.write(f"{label}{exp.id}: current, reused: {where_result(out)}")
+                        continue
+                    try:
+                        wall = run_experiment(exp, profile, params, out, timeout_factor,
+                                              code=code)
+                    except Exception as exc:
+                        if guard.interrupted:
+                            raise KeyboardInterrupt from None
+                        failures.append(f"{label}{exp.id}")
+                        tqdm.write(f"{label}{exp.id}: FAILED: "
+                                   f"{failure_message(exp, exc, own, profile)}")
+                        continue
+                    finished.append(f"{label}{exp.id}")
+                    current = None
+                    note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
+                    tqdm.write(f"{label}{exp.id}: done in {wall:.1f} s{note}: "
+                               f"{where_result(out)}")
+                if guard.interrupted:
                     raise KeyboardInterrupt
-                current = exp.id
-                bar.set_postfix_str(exp.id)
-                own = overrides.get(exp.id, {})
-                params = run_params(exp, own)
-                out = base / override_dirname(exp.id, own)
-                dirs[exp.id] = out
-                if calibration.exists():
-                    os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
-                code = code_hash(exp)
-                if not force and is_reusable(out, params, code):
-                    tqdm.write(f"{exp.id}: current, reused: {where_result(out)}")
-                    continue
-                try:
-                    wall = run_experiment(exp, profile, params, out, timeout_factor, code=code)
-                except Exception as exc:
-                    if guard.interrupted:
-                        raise KeyboardInterrupt from None
-                    failures.append(exp.id)
-                    tqdm.write(f"{exp.id}: FAILED: {failure_message(exp, exc, own, profile)}")
-                    continue
-                finished.append(exp.id)
-                current = None
-                note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
-                tqdm.write(f"{exp.id}: done in {wall:.1f} s{note}: {where_result(out)}")
-            if guard.interrupted:
-                raise KeyboardInterrupt
-            bar.close()
+                bar.close()
             current = "the claims table"  # written atomically: the old one or the new one
-            table = claims_table(profile, write=True)  # claims.md: the default results
+            table = claims_table(profile, write=True, runs=runs)  # claims.md: default results
     except KeyboardInterrupt:
         with _quiet():
             stop_kernels()
@@ -1003,6 +1082,7 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                 bar.close()
         print(f"\n{interrupted_line(current, finished)}", flush=True)
         return 130
+    base = RESULTS / profile
     extra = {k: v for k, v in dirs.items() if v.name != k}
     if extra:  # the runs with overrides are judged on their own directories
         import pandas as pd
@@ -1013,7 +1093,8 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
         print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides:")
     print()
     print(claims_report(table, list(dirs)), end="")
-    print(f"(all claims of profile {profile}, default parameters: "
+    over = f", {runs} independent runs" if runs > 1 else ""
+    print(f"(all claims of profile {profile}, default parameters{over}: "
           f"{_shown_path(base / 'claims.md')})")
     if failures:
         print(f"experiments that failed: {failures}", file=sys.stderr)

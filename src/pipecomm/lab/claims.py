@@ -45,7 +45,8 @@ from pipecomm.lab.results import REPO_ROOT
 CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 NOT_RUN, ERROR, MODEL = "NOT RUN", "ERROR", "MODEL (no verdict)"
-VERDICTS = (PASS, FAIL, INCONCLUSIVE, ERROR, NOT_RUN, MODEL)
+UNSTABLE = "UNSTABLE"  # independent runs disagree (counted with INCONCLUSIVE: not decided)
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, UNSTABLE, ERROR, NOT_RUN, MODEL)
 MIN_REPEATS = 5  # fewer repeats than this cannot decide a timed claim
 #: The kinds of claim (docs/experiments.md, "Claims"): a paper's own comparison, stated in the
 #: paper's terms with its source; a check of pipecomm's own models (emulator against its link,
@@ -451,8 +452,10 @@ def evaluate(
         d = Path(dirs[exp]) if dirs and exp in dirs else Path(results_dir) / exp
         row = {
             "claim": entry["id"],
+            "kind": entry["kind"],
             "experiment": exp,
             "statement": entry["statement"],
+            "source": entry.get("source", ""),
             "paper_value": entry.get("paper_value", ""),
             "prediction": entry.get("prediction", ""),
             "network": "",
@@ -561,21 +564,102 @@ def network_kinds(df: pd.DataFrame) -> str:
     return ", ".join(sorted({network_kind(n) for n in df[NETWORK_COLUMN].dropna()}))
 
 
+#: The sections of a claims table, in this order: the papers' claims lead.
+SECTIONS = ((PAPER, "The papers' claims"), (METHOD, "Method claims (pipecomm's own models, "
+            "emulator and targets)"), (ILLUSTRATION, "Model illustrations (no verdict)"))
+
+
 def to_markdown(table: pd.DataFrame) -> str:
-    """Render a claims table as GitHub markdown, with the count of each verdict."""
-    cols = ["claim", "experiment", "statement", "paper_value", "prediction", "network",
-            "measured"]
+    """Render a claims table as GitHub markdown: the papers' claims first, then the method
+    claims, then the model illustrations (by the ``kind`` column, when there is one), and the
+    count of each verdict.
+
+    Example::
+
+        print(to_markdown(evaluate(load_claims(), "results/cpu")))
+    """
+    cols = ["claim", "experiment", "statement", "source", "paper_value", "prediction",
+            "network", "measured", "runs", "reference", "threshold", "verdict"]
     cols = [c for c in cols if c in table.columns]
-    if "reference" in table.columns:
-        cols.append("reference")
-    cols += ["threshold", "verdict"]
+    if "kind" not in table.columns:
+        parts = [_md_rows(table, cols)]
+    else:
+        parts = []
+        for kind, title in SECTIONS:
+            sub = table[table["kind"] == kind]
+            if len(sub):
+                own = [c for c in cols if kind == PAPER or c not in ("source", "paper_value")]
+                parts.append(f"## {title}\n\n{_md_rows(sub, own)}")
+    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n"
+
+
+def _md_rows(table: pd.DataFrame, cols: list[str]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in table.iterrows():
         cells = [str(row[c]).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def count_line(table: pd.DataFrame) -> str:
+    """How many claims got each verdict (UNSTABLE: not decided, like INCONCLUSIVE).
+
+    Example::
+
+        count_line(table)   # '13 PASS, 6 FAIL, 7 INCONCLUSIVE, 1 UNSTABLE, 0 ERROR, ...'
+    """
     counts = table["verdict"].value_counts().to_dict()
-    summary = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
-    return "\n".join(lines) + f"\n\n{summary}\n"
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
+
+
+def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """One claims table from the tables of independent runs of the same profile (the first is
+    run 1): a ``runs`` column with each run's verdict (``"3/3 PASS"`` when they agree, else
+    ``"PASS, FAIL, PASS"``) and the verdict over the runs -- the runs' common verdict, ERROR
+    when a run's check broke, UNSTABLE when decided runs disagree. ``measured`` is run 1's
+    when the runs agree and every run's number (``run 2: ...``) when they do not. A run that
+    did not run a claim's experiment (NOT RUN) is left out of that claim's verdict.
+
+    Example::
+
+        combine_runs([run1, run2, run3]).loc[:, ["claim", "runs", "verdict"]]
+    """
+    if not tables:
+        raise ValueError("tables is empty: need the claims table of at least one run")
+    ids = [list(t["claim"]) for t in tables]
+    if any(i != ids[0] for i in ids[1:]):
+        raise ValueError("the runs' claims tables list different claims: evaluate every run "
+                         "against the same claims.yaml")
+    out = tables[0].copy()
+    runs_col, verdicts, measured = [], [], []
+    for k in range(len(out)):
+        vs = [str(t["verdict"].iloc[k]) for t in tables]
+        ms = [str(t["measured"].iloc[k]) for t in tables]
+        ran = [i for i, v in enumerate(vs) if v != NOT_RUN]
+        if set(vs) == {MODEL}:  # an illustration: nothing was decided in any run
+            runs_col.append("")
+            verdicts.append(MODEL)
+            measured.append(ms[0])
+            continue
+        if not ran:
+            runs_col.append(f"0/{len(vs)} run")
+            verdicts.append(NOT_RUN)
+            measured.append(ms[0])
+            continue
+        got = [vs[i] for i in ran]
+        skipped = f" ({len(vs) - len(ran)} not run)" if len(ran) < len(vs) else ""
+        if len(set(got)) == 1:
+            runs_col.append(f"{len(got)}/{len(got)} {got[0]}{skipped}")
+            verdicts.append(got[0])
+            measured.append(ms[ran[0]])
+        else:
+            runs_col.append(", ".join(got) + skipped)
+            verdicts.append(ERROR if ERROR in got else UNSTABLE)
+            measured.append("; ".join(f"run {i + 1} ({vs[i]}): {ms[i]}" for i in ran))
+    out["runs"] = runs_col
+    out["verdict"] = verdicts
+    out["measured"] = measured
+    return out
 
 
 # --------------------------------------------------------------------------- generic helpers
