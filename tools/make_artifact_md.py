@@ -24,39 +24,110 @@ def _args(args: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in args.items())
 
 
-def claims_section() -> str:
-    claims = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
-    lines = ["| claim | paper | experiment | statement (checked) | the paper's own claim / number "
-             "| model prediction | threshold (check arguments) | why this threshold |",
-             "|---|---|---|---|---|---|---|---|"]
-    for c in claims:
-        if c.get("kind") == "illustration":
-            pred, thr, why = "(model illustration)", "no verdict", ""
-        else:
-            pred, thr, why = c["prediction"], f"`{c['check']}`: {_args(c['args'])}", \
-                c["threshold_reason"]
-        lines.append(f"| {c['id']} | {_cell(c['paper'])} | {c['experiment']} | "
-                     f"{_cell(c['statement'])} | {_cell(c.get('paper_value', ''))} | "
-                     f"{_cell(pred)} | {_cell(thr)} | {_cell(why)} |")
-    return "\n".join(lines)
+REFERENCE_PROFILES = ("cpu", "shaped", "cpu-full")  # the profiles with a reference run here
 
 
-def reference_section(profile: str) -> str:
+def _reference(profile: str):
     import pandas as pd
 
     path = ROOT / "artifact" / "reference" / profile / "claims.csv"
     if not path.exists():
-        return f"(no reference run of the {profile} profile yet)"
-    table = pd.read_csv(path).fillna("")
-    lines = [f"Reference run of the `{profile}` profile (`artifact/reference/{profile}/`):", "",
-             "| claim | measured (95% interval) | threshold | verdict |", "|---|---|---|---|"]
+        return None
+    table = pd.read_csv(path, dtype=str).fillna("")
     ran = {d.name for d in path.parent.iterdir() if d.is_dir()}
-    table = table[table["experiment"].isin(ran)]  # cpu-full keeps only its own experiments
+    return table[table["experiment"].isin(ran)]  # cpu-full keeps only its own experiments
+
+
+def _meaning(profile: str, row) -> str:
+    """One sentence per profile: reproduced, contradicted (with the numbers), or not decidable
+    here (and why) -- from the reference run's verdict and what it measured."""
+    verdict, measured = row["verdict"], _cell(row["measured"])
+    runs = f" ({row['runs']})" if row.get("runs", "") else ""
+    if verdict == "PASS":
+        return f"{profile}: reproduced{runs}"
+    if verdict == "FAIL":
+        return f"{profile}: contradicted{runs}: {measured}"
+    if verdict == "UNSTABLE":
+        return f"{profile}: not decidable here, the independent runs disagree ({row['runs']}): " \
+               f"{measured}"
+    if verdict == "INCONCLUSIVE":
+        why = measured.split("cannot decide:", 1)
+        reason = why[1].strip() if len(why) == 2 else f"the interval straddles the threshold: " \
+                                                         f"{measured}"
+        return f"{profile}: not decidable here{runs}: {reason}"
+    return f"{profile}: {verdict}: {measured}"
+
+
+def paper_verdicts_section() -> str:
+    """The papers' claims first: one row per paper claim, its verdict per profile, what it
+    means."""
+    claims = [c for c in yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
+              if c.get("kind") == "paper"]
+    refs = {name: _reference(name) for name in REFERENCE_PROFILES}
+    refs = {k: v.set_index("claim") for k, v in refs.items() if v is not None}
+    lines = ["| claim | the paper says (source) | checked here | "
+             + " | ".join(refs) + " | what it means |",
+             "|---|---|---|" + "---|" * len(refs) + "---|"]
+    for c in claims:
+        cells, meaning = [], []
+        for name, table in refs.items():
+            if c["id"] not in table.index:
+                cells.append("-")
+                continue
+            row = table.loc[c["id"]]
+            runs = f" ({row['runs']})" if row.get("runs", "") else ""
+            cells.append(f"{row['verdict']}{runs}")
+            if row["verdict"] not in ("NOT RUN",):
+                meaning.append(_meaning(name, row))
+        said = f"{_cell(c.get('paper_value', ''))} ({_cell(c['source'])})"
+        lines.append(f"| {c['id']} | {said} | {_cell(c['statement'])} | " + " | ".join(cells)
+                     + f" | {_cell('; '.join(meaning)) or 'not run in any reference'} |")
+    return "\n".join(lines)
+
+
+def claims_section() -> str:
+    claims = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
+    titles = {"paper": "The papers' claims", "method": "Method claims (pipecomm's own models, "
+              "emulator and targets)", "illustration": "Model illustrations (no verdict)"}
+    parts = []
+    for kind, title in titles.items():
+        head = "| claim | experiment | statement (checked) | "
+        head += "source | the paper's number | " if kind == "paper" else ""
+        head += "model prediction | threshold (check arguments) | why this threshold |"
+        lines = [f"**{title}**", "", head, "|" + "---|" * (head.count("|") - 1)]
+        for c in (c for c in claims if c.get("kind") == kind):
+            if kind == "illustration":
+                pred, thr, why = _cell(c.get("prediction", "")) or "(model illustration)", \
+                    "no verdict", ""
+            else:
+                pred, thr, why = c["prediction"], f"`{c['check']}`: {_args(c['args'])}", \
+                    c["threshold_reason"]
+            paper = f"{_cell(c['source'])} | {_cell(c.get('paper_value', ''))} | " \
+                if kind == "paper" else ""
+            lines.append(f"| {c['id']} | {c['experiment']} | {_cell(c['statement'])} | {paper}"
+                         f"{_cell(pred)} | {_cell(thr)} | {_cell(why)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def reference_section(profile: str) -> str:
+    path = ROOT / "artifact" / "reference" / profile / "claims.csv"
+    table = _reference(profile)
+    if table is None:
+        return f"(no reference run of the {profile} profile yet)"
+    runs = "runs" in table.columns
+    n = len(list(path.parent.glob("run-*"))) + 1
+    what = f"{n} independent runs" if runs else "reference run"
+    lines = [f"The `{profile}` profile's {what} (`artifact/reference/{profile}/`):", "",
+             "| claim | kind | measured (95% interval) | threshold | " + ("runs | " if runs else "")
+             + "verdict |", "|---|---|---|---|" + ("---|" if runs else "") + "---|"]
     for _, r in table.iterrows():
-        lines.append(f"| {r['claim']} | {_cell(r['measured'])} | {_cell(r['threshold'])} | "
-                     f"{r['verdict']} |")
+        kind = r.get("kind", "")
+        extra = f"{_cell(r['runs'])} | " if runs else ""
+        lines.append(f"| {r['claim']} | {kind} | {_cell(r['measured'])} | "
+                     f"{_cell(r['threshold'])} | {extra}{r['verdict']} |")
     counts = table["verdict"].value_counts()
-    lines += ["", ", ".join(f"{n} {v}" for v, n in counts.items())]
+    lines += ["", ", ".join(f"{k} {v}" for v, k in counts.items())]
     return "\n".join(lines)
 
 
@@ -93,7 +164,8 @@ def experiments_section() -> str:
 
 
 def render(text: str) -> str:
-    sections = (("claims", claims_section()), ("experiments", experiments_section()),
+    sections = (("paper-verdicts", paper_verdicts_section()), ("claims", claims_section()),
+                ("experiments", experiments_section()),
                 ("reference-cpu", reference_section("cpu")),
                 ("reference-cpu-full", reference_section("cpu-full")))
     for key, body in sections:
