@@ -216,3 +216,9 @@ def test_combine_runs_marks_disagreement_unstable():
                              table("PASS", "PASS", "PASS", "PASS").iloc[:3]])
     with pytest.raises(ValueError, match="at least one run"):
         claims.combine_runs([])
+
+
+def test_a_single_point_claim_can_still_fail():
+    """One point at 95% may not miss: the allowance never makes a claim unfalsifiable."""
+    assert claims.allowance(1, "binomial") == 0
+    assert claims.combine([claims.FAIL], claims.allowance(1, "binomial")) == claims.FAIL

@@ -141,14 +141,15 @@ FAMILY_ERROR = 0.05
 def allowance(n_points: int, rule: str | int) -> int:
     """How many of ``n_points`` may miss in a claim over many points, fixed by ``rule`` before
     the run: an int is that count; ``"none"`` is 0 (every point must hold); ``"binomial"`` is
-    the smallest m with P(Binomial(n_points, 1 - CONFIDENCE) > m) <= :data:`FAMILY_ERROR`, so
-    that a claim true at every point fails by chance at most 5% of the time.
+    :func:`pipecomm.lab.stats.misses_allowed` at :data:`FAMILY_ERROR`: the smallest m with
+    P(Binomial(n_points, 1 - CONFIDENCE) > m) <= 5%, so that a claim true at every point fails
+    by chance at most 5% of the time.
 
     Example::
 
         allowance(20, "binomial"), allowance(4, "binomial"), allowance(40, "binomial")   # (3, 1, 4)
     """
-    if isinstance(rule, bool):
+    if isinstance(rule, bool) or not isinstance(rule, (int, np.integer, str)):
         raise ValueError(f"may_miss must be 'none', 'binomial' or an int >= 0, got {rule!r}")
     if isinstance(rule, (int, np.integer)):
         if rule < 0:
@@ -158,19 +159,9 @@ def allowance(n_points: int, rule: str | int) -> int:
         return 0
     if rule != "binomial":
         raise ValueError(f"may_miss must be 'none', 'binomial' or an int >= 0, got {rule!r}")
-    n, q = as_points(n_points), 1.0 - stats.CONFIDENCE
-    tail = 1.0  # P(X > m), m = -1
-    for m in range(n + 1):
-        tail -= math.comb(n, m) * q**m * (1 - q) ** (n - m)
-        if tail <= FAMILY_ERROR + 1e-12:
-            return m
-    return n
-
-
-def as_points(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n_points must be an int >= 1, got {n!r}")
-    return int(n)
+    if isinstance(n_points, bool) or not isinstance(n_points, (int, np.integer)):
+        raise ValueError(f"n_points must be an int >= 1, got {n_points!r}")
+    return stats.misses_allowed(int(n_points), level=FAMILY_ERROR)
 
 
 def missed(verdicts: list[str], may_miss: int) -> str:

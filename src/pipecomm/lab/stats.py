@@ -136,7 +136,7 @@ def misses_allowed(n: int, confidence: float = CONFIDENCE, level: float = 0.025)
     tail = 1.0  # P(X > k - 1) = P(X >= k), for k = 0, 1, ...
     for k in range(n + 1):
         tail -= math.comb(n, k) * q**k * (1.0 - q) ** (n - k)
-        if tail <= level:
+        if tail <= level * (1 + 1e-9):  # P(X > 0) for n = 1 is exactly 1 - confidence
             return k
     return n
 
