@@ -26,8 +26,8 @@ losses.
 Usage (as root, on a quiet machine)::
 
     .venv/bin/python benchmarks/bench_training.py --cluster 15M --nodes 4 --seeds 0 1 2 \\
-        --csv artifact/reference/shaped/training.csv
-    .venv/bin/python benchmarks/bench_training.py --summary artifact/reference/shaped/training.csv
+        --csv artifact/reference/shaped-bench/training_15M.csv
+    .venv/bin/python benchmarks/bench_training.py --summary artifact/reference/shaped-bench/training_15M.csv
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def summary(csv_path: Path) -> str:
 
     Example::
 
-        print(summary(Path("artifact/reference/shaped/training.csv")))
+        print(summary(Path("artifact/reference/shaped-bench/training_15M.csv")))
     """
     with csv_path.open(newline="") as f:
         rows = list(csv.DictReader(f))
