@@ -1,0 +1,36 @@
+"""benchmarks/plot_shaped.py draws the shaped-network figures from the committed CSVs and refuses
+input it cannot draw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "plot_shaped.py"
+BENCH = ROOT / "artifact" / "reference" / "shaped-bench"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_figures_from_the_reference_csvs(tmp_path):
+    proc = _run("--collectives", str(BENCH / "collectives_15M.csv"), "--training",
+                str(BENCH / "training_15M.csv"), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("collectives.png", "training.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_is_one_line(tmp_path):
+    missing = _run("--training", str(tmp_path / "none.csv"), "--out", str(tmp_path))
+    assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
+    no_ddp = tmp_path / "t.csv"
+    no_ddp.write_text("strategy,seed,step_ms,tx_bytes_per_rank_step,error\nlp,0,1.0,5.0,\n")
+    proc = _run("--training", str(no_ddp), "--out", str(tmp_path))
+    assert proc.returncode == 2 and "no stock DDP rows" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert _run("--out", str(tmp_path)).returncode == 2
