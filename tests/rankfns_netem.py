@@ -253,10 +253,12 @@ def late_chain(nbytes: int, hops: int, late_s: float, virtual: bool, reps: int =
         time.sleep(seconds + late_s)
 
     late = types.SimpleNamespace(monotonic=time.monotonic, sleep=late_sleep)
-    saved = (p2p.time, netem.time, use_virtual_clock(virtual))  # p2p.time: its own sleep
-    p2p.time = netem.time = late
+    from pipecomm.netem import emulation
+
+    saved = (p2p.time, emulation.time, use_virtual_clock(virtual))  # p2p.time: its own sleep
+    p2p.time = emulation.time = late
     try:
         return chain(nbytes, hops, reps)
     finally:
-        p2p.time, netem.time = saved[0], saved[1]
+        p2p.time, emulation.time = saved[0], saved[1]
         use_virtual_clock(saved[2])

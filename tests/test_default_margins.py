@@ -58,7 +58,7 @@ def host_step_s(world_size: int, nbytes: int) -> float:
 def short_of_margin(world_size: int, net: netem.Network, sizes: list[int],
                     rpn: int | None) -> list[str]:
     out = []
-    for _, _, inter in netem._levels(net, world_size, rpn):
+    for _, _, inter in netem.host_check._levels(net, world_size, rpn):
         for n in sizes:
             emulated, real = net.transfer_time(n, inter_node=inter), host_step_s(world_size, n)
             if emulated < MARGIN * real:
