@@ -54,8 +54,11 @@ __all__ = [
     "bars_with_markers",
     "check_timing_workload",
     "method_name",
+    "OverlappedRing",
     "model_gossip_time",
+    "overlapped_gossip_time",
     "predict_training",
+    "replay_ring_allreduces",
     "rank_gossip_times",
     "rank_time_training",
 ]
@@ -157,6 +160,9 @@ def predict_training(
     parameters of ``net`` (:func:`link_models`), the topology, and the same compute factors that
     the measured run injects. The statistic mirrors the measurement: iterations after
     ``warmup``, cut into ``blocks`` blocks, median block time / ``block_iters``.
+    ``iteration_s`` is the overlapped model's (each group allreduce timed by
+    :class:`OverlappedRing`; docs/experiments.md, E11), ``lockstep_iteration_s`` the lock-step
+    closed form's (:func:`pipecomm.decentralized.runtime_model.group_allreduce_time`).
 
     Example::
 
@@ -164,15 +170,14 @@ def predict_training(
     """
     intra, inter = link_models(net)
     total = spec["warmup"] + spec["blocks"] * spec["block_iters"]
+    p, rpn = spec["p"], spec["ranks_per_node"]
     kw = dict(
         bucket_bytes=calib["bucket_bytes"],
         fwd_s=calib["fwd_s"],
         bwd_s=calib["bwd_s"],
         step_s=calib["step_s"],
-        p=spec["p"],
-        ranks_per_node=spec["ranks_per_node"],
-        intra=intra,
-        inter=inter,
+        p=p,
+        ranks_per_node=rpn,
         compute_cv=spec["compute_cv"],
         iterations=total,
         seed=spec["seed"],
@@ -180,14 +185,27 @@ def predict_training(
         warmup=spec["warmup"],
     )
     if spec["kind"] == "allreduce":
-        r = runtime_model.simulate("allreduce", **kw)
+        steps = [[tuple(range(p))]]
     else:
-        r = runtime_model.simulate("decentralized", topology=spec["topology"], **kw)
-    its = np.asarray(r["iteration_s"]).reshape(spec["blocks"], spec["block_iters"])
+        topo = topology.get_topology(spec["topology"], p, ranks_per_node=rpn)
+        steps = [topo.groups(s) for s in range(topo.period or 1)]
+        kw["topology"] = spec["topology"]
+    ring = OverlappedRing(net, rpn, p, steps, calib["bucket_bytes"], spec["algorithm"])
+    kind = "allreduce" if spec["kind"] == "allreduce" else "decentralized"
+    r = runtime_model.simulate(kind, intra=ring.intra, inter=ring.inter,
+                               collective_time_fn=ring, **kw)
+    lock = runtime_model.simulate(kind, intra=intra, inter=inter, **kw)
+
+    def stat(res: dict[str, Any]) -> float:
+        its = np.asarray(res["iteration_s"]).reshape(spec["blocks"], spec["block_iters"])
+        return float(np.median(its.sum(axis=1))) / spec["block_iters"]
+
     return {
-        "iteration_s": float(np.median(its.sum(axis=1))) / spec["block_iters"],
+        "iteration_s": stat(r),
+        "lockstep_iteration_s": stat(lock),
         "mean_iteration_s": r["mean_iteration_s"],
         "comm_s": r["comm_s"],
+        "lockstep_comm_s": lock["comm_s"],
         "compute_s": r["compute_s"],
     }
 
@@ -265,6 +283,32 @@ def method_name(kind: str, topology: str | None) -> str:
     return f"DAdam ({'AER' if topology == 'alternating-exp-ring' else topology})"
 
 
+def overlapped_gossip_time(
+    groups: Sequence[Sequence[int]],
+    bucket_bytes: Sequence[int],
+    ranks_per_node: int,
+    net: netem.Network,
+    algorithm: str,
+) -> float:
+    """The overlapped model's time of one gossip step (E10's ``model_s``): the last rank's end
+    of :func:`replay_ring_allreduces` of every bucket over ``groups``, all groups at once, gamma
+    from :func:`pipecomm.lab.network.link_models`.
+
+    Example::
+
+        overlapped_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK),
+                               "ring")   # 0.0417 s (lock-step: 0.0615 s)
+    """
+    if algorithm != "ring":
+        raise ValueError(f"algorithm: the overlapped model replays 'ring' only, got "
+                         f"{algorithm!r}")
+    world = max(r for g in groups for r in g) + 1
+    world = -(-world // ranks_per_node) * ranks_per_node
+    gamma = link_models(net)[0].gamma
+    return float(max(replay_ring_allreduces(groups, bucket_bytes, net, ranks_per_node, world,
+                                            gamma)["finish_s"]))
+
+
 def model_gossip_time(
     groups: Sequence[Sequence[int]],
     bucket_bytes: Sequence[int],
@@ -272,7 +316,7 @@ def model_gossip_time(
     net: netem.Network,
     algorithm: str,
 ) -> float:
-    """Cost-model time of one gossip step: the slowest group's allreduces of every bucket, back
+    """Lock-step cost-model time of one gossip step (E10's ``lockstep_s``): the slowest group's allreduces of every bucket, back
     to back, with concurrent groups sharing the inter-node uplinks
     (:func:`pipecomm.decentralized.runtime_model.step_comm_times`).
 
@@ -338,3 +382,176 @@ def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
     for key in ("fwd_ms", "bwd_ms", *nonnegative):
         if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
             raise ValueError(f"parameter {key} must be a number >= 0, got {p[key]!r}")
+
+
+# ------------------------------------------------------------- the overlapped model (E10-E12)
+
+
+def replay_ring_allreduces(
+    groups: Sequence[Sequence[int]],
+    bucket_bytes: Sequence[int],
+    net: netem.Network,
+    ranks_per_node: int,
+    world_size: int,
+    gamma: float,
+) -> dict[str, Any]:
+    """The overlapped model of one gossip step: every group's ring allreduce of every bucket,
+    back to back on each rank, all groups at once, replayed message by message on the
+    emulator's own port arithmetic (:class:`pipecomm.netem.LinkSchedule`: latency in flight,
+    one out- and one in-port per rank, one up- and one downlink per node, cut-through hops).
+
+    Member ``j`` of a group of ``m`` sends message ``k`` (chunk ``j - k`` mod m, k = 0 .. 2m-3)
+    to its right neighbour; message ``k >= 1`` leaves when message ``k - 1`` has arrived from
+    the left (the ring's data dependency), after its combine (``gamma`` s/byte) in the
+    reduce-scatter (k <= m - 1). A rank's next bucket starts when its previous allreduce has
+    finished (all its receives arrived, all its sends delivered), as on the progress engine's
+    one communication thread. docs/experiments.md (E10) derives where this differs from the
+    lock-step closed form ``2(m-1)(alpha + n/m beta)`` (Patarasuk & Yuan 2009): a ring over two
+    levels alternates fast and slow edges, and the messages of concurrent groups queue on a
+    shared uplink while each other's latency is in flight.
+
+    Args: ``groups`` of global ranks (disjoint; groups of one cost nothing), ``bucket_bytes``
+    (float32 buckets, all-reduced in this order), the emulated ``net``, ``ranks_per_node``,
+    ``world_size``, ``gamma`` (seconds per byte combined).
+    Returns ``finish_s`` (per rank: when its last allreduce finished, all ranks starting at 0)
+    and ``op_s`` (``op_s[g][i]``: when group g's allreduce of bucket i finished on its last
+    member).
+
+    Example::
+
+        r = replay_ring_allreduces([(0, 1, 2, 3)], [1 << 20], make_network(DEFAULT_NETWORK), 2,
+                                   4, 0.0)
+        max(r["finish_s"])   # 0.0417: 3 intra + 3 inter edges, not 6 inter edges (0.0615)
+    """
+    import heapq
+
+    sched = netem.LinkSchedule(net, world_size, ranks_per_node)
+    table = sched.new_table()
+    members = [tuple(g) for g in groups if len(g) > 1]
+    sizes = [max(1, int(n) // 4) for n in bucket_bytes]  # float32 elements
+    chunk_bytes = []
+    for n in sizes:
+        per_m = {}
+        for g in members:
+            o = [0]
+            q, r = divmod(n, len(g))
+            for c in range(len(g)):
+                o.append(o[-1] + q + (1 if c < r else 0))
+            per_m[len(g)] = [4 * (b - a) for a, b in zip(o, o[1:])]
+        chunk_bytes.append(per_m)
+    finish = [0.0] * world_size
+    op_s = [[0.0] * len(sizes) for _ in groups]
+    where = {}
+    for gi, g in enumerate(groups):
+        for j, r in enumerate(g):
+            where[r] = (gi, j)
+    # per rank: current bucket, next send index, time cursor, arrivals, deliveries of sends
+    state = {r: {"i": 0, "k": 0, "t": 0.0, "recv": {}, "sent": []} for g in members for r in g}
+    heap: list[tuple[float, int, int]] = []
+
+    def advance(r: int) -> None:
+        st = state[r]
+        gi, j = where[r]
+        g = groups[gi]
+        m = len(g)
+        while st["i"] < len(sizes):
+            k = st["k"]
+            last = 2 * m - 2
+            if k < last:
+                if k == 0:
+                    t = st["t"]
+                elif (st["i"], k - 1) in st["recv"]:
+                    got = st["recv"][(st["i"], k - 1)]
+                    c = chunk_bytes[st["i"]][m][(j - k) % m]
+                    t = max(st["t"], got) + (gamma * c if k <= m - 1 else 0.0)
+                else:
+                    return
+                heapq.heappush(heap, (t, r, k))
+                st["k"] = -1 - k  # pending
+                return
+            if k == last and all((st["i"], x) in st["recv"] for x in range(last)):
+                end = max([st["t"], *(st["recv"][(st["i"], x)] for x in range(last)),
+                           *st["sent"]])
+                op_s[gi][st["i"]] = max(op_s[gi][st["i"]], end)
+                st.update(i=st["i"] + 1, k=0, t=end, sent=[])
+                finish[r] = end
+                continue
+            return
+
+    for r in state:
+        advance(r)
+    while heap:
+        t, r, k = heapq.heappop(heap)
+        st = state[r]
+        gi, j = where[r]
+        g = groups[gi]
+        m = len(g)
+        right = g[(j + 1) % m]
+        c = chunk_bytes[st["i"]][m][(j - k) % m]
+        deliver = sched.post(table, r, right, int(c), t, prune_before=t)
+        st["sent"].append(deliver)
+        st["t"] = t
+        st["k"] = k + 1
+        state[right]["recv"][(st["i"], k)] = deliver
+        advance(right)
+        advance(r)
+    return {"finish_s": finish, "op_s": op_s}
+
+
+class OverlappedRing:
+    """The overlapped model's time of one group's ring allreduce, as the ``collective_time_fn``
+    of :func:`pipecomm.decentralized.runtime_model.simulate`: the runtime model's schedule
+    (overlap, varying compute, launch order) is unchanged; only the time of each group's
+    allreduce of a bucket comes from :func:`replay_ring_allreduces` of that bucket with all the
+    groups of its step at once, in place of the lock-step closed form. The runtime model asks
+    for a time by group size, level and uplink streams (its own cache key,
+    :func:`pipecomm.decentralized.runtime_model.step_comm_times`); this looks it up among the
+    replays of every step of ``steps`` (the slowest group with that key).
+
+    Args: ``net`` (the emulated network), ``ranks_per_node``, ``world_size``, ``steps`` (the
+    groups of each distinct step), ``bucket_bytes``, ``algorithm`` (only ``"ring"`` is
+    replayed). Pass ``intra=ring.intra, inter=ring.inter, collective_time_fn=ring`` to
+    ``simulate``.
+
+    Example::
+
+        ring = OverlappedRing(net, 2, 8, [[tuple(range(8))]], [1 << 20] * 2, "ring")
+        runtime_model.simulate("allreduce", ..., intra=ring.intra, inter=ring.inter,
+                               collective_time_fn=ring)
+    """
+
+    def __init__(self, net: netem.Network, ranks_per_node: int, world_size: int,
+                 steps: Sequence[Sequence[Sequence[int]]], bucket_bytes: Sequence[float],
+                 algorithm: str) -> None:
+        if algorithm != "ring":
+            raise ValueError(f"algorithm: the overlapped model replays 'ring' only, got "
+                             f"{algorithm!r}")
+        import dataclasses
+
+        intra, inter = link_models(net)
+        self.intra, self.inter = intra, dataclasses.replace(inter)  # told apart by identity
+        self.table: dict[tuple[int, bool, int, int], float] = {}
+        rpn = ranks_per_node
+        for groups in steps:
+            load = runtime_model.uplink_streams(groups, rpn, algorithm)
+            for nb in dict.fromkeys(int(round(b)) for b in bucket_bytes):
+                op = replay_ring_allreduces(groups, [nb], net, rpn, world_size,
+                                            intra.gamma)["op_s"]
+                for gi, g in enumerate(groups):
+                    if len(g) < 2:
+                        continue
+                    nodes = {r // rpn for r in g}
+                    spans = len(nodes) > 1
+                    s = max(load.get(n, 1) for n in nodes) if spans else 1
+                    key = (len(g), spans, s, nb)
+                    self.table[key] = max(self.table.get(key, 0.0), op[gi][0])
+
+    def __call__(self, algorithm: str, nbytes: int, m: int, link: Any) -> float:
+        spans = link is not self.intra
+        s = round(link.beta / self.inter.beta) if spans else 1
+        key = (int(m), spans, int(s), int(nbytes))
+        if key not in self.table:
+            raise KeyError(f"the overlapped model has no replay of group size {m}, "
+                           f"{'across nodes' if spans else 'inside a node'}, {s} uplink "
+                           f"stream(s), {nbytes} bytes")
+        return self.table[key]
