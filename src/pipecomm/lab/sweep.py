@@ -296,19 +296,29 @@ def model_crossover_bytes(
     lo: float,
     hi: float,
     points_per_octave: int = 16,
+    host_block_s: float | None = None,
 ) -> float:
     """Smallest size in ``[lo, hi]`` from which modelled LP stays faster than ``other``.
 
-    Evaluated on a geometric grid (``points_per_octave``) with LP's optimal block sizes and
-    refined like :func:`measured_crossover_bytes`; ``inf`` if LP is not faster at ``hi``.
+    Evaluated on a geometric grid (``points_per_octave``) with LP's default (lock-step optimal)
+    block sizes and refined like :func:`measured_crossover_bytes`; ``inf`` if LP is not faster
+    at ``hi``. ``host_block_s=None``: LP by the paper's lock-step model; a number: by the
+    overlapped model of the progress engine with that host cost per block
+    (:func:`pipecomm.cost.overlapped_time`).
 
     Example::
 
         link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
-        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26)   # about 3.3 MiB
+        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26)   # about 4.1 MiB
+        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26,
+                              host_block_s=124e-6)                           # about 1.4 MiB
     """
     num = max(2, int(round(np.log2(hi / lo) * points_per_octave)) + 1)
     sizes = np.unique(np.geomspace(lo, hi, num).astype(np.int64))
-    t_lp = [cost.collective_time(op, "lp", int(n), p, link) for n in sizes]
+    if host_block_s is None:
+        t_lp = [cost.collective_time(op, "lp", int(n), p, link) for n in sizes]
+    else:
+        t_lp = [cost.overlapped_time(op, "lp", int(n), p, link, host_block_s=host_block_s)
+                for n in sizes]
     t_o = [cost.collective_time(op, other, int(n), p, link) for n in sizes]
     return measured_crossover_bytes(sizes, t_lp, t_o)

@@ -367,14 +367,16 @@ def save(out_dir, df, fig=None, params=None, extra=None):
 
 @claims.check("e0_emulated_within")
 def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
-                          abs_tolerance_s: float, world_sizes: list[int]) -> claims.Verdict:
+                          abs_tolerance_s: float, world_sizes: list[int],
+                          may_miss: str | int) -> claims.Verdict:
     """Every emulated message >= ``min_bytes`` of every world size in ``world_sizes`` takes the
     configured ``alpha + n / B``: signed error within ``tolerance`` (or ``abs_tolerance_s``,
-    when larger), decided on the interval of each pair's median (:func:`claims.model_points`).
+    when larger), decided on the interval of each pair's median (:func:`claims.model_points`),
+    but the :func:`claims.allowance` of ``may_miss`` points.
 
     Example::
 
-        check_emulated_within(df, 65536, 0.1, 0.001, [2, 8])
+        check_emulated_within(df, 65536, 0.1, 0.001, [2, 8], "binomial")
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "times_s", "world_size",
                            "emu_alpha_s", "emu_bandwidth_Bps", "pair")
@@ -387,7 +389,7 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     labels = [f"p={int(r.world_size)}, pair {r.pair}, {int(r.nbytes) >> 10} KiB"
               for r in emu.itertuples()]
     return claims.model_points([stats.repeats(c) for c in emu.times_s], model.tolist(), labels,
-                               tolerance, abs_tolerance_s)
+                               tolerance, abs_tolerance_s, may_miss=may_miss)
 
 
 if __name__ == "__main__":

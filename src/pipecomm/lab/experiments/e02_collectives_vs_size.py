@@ -11,9 +11,11 @@ Two sections, one tidy table (column ``section``):
   transfers pass through the emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s`` latency,
   ``emu_bandwidth_Bps`` per link, one or the other port model). ``emu_cases`` maps
   ``"ports/op"`` to the algorithms measured (one pool of ranks per port model). Every point has
-  the alpha-beta-gamma model beside it (``model_s``: :func:`pipecomm.cost.collective_time` with
+  the alpha-beta-gamma model beside it (``model_s``: :func:`pipecomm.cost.overlapped_time` with
   :func:`pipecomm.cost.link_from_network` -- gamma from E0's calibration when the orchestrator
-  has one -- and the LP block size the collective really used, the model's optimum). A point
+  has one -- and the LP block size the collective really used, the lock-step model's optimum:
+  LP by the overlapped model of the progress engine, with :func:`host_block_s` per block, the
+  others by their lock-step models; ``model_lockstep_s`` holds the paper's lock-step model). A point
   whose modelled time exceeds ``max_point_s`` is not measured (its model line still shows).
   Broadcast schedules move at most one message in and one out of a rank per step, so their
   modelled time is the same under both port models; the profile measures broadcast with single
@@ -300,6 +302,8 @@ def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, An
 _EMULATED_COLUMNS = (
     "ports",
     "model_s",
+    "model_lockstep_s",
+    "model_host_block_s",
     "emu_alpha_s",
     "emu_bandwidth_Bps",
     "model_gamma_s_per_byte",
@@ -374,13 +378,20 @@ def run(**params: Any) -> pd.DataFrame:
                       timeout_s=p["timeout_s"]) as ranks:
             out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
         link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
+        h = host_block_s()
         d = pd.DataFrame(out[0])
+        blocks = [None if pd.isna(b) else int(b) for b in d.block_bytes]
         d["model_s"] = [
-            cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
-            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, d.block_bytes)
+            cost.overlapped_time(o, a, int(n), int(q), link, b, host_block_s=h)
+            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
+        ]
+        d["model_lockstep_s"] = [
+            cost.collective_time(o, a, int(n), int(q), link, b)
+            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
         ]
         frames.append(
             d.assign(
+                model_host_block_s=h,
                 section=ranks.kind,
                 ports=ports,
                 backend="gloo",
@@ -412,6 +423,18 @@ def run(**params: Any) -> pd.DataFrame:
             "(or no GPU for backend='nccl')"
         )
     return _add_bandwidths(pd.concat(frames, ignore_index=True))
+
+
+def host_block_s() -> float:
+    """The host's cost of one LP block on the critical path, for the overlapped model
+    (:func:`pipecomm.cost.lp_overlapped_time`): E0's per-message latency of the real backend
+    (``cost.calibrated_link().alpha``; its documented fallback without E0).
+
+    Example::
+
+        host_block_s()   # 0.000124 with the reference E0
+    """
+    return float(cost.calibrated_link().alpha)
 
 
 def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
@@ -460,6 +483,13 @@ def _link_of(d: pd.DataFrame, ports: str) -> cost.LinkModel:
         gamma=float(d.model_gamma_s_per_byte.iloc[0]),
         ports=ports,
     )
+
+
+def _host_block_of(d: pd.DataFrame) -> float:
+    """The run's host cost per LP block (``model_host_block_s``; 0 in data from before it)."""
+    if "model_host_block_s" not in d or d.model_host_block_s.isna().all():
+        return 0.0
+    return float(d.model_host_block_s.dropna().iloc[0])
 
 
 def _mib(n: float) -> str:
@@ -550,7 +580,8 @@ def plot(df: pd.DataFrame, **params: Any):
                 ax.loglog(ga.nbytes, ga.time_s, "o", color=ALG_COLORS[alg], label=f"{alg}")
                 ax.loglog(
                     xs,
-                    [cost.collective_time(op, alg, int(n), q, link) for n in xs],
+                    [cost.overlapped_time(op, alg, int(n), q, link,
+                                          host_block_s=_host_block_of(g)) for n in xs],
                     "-",
                     color=ALG_COLORS[alg],
                     lw=1,
@@ -665,7 +696,7 @@ def predict_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[
 @claims.prediction("e2_crossover_vs_model")
 def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
     """C2.2's prediction for the run: the model's LP / ``other`` broadcast crossover on the
-    run's link, within its measured sizes.
+    run's link, within its measured sizes (LP by the overlapped model).
 
     Example::
 
@@ -675,7 +706,8 @@ def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
     sizes = sorted(set(d.nbytes))
     link = _link_of(d, ports)
     q = int(d.world_size.iloc[0])
-    x = model_crossover_bytes("broadcast", other, q, link, sizes[0], sizes[-1])
+    x = model_crossover_bytes("broadcast", other, q, link, sizes[0], sizes[-1],
+                              host_block_s=_host_block_of(d))
     where = f"({link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s, p = {q})"
     if not math.isfinite(x):
         return f"model: no crossover between {_mib(sizes[0])} and {_mib(sizes[-1])} {where}"
@@ -701,14 +733,15 @@ def predict_allreduce_ports(df: pd.DataFrame) -> str:
 
 
 @claims.check("e2_lp_fastest_broadcast")
-def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[str],
-                               tolerance: float) -> claims.Verdict:
-    """At the largest emulated message, LP is the fastest broadcast (every other/LP interval
-    above 1) and BE/LP agrees with the model's BE/LP within ``tolerance`` (relative, signed).
+def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str,
+                               algorithms: list[str]) -> claims.Verdict:
+    """At the largest emulated message, LP is the fastest broadcast: every other/LP time
+    ratio's interval lies above 1 (the paper's comparison; the ratios against the model are
+    :func:`check_ratio_vs_model`'s).
 
     Example::
 
-        check_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"], 0.15)
+        check_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
     """
     d = _emulated(df, "broadcast", ports)
     n = int(d.nbytes.max())
@@ -721,22 +754,90 @@ def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[st
         r, lo, hi = claims.ratio(_samples(d, n, alg), lp)
         verdicts.append(claims.at_least(lo, hi, 1.0))
         parts.append(f"{alg.upper()}/LP {claims.fmt_ci(r, lo, hi)}")
-    r, lo, hi = claims.ratio(_samples(d, n, "be"), lp)
-    model = _model_at(d, n, "be") / _model_at(d, n, "lp")
+    return claims.Verdict(f"{'; '.join(parts)} at {_mib(n)}", "every other/LP > 1",
+                          claims.combine(verdicts))
+
+
+@claims.prediction("e2_ratio_vs_model")
+def predict_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str) -> str:
+    """C2.8's prediction for the run: the model's ``other``/LP time ratio at the largest
+    emulated message (LP by the overlapped model).
+
+    Example::
+
+        predict_ratio_vs_model(df, "broadcast", "single", "be")   # 'model BE/LP 1.59 at 64 MiB ...'
+    """
+    d = _emulated(df, op, ports)
+    n = int(d.nbytes.max())
+    return (f"model {other.upper()}/LP {_model_at(d, n, other) / _model_at(d, n, 'lp'):.2f} "
+            f"{_where(d, n)}")
+
+
+@claims.check("e2_ratio_vs_model")
+def check_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str,
+                         tolerance: float) -> claims.Verdict:
+    """At the largest emulated message, the measured ``other``/LP time ratio of ``op`` agrees
+    with the model's ratio (``model_s``) within ``tolerance``: signed relative error, decided on
+    the ratio's interval.
+
+    Example::
+
+        check_ratio_vs_model(df, "broadcast", "single", "be", 0.15)
+    """
+    d = _emulated(df, op, ports)
+    n = int(d.nbytes.max())
+    _times_at(d, n, ("lp", other))
+    r, lo, hi = claims.ratio(_samples(d, n, other), _samples(d, n, "lp"))
+    model = _model_at(d, n, other) / _model_at(d, n, "lp")
     e = [stats.model_error(v, model) for v in (r, lo, hi)]
-    verdicts.append(claims.within(e[1], e[2], tolerance))
     return claims.Verdict(
-        f"{'; '.join(parts)} at {_mib(n)}; BE/LP vs model {model:.2f}: {e[0]:+.1%} "
-        f"[{e[1]:+.1%}, {e[2]:+.1%}]",
-        f"every other/LP > 1 and BE/LP within {tolerance:.0%} of the model",
-        claims.combine(verdicts),
-    )
+        f"{other.upper()}/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)} vs model {model:.2f}: "
+        f"{e[0]:+.1%} [{e[1]:+.1%}, {e[2]:+.1%}]",
+        f"within {tolerance:.0%} of the model's ratio", claims.within(e[1], e[2], tolerance))
+
+
+@claims.check("e2_ratio_above")
+def check_ratio_above(df: pd.DataFrame, op: str, ports: str, other: str,
+                      min_ratio: float) -> claims.Verdict:
+    """At the largest emulated message, the ``other``/LP time ratio of ``op`` lies above
+    ``min_ratio`` (its interval; ``other``/LP > 1: LP faster).
+
+    Example::
+
+        check_ratio_above(df, "broadcast", "single", "be", 1.0)
+    """
+    d = _emulated(df, op, ports)
+    n = int(d.nbytes.max())
+    _times_at(d, n, ("lp", other))
+    r, lo, hi = claims.ratio(_samples(d, n, other), _samples(d, n, "lp"))
+    return claims.Verdict(f"{other.upper()}/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)}",
+                          f"{other.upper()}/LP > {min_ratio:g}",
+                          claims.at_least(lo, hi, min_ratio))
+
+
+@claims.check("e2_ratio_below")
+def check_ratio_below(df: pd.DataFrame, op: str, ports: str, other: str,
+                      max_ratio: float) -> claims.Verdict:
+    """At the largest emulated message, the ``other``/LP time ratio of ``op`` lies below
+    ``max_ratio`` (its interval; ``other``/LP < 1: LP slower).
+
+    Example::
+
+        check_ratio_below(df, "allreduce", "single", "be", 1.0)
+    """
+    d = _emulated(df, op, ports)
+    n = int(d.nbytes.max())
+    _times_at(d, n, ("lp", other))
+    r, lo, hi = claims.ratio(_samples(d, n, other), _samples(d, n, "lp"))
+    return claims.Verdict(f"{other.upper()}/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)}",
+                          f"{other.upper()}/LP < {max_ratio:g}",
+                          claims.at_most(lo, hi, max_ratio))
 
 
 @claims.check("e2_crossover_vs_model")
 def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> claims.Verdict:
     """The measured size where LP broadcast overtakes ``other`` is within ``factor`` of the
-    modelled one. The crossover's interval comes from the timing intervals: the earliest
+    modelled one (LP by the overlapped model with the run's host cost per block). The crossover's interval comes from the timing intervals: the earliest
     crossing (LP at its interval's low end, ``other`` at its high end) and the latest.
 
     Example::
@@ -753,7 +854,7 @@ def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> 
     late = measured_crossover_bytes(sizes, [c[2] for c in ci["lp"]], [c[1] for c in ci[other]])
     q = int(d.world_size.iloc[0])
     modelled = model_crossover_bytes("broadcast", other, q, _link_of(d, ports), sizes[0],
-                                     sizes[-1])
+                                     sizes[-1], host_block_s=_host_block_of(d))
 
     def off(x: float) -> float:  # factor between a crossover and the model's (inf: none)
         if not (math.isfinite(x) and math.isfinite(modelled) and x > 0):
@@ -779,7 +880,7 @@ def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> 
 @claims.check("e2_allreduce_port_model")
 def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
     """Per-neighbor: the BE/LP allreduce time ratio's interval lies above ``min_ratio`` at the
-    largest message; the single-port ratio is reported alongside (information only).
+    largest message (the single-port ratio is claim C2.9's, :func:`check_ratio_below`).
 
     Example::
 
@@ -790,22 +891,20 @@ def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
     _times_at(d, n, ("lp", "be"))
     r, lo, hi = claims.ratio(_samples(d, n, "be"), _samples(d, n, "lp"))
     text = f"per-neighbor BE/LP {claims.fmt_ci(r, lo, hi)} at {_mib(n)}"
-    s = df[df.section.isin(NETWORK_KINDS) & (df.ports == "single") & (df.op == "allreduce")]
-    if {"lp", "be"} <= set(s[s.nbytes == n].algorithm):
-        rs = claims.ratio(_samples(s, n, "be"), _samples(s, n, "lp"))
-        text += f"; single-port BE/LP {claims.fmt_ci(*rs)} (information)"
     return claims.Verdict(text, f"per-neighbor BE/LP > {min_ratio:g}",
                           claims.at_least(lo, hi, min_ratio))
 
 
 @claims.check("e2_model_within")
-def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float) -> claims.Verdict:
+def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
+                       may_miss: str | int) -> claims.Verdict:
     """Signed model error ``(measured - model) / model`` within ``tolerance`` at every emulated
-    point >= ``min_bytes`` (:func:`pipecomm.lab.claims.model_points`).
+    point >= ``min_bytes`` but the :func:`pipecomm.lab.claims.allowance` of ``may_miss``
+    (:func:`pipecomm.lab.claims.model_points`; ``model_s``: LP by the overlapped model).
 
     Example::
 
-        check_model_within(df, 1 << 20, 0.25)
+        check_model_within(df, 1 << 20, 0.25, "binomial")
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "model_s", "times_s")
     d = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
@@ -813,7 +912,7 @@ def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float) -> cl
         raise ValueError(f"no emulated measurements >= {min_bytes} B")
     labels = [f"{r.op} {r.algorithm}, {r.ports}, {_mib(r.nbytes)}" for r in d.itertuples()]
     return claims.model_points([stats.repeats(c) for c in d.times_s], d.model_s.tolist(),
-                               labels, tolerance)
+                               labels, tolerance, may_miss=may_miss)
 
 
 def _real_ratio_verdicts(df: pd.DataFrame, op: str, algs: list[str], min_bytes: int,
@@ -843,39 +942,42 @@ def _real_ratio_verdicts(df: pd.DataFrame, op: str, algs: list[str], min_bytes: 
 
 
 @claims.check("e2_real_lp_broadcast_vs_builtin")
-def check_real_broadcast(df: pd.DataFrame, min_bytes: int, max_ratio: float) -> claims.Verdict:
+def check_real_broadcast(df: pd.DataFrame, min_bytes: int, max_ratio: float,
+                         may_miss: str | int) -> claims.Verdict:
     """Real backend: the interval of LP broadcast time / built-in time lies at or below
-    ``max_ratio`` at every p and size >= ``min_bytes``.
+    ``max_ratio`` at every p and size >= ``min_bytes`` but the allowance of ``may_miss``.
 
     Example::
 
-        check_real_broadcast(df, 16 << 20, 1.0)
+        check_real_broadcast(df, 16 << 20, 1.0, "binomial")
     """
     verdicts, parts = _real_ratio_verdicts(df, "broadcast", ["lp"], min_bytes, max_ratio)
-    return claims.Verdict("; ".join(parts) + " x built-in",
-                          f"<= {max_ratio:g} at every point (95% interval)",
-                          claims.combine(verdicts))
+    allowed = claims.allowance(len(verdicts), may_miss)
+    return claims.Verdict("; ".join(parts) + f" x built-in; {claims.missed(verdicts, allowed)}",
+                          f"<= {max_ratio:g} at every point but {allowed} (95% interval)",
+                          claims.combine(verdicts, allowed))
 
 
 @claims.check("e2_real_allreduce_vs_builtin")
-def check_real_allreduce(df: pd.DataFrame, min_bytes: int,
-                         max_ratio: dict[str, float]) -> claims.Verdict:
+def check_real_allreduce(df: pd.DataFrame, min_bytes: int, max_ratio: dict[str, float],
+                         may_miss: str | int) -> claims.Verdict:
     """Real backend: for each algorithm of ``max_ratio`` (e.g. ``{"lp": 1.3, "ring": 1.15}``)
     the interval of its allreduce time / built-in time lies at or below its bound at every p
-    and size >= ``min_bytes``.
+    and size >= ``min_bytes`` but the allowance of ``may_miss`` (over all points).
 
     Example::
 
-        check_real_allreduce(df, 16 << 20, {"lp": 1.3, "ring": 1.15})
+        check_real_allreduce(df, 16 << 20, {"lp": 1.3, "ring": 1.15}, "binomial")
     """
     verdicts, parts = [], []
     for alg, bound in max_ratio.items():
         v, text = _real_ratio_verdicts(df, "allreduce", [alg], min_bytes, bound)
         verdicts += v
         parts += [f"{t} (bound {bound:g})" for t in text]
-    return claims.Verdict("; ".join(parts) + " x built-in",
-                          "each algorithm <= its bound at every point (95% interval)",
-                          claims.combine(verdicts))
+    allowed = claims.allowance(len(verdicts), may_miss)
+    return claims.Verdict("; ".join(parts) + f" x built-in; {claims.missed(verdicts, allowed)}",
+                          f"each algorithm <= its bound at every point but {allowed} (95% "
+                          "interval)", claims.combine(verdicts, allowed))
 
 
 @claims.check("e2_real_host_model")

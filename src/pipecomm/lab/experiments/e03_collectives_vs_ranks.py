@@ -14,17 +14,19 @@ ranks, so a subgroup's transfers use exactly its members' ports and the idle ran
 Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median of ``iters``) after one
 untimed call of each algorithm on a small message; no warm-up at the large size (a call costs
 seconds and is deterministic to a few percent under the emulator). Each point carries the model
-time (``model_s``, :func:`pipecomm.cost.collective_time` on
-:func:`pipecomm.cost.link_from_network`, LP with the block size it used). With
+time (``model_s``, :func:`pipecomm.cost.overlapped_time` on
+:func:`pipecomm.cost.link_from_network`, LP with the block size it used, by the overlapped model of
+the progress engine with E0's per-message latency as its host cost per block; the paper's
+lock-step model in ``model_lockstep_s``). With
 ``network="shaped"`` the pool is a virtual cluster of single-port nodes on Linux tc tbf links
 of ``emu_bandwidth_Bps`` (real TCP; :func:`pipecomm.lab.network.ranks_on`): latency
 cannot be added there, and the model uses the cluster's calibrated link instead of
 ``emu_alpha_s`` (recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
 
-Claim (artifact/claims.yaml C3.1, with its threshold and the model's prediction; cpu profile:
-2 ms, 50 MB/s, single-port, 64 MiB, p = 2..8): the growth of LP's and of MST's broadcast time
-from the smallest to the largest p, against the model's growth (LP nearly flat, MST growing
-like log2 p).
+Claims (artifact/claims.yaml C3.*, with thresholds and the model's predictions; cpu profile:
+2 ms, 50 MB/s, single-port, 64 MiB, p = 2, 4, 8, 16): LP's broadcast time barely grows from the
+smallest to the largest p (the paper's "invariant to P"); MST's grows like ceil(log2 p); the
+growth of both against the model's growth (a method claim).
 
 Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
 each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
@@ -165,12 +167,19 @@ def run(**params: Any) -> pd.DataFrame:
     with ranks_on(p["network"], max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
         out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
     link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
+    h = float(cost.calibrated_link().alpha)  # host cost per LP block: E0's per-message latency
     df = pd.DataFrame(out[0])
+    blocks = [None if pd.isna(b) else int(b) for b in df.block_bytes]
     df["model_s"] = [
-        cost.collective_time(o, a, int(n), int(q), link, None if pd.isna(b) else int(b))
-        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, df.block_bytes)
+        cost.overlapped_time(o, a, int(n), int(q), link, b, host_block_s=h)
+        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
+    ]
+    df["model_lockstep_s"] = [
+        cost.collective_time(o, a, int(n), int(q), link, b)
+        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
     ]
     return df.assign(
+        model_host_block_s=h,
         ports=p["ports"],
         backend="gloo",
         network=ranks.text,
@@ -280,29 +289,122 @@ def plot(df: pd.DataFrame, **params: Any):
 # --------------------------------------------------------------------------- claims
 
 
-@claims.prediction("e3_lp_flat_mst_grows")
-def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
-    """C3.1's prediction for the run: the model's growth of LP's and MST's ``op`` time from
-    ``p_lo`` to ``p_hi`` ranks at the run's largest message on the run's link (the model
-    needs no measurement at those p).
-
-    Example::
-
-        predict_lp_flat(df, 2, 8, "broadcast")   # 'model growth p = 2 -> 8: LP 1.20x, MST 3.0x ...'
-    """
+def _run_link(df: pd.DataFrame) -> tuple[cost.LinkModel, float]:
+    """The run's link and host cost per LP block, from its own columns."""
     claims.require_columns(df, "nbytes", "emu_alpha_s", "emu_bandwidth_Bps")
     r = df.iloc[0]
     gamma = float(r["model_gamma_s_per_byte"]) if "model_gamma_s_per_byte" in df else 0.0
     link = cost.LinkModel.from_bandwidth(float(r["emu_alpha_s"]), float(r["emu_bandwidth_Bps"]),
                                          0.0 if math.isnan(gamma) else gamma,
                                          str(r["ports"]) if "ports" in df else "single")
+    h = float(r["model_host_block_s"]) if "model_host_block_s" in df else 0.0
+    return link, 0.0 if math.isnan(h) else h
+
+
+def _model_growth(df: pd.DataFrame, alg: str, op: str, p_lo: int, p_hi: int) -> float:
+    """The model's time of ``alg`` at ``p_hi`` over that at ``p_lo`` (LP: overlapped, with
+    the default block at each p), at the run's largest message."""
+    link, h = _run_link(df)
     n = int(df.nbytes.max())
+    return (cost.overlapped_time(op, alg, n, p_hi, link, host_block_s=h)
+            / cost.overlapped_time(op, alg, n, p_lo, link, host_block_s=h))
 
-    def grows(alg: str) -> float:
-        return (cost.collective_time(op, alg, n, p_hi, link)
-                / cost.collective_time(op, alg, n, p_lo, link))
 
-    growth = [f"{alg.upper()} {grows(alg):.2f}x" for alg in ("lp", "mst")]
+def _growth_samples(df: pd.DataFrame, alg: str, op: str, q: int) -> list[float]:
+    claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s")
+    d = df[(df.op == op) & (df.nbytes == df.nbytes.max()) & (df.algorithm == alg)
+           & (df.world_size == q)]
+    if d.empty:
+        raise ValueError(f"no {alg} {op} measured at p={q}")
+    return [t for c in d.times_s for t in stats.repeats(c)]
+
+
+@claims.prediction("e3_lp_invariant")
+def predict_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int) -> str:
+    """C3.1's prediction for the run: the overlapped model's growth of LP ``op`` from ``p_lo``
+    to ``p_hi`` at the run's largest message.
+
+    Example::
+
+        predict_lp_invariant(df, "broadcast", 2, 16)   # 'model LP growth p = 2 -> 16: 1.10x'
+    """
+    return (f"model LP growth p = {p_lo} -> {p_hi}: {_model_growth(df, 'lp', op, p_lo, p_hi):.3f}x "
+            f"({op} of {int(df.nbytes.max()) / 2**20:g} MiB)")
+
+
+@claims.check("e3_lp_invariant")
+def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
+                       max_growth: float) -> claims.Verdict:
+    """LP's cost is nearly invariant to p: at the largest message, LP ``op``'s time at
+    ``p_hi`` over its time at ``p_lo`` lies at or below ``max_growth`` (its interval).
+
+    Example::
+
+        check_lp_invariant(df, "broadcast", 2, 16, 1.25)
+    """
+    r = claims.ratio(_growth_samples(df, "lp", op, p_hi), _growth_samples(df, "lp", op, p_lo))
+    return claims.Verdict(f"LP p={p_lo}->{p_hi}: x{claims.fmt_ci(*r)}",
+                          f"growth <= x{max_growth:g}", claims.at_most(r[1], r[2], max_growth))
+
+
+@claims.prediction("e3_mst_log_growth")
+def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
+    """C3.2's prediction for the run: MST's growth from ``p_lo`` in the model, against
+    ceil(log2 p) / ceil(log2 p_lo), at every p of the run.
+
+    Example::
+
+        predict_mst_log(df, "broadcast", 2)   # 'model MST growth: p=4 2.00x, ... (ceil(log2 p))'
+    """
+    ps = sorted(q for q in set(df.world_size) if q > p_lo)
+    parts = [f"p={q} {_model_growth(df, 'mst', op, p_lo, int(q)):.2f}x" for q in ps]
+    return f"model MST growth from p = {p_lo}: " + ", ".join(parts) + " (ceil(log2 p) ratios)"
+
+
+@claims.check("e3_mst_log_growth")
+def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
+                  may_miss: str | int) -> claims.Verdict:
+    """MST grows like log p: at every measured p above ``p_lo``, MST ``op``'s time over its
+    time at ``p_lo`` lies within ``tolerance`` (signed relative error, on its interval) of
+    ``ceil(log2 p) / ceil(log2 p_lo)``, but the allowance of ``may_miss`` points.
+
+    Example::
+
+        check_mst_log(df, "broadcast", 2, 0.15, "none")
+    """
+    claims.require_columns(df, "world_size")
+    ps = sorted(int(q) for q in set(df[df.algorithm == "mst"].world_size) if q > p_lo)
+    if not ps:
+        raise ValueError(f"no MST {op} measured above p={p_lo}")
+    base = _growth_samples(df, "mst", op, p_lo)
+    verdicts, parts = [], []
+    for q in ps:
+        r = claims.ratio(_growth_samples(df, "mst", op, q), base)
+        target = math.ceil(math.log2(q)) / math.ceil(math.log2(p_lo))
+        e = [stats.model_error(v, target) for v in r]
+        verdicts.append(claims.within(e[1], e[2], tolerance))
+        parts.append(f"p={q} x{claims.fmt_ci(*r)} (log x{target:g}, {e[0]:+.1%})")
+    allowed = claims.allowance(len(verdicts), may_miss)
+    return claims.Verdict(f"MST from p={p_lo}: " + "; ".join(parts)
+                          + f"; {claims.missed(verdicts, allowed)}",
+                          f"within {tolerance:.0%} of ceil(log2 p) / ceil(log2 {p_lo}) at every "
+                          f"p but {allowed}", claims.combine(verdicts, allowed))
+
+
+@claims.prediction("e3_lp_flat_mst_grows")
+def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
+    """C3.3's prediction for the run: the model's growth of LP's and MST's ``op`` time from
+    ``p_lo`` to ``p_hi`` ranks (LP by the overlapped model) at the run's largest message on the run's link (the model
+    needs no measurement at those p).
+
+    Example::
+
+        predict_lp_flat(df, 2, 16, "broadcast")   # 'model growth p = 2 -> 16: LP 1.10x, ...'
+    """
+    link, _ = _run_link(df)
+    n = int(df.nbytes.max())
+    growth = [f"{alg.upper()} {_model_growth(df, alg, op, p_lo, p_hi):.2f}x"
+              for alg in ("lp", "mst")]
     return (f"model growth p = {p_lo} -> {p_hi}: {', '.join(growth)} ({op} of {n / 2**20:g} MiB, "
             f"{link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s)")
 

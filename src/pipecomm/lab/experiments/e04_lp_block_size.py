@@ -2,10 +2,14 @@
 
 Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
 Networks" (arXiv 1611.04255). Linear pipelining cuts an n-byte message into k blocks of b bytes;
-its broadcast costs ``(p + k - 2)(alpha + b beta)``: small blocks pay the latency ``alpha`` k
-times, large blocks make the ``p - 2`` fill steps long. The optimum is
-``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.cost.lp_optimal_block_bytes`` gives the exact
-discrete optimum of pipecomm's schedules, for every op and port model).
+in the paper's lock-step model its broadcast costs ``(p + k - 2)(alpha + b beta)``, optimum
+``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.cost.lp_optimal_block_bytes``). pipecomm's
+progress engine overlaps a block's latency with the next block's bytes, so its broadcast costs
+``(p - 1) alpha + (n + (p - 2) b) beta + k h`` with ``h`` the host's cost per block (E0's
+per-message latency): the optimum is ``k* = sqrt((p - 2) n beta / h)``
+(``pipecomm.cost.lp_overlapped_block_bytes``; docs/algorithms.md, "LP as the engine runs it").
+The grid is centred on that optimum; ``model_s`` is the overlapped model, ``model_lockstep_s``
+and ``lockstep_block_bytes`` the paper's.
 
 Measured: pipecomm's LP ``ops`` of one ``nbytes`` message on ``world_size`` gloo ranks over an
 emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s``, ``emu_bandwidth_Bps``, ``ports``), with
@@ -20,7 +24,8 @@ the optimum b*, the grid around it and the model come from the cluster's calibra
 (recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
 
 Claims (artifact/claims.yaml C4.*, with thresholds and the model's predictions; cpu profile:
-p = 8, 2 ms, 50 MB/s, single-port, 4 MiB, where the model puts b* at 256 KiB, k = 16): the
+p = 8, 2 ms, 50 MB/s, single-port, 4 MiB, where the overlapped model puts b* near 64 KiB, k = 64,
+and the lock-step model at 256 KiB, k = 16): the
 measured best block size against the modelled optimum; the cost of blocks 8x smaller and 8x
 larger than the optimum against the model's penalty.
 
@@ -122,14 +127,27 @@ def block_grid(
     return out
 
 
-def optimum(op: str, nbytes: int, p: int, link: cost.LinkModel) -> int:
-    """The modelled optimal LP block (bytes), a multiple of 8 (and of 4-byte elements).
+def optimum(op: str, nbytes: int, p: int, link: cost.LinkModel, host_block_s: float) -> int:
+    """The modelled optimal LP block (bytes), a multiple of 8: the overlapped model's
+    (:func:`pipecomm.cost.lp_overlapped_block_bytes`, ``host_block_s`` host seconds per block).
 
     Example::
 
-        optimum("broadcast", 4 << 20, 8, cost.LinkModel.from_bandwidth(2e-3, 50e6))   # 262144
+        optimum("broadcast", 4 << 20, 8, cost.LinkModel.from_bandwidth(2e-3, 50e6), 124e-6)
+        # 65536
     """
-    return int(cost.lp_optimal_block_bytes(op, nbytes, p, link))
+    return int(cost.lp_overlapped_block_bytes(op, nbytes, p, link, host_block_s))
+
+
+def host_block_s() -> float:
+    """The host's cost of one LP block on the critical path: E0's per-message latency of the
+    real backend (``cost.calibrated_link().alpha``; its fallback without E0).
+
+    Example::
+
+        host_block_s()   # 0.000124 with the reference E0
+    """
+    return float(cost.calibrated_link().alpha)
 
 
 def plan(**params: Any) -> pd.DataFrame:
@@ -140,23 +158,25 @@ def plan(**params: Any) -> pd.DataFrame:
         plan(world_size=8, nbytes=4 << 20).model_s.sum()
     """
     p = Params.make(**params)
-    return _plan(p, cost.link_from_network(network(p)))
+    return _plan(p, cost.link_from_network(network(p)), host_block_s())
 
 
-def _plan(p: Params, link: cost.LinkModel) -> pd.DataFrame:
+def _plan(p: Params, link: cost.LinkModel, h: float) -> pd.DataFrame:
     rows = []
+    n, q = p["nbytes"], p["world_size"]
     for op in p["ops"]:
-        b_opt = optimum(op, p["nbytes"], p["world_size"], link)
-        for f, b in block_grid(b_opt, p["nbytes"], p["block_range"], p["steps_per_octave"]):
+        b_opt = optimum(op, n, q, link, h)
+        b_lock = int(cost.lp_optimal_block_bytes(op, n, q, link))
+        for f, b in block_grid(b_opt, n, p["block_range"], p["steps_per_octave"]):
             rows.append(
                 {
                     "op": op,
                     "block_factor": f,
                     "block_bytes": b,
                     "optimal_block_bytes": b_opt,
-                    "model_s": cost.collective_time(
-                        op, "lp", p["nbytes"], p["world_size"], link, b
-                    ),
+                    "lockstep_block_bytes": b_lock,
+                    "model_s": cost.lp_overlapped_time(op, n, q, link, b, h),
+                    "model_lockstep_s": cost.collective_time(op, "lp", n, q, link, b),
                 }
             )
     return pd.DataFrame(rows)
@@ -238,14 +258,17 @@ def run(**params: Any) -> pd.DataFrame:
     smallest = int(plan(**params).block_bytes.min())
     with ranks_on(p["network"], p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
         link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
-        pl = _plan(p, link)  # the block grid around the optimum on that link
-        points = pl.drop(columns="model_s").to_dict("records")
+        h = host_block_s()
+        pl = _plan(p, link, h)  # the block grid around the optimum on that link
+        points = pl.drop(columns=["model_s", "model_lockstep_s"]).to_dict("records")
         out = ranks.run(
             measure_blocks, points, p["nbytes"], p["warmup"], p["iters"], timeout_s=p["timeout_s"]
         )
     df = pd.DataFrame(out[0])
     df["model_s"] = pl.model_s.to_numpy()
+    df["model_lockstep_s"] = pl.model_lockstep_s.to_numpy()
     return df.assign(
+        model_host_block_s=h,
         algorithm="lp",
         nbytes=p["nbytes"],
         world_size=p["world_size"],
@@ -348,15 +371,11 @@ def plot(df: pd.DataFrame, **params: Any):
         xs = np.unique(
             (np.geomspace(g.block_bytes.min(), g.block_bytes.max(), 80) // 8 * 8).astype(np.int64)
         )
-        ax.loglog(
-            xs,
-            [cost.collective_time(op, "lp", n, q, link, int(b)) for b in xs],
-            "-",
-            color=c,
-            lw=1,
-            alpha=0.7,
-            label="model",
-        )
+        h = float(g.model_host_block_s.iloc[0]) if "model_host_block_s" in g else 0.0
+        ax.loglog(xs, [cost.lp_overlapped_time(op, n, q, link, int(b), h) for b in xs], "-",
+                  color=c, lw=1, alpha=0.7, label="overlapped model")
+        ax.loglog(xs, [cost.collective_time(op, "lp", n, q, link, int(b)) for b in xs], "--",
+                  color="grey", lw=0.8, alpha=0.7, label="lock-step model (paper)")
         ax.loglog(g.block_bytes, g.time_s, "o", color=c, label="measured")
         b_opt, b_best = best.loc[op, "optimal_block_bytes"], best.loc[op, "measured_best_bytes"]
         ax.axvline(b_opt, color="k", ls="--", lw=0.8, label=f"model optimum {b_opt / 1024:.0f} KiB")
@@ -384,8 +403,8 @@ def _block_samples(df: pd.DataFrame, op: str) -> pd.DataFrame:
     return g
 
 
-def _run_model(df: pd.DataFrame, op: str) -> tuple[int, int, int, cost.LinkModel]:
-    """The run's ``(b*, nbytes, p, link)`` for ``op``, from its own columns."""
+def _run_model(df: pd.DataFrame, op: str) -> tuple[int, int, int, cost.LinkModel, float]:
+    """The run's ``(b*, nbytes, p, link, host_block_s)`` for ``op``, from its own columns."""
     claims.require_columns(df, "op", "optimal_block_bytes", "nbytes", "world_size",
                            "emu_alpha_s", "emu_bandwidth_Bps")
     g = df[df.op == op]
@@ -396,14 +415,17 @@ def _run_model(df: pd.DataFrame, op: str) -> tuple[int, int, int, cost.LinkModel
     ports = str(r["ports"]) if "ports" in g else "single"
     link = cost.LinkModel.from_bandwidth(float(r["emu_alpha_s"]), float(r["emu_bandwidth_Bps"]),
                                          0.0 if math.isnan(gamma) else gamma, ports)
-    return int(r["optimal_block_bytes"]), int(r["nbytes"]), int(r["world_size"]), link
+    h = float(r["model_host_block_s"]) if "model_host_block_s" in g else 0.0
+    return (int(r["optimal_block_bytes"]), int(r["nbytes"]), int(r["world_size"]), link,
+            0.0 if math.isnan(h) else h)
 
 
-def _model_ratio(op: str, n: int, p: int, link: cost.LinkModel, b_opt: int, f: float) -> float:
-    """The model's time of blocks ``f`` times the optimum against the optimum's time."""
+def _model_ratio(op: str, n: int, p: int, link: cost.LinkModel, h: float, b_opt: int,
+                 f: float) -> float:
+    """The overlapped model's time of blocks ``f`` times the optimum against the optimum's."""
     b = min(n, max(8, int(round(b_opt * f / 8)) * 8))
-    return (cost.collective_time(op, "lp", n, p, link, b)
-            / cost.collective_time(op, "lp", n, p, link, b_opt))
+    return (cost.lp_overlapped_time(op, n, p, link, b, h)
+            / cost.lp_overlapped_time(op, n, p, link, b_opt, h))
 
 
 @claims.prediction("e4_best_block_near_model")
@@ -415,12 +437,12 @@ def predict_best_block(df: pd.DataFrame, op: str) -> str:
 
         predict_best_block(df, "broadcast")   # 'model optimum 256 KiB (k = 16); blocks 2x ...'
     """
-    b_opt, n, p, link = _run_model(df, op)
-    worse = max(_model_ratio(op, n, p, link, b_opt, f) for f in (0.5, 2.0)) - 1
-    return (f"model optimum {b_opt / 1024:.0f} KiB (k = {math.ceil(n / b_opt)}) for {op} of "
-            f"{n / 2**20:g} MiB at p = {p}, {link.alpha * 1e3:g} ms, "
-            f"{link.bandwidth_Bps / 1e6:.3g} MB/s; blocks 2x off cost {worse:.0%} more in the "
-            f"model")
+    b_opt, n, p, link, h = _run_model(df, op)
+    worse = max(_model_ratio(op, n, p, link, h, b_opt, f) for f in (0.5, 2.0)) - 1
+    return (f"overlapped model optimum {b_opt / 1024:.0f} KiB (k = {math.ceil(n / b_opt)}) for "
+            f"{op} of {n / 2**20:g} MiB at p = {p}, {link.alpha * 1e3:g} ms, "
+            f"{link.bandwidth_Bps / 1e6:.3g} MB/s, host {h * 1e6:.0f} us per block; blocks 2x "
+            f"off cost {worse:.1%} more in the model")
 
 
 @claims.prediction("e4_off_optimum_penalty")
@@ -432,8 +454,8 @@ def predict_penalty(df: pd.DataFrame, op: str) -> str:
 
         predict_penalty(df, "broadcast")   # "model: 8x smaller 2.23x, 8x larger 2.21x the ..."
     """
-    b_opt, n, p, link = _run_model(df, op)
-    small, large = (_model_ratio(op, n, p, link, b_opt, f) for f in (0.125, 8.0))
+    b_opt, n, p, link, h = _run_model(df, op)
+    small, large = (_model_ratio(op, n, p, link, h, b_opt, f) for f in (0.125, 8.0))
     return (f"model: 8x smaller {small:.2f}x, 8x larger {large:.2f}x the optimum's time "
             f"({op} of {n / 2**20:g} MiB at p = {p}, optimum {b_opt / 1024:.0f} KiB)")
 
