@@ -5,6 +5,7 @@ import pytest
 from claimdata import repeats_around
 
 from pipecomm import cost
+from pipecomm.lab import stats
 from pipecomm.lab.experiments import e06_pipesgd_timing_model as e6
 from pipecomm.pipesgd import timing_model
 
@@ -65,11 +66,12 @@ CLAIM_CASES = {"e6_model_within": (lambda: _points(GOOD), lambda: _points(BAD),
 
 
 def test_claim_ignores_points_beyond_max_p():
-    assert e6.check_model_within(_points(GOOD), 0.25, 4).passed
-    assert not e6.check_model_within(_points(GOOD), 0.25, 8).passed
-    v = e6.check_model_within(_points(BAD), 0.25, 4)
+    assert e6.check_model_within(_points(GOOD), 0.25, 4, "none").passed
+    assert not e6.check_model_within(_points(GOOD), 0.25, 8, "none").passed
+    assert e6.check_model_within(_points(GOOD), 0.25, 8, 1).passed  # p = 8 may miss
+    v = e6.check_model_within(_points(BAD), 0.25, 4, "none")
     assert "p=4" in v.measured and "-30.0%" in v.measured
-    v2 = e6.check_model_within(_points(BAD), 0.25, 2)  # only the p = 2 points count
+    v2 = e6.check_model_within(_points(BAD), 0.25, 2, "none")  # only the p = 2 points count
     assert not v2.passed and "+26.0%" in v2.measured and "2 FAIL" not in v2.measured
 
 
@@ -105,6 +107,7 @@ def test_summary_and_plot_from_synthetic_points():
         {"skip": 50},
         {"algorithm": "torch"},
         {"calib_iters": 0},
+        {"runs": 0},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -129,6 +132,11 @@ def test_tiny_run(monkeypatch):
     assert {"backend", "world_size", "network"} <= set(df.columns)
     pts = e6.points(df)
     assert sorted(pts["mode"]) == ["pipe", "sync"]
+    # one repeat per independent run (5 by default), interleaved across the modes
+    assert (pts["runs"] == 5).all()
+    assert [len(stats.repeats(c)) for c in pts["times_s"]] == [5, 5]
+    it = df[df["kind"] == "iteration"]
+    assert (it.groupby("mode")["run"].nunique() == 5).all()
     assert (pts["measured_s"] > 0).all() and (pts["predicted_s"] > 0).all()
     cal = df[df["kind"] == "calibration"]
     assert len(cal) == 1 and cal["compute_s"].iloc[0] > 0

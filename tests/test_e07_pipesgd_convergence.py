@@ -15,12 +15,26 @@ from pipecomm.lab.pipesgd_training import eval_rows, iteration_rows
 METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
 
 
+def _timings(t_ms, iterations, noise, comm, rng, level):
+    timings = []
+    for t in range(iterations):
+        it = t_ms / 1e3 * level * (1 + noise * rng.standard_normal())
+        c = it * comm
+        timings.append({"iteration": t, "updates": 1, "compute_s": it - c - 0.001,
+                        "launch_s": 0.0002, "comm_s": c, "compress_s": 0.0,
+                        "update_s": 0.0008, "iter_s": it})
+    return timings
+
+
 def fake_training(
     ms, final_acc, seeds=(0, 1, 2), iterations=12, ranks=2, comm_frac=None, acc_curve=None,
-    noise=0.02,
+    noise=0.02, repeats=1, timing_runs=0, calibration=None,
 ):
     """Synthetic E7-E9 data: per method ``ms[method]`` ms per iteration (``comm_frac`` of it
-    blocked on communication), final accuracy ``final_acc[method][seed]``."""
+    blocked on communication), final accuracy ``final_acc[method][seed]``; every (seed, method)
+    trained ``repeats`` times (``run`` = seed index * repeats + round), and ``timing_runs``
+    separate timing runs per method (rows ``kind="timing"``). Each run draws its own level
+    (relative spread ``noise``), each iteration its own noise around it."""
     comm_frac = comm_frac or {}
     rng = np.random.default_rng(1)
     rows = [
@@ -35,45 +49,47 @@ def fake_training(
             "model_sync_s": 0.033,
             "model_layerwise_s": 0.03,
             "model_pipe_s": 0.0165,
+            "model_pipe_fp16_s": 0.0165,
+            "model_pipe_int8_s": 0.0165,
+            **(calibration or {}),
         }
     ]
-    for seed in seeds:
-        for m, t_ms in ms.items():
-            per_rank = []
-            for r in range(ranks):
-                timings = []
-                for t in range(iterations):
-                    it = t_ms / 1e3 * (1 + noise * rng.standard_normal())
-                    comm = it * comm_frac.get(m, 0.0)
-                    timings.append(
+
+    def runs_of(m, t_ms, evaluate, seed):
+        level = 1 + noise * rng.standard_normal()  # the run's own level, shared by its ranks
+        per_rank = []
+        for r in range(ranks):
+            evals = []
+            if r == 0 and evaluate:
+                acc = final_acc.get(m, {}).get(seed, 80.0)
+                curve = acc_curve or [0.3, 0.8, 0.95, 1.0]
+                for k, f in enumerate(curve):
+                    evals.append(
                         {
-                            "iteration": t,
-                            "updates": 1,
-                            "compute_s": it - comm - 0.001,
-                            "launch_s": 0.0002,
-                            "comm_s": comm,
-                            "compress_s": 0.0,
-                            "update_s": 0.0008,
-                            "iter_s": it,
+                            "iteration": (k + 1) * iterations // len(curve),
+                            "wall_s": (k + 1) * iterations * t_ms / 1e3 / len(curve),
+                            "accuracy": acc * f,
+                            "test_loss": 1.0,
+                            "final": k == len(curve) - 1,
                         }
                     )
-                evals = []
-                if r == 0:
-                    acc = final_acc.get(m, {}).get(seed, 80.0)
-                    curve = acc_curve or [0.3, 0.8, 0.95, 1.0]
-                    for k, f in enumerate(curve):
-                        evals.append(
-                            {
-                                "iteration": (k + 1) * iterations // len(curve),
-                                "wall_s": (k + 1) * iterations * t_ms / 1e3 / len(curve),
-                                "accuracy": acc * f,
-                                "test_loss": 1.0,
-                                "final": k == len(curve) - 1,
-                            }
-                        )
-                per_rank.append({"timings": timings, "losses": [1.0] * iterations, "evals": evals})
-            rows += iteration_rows(per_rank, method=m, seed=seed)
-            rows += eval_rows(per_rank, method=m, seed=seed)
+            per_rank.append({"timings": _timings(t_ms, iterations, noise, comm_frac.get(m, 0.0),
+                                                 rng, level),
+                             "losses": [1.0] * iterations, "evals": evals})
+        return per_rank
+
+    for run in range(timing_runs):
+        for m, t_ms in ms.items():
+            per_rank = runs_of(m, t_ms, False, seeds[0])
+            rows += iteration_rows(per_rank, kind="timing", method=m, seed=seeds[0], run=run)
+    for i, seed in enumerate(seeds):
+        for rep in range(repeats):
+            for m, t_ms in ms.items():
+                per_rank = runs_of(m, t_ms, rep == 0, seed)
+                run = i * repeats + rep
+                rows += iteration_rows(per_rank, method=m, seed=seed, run=run)
+                if rep == 0:
+                    rows += eval_rows(per_rank, method=m, seed=seed, run=run)
     return pd.DataFrame(rows).assign(
         backend="gloo",
         world_size=ranks,
@@ -89,7 +105,8 @@ def fake_training(
 CONVERGED = [0.3, 0.8, 0.999, 0.9992, 0.9995, 1.0]  # the last 3 evaluations add 0.1%
 
 
-def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVERGED):
+def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVERGED,
+        timing_runs=5):
     acc = {m: {0: 80.0, 1: 75.0, 2: 82.0} for m in METHODS}
     acc["pipe"] = {0: 80.1, 1: 74.9, 2: 82.1}
     acc["sync@4x"] = {0: 82.0, 1: 80.0, 2: 83.0}
@@ -98,11 +115,15 @@ def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVE
         acc["pipe+int8"] = int8_acc
     ms = {"sync": 33.0, "pipe": pipe_ms, "pipe+fp16": 18.5, "pipe+int8": 19.0, "sync@4x": 33.0,
           "pipe@4x": 18.0}
-    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=acc_curve, noise=noise)
+    if pipe_ms != 18.0:  # every pipelined method at pipe's time (C7.1, C7.4, C7.5 alike)
+        ms.update({"pipe+fp16": pipe_ms, "pipe+int8": pipe_ms})
+    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=acc_curve, noise=noise,
+                         timing_runs=timing_runs)
 
 
 CLAIM_CASES = {
-    # model speedup 2.0, bound 2.0 x 0.75 / 1.25 = 1.2
+    # model speedup 2.0, bound 2.0 x 0.75 / 1.25 = 1.2: 33 / 18 = 1.83 passes, 33 / 33 fails,
+    # 33 / 27.5 = 1.2 with runs 30% apart cannot be told
     "e7_pipe_speedup": (lambda: _e7(), lambda: _e7(pipe_ms=33.0),
                         lambda: _e7(pipe_ms=27.5, noise=0.3)),
     # paired differences of -5, -5, -4 points fail; -2, -2, -1 cannot be told from +-1 point
@@ -277,6 +298,9 @@ def test_accuracy_claim_is_symmetric():
         {"dataset": "imagenet"},
         {"dataset": "cifar10"},  # needs data_root
         {"backend": "mpi"},
+        {"timing_runs": -1},
+        {"timing_iterations": 3},  # not above skip
+        {"timing_methods": ["pipe"]},  # no baseline
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -304,10 +328,14 @@ def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
         bandwidth_Bps=1e9,
         alpha_s=1e-4,
         calib_iters=2,
+        timing_methods=["sync", "pipe"],
+        timing_runs=2,
+        timing_iterations=4,
         timeout_s=120.0,
     )
     df = e7.run(**params)
-    assert len(list(tmp_path.glob("*.pkl"))) == 1 + 3  # calibration and 3 training runs kept
+    # calibration, 2 x 2 timing runs and 3 training runs kept
+    assert len(list(tmp_path.glob("*.pkl"))) == 1 + 4 + 3
     # re-running resumes from them: the same rows, nothing trained again
     pd.testing.assert_frame_equal(e7.run(**params), df)
     assert {"backend", "world_size", "network"} <= set(df.columns)
@@ -327,6 +355,10 @@ def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
     assert it.loc[it["rank"] == 0, "updates"].sum() == 4
     assert len(e7.summary(df)) == 3
     assert e7.check_pipe_speedup(df, method="pipe", tolerance=0.25).measured
+    # the timing runs: 2 rounds of sync and pipe, separate from the training runs, no evaluation
+    timing = df[df["kind"] == "timing"]
+    assert timing.groupby("method")["run"].nunique().to_dict() == {"pipe": 2, "sync": 2}
+    assert (timing["iteration"].max() == 3) and "timing" not in set(ev["kind"])
 
 
 def test_checks_work_on_data_read_back_from_csv(tmp_path):
@@ -344,3 +376,44 @@ def test_checks_work_on_data_read_back_from_csv(tmp_path):
         assert e7.summary(back)["final_acc_%"].tolist() == pytest.approx(
             e7.summary(df)["final_acc_%"].tolist()
         )
+
+
+# --------------------------------------------------------------------------- independent repeats
+
+
+def test_rounds_interleave_and_rotate():
+    from pipecomm.lab.pipesgd_training import rounds
+
+    out = rounds(["a", "b", "c"], 5)
+    assert [r for r, _ in out] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
+    assert [x for _, x in out[:6]] == ["a", "b", "c", "b", "c", "a"]
+    firsts = [out[3 * r][1] for r in range(3)]
+    assert sorted(firsts) == ["a", "b", "c"]  # each item leads one round in three
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="runs"):
+            rounds(["a"], bad)
+
+
+def test_speed_claims_take_one_repeat_per_run():
+    """The timing runs are the repeats (5 per method), never the iterations of one run; without
+    timing runs the seeds are, and 3 seeds cannot decide."""
+    from pipecomm.lab.pipesgd_analysis import run_samples, timing_kind
+
+    df = _e7()
+    assert timing_kind(df) == "timing"
+    timing = df[df["kind"] == "timing"]
+    assert (timing.groupby("method")["run"].nunique() >= 5).all()
+    assert len(run_samples(df, "pipe")) == 5
+    no_timing = _e7(timing_runs=0)
+    assert timing_kind(no_timing) == "iteration" and len(run_samples(no_timing, "pipe")) == 3
+    v = e7.check_pipe_speedup(no_timing, "pipe", 0.25)
+    assert v.verdict == "INCONCLUSIVE" and "3 training runs (seeds)" in v.measured
+    # the speed of each compressed pipeline against its own model column
+    cal = {"model_pipe_int8_s": 0.033}  # model speedup 1.0: bound 0.6
+    df = _e7()
+    df.loc[df["kind"] == "calibration", list(cal)] = list(cal.values())
+    v = e7.check_pipe_speedup(df, "pipe+int8", 0.25)
+    assert "model 1.00x, bound 0.60x" in v.measured and v.passed
+    assert "2.00x" in e7.predict_pipe_speedup(df, "pipe+fp16")
+    with pytest.raises(ValueError, match="method"):
+        e7.check_pipe_speedup(df, "sync@4x", 0.25)

@@ -17,6 +17,7 @@ def _e8(pipe_ms=23.0, noise=0.02):
         seeds=(0,),
         comm_frac={"sync": 0.5, "sync+int8": 0.35, "layerwise": 0.4, "pipe": 0.05},
         noise=noise,
+        repeats=5,
     )
 
 
@@ -32,6 +33,30 @@ def test_overlap_bound_from_the_sync_run():
     assert ob["T"] == pytest.approx(0.023, rel=0.05)
     with pytest.raises(ValueError, match="pipe"):
         e8.overlap_bound(_e8()[lambda d: d["method"] != "pipe"])
+
+
+def test_five_independent_runs_per_method_decide_the_claim():
+    df = _e8()
+    it = df[df["kind"] == "iteration"]
+    assert (it.groupby("method")["run"].nunique() == 5).all()
+    v = e8.check_overlap_bound(df, 0.25, "pipe")
+    assert v.passed and "(5 runs)" in v.measured
+    few = df[~((df["kind"] == "iteration") & (df["run"] >= 4))]  # 4 runs cannot decide
+    assert e8.check_overlap_bound(few, 0.25, "pipe").verdict == "INCONCLUSIVE"
+
+
+def test_summary_is_the_breakdown_table_sync_vs_pipe():
+    """The reviewers' table: compute, AllReduce, wait, update per method, from the run."""
+    s = e8.summary(_e8()).set_index("method")
+    for col in ("compute_ms", "allreduce_ms", "wait_ms", "update_ms", "total_ms", "runs"):
+        assert col in s.columns
+    # sync blocks on its AllReduce (half of 40 ms), pipe only waits for the one in flight
+    assert s.loc["sync", "allreduce_ms"] == pytest.approx(20.0, rel=0.05)
+    assert s.loc["sync", "wait_ms"] == 0.0
+    assert s.loc["pipe", "allreduce_ms"] == 0.0
+    assert s.loc["pipe", "wait_ms"] == pytest.approx(0.05 * 23.0, rel=0.1)
+    assert s.loc["pipe", "update_ms"] == pytest.approx(0.8, rel=0.01)
+    assert (s["runs"] == 5).all()
 
 
 def test_breakdown_parts_add_up_and_codec_placement():
@@ -62,6 +87,7 @@ def test_breakdown_parts_add_up_and_codec_placement():
         {"algorithm": "be"},
         {"world_size": 0},
         {"backend": "mpi"},
+        {"runs": 0},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -81,9 +107,13 @@ def test_tiny_run_bandwidth_from_the_model():
         alpha_s=1e-4,
         comm_ratio=4.0,
         calib_iters=2,
+        runs=2,
         timeout_s=120.0,
     )
     assert {"backend", "world_size", "network"} <= set(df.columns)
+    it = df[df["kind"] == "iteration"]
+    assert it.groupby("method")["run"].nunique().to_dict() == {"sync": 2, "pipe": 2,
+                                                               "pipe+fp16": 2}
     cal = df[df["kind"] == "calibration"].iloc[0]
     # the bandwidth was chosen so that the modelled AllReduce is comm_ratio x (C + U)
     assert cal["comm_ratio_model"] == pytest.approx(4.0, rel=1e-3)

@@ -14,9 +14,16 @@ def _acc(delayed2):
     return {**ACC, "delayed-2": dict(enumerate(delayed2))}
 
 
-def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02, acc=None):
+# the timing model of the fakes: no communication 30 ms, delayed 60 ms: efficiency 0.5, bound
+# 0.5 x 0.75 / 1.25 = 0.3
+CAL = {"model_nocomm_s": 0.030, "model_pipe_s": 0.060, "model_sync_s": 0.090,
+       "model_layerwise_s": 0.081}
+
+
+def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02, acc=None,
+        nocomm_ms=30.0, timing_runs=5):
     ms = {
-        "nocomm": 30.0,
+        "nocomm": nocomm_ms,
         "sync": 90.0,
         "layerwise": layerwise_ms,
         "delayed-1": 60.0,
@@ -24,7 +31,7 @@ def _e9(layerwise_ms=85.0, delayed2_ms=61.0, acc_curve=None, noise=0.02, acc=Non
     }
     return fake_training(
         ms, acc or ACC, seeds=(0, 1, 2), acc_curve=acc_curve, comm_frac={"sync": 0.65, "layerwise": 0.6},
-        noise=noise,
+        noise=noise, timing_runs=timing_runs, calibration=CAL,
     )
 
 
@@ -33,6 +40,10 @@ CLAIM_CASES = {
                           lambda: _e9(delayed2_ms=90.0, noise=0.2)),
     "e9_layerwise_not_slower": (lambda: _e9(), lambda: _e9(layerwise_ms=99.0),
                                 lambda: _e9(layerwise_ms=90.0, noise=0.2)),
+    # efficiency 30 / 60 = 0.5 passes the bound 0.3; 15 / 61 = 0.25 fails; 18.3 / 61 = 0.3
+    # with runs 20% apart straddles it
+    "e9_efficiency": (lambda: _e9(), lambda: _e9(nocomm_ms=15.0),
+                      lambda: _e9(nocomm_ms=18.3, noise=0.2)),
     # delayed-2 - sync: -4, -4, -5 pass (< -1 point); 0, 0, 0 fail; -1.5, 0, -2 straddle -1
     "e9_stale_hurts": (lambda: _e9(acc_curve=FLAT, acc=_acc([76.0, 74.0, 74.0])),
                        lambda: _e9(acc_curve=FLAT),
@@ -40,8 +51,24 @@ CLAIM_CASES = {
 }
 
 
+def test_timed_claims_take_one_repeat_per_timing_run():
+    df = _e9()
+    timing = df[df["kind"] == "timing"]
+    assert (timing.groupby("method")["run"].nunique() == 5).all()
+    v = e9.check_efficiency(df, ["delayed-1", "delayed-2"], 0.25, "none")
+    assert v.passed and "5 timing runs" in v.measured and "model 0.50, bound 0.30" in v.measured
+    assert "0.50" in e9.predict_efficiency(df, ["delayed-1"])
+    # without timing runs the 3 seeds' training runs are the repeats: too few to decide
+    v = e9.check_delayed_faster(_e9(timing_runs=0), ["delayed-1"], 1.0, "none")
+    assert v.verdict == "INCONCLUSIVE" and "3 training runs (seeds)" in v.measured
+    # one of two may miss: delayed-2 as slow as sync fails alone
+    slow = _e9(delayed2_ms=99.0)
+    assert e9.check_delayed_faster(slow, ["delayed-1", "delayed-2"], 1.0, "none").verdict == "FAIL"
+    assert e9.check_delayed_faster(slow, ["delayed-1", "delayed-2"], 1.0, 1).passed
+
+
 def test_layerwise_tolerance_is_a_ratio():
-    assert e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), max_ratio=1.05).passed
+    assert e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), max_ratio=1.1).passed
     assert not e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), max_ratio=1.0).passed
 
 
@@ -73,6 +100,8 @@ def test_iterations_to_target_and_summary():
         {"algorithm": "torch"},
         {"seeds": ["a"]},
         {"backend": "mpi"},
+        {"timing_runs": -1},
+        {"timing_iterations": 2},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -96,6 +125,7 @@ def test_tiny_run():
         alpha_s=1e-4,
         target_acc=5.0,
         calib_iters=2,
+        timing_runs=0,
         timeout_s=120.0,
     )
     assert {"backend", "world_size", "network"} <= set(df.columns)
@@ -112,4 +142,34 @@ def test_tiny_run():
     tt = e9.iterations_to_target(df)
     assert set(tt["method"]) == {"sync", "layerwise", "delayed-2"}
     assert len(e9.summary(df)) == 4
-    assert e9.check_delayed_faster(df, methods=["delayed-2"], max_ratio=1.0).measured
+    assert e9.check_delayed_faster(df, methods=["delayed-2"], max_ratio=1.0,
+                                   may_miss="none").measured
+
+
+def test_tiny_run_with_timing_runs():
+    df = e9.run(
+        methods=["nocomm", "sync", "delayed-1"],
+        seeds=[0],
+        iterations=4,
+        eval_every=2,
+        skip=1,
+        model="alexnet_like",
+        model_kw={"conv_channels": [4, 8], "fc_width": 32},
+        batch_size=8,
+        bandwidth_Bps=1e9,
+        alpha_s=1e-4,
+        calib_iters=2,
+        timing_runs=5,
+        timing_iterations=3,
+        timeout_s=120.0,
+    )
+    timing = df[df["kind"] == "timing"]
+    assert timing.groupby("method")["run"].nunique().to_dict() == {"nocomm": 5, "sync": 5,
+                                                                   "delayed-1": 5}
+    # the training runs leave the no-communication bound to the timing runs
+    assert set(df.loc[df["kind"] == "iteration", "method"]) == {"sync", "delayed-1"}
+    v = e9.check_efficiency(df, ["delayed-1"], 0.25, "none")
+    assert "5 timing runs" in v.measured
+    s = e9.summary(df).set_index("method")
+    assert s.loc["nocomm", "efficiency_vs_nocomm"] == pytest.approx(1.0)
+    assert (s["runs"] == 5).all()

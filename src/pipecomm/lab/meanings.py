@@ -111,8 +111,17 @@ OWN: dict[str, str] = {
     "E6.pools": "[ranks, emulated bandwidth B/s] pairs, one pool each",
     "E6.modes": "sync (BSP) and/or pipe (Pipe-SGD width 2)",
     # E7-E9 Pipe-SGD family
+    "E5.port_models": "port models of the emulated link, one pool each (single, per-neighbor)",
+    "E5.runs": "independent training runs per (port model, algorithm); a run's median is a repeat",
+    "E6.runs": "independent training runs per point; a run's median is one repeat",
+    "E8.runs": "independent training runs per method; a run's median is one repeat",
     "E7.target_fraction": "accuracy target as a fraction of sync's final accuracy",
-    "E9.nocomm_iterations": "iterations of the no-communication bound",
+    "E7.timing_methods": "methods of the separate timing runs (the speed claims)",
+    "E7.timing_runs": "separate short timing runs per method (0: the seeds are the repeats)",
+    "E7.timing_iterations": "iterations per timing run",
+    "E9.nocomm_iterations": "iterations of the no-communication bound (without timing runs)",
+    "E9.timing_runs": "separate short timing runs per method (0: the seeds are the repeats)",
+    "E9.timing_iterations": "iterations per timing run",
     "E9.target_acc": "accuracy target (%) for iterations-to-accuracy",
     # E10-E12 DAdam timing
     "E10.models": "workloads timed (timing: emulated compute; char_transformer)",

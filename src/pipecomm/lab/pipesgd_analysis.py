@@ -30,21 +30,24 @@ __all__ = [
     "median_times",
     "paired_accuracy",
     "per_iteration",
+    "run_medians",
+    "run_samples",
     "stale_hurts",
     "steady",
-    "step_samples",
+    "timing_kind",
 ]
 
 
-def steady(df: pd.DataFrame, skip: int) -> pd.DataFrame:
-    """Iteration rows of the steady state: iterations ``>= skip`` (the pipeline filled, caches
-    warm); the ``finish()`` record (iteration -1) is dropped.
+def steady(df: pd.DataFrame, skip: int, kind: str = "iteration") -> pd.DataFrame:
+    """Rows of ``kind`` (``"iteration"``: training runs; ``"timing"``: separate timing runs) in
+    the steady state: iterations ``>= skip`` (the pipeline filled, caches warm); the
+    ``finish()`` record (iteration -1) is dropped.
 
     Example::
 
         steady(df[df.kind == "iteration"], skip=5)
     """
-    return df[(df["kind"] == "iteration") & (df["iteration"] >= skip)]
+    return df[(df["kind"] == kind) & (df["iteration"] >= skip)]
 
 
 def per_iteration(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -71,21 +74,50 @@ def per_iteration(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return agg
 
 
-def step_samples(df: pd.DataFrame, method: str) -> list[float]:
-    """Every steady iteration time ``T`` of ``method`` (all seeds pooled): the repeats behind a
-    per-iteration median, for :func:`pipecomm.lab.claims.ratio`.
+def timing_kind(df: pd.DataFrame) -> str:
+    """The rows that time the methods: ``"timing"`` when the data has separate timing runs
+    (E7, E9), else ``"iteration"`` (the training runs themselves, one repeat per run).
 
     Example::
 
-        claims.ratio(step_samples(df, "sync"), step_samples(df, "pipe"))   # speedup
+        steady(df, 5, timing_kind(df))
     """
-    skip = int(df["skip"].iloc[0]) if "skip" in df else 0
-    st = steady(df, skip)
-    st = st[st["method"] == method]
-    if st.empty:
+    return "timing" if (df["kind"] == "timing").any() else "iteration"
+
+
+def run_medians(df: pd.DataFrame, keys: list[str], kind: str | None = None) -> pd.DataFrame:
+    """Per ``keys`` and independent run (column ``run``): the median over the run's steady
+    iterations of :func:`per_iteration`'s columns (``T``, ``C``, ``M``, ...). One row per run:
+    the repeats of a timed claim (consecutive iterations of one run are not independent).
+    ``kind`` defaults to :func:`timing_kind`.
+
+    Example::
+
+        run_medians(df, ["method"]).groupby("method")["T"].median()
+    """
+    claims.require_columns(df, "kind", "iteration", "run", "skip", *keys)
+    kind = timing_kind(df) if kind is None else kind
+    st = steady(df, int(df["skip"].iloc[0]), kind)
+    cols = ["T", "C", "M", "compute_s", "launch_s", "comm_s", "compress_s", "update_s"]
+    return per_iteration(st, [*keys, "run"]).groupby([*keys, "run"], as_index=False,
+                                                     sort=False)[cols].median()
+
+
+def run_samples(df: pd.DataFrame, method: str, column: str = "T", key: str = "method"
+                ) -> list[float]:
+    """The repeats of ``method`` for a timed claim: one value per independent run, the run's
+    median over its steady iterations of ``column`` (:func:`run_medians`; separate timing runs
+    where the data has them, else the training runs, e.g. one per seed).
+
+    Example::
+
+        claims.ratio(run_samples(df, "sync"), run_samples(df, "pipe"))   # speedup
+    """
+    med = run_medians(df, [key])
+    med = med[med[key] == method]
+    if med.empty:
         raise ValueError(f"no steady iterations of {method!r} in the data")
-    keys = ["method", "seed"] if "seed" in st else ["method"]
-    return per_iteration(st, keys)["T"].tolist()
+    return med[column].tolist()
 
 
 def median_times(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

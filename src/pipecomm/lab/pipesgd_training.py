@@ -12,7 +12,15 @@ image-classification workload (:mod:`pipecomm.lab.workloads`) and measures
   snapshot copy does and is negligible);
 * **calibrated runs** (:func:`calibrate_and_train`, E7-E9) - the compute-timing run
   (:func:`pipecomm.lab.calibration.rank_calibrate_step`), the network chosen from it
-  (:func:`pipecomm.lab.network.network_for`), then every (seed, method) training run.
+  (:func:`pipecomm.lab.network.network_for`), then every (seed, method) training run, and
+  optionally separate short **timing runs** (rows of ``kind="timing"``).
+
+**Independent repeats.** The unit of a timed claim is one training run, not one iteration
+(consecutive iterations of one run are correlated): every configuration is trained in several
+separate runs in the same rank pool (:func:`rounds`: interleaved across the configurations, the
+order rotated each round, so that the host's drift hits all alike), each starting after a barrier
+(:func:`train_rank`); the ``run`` column numbers them, and a run's median over its steady
+iterations is one repeat (:func:`pipecomm.lab.pipesgd_analysis.run_samples`).
 
 This loop is PipeSGD's own, not the :class:`~pipecomm.lab.trainers.Trainer` loop of the
 DAdam experiments: its update rule has staleness (the gradient applied at step ``t`` is that of
@@ -62,6 +70,7 @@ __all__ = [
     "calibrate_and_train",
     "eval_rows",
     "iteration_rows",
+    "rounds",
     "train_rank",
 ]
 
@@ -204,8 +213,29 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- in the parent
 
 
+def rounds(items: list[Any], runs: int) -> list[tuple[int, Any]]:
+    """``(run, item)`` pairs of ``runs`` rounds over ``items``: every item once per round, the
+    order rotated by one each round (each item takes every place equally often), so that the
+    runs of all items are interleaved in time.
+
+    Example::
+
+        >>> rounds(["sync", "pipe"], 3)
+        [(0, 'sync'), (0, 'pipe'), (1, 'pipe'), (1, 'sync'), (2, 'sync'), (2, 'pipe')]
+    """
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be an int >= 1, got {runs!r}")
+    items = list(items)
+    out = []
+    for r in range(runs):
+        k = r % len(items) if items else 0
+        out += [(r, item) for item in items[k:] + items[:k]]
+    return out
+
+
 def iteration_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any]]:
-    """Tidy rows (``kind="iteration"``), one per rank and step, from :func:`train_rank` results.
+    """Tidy rows (``kind="iteration"``, or ``meta``'s ``kind``), one per rank and step, from
+    :func:`train_rank` results.
 
     The record of ``finish()`` (no iteration number) is kept with ``iteration = -1``.
     """
@@ -244,6 +274,8 @@ def calibrate_and_train(
     methods: list[str],
     seeds: list[int],
     iterations: dict[str, int] | None = None,
+    repeats: int = 1,
+    timing: tuple[list[str], int, int] | None = None,
 ) -> pd.DataFrame:
     """Compute-timing run, network choice, then every (seed, method) training run (E7-E9).
 
@@ -252,19 +284,26 @@ def calibrate_and_train(
     ``timeout_s``; with ``backend="nccl"`` there is no emulated network (the network parameters
     are unused) and the model's link is E0's calibration (:func:`pipecomm.cost.calibrated_link`);
     ``config(p, seed, method)`` gives a training configuration; ``iterations`` overrides the
-    number of steps per method (e.g. fewer for "nocomm", which only times). With
+    number of steps per method (e.g. fewer for "nocomm", which only times); ``repeats`` trains
+    every (seed, method) that many times (:func:`rounds`, interleaved). ``timing = (methods,
+    iterations, runs)`` adds separate short timing runs (no evaluation) of those methods from the
+    first seed, ``runs`` rounds of them (rows ``kind="timing"``), before the training runs. With
     ``bandwidth_Bps=None`` the compute timing runs in a pool without a network, which is then
     closed; otherwise it runs in the network's pool, before any training. Returns one
     ``calibration`` row (C, U, bandwidth, the modelled AllReduce/compute ratio and model
-    iteration times) and the iteration and eval rows of every run, in the order run (for each
-    seed, every method: side by side).
+    iteration times, pipelined with fp16 / int8 compression too where the algorithm compresses)
+    and the iteration and eval rows of every run, in the order run (for each seed, every method:
+    side by side). ``run`` numbers the independent runs of a method: ``seed index * repeats +
+    round`` for the training runs, the round for the timing runs.
     """
     world = p["world_size"]
     fetch_data(p)
     cfg0 = config(p, seeds[0], "sync")
     nbytes = gradient_bytes(cfg0)
     # resumable run by run (results.Runs): the calibration, then every training run
-    runs = results.Runs(1 + len(seeds) * len(methods), desc="training runs")
+    t_methods, t_iters, t_runs = timing if timing else ([], 0, 0)
+    runs = results.Runs(1 + len(seeds) * len(methods) * repeats + len(t_methods) * t_runs,
+                        desc="training runs")
 
     def calibrate(ranks) -> dict[str, float]:
         return summarize_step(
@@ -305,17 +344,32 @@ def calibrate_and_train(
                     f"model_{m}_s": timing_model.iteration_time(m, **kw)
                     for m in ("nocomm", "sync", "layerwise", "pipe")
                 },
+                **{
+                    f"model_pipe_{codec}_s": timing_model.iteration_time(
+                        "pipe", compression=codec, **kw)
+                    if p["algorithm"] in ("lp", "ring") else float("nan")
+                    for codec in ("fp16", "int8")
+                },
             }
         )
-        for seed in seeds:
-            for method in methods:
+        for r, method in rounds(t_methods, t_runs) if t_runs else []:
+            cfg = dict(config(p, seeds[0], method), iterations=t_iters, evaluate=False,
+                       eval_every=0)
+            res = runs({"timing": cfg, "network": ranks.text, "run": r}, ranks.run,
+                       train_rank, cfg, timeout_s=p["timeout_s"])
+            rows += iteration_rows(res, kind="timing", method=method, seed=seeds[0], run=r)
+        for i, seed in enumerate(seeds):
+            for r, method in rounds(methods, repeats):
                 cfg = config(p, seed, method)
                 if iterations and method in iterations:
                     cfg["iterations"] = iterations[method]
-                res = runs({"train": cfg, "network": ranks.text}, ranks.run, train_rank,
-                           cfg, timeout_s=p["timeout_s"])
-                rows += iteration_rows(res, method=method, seed=seed)
-                rows += eval_rows(res, method=method, seed=seed)
+                key = {"train": cfg, "network": ranks.text}
+                if repeats > 1:
+                    key["run"] = r
+                res = runs(key, ranks.run, train_rank, cfg, timeout_s=p["timeout_s"])
+                run = i * repeats + r
+                rows += iteration_rows(res, method=method, seed=seed, run=run)
+                rows += eval_rows(res, method=method, seed=seed, run=run)
     runs.close()
     return pd.DataFrame(rows).assign(
         backend=p["backend"],

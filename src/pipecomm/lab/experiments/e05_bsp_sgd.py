@@ -2,22 +2,28 @@
 
 Paper: LP — Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale
 Neural Networks" (arXiv 1611.04255): BSP-SGD (one AllReduce of all gradients per iteration)
-converges unchanged when its collective is LP, and LP communicates faster than the
-minimum-spanning-tree (MST) collectives.
+converges unchanged when its collective is LP, and LP relieves BSP-SGD's communication
+bottleneck: faster than the minimum-spanning-tree (MST) and bidirectional-exchange (BE)
+collectives.
 
-How it is measured: one pool of ``world_size`` ranks on an emulated network (``netem``:
-``alpha_s``, ``bandwidth_Bps``, port model ``ports``; gloo underneath). For each algorithm
-(lp, mst, be, ring) the same model is trained from the same seed on the same shards with
-``PipeSGD(mode="sync")``; a barrier before every ``step()`` aligns the ranks so that PipeSGD's
-``comm_s`` is the AllReduce itself (per iteration the max over ranks, then the median over the
-steady iterations, as :mod:`pipecomm.lab.bench` does). The cost model's prediction is
-``cost.allreduce_time(algorithm, gradient bytes, p, link)`` on the emulated link (reduction cost
-``gamma`` from E0's calibration; LP with the model's optimal block, which is what the ranks use).
+How it is measured: for each port model of ``port_models`` (single-port, per-neighbor) one pool
+of ``world_size`` ranks on an emulated network (``netem``: ``alpha_s``, ``bandwidth_Bps``; gloo
+underneath). In it, ``runs`` rounds of short training runs: every algorithm (lp, mst, be, ring)
+once per round, the order rotated each round (``pipesgd_training.rounds``), each run training the
+same model from the same seed on the same shards with ``PipeSGD(mode="sync")`` for
+``iterations`` steps after a barrier. A barrier before every ``step()`` aligns the ranks so that
+PipeSGD's ``comm_s`` is the AllReduce itself; per iteration the max over ranks, per run the
+median over its steady iterations: **one repeat per run** (the ``run`` column), never one per
+iteration. The cost model's prediction is ``cost.allreduce_time(algorithm, gradient bytes, p,
+link)`` on the emulated link (reduction cost ``gamma`` from E0's calibration; LP with the
+model's optimal block, which is what the ranks use).
 
 Claims (artifact/claims.yaml, with thresholds and the model's predictions): C5.2 each
-algorithm's measured communication time per iteration against the model (signed error); C5.3
-LP's AllReduce takes less time than MST's. That the loss curves of all algorithms agree to
-float32 round-off is checked by the tests.
+algorithm's measured communication time per iteration against the model (signed error, both
+port models); C5.3 LP's AllReduce takes less time than MST's (single-port); C5.4 the paper's
+statement, LP faster than each of MST, BE and ring on both port models (the model expects it to
+fail against BE and ring at this message size; reported whatever the outcome). That the loss
+curves of all algorithms agree to float32 round-off is checked by the tests.
 
 The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
 is in its ``env.json``.
@@ -43,7 +49,7 @@ from pipecomm.lab.cli import main
 from pipecomm.lab.network import network_and_link, ranks_on
 from pipecomm.lab.pipesgd_analysis import steady
 from pipecomm.lab.pipesgd_config import PoolParams, check_config, config
-from pipecomm.lab.pipesgd_training import iteration_rows, train_rank
+from pipecomm.lab.pipesgd_training import iteration_rows, rounds, train_rank
 from pipecomm.lab.workloads import fetch_data, gradient_bytes
 
 ID = "E5"
@@ -54,15 +60,18 @@ NOTEBOOK = "05_bsp_sgd"
 class Params(PoolParams):
     """E5's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E5-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.PoolParams`'."""
+    :class:`~pipecomm.lab.pipesgd_config.PoolParams`'. ``port_models`` replaces the shared
+    ``ports`` (unused here): one pool per port model."""
 
     algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
+    port_models: list[str] = field(default_factory=lambda: ["single", "per-neighbor"])
+    runs: int = 5
     model: str = "mlp"
     model_kw: dict[str, Any] = field(default_factory=lambda: {"hidden": [256, 256]})
     batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.9
-    iterations: int = 10
+    iterations: int = 6
     skip: int = 2
     seed: int = 0
     bandwidth_Bps: float | None = 50e6
@@ -78,6 +87,13 @@ class Params(PoolParams):
             algs,
             f"must be >= 2 distinct names from {ALGORITHMS}",
         )
+        ports = list(p["port_models"])
+        require(len(ports) >= 1 and len(set(ports)) == len(ports)
+                and set(ports) <= set(netem.PORTS), "port_models", ports,
+                f"must be >= 1 distinct names from {netem.PORTS}")
+        require(isinstance(p["runs"], int) and not isinstance(p["runs"], bool)
+                and p["runs"] >= 1, "runs", p["runs"],
+                f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
         check_config(_config(p, algs[0]))
 
 DEFAULTS = Params.defaults()
@@ -89,38 +105,48 @@ def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
 
 
 def run(**params: Any) -> pd.DataFrame:
-    """Train BSP-SGD once per algorithm on one emulated-network pool; tidy per-iteration rows."""
+    """Per port model one emulated-network pool; in it ``runs`` interleaved rounds of one short
+    BSP-SGD run per algorithm; tidy per-iteration rows with the ``run`` column."""
     p = Params.make(**params)
-    net, link = network_and_link(
-        p, lambda: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=p["ports"])
-    )
     fetch_data(p)
     nbytes = gradient_bytes(_config(p, "lp"))
-    rows: list[dict[str, Any]] = []
-    with ranks_on(p["network"], p["world_size"], net, backend=p["backend"],
-                  timeout_s=p["timeout_s"]) as ranks:
-        if ranks.net is not None:  # a shaped network: the model's link is its calibration
-            link = cost.link_from_network(ranks.net)
-        for alg in p["algorithms"]:
-            model_s = cost.allreduce_time(alg, nbytes, p["world_size"], link)
-            res = ranks.run(train_rank, _config(p, alg), timeout_s=p["timeout_s"])
-            rows += iteration_rows(res, algorithm=alg, nbytes=nbytes, model_comm_s=model_s)
-    df = pd.DataFrame(rows)
-    return df.assign(
+    frames = []
+    for ports in p["port_models"]:
+        net, link = network_and_link(
+            p, lambda ports=ports: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=ports)
+        )
+        rows: list[dict[str, Any]] = []
+        with ranks_on(p["network"], p["world_size"], net, backend=p["backend"],
+                      timeout_s=p["timeout_s"]) as ranks:
+            if ranks.net is not None:  # a shaped network: the model's link is its calibration
+                link = cost.link_from_network(ranks.net)
+            model = {a: cost.allreduce_time(a, nbytes, p["world_size"], link)
+                     for a in p["algorithms"]}
+            for r, alg in rounds(list(p["algorithms"]), p["runs"]):
+                res = ranks.run(train_rank, _config(p, alg), timeout_s=p["timeout_s"])
+                rows += iteration_rows(res, algorithm=alg, run=r, nbytes=nbytes,
+                                       model_comm_s=model[alg])
+        frames.append(pd.DataFrame(rows).assign(
+            ports=ports, network=ranks.text, network_kind=ranks.kind,
+            gamma_s_per_byte=link.gamma))
+    return pd.concat(frames, ignore_index=True).assign(
         backend=p["backend"],
         world_size=p["world_size"],
-        network=ranks.text,
-        network_kind=ranks.kind,
         skip=p["skip"],
-        gamma_s_per_byte=link.gamma,
     )
 
 
 # --------------------------------------------------------------------------- analysis
 
 
+def _ports(df: pd.DataFrame) -> pd.Series:
+    """The port model of each row (data without the column: single-port)."""
+    return df["ports"] if "ports" in df else pd.Series("single", index=df.index)
+
+
 def loss_curves(df: pd.DataFrame) -> pd.DataFrame:
-    """Loss per algorithm and iteration (mean of the ranks' local losses)."""
+    """Loss per algorithm and iteration (mean of the ranks' local losses, over every run and
+    port model: each run trains from the same seed)."""
     it = df[(df["kind"] == "iteration") & (df["iteration"] >= 0)]
     return it.groupby(["algorithm", "iteration"], as_index=False)["loss"].mean()
 
@@ -129,7 +155,7 @@ def loss_differences(df: pd.DataFrame) -> pd.DataFrame:
     """``|loss(algorithm) - loss(reference)|`` per iteration; the reference is the first
     algorithm of the run (lp by default)."""
     curves = loss_curves(df).pivot(index="iteration", columns="algorithm", values="loss")
-    order = list(dict.fromkeys(df["algorithm"]))
+    order = list(dict.fromkeys(df["algorithm"].dropna()))
     ref = order[0]
     out = []
     for alg in order[1:]:
@@ -151,12 +177,22 @@ def loss_differences(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def comm_times(df: pd.DataFrame) -> pd.DataFrame:
-    """Per algorithm: measured AllReduce time (median over steady iterations of the max over
-    ranks of ``comm_s``), the model's, and the steady iteration's other parts."""
+def run_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per port model, algorithm and run (one independent repeat each): the median over the
+    run's steady iterations of the max over ranks of ``comm_s`` (the AllReduce) and of the
+    iteration's other parts, with the model's AllReduce time.
+
+    Example::
+
+        run_times(df).groupby(["ports", "algorithm"]).comm_s.median()
+    """
+    claims.require_columns(df, "kind", "algorithm", "iteration", "run", "comm_s",
+                           "model_comm_s")
     skip = int(df["skip"].iloc[0]) if "skip" in df else 0
     st = steady(df, skip)
-    per_it = st.groupby(["algorithm", "iteration"], as_index=False).agg(
+    st = st.assign(ports=_ports(st))
+    per_it = st.groupby(["ports", "algorithm", "run", "iteration"], as_index=False,
+                        sort=False).agg(
         comm_s=("comm_s", "max"),
         compute_s=("compute_s", "max"),
         update_s=("update_s", "max"),
@@ -164,27 +200,41 @@ def comm_times(df: pd.DataFrame) -> pd.DataFrame:
         iter_s=("iter_s", "max"),
         model_comm_s=("model_comm_s", "first"),
     )
-    out = per_it.groupby("algorithm", as_index=False, sort=False).median(numeric_only=True)
-    out = out.drop(columns=["iteration"])
+    return per_it.groupby(["ports", "algorithm", "run"], as_index=False, sort=False).median(
+        numeric_only=True).drop(columns=["iteration"])
+
+
+def comm_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per port model and algorithm: measured AllReduce time (median over the runs of each
+    run's median, :func:`run_times`), the model's, the signed error, the number of runs, and
+    the steady iteration's other parts."""
+    rt = run_times(df)
+    out = rt.groupby(["ports", "algorithm"], as_index=False, sort=False).median(
+        numeric_only=True).drop(columns=["run"])
+    out["runs"] = rt.groupby(["ports", "algorithm"], sort=False)["run"].nunique().to_numpy()
     out["error"] = (out["comm_s"] - out["model_comm_s"]) / out["model_comm_s"]
-    order = list(dict.fromkeys(df["algorithm"]))
-    return out.set_index("algorithm").loc[order].reset_index()
+    return out
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per algorithm: AllReduce measured vs model, iteration parts, final loss."""
+    """One row per port model and algorithm: AllReduce measured vs model, LP's speed-up over
+    it, iteration parts, final loss."""
     ct = comm_times(df)
     curves = loss_curves(df)
     last = curves[curves["iteration"] == curves["iteration"].max()].set_index("algorithm")["loss"]
     diffs = loss_differences(df).groupby("algorithm")["abs_diff"].max()
     rows = []
     for _, r in ct.iterrows():
+        lp = ct[(ct["ports"] == r["ports"]) & (ct["algorithm"] == "lp")]["comm_s"]
         rows.append(
             {
+                "ports": r["ports"],
                 "algorithm": r["algorithm"],
+                "runs": int(r["runs"]),
                 "allreduce_ms (measured)": r["comm_s"] * 1e3,
                 "allreduce_ms (model)": r["model_comm_s"] * 1e3,
                 "error": f"{r['error']:+.1%}",
+                "time / lp": r["comm_s"] / float(lp.iloc[0]) if len(lp) else np.nan,
                 "compute+barrier_ms": r["compute_s"] * 1e3,
                 "update_ms": r["update_s"] * 1e3,
                 "iteration_ms": r["iter_s"] * 1e3,
@@ -197,7 +247,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame, **params: Any):
     """Loss curves (overlaid), their differences to the reference, and the AllReduce time per
-    algorithm measured (bars) vs modelled (markers)."""
+    algorithm and port model measured (bars: median over runs, whiskers: the runs' range) vs
+    modelled (markers)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -225,16 +276,28 @@ def plot(df: pd.DataFrame, **params: Any):
             ylabel="absolute difference",
         )
     ct = comm_times(df)
-    x = np.arange(len(ct))
-    axes[2].bar(x, ct["comm_s"] * 1e3, color=sns.color_palette()[0], label="measured AllReduce")
-    axes[2].plot(x, ct["model_comm_s"] * 1e3, "kD", label="cost model")
-    axes[2].set_xticks(x, ct["algorithm"])
-    axes[2].set(ylabel="ms per iteration", title="AllReduce of the gradients (median)")
-    axes[2].legend()
+    rt = run_times(df)
+    ports = list(dict.fromkeys(ct["ports"]))
+    algs = list(dict.fromkeys(ct["algorithm"]))
+    width = 0.8 / len(ports)
+    for j, port in enumerate(ports):
+        c = ct[ct["ports"] == port].set_index("algorithm").loc[algs]
+        g = rt[rt["ports"] == port].groupby("algorithm")["comm_s"]
+        lo = (c["comm_s"] - g.min().loc[algs]) * 1e3
+        hi = (g.max().loc[algs] - c["comm_s"]) * 1e3
+        x = np.arange(len(algs)) + (j - (len(ports) - 1) / 2) * width
+        axes[2].bar(x, c["comm_s"] * 1e3, width, yerr=[lo, hi], capsize=2,
+                    color=sns.color_palette()[j], label=f"measured, {port}")
+        axes[2].plot(x, c["model_comm_s"] * 1e3, "kD", label="cost model" if j == 0 else None)
+    axes[2].set_xticks(np.arange(len(algs)), algs)
+    axes[2].set(ylabel="ms per iteration",
+                title=f"AllReduce of the gradients (median of {int(ct['runs'].min())}+ runs)")
+    axes[2].legend(fontsize=8)
     p = int(df["world_size"].iloc[0])
     fig.suptitle(
-        f"E5 BSP-SGD, {df['backend'].iloc[0]}, p={p}, {df['network'].iloc[0]} "
-        f"(gradients {int(df['nbytes'].iloc[0]) / 1e6:.2f} MB)"
+        f"E5 BSP-SGD, {df['backend'].iloc[0]}, p={p}, "
+        + "; ".join(dict.fromkeys(df["network"].dropna()))
+        + f" (gradients {int(df['nbytes'].iloc[0]) / 1e6:.2f} MB)", fontsize=9
     )
     fig.tight_layout()
     return fig
@@ -243,86 +306,144 @@ def plot(df: pd.DataFrame, **params: Any):
 # --------------------------------------------------------------------------- claims
 
 
-def comm_samples(df: pd.DataFrame) -> dict[str, list[float]]:
-    """Per algorithm: the AllReduce time of every steady iteration (max over ranks of
-    ``comm_s``), the repeats behind :func:`comm_times`' medians.
+def comm_samples(df: pd.DataFrame) -> dict[tuple[str, str], list[float]]:
+    """Per (port model, algorithm): the AllReduce time of every independent run (the run's
+    median over its steady iterations of the max over ranks of ``comm_s``), the repeats behind
+    :func:`comm_times`' medians.
 
     Example::
 
-        comm_samples(df)["lp"][:3]
+        comm_samples(df)["single", "lp"]   # one value per run
     """
-    skip = int(df["skip"].iloc[0]) if "skip" in df else 0
-    st = steady(df, skip)
-    per_it = st.groupby(["algorithm", "iteration"], sort=False).comm_s.max().reset_index()
-    return {alg: g.comm_s.tolist() for alg, g in per_it.groupby("algorithm", sort=False)}
+    rt = run_times(df)
+    return {(port, alg): g["comm_s"].tolist()
+            for (port, alg), g in rt.groupby(["ports", "algorithm"], sort=False)}
+
+
+def _model(df: pd.DataFrame) -> dict[tuple[str, str], float]:
+    ct = comm_times(df)
+    return {(r.ports, r.algorithm): float(r.model_comm_s) for r in ct.itertuples()}
 
 
 @claims.prediction("e5_comm_within_model")
 def predict_comm(df: pd.DataFrame) -> str:
     """C5.2's prediction for the run: the model's AllReduce time per iteration of each
-    algorithm, for the run's model, network and world size.
+    algorithm and port model, for the run's model, network and world size.
 
     Example::
 
-        predict_comm(df)   # 'model lp 74, mst 103, be 41, ring 43 ms per iteration'
+        predict_comm(df)   # 'model single: lp 72, mst 100, be 40, ring 42 ms; per-neighbor: ...'
     """
-    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
-    ct = comm_times(df).set_index("algorithm")
-    return "model " + ", ".join(f"{a} {ct.loc[a, 'model_comm_s'] * 1e3:.3g}" for a in ct.index) \
-        + " ms per iteration"
+    model = _model(df)
+    ports = list(dict.fromkeys(k[0] for k in model))
+    return "model " + "; ".join(
+        f"{port}: " + ", ".join(f"{a} {t * 1e3:.3g}" for (q, a), t in model.items() if q == port)
+        + " ms" for port in ports) + " per iteration"
 
 
 @claims.prediction("e5_lp_below_mst")
-def predict_lp_below_mst(df: pd.DataFrame) -> str:
+def predict_lp_below_mst(df: pd.DataFrame, ports: str) -> str:
     """C5.3's prediction for the run: the model's MST / LP AllReduce time.
 
     Example::
 
-        predict_lp_below_mst(df)   # 'model mst/lp = 1.38'
+        predict_lp_below_mst(df, "single")   # 'model mst/lp = 1.38 (single)'
     """
-    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
-    ct = comm_times(df).set_index("algorithm")
-    return f"model mst/lp = {ct.loc['mst', 'model_comm_s'] / ct.loc['lp', 'model_comm_s']:.2f}"
+    model = _model(df)
+    return f"model mst/lp = {model[ports, 'mst'] / model[ports, 'lp']:.2f} ({ports})"
+
+
+@claims.prediction("e5_lp_fastest")
+def predict_lp_fastest(df: pd.DataFrame, others: list[str], port_models: list[str]) -> str:
+    """C5.4's prediction for the run: the model's other / LP AllReduce time per port model.
+
+    Example::
+
+        predict_lp_fastest(df, ["mst", "be"], ["single"])   # 'model other/lp: single mst 1.38, ...'
+    """
+    model = _model(df)
+    return "model other/lp: " + "; ".join(
+        f"{port} " + ", ".join(f"{o} {model[port, o] / model[port, 'lp']:.2f}" for o in others)
+        for port in port_models)
 
 
 @claims.check("e5_comm_within_model")
-def check_comm_within_model(df: pd.DataFrame, tolerance: float) -> claims.Verdict:
-    """Every algorithm's AllReduce time per iteration agrees with the cost model: signed error
-    within ``tolerance`` on the interval of the median over steady iterations.
+def check_comm_within_model(df: pd.DataFrame, tolerance: float,
+                            may_miss: str | int) -> claims.Verdict:
+    """Every algorithm's AllReduce time per iteration, on every port model, agrees with the
+    cost model: signed error within ``tolerance`` on the interval of the median over the
+    independent runs, except for the allowance of ``may_miss`` points
+    (:func:`pipecomm.lab.claims.allowance`).
 
     Example::
 
-        check_comm_within_model(df, 0.25)
+        check_comm_within_model(df, 0.25, "binomial")
     """
-    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
     samples = comm_samples(df)
-    ct = comm_times(df).set_index("algorithm")
-    algs = list(samples)
-    return claims.model_points([samples[a] for a in algs],
-                               [float(ct.loc[a, "model_comm_s"]) for a in algs], algs, tolerance)
+    model = _model(df)
+    keys = list(samples)
+    return claims.model_points([samples[k] for k in keys], [model[k] for k in keys],
+                               [f"{a}, {port}" for port, a in keys], tolerance,
+                               may_miss=may_miss)
+
+
+def _ratio(samples: dict, port: str, other: str) -> tuple[float, float, float]:
+    for key in ((port, other), (port, "lp")):
+        if key not in samples:
+            raise ValueError(f"no measurements of {key[1]} on {key[0]} links")
+    return claims.ratio(samples[port, other], samples[port, "lp"])
 
 
 @claims.check("e5_lp_below_mst")
-def check_lp_below_mst(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
-    """MST's AllReduce time / LP's (medians over steady iterations) lies above ``min_ratio``.
+def check_lp_below_mst(df: pd.DataFrame, min_ratio: float, ports: str) -> claims.Verdict:
+    """MST's AllReduce time / LP's on ``ports`` links (medians over the independent runs) lies
+    above ``min_ratio``.
 
     Example::
 
-        check_lp_below_mst(df, 1.0)
+        check_lp_below_mst(df, 1.0, "single")
     """
-    claims.require_columns(df, "kind", "algorithm", "iteration", "comm_s", "model_comm_s")
     samples = comm_samples(df)
-    missing = {"lp", "mst"} - set(samples)
-    if missing:
-        raise ValueError(f"no measurements for {sorted(missing)}")
-    r, lo, hi = claims.ratio(samples["mst"], samples["lp"])
-    ct = comm_times(df).set_index("algorithm")
-    model = ct.loc["mst", "model_comm_s"] / ct.loc["lp", "model_comm_s"]
+    r, lo, hi = _ratio(samples, ports, "mst")
+    model = _model(df)
     return claims.Verdict(
-        f"mst/lp {claims.fmt_ci(r, lo, hi)} (model {model:.2f}; lp "
-        f"{ct.loc['lp', 'comm_s'] * 1e3:.1f} ms, mst {ct.loc['mst', 'comm_s'] * 1e3:.1f} ms)",
+        f"mst/lp {claims.fmt_ci(r, lo, hi)} (model {model[ports, 'mst'] / model[ports, 'lp']:.2f}"
+        f"; lp {np.median(samples[ports, 'lp']) * 1e3:.1f} ms, mst "
+        f"{np.median(samples[ports, 'mst']) * 1e3:.1f} ms; {ports}; "
+        f"{len(samples[ports, 'lp'])} runs)",
         f"mst/lp > {min_ratio:g}",
         claims.at_least(lo, hi, min_ratio),
+    )
+
+
+@claims.check("e5_lp_fastest")
+def check_lp_fastest(df: pd.DataFrame, min_ratio: float, others: list[str],
+                     port_models: list[str], may_miss: str | int) -> claims.Verdict:
+    """The paper's statement: on every port model of ``port_models`` each of ``others``'
+    AllReduce time / LP's (medians over the independent runs) lies above ``min_ratio``, except
+    for the allowance of ``may_miss`` ratios; every ratio is reported with its interval and the
+    model's.
+
+    Example::
+
+        check_lp_fastest(df, 1.0, ["mst", "be", "ring"], ["single", "per-neighbor"], "none")
+    """
+    samples = comm_samples(df)
+    model = _model(df)
+    parts, verdicts = [], []
+    for port in port_models:
+        cells = []
+        for other in others:
+            r, lo, hi = _ratio(samples, port, other)
+            verdicts.append(claims.at_least(lo, hi, min_ratio))
+            cells.append(f"{other}/lp {claims.fmt_ci(r, lo, hi)} (model "
+                         f"{model[port, other] / model[port, 'lp']:.2f})")
+        parts.append(f"{port}: " + ", ".join(cells))
+    allowed = claims.allowance(len(verdicts), may_miss)
+    return claims.Verdict(
+        "; ".join(parts) + f"; {claims.missed(verdicts, allowed)}",
+        f"every other/lp > {min_ratio:g} (95% interval), {allowed} may miss",
+        claims.combine(verdicts, allowed),
     )
 
 
