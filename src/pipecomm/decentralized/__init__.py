@@ -5,7 +5,8 @@
 * :mod:`.optim` - AccumAdam / AccumAdamW (Algorithm 4: moments fed with window-averaged gradients).
 * :mod:`.runtime_model` - per-iteration time of AllReduce vs decentralized training.
 * ``DecentralizedDataParallel`` (:mod:`.ddp`) - gossip overlapped with the next iteration;
-  imported on first use.
+  imported on first use. Its buckets and their process groups are in :mod:`.gossip`, its
+  construction checks (arguments, equal replicas, the optimizer) in :mod:`.replicas`.
 
 Example::
 

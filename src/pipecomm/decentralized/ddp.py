@@ -78,16 +78,11 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
-import hashlib
-import math
-import numbers
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -96,6 +91,17 @@ from torch import nn
 
 from pipecomm import collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
+from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
+from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
+from pipecomm.decentralized.replicas import (
+    check_algorithm,
+    check_max_norm,
+    check_scaler,
+    describe_mismatch,
+    group_members,
+    make_optimizer,
+    model_signature,
+)
 from pipecomm.decentralized.topology import Topology, get_topology
 
 __all__ = ["DecentralizedDataParallel", "OptimFn"]
@@ -104,241 +110,11 @@ __all__ = ["DecentralizedDataParallel", "OptimFn"]
 OptimFn = Callable[[list[tuple[str, nn.Parameter]]], torch.optim.Optimizer]
 
 _NAME = "DecentralizedDataParallel"
-#: values of ``grad_norm_scope``
-NORM_SCOPES = ("bucket", "global")
 #: key this wrapper adds to ``optimizer.state_dict()``
 STATE_KEY = "decentralized_data_parallel"
 
-# Process groups of the topologies' groups (global ranks), created once per process and reused.
-_PROCESS_GROUPS: dict[tuple[Any, ...], dist.ProcessGroup] = {}
-
 # id(parameter) -> the DecentralizedDataParallel that hooks it (to refuse wrapping twice)
 _OWNERS: weakref.WeakValueDictionary[int, DecentralizedDataParallel] = weakref.WeakValueDictionary()
-
-
-@torch.no_grad()
-def _as_one_block(params: list[nn.Parameter]) -> torch.Tensor | None:
-    """Move ``params`` (one dtype and device) into one contiguous tensor, each parameter a view of
-    its slice (``p.data`` is replaced; the parameter objects stay), so that copying the bucket to
-    and from its gossip buffer is one copy, not one per parameter (decent-dp, the DAdam authors'
-    implementation, keeps parameters as views of their bucket the same way). Parameters that are
-    not plain contiguous tensors (e.g. channels-last) keep their storage: returns ``None``.
-    """
-    if not all(p.is_contiguous() for p in params):
-        return None
-    block = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
-                        device=params[0].device)
-    off = 0
-    for p in params:
-        view = block[off : off + p.numel()].view(p.shape)
-        view.copy_(p.detach())
-        p.data = view
-        off += p.numel()
-    return block
-
-
-def _process_group(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
-    """The process group of the global ``ranks`` (created on first use, then reused).
-
-    With ``whole_world`` every rank of the default group calls this, in the same order, and
-    ``dist.new_group`` is used. Otherwise only the members of ``ranks`` call it: torch's
-    ``new_group`` must be called by every rank of the default group, and its
-    ``use_local_synchronization=True`` names a group after the number of groups each rank made
-    before (which differs between ranks, so creation hangs); the group is therefore made with
-    torch's internal helper under a name derived from ``ranks`` alone.
-    """
-    key = (id(dist.group.WORLD), dist.get_world_size(), whole_world, ranks)
-    pg = _PROCESS_GROUPS.get(key)
-    if pg is not None:
-        return pg
-    if whole_world:
-        pg = dist.new_group(list(ranks))
-    else:
-        from torch.distributed import distributed_c10d as c10d
-
-        name = "pipecomm-ddp-" + hashlib.sha1(repr(ranks).encode()).hexdigest()[:20]
-        pg, _ = c10d._new_process_group_helper(
-            len(ranks),
-            ranks.index(dist.get_rank()),
-            list(ranks),
-            dist.get_backend(),
-            c10d._get_default_store(),
-            name,
-            timeout=datetime.timedelta(seconds=300),
-        )
-        c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
-    _PROCESS_GROUPS[key] = pg
-    return pg
-
-
-@dataclass(eq=False)
-class _Bucket:
-    """Parameters updated and gossiped together, their flat buffer and gossip."""
-
-    index: int
-    indices: list[int]  # positions in DecentralizedDataParallel._params
-    names: list[str]
-    params: list[nn.Parameter]
-    groups: list[tuple[int, list[nn.Parameter]]]  # (optimizer group, the bucket's share of it)
-    flat: torch.Tensor  # gossip buffer: x^{k+1} when launched, y^{k+1} once completed
-    views: list[torch.Tensor]  # views of `flat` shaped like the parameters
-    block: torch.Tensor | None = None  # the parameters' own storage when they are views of it
-    handle: Any = None  # in-flight gossip (None: nothing to mix, e.g. a group of one rank)
-    ready: set[int] = field(default_factory=set)  # parameters whose gradient is complete
-    updated: bool = False  # mixed and stepped in the current iteration
-
-    def to_flat(self) -> None:
-        """``flat <- parameters`` (one copy when the parameters live in ``block``)."""
-        if self.block is not None:
-            self.flat.copy_(self.block)
-        else:
-            torch._foreach_copy_(self.views, [p.detach() for p in self.params])
-
-    def from_flat(self) -> None:
-        """``parameters <- flat``."""
-        if self.block is not None:
-            self.block.copy_(self.flat)
-        else:
-            torch._foreach_copy_([p.detach() for p in self.params], self.views)
-
-
-def _check_algorithm(algorithm: Any) -> str:
-    if not isinstance(algorithm, str) or algorithm not in collectives.ALGORITHMS:
-        raise ValueError(
-            f"{_NAME}: algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}"
-        )
-    if algorithm == "torch":
-        from pipecomm import netem
-
-        if netem.current() is not None:
-            raise ValueError(
-                f"{_NAME}: algorithm='torch' (the backend's built-in allreduce) cannot run on "
-                f"the emulated network ({netem.current().describe()}); pass one of pipecomm's "
-                "own algorithms: 'lp', 'mst', 'be' or 'ring'"
-            )
-    return algorithm
-
-
-def _check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
-    if scope not in NORM_SCOPES:
-        raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
-    if max_grad_norm is None:
-        return None
-    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real):
-        raise TypeError(
-            f"{_NAME}: max_grad_norm must be a positive number or None, "
-            f"got {type(max_grad_norm).__name__} ({max_grad_norm!r})"
-        )
-    value = float(max_grad_norm)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{_NAME}: max_grad_norm must be positive and finite, got {value!r}")
-    return value
-
-
-def _check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.GradScaler | None:
-    if grad_scaler is None:
-        return None
-    if not isinstance(grad_scaler, torch.amp.GradScaler):
-        raise TypeError(
-            f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, "
-            f"got {type(grad_scaler).__name__}"
-        )
-    if not grad_scaler.is_enabled():
-        return None
-    half = [p for p in params if p.dtype == torch.float16]
-    if half:
-        raise ValueError(
-            f"{_NAME}: grad_scaler with float16 parameters: torch's GradScaler cannot unscale "
-            "float16 gradients; keep the parameters in float32 and run the forward under "
-            "torch.autocast(device_type, dtype=torch.float16)"
-        )
-    devices = {p.device.type for p in params}
-    scaler_device = getattr(grad_scaler, "_device", None)
-    if scaler_device is not None and devices != {scaler_device}:
-        raise ValueError(
-            f"{_NAME}: grad_scaler is for device {scaler_device!r} but the parameters are on "
-            f"{sorted(devices)}; make it with torch.amp.GradScaler({sorted(devices)[0]!r})"
-        )
-    return grad_scaler
-
-
-def _members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
-    if process_group is None:
-        process_group = dist.group.WORLD
-    if process_group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(
-            f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; construct "
-            "the wrapper on the group's ranks only"
-        )
-    if not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(
-            f"{_NAME}: process_group must be a torch.distributed ProcessGroup or None, "
-            f"got {type(process_group).__name__}"
-        )
-    members = tuple(dist.get_process_group_ranks(process_group))
-    if dist.get_rank() not in members:
-        raise ValueError(
-            f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks {members}"
-        )
-    return process_group, members
-
-
-def _signature(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], str, bool]]:
-    sig = [
-        ("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad)
-        for n, p in model.named_parameters()
-    ]
-    sig += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()]
-    return sig
-
-
-def _describe_mismatch(sig0: list, sig: list, rank: int) -> str:
-    names0 = {e[1]: e for e in sig0}
-    names = {e[1]: e for e in sig}
-    for kind, name, *_ in sig0:
-        if name not in names:
-            return f"{kind} {name!r} exists on rank 0 but not on rank {rank}"
-    for kind, name, *_ in sig:
-        if name not in names0:
-            return f"{kind} {name!r} exists on rank {rank} but not on rank 0"
-    for e0 in sig0:
-        e = names[e0[1]]
-        for what, i in (("kind", 0), ("shape", 2), ("dtype", 3), ("requires_grad", 4)):
-            if e0[i] != e[i]:
-                return f"{e0[0]} {e0[1]!r} has {what} {e0[i]} on rank 0 and {e[i]} on rank {rank}"
-    return f"the parameters and buffers are registered in a different order on rank {rank}"
-
-
-def _make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
-    if isinstance(optimizer, torch.optim.Optimizer):
-        opt = optimizer
-    elif callable(optimizer):
-        opt = optimizer(list(named))
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
-                f"{_NAME}: optimizer (a function) must return a torch.optim.Optimizer, "
-                f"got {type(opt).__name__}"
-            )
-    else:
-        raise TypeError(
-            f"{_NAME}: optimizer must be a torch.optim.Optimizer over the model's parameters or "
-            "a function optim_fn(list of (name, parameter)) -> optimizer, "
-            f"got {type(optimizer).__name__}"
-        )
-    seen: dict[int, int] = {}
-    for g in opt.param_groups:
-        for p in g["params"]:
-            seen[id(p)] = seen.get(id(p), 0) + 1
-    want = {id(p): n for n, p in named}
-    missing = [n for n, p in named if id(p) not in seen]
-    if missing or set(seen) != set(want) or any(v > 1 for v in seen.values()):
-        raise ValueError(
-            f"{_NAME}: the optimizer must hold exactly the model's parameters that require "
-            f"grad, each once (missing: {missing[:5]}, others: "
-            f"{len(set(seen) - set(want))}); build it from model.parameters() or, in optim_fn, "
-            "from [p for _, p in named]"
-        )
-    return opt
 
 
 class DecentralizedDataParallel(nn.Module):
@@ -420,8 +196,8 @@ class DecentralizedDataParallel(nn.Module):
                 f"optim_fn(list of (name, parameter)) -> optimizer, got {type(optimizer).__name__}"
             )
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
-        algorithm = _check_algorithm(algorithm)
-        max_norm = _check_max_norm(max_grad_norm, grad_norm_scope)
+        algorithm = check_algorithm(algorithm)
+        max_norm = check_max_norm(max_grad_norm, grad_norm_scope)
         if not isinstance(init_sync, bool):
             raise TypeError(f"{_NAME}: init_sync must be a bool, got {type(init_sync).__name__}")
         if not dist.is_initialized():
@@ -429,7 +205,7 @@ class DecentralizedDataParallel(nn.Module):
                 f"{_NAME}: torch.distributed is not initialised: start ranks with "
                 "pipecomm.launch.spawn / Ranks, or call pipecomm.launch.init_from_env() first"
             )
-        pg, members = _members(process_group)
+        pg, members = group_members(process_group)
         self.process_group = pg
         self._members = members
         self.rank = members.index(dist.get_rank())  # rank in the process group
@@ -453,8 +229,8 @@ class DecentralizedDataParallel(nn.Module):
                     f"{_NAME}: parameter {n!r} already belongs to a live "
                     f"{_NAME}; call its close() before wrapping the model again"
                 )
-        opt = _make_optimizer(optimizer, named)
-        scaler = _check_scaler(grad_scaler, [p for _, p in named])
+        opt = make_optimizer(optimizer, named)
+        scaler = check_scaler(grad_scaler, [p for _, p in named])
 
         self.module = model
         self.optimizer = opt
@@ -473,8 +249,8 @@ class DecentralizedDataParallel(nn.Module):
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._index = {id(p): i for i, p in enumerate(self._params)}
-        self._buckets: list[_Bucket] | None = None
-        self._bucket_of: list[_Bucket] = []
+        self._buckets: list[Bucket] | None = None
+        self._bucket_of: list[Bucket] = []
         self._order: list[int] = []  # first backward: order in which gradients became ready
         self._seen: set[int] = set()
         self._next_launch = 0
@@ -495,7 +271,7 @@ class DecentralizedDataParallel(nn.Module):
         # every group any step uses, created on every member in the same order
         whole_world = self.world_size == dist.get_world_size()
         self._groups = {
-            g: _process_group(tuple(members[r] for r in g), whole_world)
+            g: subgroup(tuple(members[r] for r in g), whole_world)
             for g in topo.distinct_groups()
             if len(g) > 1
         }
@@ -511,14 +287,14 @@ class DecentralizedDataParallel(nn.Module):
 
     # ------------------------------------------------------------------ construction helpers
     def _check_same_model(self) -> None:
-        sig = _signature(self.module)
+        sig = model_signature(self.module)
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, sig, group=self.process_group)
         for r, other in enumerate(gathered):
             if other != gathered[0]:
                 raise ValueError(
                     f"{_NAME}: the models differ across ranks: "
-                    f"{_describe_mismatch(gathered[0], other, r)}. Build the same model "
+                    f"{describe_mismatch(gathered[0], other, r)}. Build the same model "
                     "(same names, shapes and dtypes) on every rank"
                 )
 
@@ -858,7 +634,7 @@ class DecentralizedDataParallel(nn.Module):
         self.timing["iterations"] += 1
 
     @torch.no_grad()
-    def _mix(self, b: _Bucket) -> None:
+    def _mix(self, b: Bucket) -> None:
         """``y^k``: wait for the bucket's gossip and copy it into the parameters."""
         if b.handle is not None:
             t0 = time.perf_counter()
@@ -867,13 +643,13 @@ class DecentralizedDataParallel(nn.Module):
             self.timing["wait_s"] += time.perf_counter() - t0
             b.from_flat()
 
-    def _fill_missing_grads(self, b: _Bucket) -> None:
+    def _fill_missing_grads(self, b: Bucket) -> None:
         for i, p in zip(b.indices, b.params):
             if i not in b.ready and p.grad is None:  # no gradient in this iteration: zero
                 p.grad = torch.zeros_like(p)
 
     @torch.no_grad()
-    def _update(self, b: _Bucket) -> None:
+    def _update(self, b: Bucket) -> None:
         """Mix, clip by the bucket's norm, step the bucket's parameters, clear their gradients."""
         self._mix(b)
         t1 = time.perf_counter()
@@ -980,8 +756,8 @@ class DecentralizedDataParallel(nn.Module):
             for p in params:
                 views.append(flat[off : off + p.numel()].view(p.shape))
                 off += p.numel()
-            b = _Bucket(bi, idx, names, params, sorted(shares.items()), flat, views,
-                        block=_as_one_block(params))
+            b = Bucket(bi, idx, names, params, sorted(shares.items()), flat, views,
+                        block=as_one_block(params))
             buckets.append(b)
             for i in idx:
                 self._bucket_of[i] = b

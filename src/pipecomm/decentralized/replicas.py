@@ -1,0 +1,226 @@
+"""Construction checks of DecentralizedDataParallel: arguments, group, equal replicas, optimizer.
+
+Every check names the argument and the fix. :func:`model_signature` and
+:func:`describe_mismatch` find how two ranks' models differ; :func:`make_optimizer` builds or
+checks the one optimizer over all parameters.
+
+Example::
+
+    from pipecomm.decentralized.replicas import check_max_norm
+    check_max_norm(1.0, "bucket")   # 1.0
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipecomm import collectives
+
+__all__ = [
+    "NORM_SCOPES",
+    "check_algorithm",
+    "check_max_norm",
+    "check_scaler",
+    "describe_mismatch",
+    "group_members",
+    "make_optimizer",
+    "model_signature",
+]
+
+_NAME = "DecentralizedDataParallel"
+#: values of ``grad_norm_scope``
+NORM_SCOPES = ("bucket", "global")
+
+
+def check_algorithm(algorithm: Any) -> str:
+    """``algorithm`` if it is one of :data:`pipecomm.collectives.ALGORITHMS` (``"torch"`` is
+    refused under the emulated network), else ValueError.
+
+    Example::
+
+        check_algorithm("lp")   # 'lp'
+    """
+    if not isinstance(algorithm, str) or algorithm not in collectives.ALGORITHMS:
+        raise ValueError(
+            f"{_NAME}: algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}"
+        )
+    if algorithm == "torch":
+        from pipecomm import netem
+
+        if netem.current() is not None:
+            raise ValueError(
+                f"{_NAME}: algorithm='torch' (the backend's built-in allreduce) cannot run on "
+                f"the emulated network ({netem.current().describe()}); pass one of pipecomm's "
+                "own algorithms: 'lp', 'mst', 'be' or 'ring'"
+            )
+    return algorithm
+
+
+def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
+    """``max_grad_norm`` as a float (``None`` stays ``None``) if positive and finite, and
+    ``scope`` one of :data:`NORM_SCOPES`; else TypeError / ValueError.
+
+    Example::
+
+        check_max_norm(1.0, "bucket")   # 1.0
+    """
+    if scope not in NORM_SCOPES:
+        raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
+    if max_grad_norm is None:
+        return None
+    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real):
+        raise TypeError(
+            f"{_NAME}: max_grad_norm must be a positive number or None, "
+            f"got {type(max_grad_norm).__name__} ({max_grad_norm!r})"
+        )
+    value = float(max_grad_norm)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{_NAME}: max_grad_norm must be positive and finite, got {value!r}")
+    return value
+
+
+def check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.GradScaler | None:
+    """``grad_scaler`` if it is an enabled ``torch.amp.GradScaler`` that can unscale
+    ``params``' gradients (float32 parameters on the scaler's device); ``None`` when none or
+    disabled.
+
+    Example::
+
+        check_scaler(torch.amp.GradScaler("cpu"), list(model.parameters()))
+    """
+    if grad_scaler is None:
+        return None
+    if not isinstance(grad_scaler, torch.amp.GradScaler):
+        raise TypeError(
+            f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, "
+            f"got {type(grad_scaler).__name__}"
+        )
+    if not grad_scaler.is_enabled():
+        return None
+    half = [p for p in params if p.dtype == torch.float16]
+    if half:
+        raise ValueError(
+            f"{_NAME}: grad_scaler with float16 parameters: torch's GradScaler cannot unscale "
+            "float16 gradients; keep the parameters in float32 and run the forward under "
+            "torch.autocast(device_type, dtype=torch.float16)"
+        )
+    devices = {p.device.type for p in params}
+    scaler_device = getattr(grad_scaler, "_device", None)
+    if scaler_device is not None and devices != {scaler_device}:
+        raise ValueError(
+            f"{_NAME}: grad_scaler is for device {scaler_device!r} but the parameters are on "
+            f"{sorted(devices)}; make it with torch.amp.GradScaler({sorted(devices)[0]!r})"
+        )
+    return grad_scaler
+
+
+def group_members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
+    """``(process group, its global ranks)`` of ``process_group`` (``None``: the world), refused
+    unless this rank is one of them.
+
+    Example::
+
+        pg, members = group_members(None)   # (WORLD, (0, 1, 2, 3))
+    """
+    if process_group is None:
+        process_group = dist.group.WORLD
+    if process_group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; construct "
+            "the wrapper on the group's ranks only"
+        )
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"{_NAME}: process_group must be a torch.distributed ProcessGroup or None, "
+            f"got {type(process_group).__name__}"
+        )
+    members = tuple(dist.get_process_group_ranks(process_group))
+    if dist.get_rank() not in members:
+        raise ValueError(
+            f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks {members}"
+        )
+    return process_group, members
+
+
+def model_signature(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], str, bool]]:
+    """``(kind, name, shape, dtype, requires_grad)`` of every parameter and buffer of
+    ``model``, in registration order (compared across ranks).
+
+    Example::
+
+        model_signature(torch.nn.Linear(2, 1))[0]   # ('parameter', 'weight', (1, 2), 'torch.float32', True)
+    """
+    sig = [
+        ("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad)
+        for n, p in model.named_parameters()
+    ]
+    sig += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()]
+    return sig
+
+
+def describe_mismatch(sig0: list, sig: list, rank: int) -> str:
+    """How rank ``rank``'s :func:`model_signature` ``sig`` differs from rank 0's ``sig0``.
+
+    Example::
+
+        describe_mismatch(sig0, sig, 1)   # "parameter 'fc.bias' exists on rank 0 but not on rank 1"
+    """
+    names0 = {e[1]: e for e in sig0}
+    names = {e[1]: e for e in sig}
+    for kind, name, *_ in sig0:
+        if name not in names:
+            return f"{kind} {name!r} exists on rank 0 but not on rank {rank}"
+    for kind, name, *_ in sig:
+        if name not in names0:
+            return f"{kind} {name!r} exists on rank {rank} but not on rank 0"
+    for e0 in sig0:
+        e = names[e0[1]]
+        for what, i in (("kind", 0), ("shape", 2), ("dtype", 3), ("requires_grad", 4)):
+            if e0[i] != e[i]:
+                return f"{e0[0]} {e0[1]!r} has {what} {e0[i]} on rank 0 and {e[i]} on rank {rank}"
+    return f"the parameters and buffers are registered in a different order on rank {rank}"
+
+
+def make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
+    """The optimizer ``optimizer`` is or builds from ``named`` (``optim_fn``), checked to hold
+    exactly the parameters of ``named``, each once.
+
+    Example::
+
+        opt = make_optimizer(lambda named: torch.optim.SGD([p for _, p in named], lr=0.1), named)
+    """
+    if isinstance(optimizer, torch.optim.Optimizer):
+        opt = optimizer
+    elif callable(optimizer):
+        opt = optimizer(list(named))
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                f"{_NAME}: optimizer (a function) must return a torch.optim.Optimizer, "
+                f"got {type(opt).__name__}"
+            )
+    else:
+        raise TypeError(
+            f"{_NAME}: optimizer must be a torch.optim.Optimizer over the model's parameters or "
+            "a function optim_fn(list of (name, parameter)) -> optimizer, "
+            f"got {type(optimizer).__name__}"
+        )
+    seen: dict[int, int] = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    want = {id(p): n for n, p in named}
+    missing = [n for n, p in named if id(p) not in seen]
+    if missing or set(seen) != set(want) or any(v > 1 for v in seen.values()):
+        raise ValueError(
+            f"{_NAME}: the optimizer must hold exactly the model's parameters that require "
+            f"grad, each once (missing: {missing[:5]}, others: "
+            f"{len(set(seen) - set(want))}); build it from model.parameters() or, in optim_fn, "
+            "from [p for _, p in named]"
+        )
+    return opt
