@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipecomm.lab import data
+from pipecomm.lab import data, download
 
 # ---------------------------------------------------------------------------------------------
 # helpers that write files in the official formats
@@ -371,9 +371,9 @@ def test_fetch_mnist_with_fake_mirror(tmp_path, fake_web, monkeypatch):
     write_mnist(src, gz=True)
     files = {}
     for f in sorted(src.iterdir()):
-        pages[data._MNIST_MIRRORS[1] + f.name] = f.read_bytes()  # only the second mirror answers
+        pages[download._MNIST_MIRRORS[1] + f.name] = f.read_bytes()  # only the second mirror answers
         files[f.name] = ("md5", hashlib.md5(f.read_bytes()).hexdigest())
-    monkeypatch.setattr(data, "_MNIST_FILES", files)
+    monkeypatch.setattr(download, "_MNIST_FILES", files)
     folder = data.fetch("mnist", tmp_path / "root")
     assert folder == tmp_path / "root" / "mnist"
     X, y = data.load_dataset("mnist", root=tmp_path / "root", split="test")
@@ -385,8 +385,8 @@ def test_fetch_mnist_with_fake_mirror(tmp_path, fake_web, monkeypatch):
 
 def test_fetch_mnist_real_checksums_refuse_fake_files(tmp_path, fake_web):
     pages, _ = fake_web
-    for name in data._MNIST_FILES:
-        for m in data._MNIST_MIRRORS:
+    for name in download._MNIST_FILES:
+        for m in download._MNIST_MIRRORS:
             pages[m + name] = b"not mnist"
     with pytest.raises(ValueError, match="checksum mismatch"):
         data.fetch("mnist", tmp_path)
@@ -405,16 +405,16 @@ def _cifar_archive(tmp_path) -> bytes:
 def test_fetch_cifar10_with_fake_server(tmp_path, fake_web, monkeypatch):
     pages, _ = fake_web
     archive = _cifar_archive(tmp_path)
-    pages[data._CIFAR10_URLS[0]] = archive
+    pages[download._CIFAR10_URLS[0]] = archive
     monkeypatch.setattr(
-        data,
+        download,
         "_CIFAR10_ARCHIVE",
         ("cifar-10-python.tar.gz", ("sha256", hashlib.sha256(archive).hexdigest())),
     )
     src = tmp_path / "archive-src" / "cifar-10-batches-py"
     monkeypatch.setattr(
-        data, "_CIFAR10_FILES",
-        {f: ("md5", data.file_digest(src / f, "md5")) for f in data._CIFAR10_FILES},
+        download, "_CIFAR10_FILES",
+        {f: ("md5", data.file_digest(src / f, "md5")) for f in download._CIFAR10_FILES},
     )  # fmt: skip
     root = tmp_path / "root"
     folder = data.fetch("cifar10", root)
@@ -438,9 +438,9 @@ def test_fetch_cifar10_refuses_archive_escaping_root(tmp_path, fake_web, monkeyp
         info = tarfile.TarInfo("../escape")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    pages[data._CIFAR10_URLS[0]] = buf.getvalue()
+    pages[download._CIFAR10_URLS[0]] = buf.getvalue()
     monkeypatch.setattr(
-        data, "_CIFAR10_ARCHIVE", ("c.tar.gz", ("md5", hashlib.md5(buf.getvalue()).hexdigest()))
+        download, "_CIFAR10_ARCHIVE", ("c.tar.gz", ("md5", hashlib.md5(buf.getvalue()).hexdigest()))
     )
     with pytest.raises(ValueError, match="refusing"):
         data.fetch("cifar10", tmp_path / "root")

@@ -10,13 +10,15 @@ in ``data/README.md``.
   no download, with a deterministic stratified train/test split per seed.
 * ``load_dataset("mnist" | "cifar10", root=...)`` - the gpu profile's images, read from the
   official files under ``root`` (IDX files; CIFAR-10 "python" pickles). ``fetch(name, root)``
-  downloads and verifies them, and only when called explicitly: nothing in this module touches
+  (:mod:`pipecomm.lab.download`) downloads and verifies them, and only when called explicitly: nothing in this module touches
   the network otherwise.
-* ``load_text("pydoc")`` / ``CharCorpus`` - an English character-level corpus available offline:
+* ``load_text("pydoc")`` / ``CharCorpus`` (:mod:`pipecomm.lab.corpus`) - an English character-level corpus available offline:
   the documentation topics that CPython ships in ``pydoc_data.topics``. The text differs between
   Python versions, so every corpus carries the sha256 of the exact text it was built from.
-* ``shard`` / ``batches`` - a deterministic, disjoint, equal-sized split of a data set over ranks
+* ``shard`` / ``batches`` (:mod:`pipecomm.lab.sharding`) - a deterministic, disjoint, equal-sized split of a data set over ranks
   per epoch (the data-parallel setting of all four papers) and a minibatch iterator over a shard.
+
+This module holds the image data sets; the others' names are importable from it as well.
 
 Example::
 
@@ -29,24 +31,24 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gzip
 import hashlib
 import math
 import os
 import pickle
-import shutil
-import tarfile
-import tempfile
-import urllib.error
-import urllib.request
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+
+# re-exported: public API (pipecomm.lab.data.<name>)
+from pipecomm.lab.corpus import TEXTS as TEXTS
+from pipecomm.lab.corpus import CharCorpus, load_text, text_sha256
+from pipecomm.lab.download import CIFAR10_DIR, download_file, fetch, file_digest
+from pipecomm.lab.sharding import batches, mix_seed, shard
 
 __all__ = [
     "DATASETS",
@@ -68,7 +70,6 @@ __all__ = [
 ]
 
 DATASETS = ("digits", "mnist", "cifar10")
-TEXTS = ("pydoc",)
 
 # sha256 of the digits data as scikit-learn returns it: images as uint8 (values 0..16, C order,
 # shape 1797x8x8) followed by the targets as int64 little-endian. Checked on every load (warning on
@@ -80,33 +81,6 @@ DIGITS_SHA256 = "65e5b4619795efb40c1082f4c350c049e4ad552200d369b6ae99e21eef5e72c
 _MNIST_MEAN, _MNIST_STD = (0.1307,), (0.3081,)
 _CIFAR10_MEAN, _CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
-# Official files and their published checksums. MNIST: its home page publishes no checksum; the
-# md5 values are those torchvision verifies (pytorch/vision, torchvision/datasets/mnist.py), which
-# the MNIST files downloaded from both mirrors have matched for years. CIFAR-10: the archive's md5
-# is published on https://www.cs.toronto.edu/~kriz/cifar.html; the per-batch md5 values are
-# torchvision's (torchvision/datasets/cifar.py). No sha256 is published for either.
-_MNIST_MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "http://yann.lecun.com/exdb/mnist/",
-)
-_MNIST_FILES = {
-    "train-images-idx3-ubyte.gz": ("md5", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
-    "train-labels-idx1-ubyte.gz": ("md5", "d53e105ee54ea40749a09fcbcd1e9432"),
-    "t10k-images-idx3-ubyte.gz": ("md5", "9fb629c4189551a2d022fa330f9573f3"),
-    "t10k-labels-idx1-ubyte.gz": ("md5", "ec29112dd5afa0611ce80d1b7f02629c"),
-}
-_CIFAR10_URLS = ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",)
-_CIFAR10_ARCHIVE = ("cifar-10-python.tar.gz", ("md5", "c58f30108f718f92721af3b95e74349a"))
-_CIFAR10_DIR = "cifar-10-batches-py"
-_CIFAR10_FILES = {
-    "data_batch_1": ("md5", "c99cafc152244af753f735de768cd75f"),
-    "data_batch_2": ("md5", "d4bba439e000b95fd0a9bffe97cbabec"),
-    "data_batch_3": ("md5", "54ebc095f3ab1f0389bbae665268c751"),
-    "data_batch_4": ("md5", "634d18415352ddfa80567beed471001a"),
-    "data_batch_5": ("md5", "482c414d41f54cd18b22e5b47cb7c3cb"),
-    "test_batch": ("md5", "40351d587109b95175f43aff81a1287e"),
-}
-
 _IDX_DTYPES = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
@@ -115,11 +89,6 @@ _IDX_DTYPES = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-
-
-# --------------------------------------------------------------------------------------------
-# Image data sets
-# --------------------------------------------------------------------------------------------
 
 
 def load_dataset(
@@ -193,7 +162,7 @@ def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _stratified_split(y: np.ndarray, seed: int, test_fraction: float) -> tuple[np.ndarray, ...]:
-    gen = torch.Generator().manual_seed(_mix(seed, 0x5D17))
+    gen = torch.Generator().manual_seed(mix_seed(seed, 0x5D17))
     train, test = [], []
     for c in np.unique(y):
         idx = np.flatnonzero(y == c)
@@ -417,347 +386,13 @@ def load_cifar10(
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     root = Path(root).expanduser()
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
-    folder = next((d for d in (root / _CIFAR10_DIR, root) if (d / names[0]).is_file()), None)
+    folder = next((d for d in (root / CIFAR10_DIR, root) if (d / names[0]).is_file()), None)
     if folder is None:
         raise FileNotFoundError(
-            f"CIFAR-10 batch {names[0]} not found in {root} or {root / _CIFAR10_DIR}; download it "
+            f"CIFAR-10 batch {names[0]} not found in {root} or {root / CIFAR10_DIR}; download it "
             f"with pipecomm.lab.data.fetch('cifar10', {str(root)!r}) or extract the official archive there"
         )
     parts = [read_cifar_batch(folder / n) for n in names]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
     return _normalise_uint8(images, _CIFAR10_MEAN, _CIFAR10_STD), torch.from_numpy(labels)
-
-
-# --------------------------------------------------------------------------------------------
-# Download (only when called explicitly)
-# --------------------------------------------------------------------------------------------
-
-
-def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
-    """Hex digest of a file (``algorithm`` is any hashlib name, e.g. "sha256", "md5").
-
-    Example::
-
-        file_digest("data/cifar-10-python.tar.gz", "md5")   # 'c58f30108f718f92721af3b95e74349a'
-    """
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def download_file(
-    urls: str | Sequence[str],
-    dest: str | os.PathLike,
-    checksum: tuple[str, str],
-    *,
-    timeout_s: float = 60.0,
-) -> Path:
-    """Download ``dest`` from the first of ``urls`` that answers and verify its checksum.
-
-    ``checksum`` is ``(algorithm, hexdigest)``, e.g. ``("md5", "c58f...")`` or ``("sha256", ...)``.
-    The bytes go to a temporary file beside ``dest`` that is renamed onto ``dest`` only once the
-    checksum matches, so ``dest`` is never partial. A mismatch raises ``ValueError`` (nothing is
-    left behind); no mirror reachable raises ``ConnectionError`` saying how to place the file by
-    hand. An existing ``dest`` with the right checksum is kept without downloading.
-
-    Example::
-
-        download_file("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-                      "data/cifar-10-python.tar.gz", ("md5", "c58f30108f718f92721af3b95e74349a"))
-    """
-    algorithm, expected = checksum[0], checksum[1].lower()
-    hashlib.new(algorithm)  # unknown algorithm -> ValueError now, before any download
-    dest = Path(dest)
-    if dest.is_file() and file_digest(dest, algorithm) == expected:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    urls = [urls] if isinstance(urls, str) else list(urls)
-    errors = []
-    for url in urls:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-        tmp = Path(tmp_name)
-        try:
-            h = hashlib.new(algorithm)
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as resp:
-                for block in iter(lambda resp=resp: resp.read(1 << 20), b""):
-                    h.update(block)
-                    out.write(block)
-            got = h.hexdigest()
-            if got != expected:
-                raise ValueError(
-                    f"checksum mismatch for {url}: {algorithm} {got}, expected {expected}; "
-                    f"the download is corrupt or the file changed upstream - {dest} was not written"
-                )
-            os.replace(tmp, dest)
-            return dest
-        except (urllib.error.URLError, OSError) as e:
-            errors.append(f"{url}: {e}")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    raise ConnectionError(
-        f"could not download {dest.name} (offline?): "
-        + "; ".join(errors)
-        + f". Copy the official file to {dest} by hand and call again."
-    )
-
-
-def _safe_extract(archive: Path, into: Path) -> None:
-    with tarfile.open(archive, "r:gz") as tar:
-        for m in tar.getmembers():
-            target = (into / m.name).resolve()
-            if not (m.isfile() or m.isdir()) or not str(target).startswith(
-                str(into.resolve()) + os.sep
-            ):
-                raise ValueError(f"{archive}: refusing to extract unexpected member {m.name!r}")
-        # members checked above: plain files and folders inside `into`; the "data" filter (Python
-        # >= 3.11.4) checks again and drops permissions and owners from the archive
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(into, filter="data")
-        else:  # pragma: no cover - older Pythons
-            tar.extractall(into)
-
-
-def fetch(name: str, root: str | os.PathLike, *, timeout_s: float = 60.0) -> Path:
-    """Download an official data set into ``root`` and verify it (network needed; never implicit).
-
-    ``"mnist"``: the four IDX ``.gz`` files into ``root/mnist``. ``"cifar10"``: the python
-    archive into ``root``, its md5 checked, extracted to ``root/cifar-10-batches-py`` (through a
-    temporary folder renamed into place) and every batch's md5 checked. Files already present
-    with the right checksum are not downloaded again. "digits" and "pydoc" ship with the
-    installed packages and need no fetch. Returns the folder holding the files.
-
-    Example::
-
-        fetch("cifar10", "~/data"); X, y = load_dataset("cifar10", root="~/data")
-    """
-    root = Path(root).expanduser()
-    if name == "mnist":
-        folder = root / "mnist"
-        for fname, checksum in _MNIST_FILES.items():
-            download_file(
-                [m + fname for m in _MNIST_MIRRORS], folder / fname, checksum, timeout_s=timeout_s
-            )
-        return folder
-    if name == "cifar10":
-        folder = root / _CIFAR10_DIR
-        if folder.is_dir() and all(
-            (folder / f).is_file() and file_digest(folder / f, algo) == digest
-            for f, (algo, digest) in _CIFAR10_FILES.items()
-        ):
-            return folder
-        archive_name, checksum = _CIFAR10_ARCHIVE
-        archive = download_file(_CIFAR10_URLS, root / archive_name, checksum, timeout_s=timeout_s)
-        tmp = Path(tempfile.mkdtemp(prefix=".cifar10.", dir=root))
-        try:
-            _safe_extract(archive, tmp)
-            extracted = tmp / _CIFAR10_DIR
-            for f, (algo, digest) in _CIFAR10_FILES.items():
-                if not (extracted / f).is_file() or file_digest(extracted / f, algo) != digest:
-                    raise ValueError(f"{archive}: member {f} missing or has the wrong {algo}")
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(extracted, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder
-    if name in ("digits", "pydoc"):
-        raise ValueError(f"{name!r} ships with the installed packages; there is nothing to fetch")
-    raise ValueError(f"unknown data set name {name!r}; fetch supports 'mnist' and 'cifar10'")
-
-
-# --------------------------------------------------------------------------------------------
-# Character-level text
-# --------------------------------------------------------------------------------------------
-
-
-def text_sha256(text: str) -> str:
-    """sha256 of ``text`` encoded as UTF-8 (cite it with results trained on that text).
-
-    Example::
-
-        text_sha256(load_text("pydoc"))
-    """
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def load_text(name: str = "pydoc", *, path: str | os.PathLike | None = None) -> str:
-    """An English text corpus available offline.
-
-    ``"pydoc"``: the documentation topics shipped with CPython (``pydoc_data.topics``, the text
-    of ``help('topic')``), joined in sorted key order with blank lines. About 465 KB on Python
-    3.11; it changes with the Python version, so cite :func:`text_sha256` of it. With ``path=``,
-    the UTF-8 text of that file instead (``name`` is then ignored).
-
-    Example::
-
-        text = load_text("pydoc"); print(len(text), text_sha256(text)[:12])
-    """
-    if path is not None:
-        return Path(path).read_text(encoding="utf-8")
-    if name == "pydoc":
-        from pydoc_data.topics import topics
-
-        return "\n\n".join(topics[k] for k in sorted(topics))
-    raise ValueError(f"unknown text corpus {name!r}; choose one of {TEXTS} or pass path=")
-
-
-class CharCorpus:
-    """A character-level language-modelling corpus: vocabulary, encoding, train/val split, batches.
-
-    The vocabulary is the sorted set of characters of ``text``; ids are their ranks. The first
-    ``1 - val_fraction`` of the text (as ids) is the training split, the rest validation.
-    ``sha256`` identifies the text exactly.
-
-    Example::
-
-        corpus = CharCorpus(load_text("pydoc"))
-        g = torch.Generator().manual_seed(0)
-        x, y = corpus.batch(16, 64, g)             # int64 [16, 64]; y is x shifted by one
-        model = models.get_model("char_transformer", vocab_size=corpus.vocab_size)
-    """
-
-    def __init__(self, text: str, *, val_fraction: float = 0.1) -> None:
-        if not isinstance(text, str) or len(text) < 2:
-            raise ValueError("text must be a str of at least 2 characters")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
-        self.text_length = len(text)
-        self.sha256 = text_sha256(text)
-        self.vocab: list[str] = sorted(set(text))
-        self._stoi = {c: i for i, c in enumerate(self.vocab)}
-        ids = self.encode(text)
-        n_val = int(len(ids) * val_fraction)
-        self.train = ids[: len(ids) - n_val]
-        self.val = ids[len(ids) - n_val :]
-
-    @classmethod
-    def from_name(cls, name: str = "pydoc", *, val_fraction: float = 0.1) -> CharCorpus:
-        """``CharCorpus(load_text(name))``. Example: ``CharCorpus.from_name("pydoc")``."""
-        return cls(load_text(name), val_fraction=val_fraction)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, s: str) -> torch.Tensor:
-        """Characters -> int64 ids. Example: ``corpus.encode("def")``."""
-        try:
-            return torch.tensor([self._stoi[c] for c in s], dtype=torch.int64)
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the corpus vocabulary") from None
-
-    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
-        """int ids -> characters. Example: ``corpus.decode(corpus.encode("def")) == "def"``."""
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        try:
-            return "".join(self.vocab[i] for i in ids)
-        except (IndexError, TypeError) as e:
-            raise ValueError(f"ids must be integers in [0, {self.vocab_size}): {e}") from None
-
-    def batch(
-        self,
-        batch_size: int,
-        seq_len: int,
-        generator: torch.Generator | None = None,
-        *,
-        split: str = "train",
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows ``(x, y)``, each int64 ``[batch_size, seq_len]``, ``y[:, t] = x[:, t+1]``.
-
-        Window starts are uniform over the split, drawn from ``generator`` (reproducible per seed).
-
-        Example::
-
-            x, y = corpus.batch(8, 32, torch.Generator().manual_seed(0), split="val")
-        """
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        data = self.train if split == "train" else self.val
-        if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
-        if seq_len + 1 > len(data):
-            raise ValueError(
-                f"seq_len {seq_len} needs at least {seq_len + 1} characters; the {split} split has {len(data)}"
-            )
-        starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)
-        offsets = starts[:, None] + torch.arange(seq_len + 1)[None, :]
-        window = data[offsets]
-        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
-
-
-# --------------------------------------------------------------------------------------------
-# Sharding over ranks
-# --------------------------------------------------------------------------------------------
-
-
-def _mix(seed: int, salt: int) -> int:
-    """A 63-bit generator seed from (seed, salt), distinct for distinct pairs in practice."""
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    h = hashlib.sha256(f"{seed}:{salt}".encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
-
-
-def shard(n: int, rank: int, world_size: int, seed: int, epoch: int = 0) -> torch.Tensor:
-    """Indices of the samples ``rank`` trains on in ``epoch``: int64 ``[n // world_size]``.
-
-    One permutation of ``range(n)``, fixed by ``(seed, epoch)``, is cut into ``world_size`` equal
-    contiguous pieces; the last ``n % world_size`` samples of the permutation are dropped that
-    epoch (a different few each epoch). Shards are disjoint and together cover all but that
-    remainder; every rank computes the same permutation, so no communication is needed.
-
-    Example::
-
-        idx = shard(1437, rank=2, world_size=4, seed=0, epoch=3)    # 359 indices
-    """
-    for arg, v in (("n", n), ("rank", rank), ("world_size", world_size), ("epoch", epoch)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{arg} must be an int, got {type(v).__name__}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    if n < world_size:
-        raise ValueError(f"n = {n} samples cannot give each of {world_size} ranks at least one")
-    per = n // world_size
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(_mix(seed, epoch)))
-    return perm[rank * per : (rank + 1) * per].clone()
-
-
-def batches(
-    X: torch.Tensor,
-    y: torch.Tensor,
-    indices: torch.Tensor,
-    batch_size: int,
-    seed: int,
-    epoch: int = 0,
-    *,
-    drop_last: bool = True,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Minibatches ``(X[b], y[b])`` over ``indices`` in an order shuffled by ``(seed, epoch)``.
-
-    With ``drop_last`` (default) every batch has exactly ``batch_size`` samples, so ranks with
-    equal shards take equal numbers of steps.
-
-    Example::
-
-        for xb, yb in batches(X, y, shard(len(X), rank, p, seed, epoch), 32, seed, epoch):
-            loss_fn(model(xb), yb).backward()
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
-    indices = torch.as_tensor(indices, dtype=torch.int64)
-    order = torch.randperm(
-        len(indices), generator=torch.Generator().manual_seed(_mix(seed, ~epoch))
-    )
-    indices = indices[order]
-    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
-    for start in range(0, stop, batch_size):
-        b = indices[start : start + batch_size]
-        yield X[b], y[b]
