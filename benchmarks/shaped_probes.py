@@ -54,12 +54,13 @@ def steps(ps: list[int], nbytes: int, rate: float, iters: int) -> None:
 @contextlib.contextmanager
 def _tbf_latency(latency: str) -> Iterator[None]:
     """Clusters built inside use ``latency`` as their token buckets' queue limit."""
-    original = cluster.tbf_argv
-    cluster.tbf_argv = lambda ns, dev, bw, burst: original(ns, dev, bw, burst)[:-1] + [latency]
+    original = cluster.virtual.tbf_argv  # what VirtualCluster builds its links with
+    cluster.virtual.tbf_argv = lambda ns, dev, bw, burst: original(ns, dev, bw, burst)[:-1] + [
+        latency]
     try:
         yield
     finally:
-        cluster.tbf_argv = original
+        cluster.virtual.tbf_argv = original
 
 
 def _time_on_cluster(nbytes: int, rate: float, iters: int, sysctl: str | None = None) -> list:

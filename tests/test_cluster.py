@@ -31,7 +31,7 @@ needs_ns = pytest.mark.skipif(not OK, reason=f"no virtual cluster: {REASON}")
 
 def _ours() -> list[str]:
     """Namespaces of this process's clusters."""
-    return [ns for ns in cluster._namespaces() if ns.startswith(f"pc{os.getpid()}-")]
+    return [ns for ns in cluster.host.namespaces() if ns.startswith(f"pc{os.getpid()}-")]
 
 
 def _host_links() -> str:
@@ -56,11 +56,11 @@ def _host_links() -> str:
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_built(kwargs, name):
-    before = cluster._namespaces() if OK else []
+    before = cluster.host.namespaces() if OK else []
     with pytest.raises(ValueError, match=name):
         VirtualCluster(**kwargs)
     if OK:
-        assert cluster._namespaces() == before
+        assert cluster.host.namespaces() == before
 
 
 def test_names_commands_and_description():
@@ -274,23 +274,23 @@ def test_nothing_survives_a_signalled_orchestrator(sig, busy):
         assert prefix.startswith(f"pc{proc.pid}-")
         deadline = time.monotonic() + 30
         while busy == "torchrun" and time.monotonic() < deadline:  # programs running in nodes
-            pids = cluster._cmd(["ip", "netns", "pids", f"{prefix}n1"], check=False).split()
+            pids = cluster.host.run_command(["ip", "netns", "pids", f"{prefix}n1"], check=False).split()
             if pids:
                 break
             time.sleep(0.2)
-        assert any(ns.startswith(prefix) for ns in cluster._namespaces())
+        assert any(ns.startswith(prefix) for ns in cluster.host.namespaces())
         proc.send_signal(sig)
         proc.wait(timeout=60)
         if sig == signal.SIGKILL:  # left behind, found by the next run
-            stale = [ns for ns in cluster._namespaces() if ns.startswith(prefix)]
+            stale = [ns for ns in cluster.host.namespaces() if ns.startswith(prefix)]
             assert len(stale) == 3
             deadline = time.monotonic() + 20  # the node programs stop with their orchestrator
-            while time.monotonic() < deadline and cluster._cmd(
+            while time.monotonic() < deadline and cluster.host.run_command(
                     ["ip", "netns", "pids", f"{prefix}n1"], check=False).split():
                 time.sleep(0.2)
-            assert cluster._cmd(["ip", "netns", "pids", f"{prefix}n1"], check=False).split() == []
+            assert cluster.host.run_command(["ip", "netns", "pids", f"{prefix}n1"], check=False).split() == []
             assert sorted(cluster.cleanup_stale()) == sorted(stale)
-        assert not any(ns.startswith(prefix) for ns in cluster._namespaces())
+        assert not any(ns.startswith(prefix) for ns in cluster.host.namespaces())
     finally:
         if proc.poll() is None:
             proc.kill()
