@@ -399,3 +399,28 @@ def test_bad_algorithm_reaches_cost():
     args.pop("collective_time_fn")
     with pytest.raises(ValueError, match="algorithm"):
         rm.simulate("allreduce", algorithm="carrier-pigeon", **args)
+
+
+def test_overlapped_ring_is_a_collective_time_fn_of_the_runtime_model():
+    """E11/E12's overlapped model: simulate's schedule with each group allreduce replayed on
+    the emulator's port arithmetic (pipecomm.lab.dadam_timing.OverlappedRing)."""
+    import pytest as _pytest
+
+    from pipecomm.lab.dadam_timing import OverlappedRing, overlapped_gossip_time
+    from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+
+    net = make_network(DEFAULT_NETWORK)
+    n = 1 << 20
+    ring = OverlappedRing(net, 2, 4, [[(0, 1), (2, 3)], [(0, 1, 2, 3)]], [n], "ring")
+    inside = rm.group_allreduce_time((0, 1), n, ranks_per_node=2, intra=ring.intra,
+                                                inter=ring.inter, collective_time_fn=ring)
+    assert inside == _pytest.approx(overlapped_gossip_time([(0, 1), (2, 3)], [n], 2, net,
+                                                           "ring"))
+    across = rm.group_allreduce_time((0, 1, 2, 3), n, ranks_per_node=2,
+                                                intra=ring.intra, inter=ring.inter,
+                                                collective_time_fn=ring)
+    assert across == _pytest.approx(overlapped_gossip_time([(0, 1, 2, 3)], [n], 2, net, "ring"))
+    with _pytest.raises(KeyError, match="no replay"):
+        ring("ring", 2 * n, 4, ring.inter)
+    with _pytest.raises(ValueError, match="algorithm"):
+        OverlappedRing(net, 2, 4, [[(0, 1)]], [n], "be")

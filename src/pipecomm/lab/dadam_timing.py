@@ -297,7 +297,7 @@ def overlapped_gossip_time(
     Example::
 
         overlapped_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK),
-                               "ring")   # 0.0417 s (lock-step: 0.0615 s)
+                               "ring")   # 0.0433 s (lock-step: 0.0615 s)
     """
     if algorithm != "ring":
         raise ValueError(f"algorithm: the overlapped model replays 'ring' only, got "
@@ -421,7 +421,7 @@ def replay_ring_allreduces(
 
         r = replay_ring_allreduces([(0, 1, 2, 3)], [1 << 20], make_network(DEFAULT_NETWORK), 2,
                                    4, 0.0)
-        max(r["finish_s"])   # 0.0417: 3 intra + 3 inter edges, not 6 inter edges (0.0615)
+        max(r["finish_s"])   # 0.0433: 3 intra + 3 inter edges (41.7 ms) and a queue, not 6 inter edges (61.5 ms)
     """
     import heapq
 
