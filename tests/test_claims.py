@@ -151,7 +151,7 @@ def test_kind_and_source_are_required(tmp_path):
     base = {"id": "X", "paper": "p", "experiment": "E0", "statement": "s", "prediction": "p",
             "threshold_reason": "r", "check": "e0_emulated_within",
             "args": {"min_bytes": 1, "tolerance": 0.1, "abs_tolerance_s": 0.0,
-                     "world_sizes": [2]}}
+                     "world_sizes": [2], "may_miss": "none"}}
     path = tmp_path / "claims.yaml"
     for entry, match in ((base, "kind must be one of"), (dict(base, kind="claim"), "kind"),
                          (dict(base, kind="paper"), "source")):

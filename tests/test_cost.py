@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -667,3 +669,111 @@ def test_lp_overlap_check_tool_on_the_reference():
     rows = [line.split() for line in out.splitlines()[1:]]
     assert len(rows) >= 5 and all(line.count("ms") == 3 for line in out.splitlines()[1:])
     assert int(rows[-1][0]) == 64 << 20
+
+
+# --------------------------------------------------------------------------- the overlapped model
+
+REFERENCE = Path(__file__).resolve().parents[1] / "artifact" / "reference" / "cpu"
+E0_ALPHA = 0.00012428841988898522  # the reference E0's per-message latency: the host cost per block
+
+
+def test_overlapped_broadcast_and_reduce_by_hand():
+    """Closed forms against a float64 hand computation (docs/algorithms.md)."""
+    link = cost.LinkModel(alpha=2e-3, beta=1 / 50e6, gamma=1e-9)
+    n, p, b, h = 1_000_000, 5, 300_000, 1e-4  # k = 4 blocks, the last of 100 000 bytes
+    want = 4 * 2e-3 + (1_000_000 + 3 * 300_000) / 50e6 + 4 * 1e-4
+    assert cost.lp_overlapped_time("broadcast", n, p, link, b, h) == pytest.approx(want, rel=1e-12)
+    want_r = want + (3 * 300_000 + 100_000) * 1e-9
+    assert cost.lp_overlapped_time("reduce", n, p, link, b, h) == pytest.approx(want_r, rel=1e-12)
+    # one block: the p - 1 hops of the whole message, latency and bytes each time
+    assert cost.lp_overlapped_time("broadcast", n, p, link, n, 0.0) == pytest.approx(
+        4 * (2e-3 + n / 50e6), rel=1e-12)
+    assert cost.lp_overlapped_time("broadcast", 0, p, link, b, h) == 0.0
+    assert cost.lp_overlapped_time("allreduce", n, 1, link, b, h) == 0.0
+
+
+def test_overlapped_allreduce_by_hand():
+    """The replay against hand-derived cases: per-neighbor with one block is a reduce and a
+    broadcast of the whole message back to back (2 (p - 1) hops, p - 1 combines); with two
+    ranks the two directions never share a port, so single and per-neighbor agree."""
+    n = 1 << 20
+    pn = cost.LinkModel(alpha=1e-3, beta=1e-8, gamma=1e-9, ports="per-neighbor")
+    want = 2 * 3 * (1e-3 + n * 1e-8) + 3 * n * 1e-9
+    assert cost.lp_overlapped_time("allreduce", n, 4, pn, n, 0.0) == pytest.approx(want, rel=1e-12)
+    single = pn.with_ports("single")
+    for b in (n, n // 4, 3000):
+        assert cost.lp_overlapped_time("allreduce", n, 2, single, b, 0.0) == pytest.approx(
+            cost.lp_overlapped_time("allreduce", n, 2, pn, b, 0.0), rel=1e-12)
+    # k blocks at p = 2 per-neighbor: the last block's partial sum arrives after alpha + n beta,
+    # is combined, and goes back: alpha + b beta (the link back is idle)
+    b = n // 4
+    want2 = (1e-3 + n * 1e-8) + b * 1e-9 + (1e-3 + b * 1e-8)
+    assert cost.lp_overlapped_time("allreduce", n, 2, pn, b, 0.0) == pytest.approx(want2, rel=1e-9)
+
+
+def test_overlapped_never_above_lock_step_for_broadcast():
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6)
+    for p in (3, 8, 16):
+        for b in (4096, 65536, 1 << 20):
+            assert cost.lp_overlapped_time("broadcast", 64 << 20, p, link, b) <= \
+                cost.broadcast_time("lp", 64 << 20, p, link, b)
+
+
+def test_overlapped_block_optimum():
+    """k* = sqrt((p - 2) n beta / h): the paper's form with the host's cost per block for
+    alpha; with h = 0 every smaller block is faster (the smallest allowed wins)."""
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6)
+    n, p, h = 4 << 20, 8, 124e-6
+    b = cost.lp_overlapped_block_bytes("broadcast", n, p, link, h)
+    assert b == 65536
+    analytic = math.sqrt(n * h / ((p - 2) * link.beta))
+    assert 0.7 < b / analytic < 1.4
+    assert cost.lp_overlapped_block_bytes("broadcast", n, p, link, 0.0) == 4096
+    assert cost.lp_overlapped_block_bytes("broadcast", n, 2, link, h) == n
+    with pytest.raises(ValueError, match="host_block_s"):
+        cost.lp_overlapped_time("broadcast", n, p, link, b, -1.0)
+
+
+def test_overlapped_time_dispatch():
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6)
+    for alg in ("mst", "be", "ring"):
+        assert cost.overlapped_time("broadcast", alg, 1 << 20, 8, link) == \
+            cost.broadcast_time(alg, 1 << 20, 8, link)
+    b = cost.lp_optimal_block_bytes("broadcast", 1 << 20, 8, link)
+    assert cost.overlapped_time("broadcast", "lp", 1 << 20, 8, link, host_block_s=1e-4) == \
+        cost.lp_overlapped_time("broadcast", 1 << 20, 8, link, b, 1e-4)
+
+
+def _model_errors(rows, h):
+    errs = []
+    for r in rows.itertuples():
+        link = cost.LinkModel.from_bandwidth(r.emu_alpha_s, r.emu_bandwidth_Bps,
+                                             gamma=r.model_gamma_s_per_byte, ports=r.ports)
+        m = cost.lp_overlapped_time(r.op, int(r.nbytes), int(r.world_size), link,
+                                    int(r.block_bytes), h)
+        errs.append((r.time_s - m) / m)
+    return errs
+
+
+def test_overlapped_model_on_the_e2_reference():
+    """Every emulated LP point of the reference E2 run (broadcast; allreduce single and
+    per-neighbor; 16 KiB - 64 MiB) within 5% of the overlapped model with E0's latency as the
+    host cost per block (the lock-step model was off by up to 30%)."""
+    df = pd.read_csv(REFERENCE / "E2" / "data.csv.gz")
+    lp = df[(df.section == "emulated") & (df.algorithm == "lp")]
+    assert len(lp) == 21
+    errs = _model_errors(lp, E0_ALPHA)
+    assert max(abs(e) for e in errs) < 0.05, errs
+    lock = ((lp.time_s - lp.model_s) / lp.model_s).abs().max()
+    assert lock > 0.25  # the lock-step model's worst point, for contrast
+
+
+def test_overlapped_model_on_the_e4_reference():
+    """Every block of the reference E4 grid (32 KiB - 2 MiB, 4 MiB broadcast, p = 8) within 5%
+    of the overlapped model; its optimum (64 KiB) is the measured best block."""
+    df = pd.read_csv(REFERENCE / "E4" / "data.csv.gz").assign(ports="single")
+    errs = _model_errors(df, E0_ALPHA)
+    assert max(abs(e) for e in errs) < 0.05, errs
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6)
+    best = int(df.loc[df.time_s.idxmin(), "block_bytes"])
+    assert best == cost.lp_overlapped_block_bytes("broadcast", 4 << 20, 8, link, E0_ALPHA)

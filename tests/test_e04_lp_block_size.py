@@ -12,7 +12,7 @@ from pipecomm.lab.experiments import e04_lp_block_size as e4
 
 CLAIM_ARGS = {
     "e4_best_block_near_model": {"op": "broadcast", "factor": 2.0},
-    "e4_off_optimum_penalty": {"op": "broadcast", "tolerance": 0.25},
+    "e4_off_optimum_penalty": {"op": "broadcast", "tolerance": 0.1},
 }
 PROFILE = {
     "world_size": 8,
@@ -25,7 +25,7 @@ PROFILE = {
 
 
 def _synthetic(best_at=None, flat=False, off_cost=1.05, spread=0.01) -> pd.DataFrame:
-    """The cpu profile's plan with the model as 'measurement' (x 1.05)."""
+    """The cpu profile's plan with the overlapped model as 'measurement' (x 1.05)."""
     df = e4.plan(**PROFILE)
     df["time_s"] = df.model_s * 1.05
     if best_at is not None:  # a minimum far from the model's
@@ -47,14 +47,16 @@ def _synthetic(best_at=None, flat=False, off_cost=1.05, spread=0.01) -> pd.DataF
         emu_alpha_s=2e-3,
         emu_bandwidth_Bps=50e6,
         model_gamma_s_per_byte=1e-9,
+        model_host_block_s=e4.host_block_s(),
     )
 
 
 CLAIM_CASES = {
     "e4_best_block_near_model": (_synthetic, lambda: _synthetic(best_at=4.0),
                                  lambda: _synthetic(spread=0.5)),
+    # the model's 8x penalties are about 1.47x (bound x 0.9 / 1.1 = 1.2x)
     "e4_off_optimum_penalty": (_synthetic, lambda: _synthetic(flat=True),
-                               lambda: _synthetic(flat=True, off_cost=1.34, spread=0.2)),
+                               lambda: _synthetic(flat=True, off_cost=1.2, spread=0.2)),
 }
 
 
@@ -65,7 +67,13 @@ def test_claim_cases():
             v = claims.CHECKS[name](make(), **CLAIM_ARGS[name])
             assert v.verdict == verdict, (name, verdict, v)
     v = e4.check_penalty(_synthetic(), **CLAIM_ARGS["e4_off_optimum_penalty"])
-    assert "8x smaller x2.23" in v.measured and "(model x2.23, bound x1.34)" in v.measured
+    h = e4.host_block_s()
+    link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
+    b = e4.optimum("broadcast", 4 << 20, 8, link, h)
+    model = (cost.lp_overlapped_time("broadcast", 4 << 20, 8, link, round(b / 64) * 8, h)
+             / cost.lp_overlapped_time("broadcast", 4 << 20, 8, link, b, h))
+    assert f"8x smaller x{model:.3g}" in v.measured
+    assert f"(model x{model:.2f}, bound x{model * 0.9 / 1.1:.2f})" in v.measured
 
 
 def test_block_grid():
@@ -82,8 +90,9 @@ def test_block_grid():
 
 def test_optimum_is_the_cost_models():
     link = cost.LinkModel.from_bandwidth(2e-3, 50e6)
-    assert e4.optimum("broadcast", 4 << 20, 8, link) == 262144
+    assert e4.optimum("broadcast", 4 << 20, 8, link, 124e-6) == 65536  # overlapped, k* = 64
     pl = e4.plan(**PROFILE)
+    assert (pl.lockstep_block_bytes[pl.op == "broadcast"] == 262144).all()  # the paper's k* = 16
     for _op, g in pl.groupby("op"):
         assert g.loc[g.model_s.idxmin(), "block_factor"] == 1.0
 
@@ -97,7 +106,8 @@ def test_best_blocks_table():
 
 
 def test_expected_runtime_of_the_profile():
-    assert 28 < e4.expected_runtime_s(**PROFILE)["emulated_s"] < 36  # docstring: 32 s of 60
+    # broadcast and allreduce, 3 calls a point; the cpu profile's broadcast alone: about 20 s
+    assert 10 < e4.expected_runtime_s(**PROFILE)["emulated_s"] < 30
 
 
 @pytest.mark.parametrize(

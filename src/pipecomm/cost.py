@@ -787,7 +787,8 @@ def lp_overlapped_block_bytes(op: str, nbytes: int, p: int, link: LinkModel,
     (reduce: ``beta + gamma`` for ``beta``); with ``h = 0`` it is ``min_bytes`` (as small as the
     host allows). Broadcast and reduce are minimised exactly over the two ends of every block
     count's interval (as :func:`lp_optimal_block_bytes`); allreduce over a geometric grid (8
-    points per doubling) and ``ceil(n / k)`` for ``k`` up to 16. Ties go to the larger block.
+    points per doubling, at most 512 blocks) and ``ceil(n / k)`` for ``k`` up to 16. Ties go to
+    the larger block.
 
     Example::
 
@@ -810,7 +811,10 @@ def lp_overlapped_block_bytes(op: str, nbytes: int, p: int, link: LinkModel,
 def _lp_overlapped_block_bytes(op: str, n: int, p: int, link: LinkModel, h: float,
                                lo: int) -> int:
     lo8 = _round_up8(lo)
-    if op == "allreduce":
+    if op == "allreduce":  # each candidate is a replay: at most 512 blocks
+        lo8 = max(lo8, _round_up8(-(-n // 512)))
+        if lo8 >= n:
+            return n
         ks = np.arange(1, min(n // lo8, 16) + 1)
         grid = np.r_[np.geomspace(lo8, n, max(2, int(8 * math.log2(n / lo8)) + 1)), -(-n // ks)]
         cands = np.unique(np.maximum(lo8, _round_up8(grid.astype(np.int64))))
