@@ -1,5 +1,6 @@
 """LP broadcast on the emulated network: measured time against the lock-step model and against the
-overlapped form of the progress engine's schedule (why C2.2 and C4.1 fail; docs/algorithms.md).
+overlapped form of the progress engine's schedule (``pipecomm.cost.lp_overlapped_time`` is that
+model, with the host's cost per block; docs/algorithms.md, "LP as the engine runs it").
 
 The cost model prices LP broadcast lock-step, ``(k + p - 2) alpha + (n + (p - 2) b) beta``: every
 pipeline step pays the latency. On the progress engine a rank forwards a block the moment it has

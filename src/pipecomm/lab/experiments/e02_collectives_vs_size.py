@@ -42,9 +42,10 @@ every size ``real_iters`` times after ``real_warmup`` calls (its calls cost mill
 
 Claims (artifact/claims.yaml C2.*, with their thresholds, the model's predictions and the
 reasons; emulated: 2 ms, 50 MB/s, p = 8, largest message 64 MiB): LP is the fastest broadcast at
-the largest message, with BE/LP against the model's ratio; the size where LP overtakes BE
-against the modelled crossover; per-neighbor LP allreduce against BE at the largest message
-(the single-port ratio reported as information); the model's signed error for large messages.
+the largest message (paper), BE/LP above 1 (paper, against its "up to 2x") and against the
+model's ratio (method); the size where LP overtakes BE against the overlapped model's crossover;
+LP allreduce against BE at the largest message, faster with per-neighbor links and slower with a
+single port (paper); the model's signed error for large messages.
 Real backend (implementation targets, not paper claims): LP broadcast, and LP and ring
 allreduce, against the built-in at large messages.
 
