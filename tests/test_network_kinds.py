@@ -127,7 +127,7 @@ def test_two_level_cluster_gossip_time():
     5.3 ms) once put the intra-node step above the inter-node one (2.5 ms)."""
     df = e10.run(network="shaped", world_sizes=[4], ranks_per_node=2, models=["timing"],
                  topologies=["alternating-exp-ring"], warmup=0, iters=2,
-                 inter_bandwidth_Bps=50e6)
+                 inter_bandwidth_Bps=50e6, runs=1)
     assert set(df.network_kind) == {"shaped"}
     assert df.network.str.contains("2 nodes x 2 ranks").all()
     aer = df.set_index("step")
