@@ -18,6 +18,7 @@ from pipecomm.launch.rank import (
     RankError,
     RankInfo,
     init_distributed,
+    local_world_size,
     set_threads,
     to_cpu,
 )
@@ -114,8 +115,10 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    # the ranks sharing this host's cores: torchrun's local world, unless the starter knows more
+    # (a virtual cluster's nodes of one rank all share one host: threads = cores // all ranks)
     os.environ.setdefault("PIPECOMM_PROCS_ON_HOST", str(local_world))
-    set_threads(local_world)
+    set_threads(local_world_size())
     if not dist.is_initialized():
         init_distributed(rank=rank, world_size=world, backend=backend, init_method="env://",
                           timeout_s=timeout_s, gpu=local_rank)
