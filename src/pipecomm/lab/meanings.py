@@ -130,6 +130,9 @@ OWN: dict[str, str] = {
     "E11.networks": "networks compared: two-level or flat links",
     "E11.inter_bandwidth_Bps": "bandwidth between nodes (B/s); None: the two-level default",
     "E12.compute_cv": "coefficient of variation of the per-rank compute",
+    "E10.runs": "independent runs (every model and topology once per run, rotated order)",
+    "E11.runs": "independent short trainings per configuration; a run's median is a repeat",
+    "E12.runs": "independent short trainings per configuration; a run's median is a repeat",
     # E13 DAdam convergence
     "E13.tasks": "tasks trained: digits (classification), lm (character language model)",
     "E13.accum_iters": "AccumAdam's accumulation periods K",
