@@ -831,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
             print(list_table(selected, profile))
             return 0
         overrides = parse_overrides(args.param, selected)
-        if args.runs > 1 and overrides:
+        if args.runs > 1 and args.param:
             raise UsageError("--runs repeats the profile's own parameters; it takes no -p")
         if args.save_reference:
             print(f"wrote {save_reference(profile).relative_to(ROOT)}")
