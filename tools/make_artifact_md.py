@@ -167,7 +167,8 @@ def render(text: str) -> str:
     sections = (("paper-verdicts", paper_verdicts_section()), ("claims", claims_section()),
                 ("experiments", experiments_section()),
                 ("reference-cpu", reference_section("cpu")),
-                ("reference-cpu-full", reference_section("cpu-full")))
+                ("reference-cpu-full", reference_section("cpu-full")),
+                ("reference-shaped", reference_section("shaped")))
     for key, body in sections:
         pattern = re.compile(rf"(<!-- {key}:begin[^>]*-->\n).*?(<!-- {key}:end -->)", re.S)
         text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
