@@ -328,7 +328,7 @@ def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     exps = artifact.discover()
     files = {p.relative_to(ROOT).as_posix() for p in artifact.code_files(exps["E1"])}
     assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
-            "src/pipecomm/cost.py", "src/pipecomm/__init__.py"} <= files
+            "src/pipecomm/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
     assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
     assert not any(f.endswith(".md") for f in files)
     before = artifact.code_hash(exps["E1"])

@@ -107,7 +107,7 @@ def lognormal_factors(cv: float, size: Any, rng: np.random.Generator) -> np.ndar
 def _default_collective_time_fn() -> CollectiveTimeFn:
     try:
         from pipecomm import cost
-    except ImportError as exc:  # pragma: no cover - cost.py is part of the package
+    except ImportError as exc:  # pragma: no cover - pipecomm.cost is part of the package
         raise ImportError("pipecomm.cost is not available; pass collective_time_fn=...") from exc
     return cost.allreduce_time
 
