@@ -730,3 +730,9 @@ def test_runs_option_refuses_bad_use_in_one_line(argv, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and message in err[-1]
+
+
+def test_runs_without_overrides_is_accepted(capsys):
+    """--runs N without -p is not an override: it lists (and would run) the profile N times."""
+    assert artifact.main(["--profile", "cpu", "--runs", "2", "--list", "--only", "E1"]) == 0
+    assert "E1" in capsys.readouterr().out
