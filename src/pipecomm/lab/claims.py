@@ -202,6 +202,27 @@ def tail_gain(curve: pd.Series, tail: float, higher_is_better: bool = False) -> 
     return gain if higher_is_better else -gain
 
 
+def budget_used(curve: pd.Series, tolerance: float, higher_is_better: bool = False) -> float:
+    """The fraction of a training run's steps after which its curve (value per step, indexed by
+    step) stayed within ``tolerance`` of its final value: how much of the budget the method
+    needed (1.0: it was still moving at the end; NaN for an empty curve).
+
+    Example::
+
+        budget_used(pd.Series([2.0, 1.3, 1.21, 1.2], index=[25, 50, 75, 100]), 0.05)   # 0.75
+    """
+    curve = curve.dropna().sort_index()
+    if curve.empty:
+        return math.nan
+    off = (curve - curve.iloc[-1]) if not higher_is_better else (curve.iloc[-1] - curve)
+    outside = curve.index[off.abs().to_numpy() > tolerance]
+    last = curve.index[-1]
+    if len(outside) == 0:
+        return float(curve.index[0] / last)
+    later = curve.index[curve.index > outside[-1]]
+    return float(later[0] / last) if len(later) else 1.0
+
+
 def still_improving(curve: pd.Series, tail: float, tolerance: float,
                     higher_is_better: bool = False) -> str | None:
     """The convergence gate of a comparison of training runs: the reason why it cannot be
