@@ -23,7 +23,7 @@ __all__ = ["check_grid", "select_rate", "sweep_gaps"]
 
 
 def check_grid(name: str, grid: Sequence[float]) -> list[float]:
-    """``grid`` sorted, after checking it: distinct numbers > 0, geometric when it has more than
+    """``grid`` sorted, after checking it: one or more distinct numbers > 0, geometric when it has more than
     two (one ratio between neighbours, within 1%), so that an extension continues it.
 
     Example::
@@ -31,7 +31,7 @@ def check_grid(name: str, grid: Sequence[float]) -> list[float]:
         >>> check_grid("lrs", [0.02, 0.01, 0.04])
         [0.01, 0.02, 0.04]
     """
-    if not isinstance(grid, (list, tuple)) or any(
+    if not isinstance(grid, (list, tuple)) or not grid or any(
         isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
         for v in grid
     ) or len(set(grid)) != len(grid):
