@@ -49,7 +49,7 @@ from pipecomm import cost, launch, netem, vocab
 from pipecomm.lab import data, experiment, models, schedules
 from pipecomm.lab.checks import positive_float, positive_int, require
 from pipecomm.lab.network import check_network_kind
-from pipecomm.lab.workloads import check_batch_size
+from pipecomm.lab.workloads import HELDOUT_PARTS, check_batch_size
 
 __all__ = [
     "BASE_METHODS",
@@ -87,6 +87,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "bucket_mb": 25.0,
     "eval_every": 0,
     "evaluate": True,
+    "eval_part": "all",
     "barrier_before_step": False,
     "switch_interval_s": 0.005,
 }
@@ -195,6 +196,8 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
         v = cfg[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{key} must be a finite number >= 0, got {v!r}")
+    if cfg["eval_part"] not in HELDOUT_PARTS:
+        raise ValueError(f"eval_part must be one of {HELDOUT_PARTS}, got {cfg['eval_part']!r}")
     schedules.check(cfg["schedule"], cfg["iterations"], cfg["warmup_steps"], cfg["min_lr_ratio"])
     if cfg["model"] not in models.MODELS:
         raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {cfg['model']!r}")

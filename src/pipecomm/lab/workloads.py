@@ -62,6 +62,7 @@ __all__ = [
     "evaluate",
     "fetch_data",
     "gradient_bytes",
+    "heldout",
     "timing_bucket_mb",
     "timing_spec",
     "workload_bucket_bytes",
@@ -135,14 +136,40 @@ def batch_stream(cfg: Mapping[str, Any], rank: int, world: int) -> Iterator[tupl
         epoch += 1
 
 
+#: The parts of a held-out split: all of it, or one of its two disjoint halves ("val" selects
+#: learning rates, "test" decides the claims).
+HELDOUT_PARTS = ("all", "val", "test")
+
+
+def heldout(name: str, part: str = "all", seed: int = 0,
+            root: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out split of data set ``name``, or one of its two disjoint halves (a fixed
+    permutation cut in two): ``"val"`` for choosing learning rates, ``"test"`` for the claims.
+
+    Example::
+
+        Xv, yv = heldout("digits", "val")        # 180 of the 360 held-out images
+    """
+    if part not in HELDOUT_PARTS:
+        raise ValueError(f"part must be one of {HELDOUT_PARTS}, got {part!r}")
+    X, y = dataset(name, "test", seed, root)
+    if part == "all":
+        return X, y
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(7))
+    half = idx[: len(X) // 2] if part == "val" else idx[len(X) // 2 :]
+    return X[half], y[half]
+
+
 def evaluate(model: torch.nn.Module, cfg: Mapping[str, Any]) -> tuple[float, float]:
-    """``(accuracy in percent, loss)`` of ``model`` on the configuration's held-out split.
+    """``(accuracy in percent, loss)`` of ``model`` on the configuration's held-out data
+    (``cfg["eval_part"]`` of :func:`heldout`; all of it when the key is absent).
 
     Example::
 
         acc, loss = evaluate(model, cfg)
     """
-    Xt, yt = dataset(cfg["dataset"], "test", cfg["data_seed"], cfg["data_root"])
+    Xt, yt = heldout(cfg["dataset"], cfg.get("eval_part", "all"), cfg["data_seed"],
+                     cfg["data_root"])
     device = next(model.parameters()).device
     Xt, yt = Xt.to(device), yt.to(device)
     with torch.no_grad():
