@@ -105,6 +105,21 @@ def fake_training(
 CONVERGED = [0.3, 0.8, 0.999, 0.9992, 0.9995, 1.0]  # the last 3 evaluations add 0.1%
 
 
+RATES = (0.01, 0.02, 0.04)  # the synthetic selection: every method chose 0.02
+
+
+def _swept(df, rates=RATES, chosen=0.02):
+    """``df`` with a rate selection: rows ``kind="sweep"`` per method and rate, and the eval rows'
+    peak rate the chosen one (4x it for the ``@4x`` controls)."""
+    df = df.copy()
+    ev = df["kind"] == "eval"
+    df.loc[ev, "lr_peak"] = [chosen * 4 if "@" in m else chosen for m in df.loc[ev, "method"]]
+    sweep = [{"kind": "sweep", "method": m, "seed": s, "lr_peak": lr, "val_loss": 1 + abs(lr - chosen),
+              "val_accuracy": 90.0, "selected": lr == chosen, "sweep_gap": ""}
+             for m in METHODS for s in (100, 101) for lr in rates]
+    return pd.concat([df, pd.DataFrame(sweep)], ignore_index=True)
+
+
 def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVERGED,
         timing_runs=5):
     acc = {m: {0: 80.0, 1: 75.0, 2: 82.0} for m in METHODS}
@@ -117,8 +132,8 @@ def _e7(pipe_ms=18.0, int8_acc=None, noise=0.02, stale_acc=None, acc_curve=CONVE
           "pipe@4x": 18.0}
     if pipe_ms != 18.0:  # every pipelined method at pipe's time (C7.1, C7.4, C7.5 alike)
         ms.update({"pipe+fp16": pipe_ms, "pipe+int8": pipe_ms})
-    return fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=acc_curve, noise=noise,
-                         timing_runs=timing_runs)
+    return _swept(fake_training(ms, acc, comm_frac={"sync": 0.5}, acc_curve=acc_curve,
+                                noise=noise, timing_runs=timing_runs))
 
 
 CLAIM_CASES = {
@@ -140,11 +155,11 @@ def test_accuracy_claims_wait_for_convergence():
     """The same final accuracies, but sync still rising by 8 points over the last steps: neither
     a PASS nor a FAIL can be trusted, the gate makes both INCONCLUSIVE and says why."""
     rising = [0.3, 0.8, 0.9, 0.95, 0.97, 1.0]
-    v = e7.check_accuracy_within(_e7(acc_curve=rising), 1.0, ["pipe"], 0.1)
+    v = e7.check_accuracy_within(_e7(acc_curve=rising), 1.0, ["pipe"], 0.1, 3)
     assert v.verdict == "INCONCLUSIVE" and "not converged" in v.measured
-    assert e7.check_accuracy_within(_e7(), 1.0, ["pipe"], 0.1).verdict == "PASS"
+    assert e7.check_accuracy_within(_e7(), 1.0, ["pipe"], 0.1, 3).verdict == "PASS"
     bad = _e7(int8_acc={0: 75.0, 1: 70.0, 2: 78.0}, acc_curve=rising)
-    assert e7.check_accuracy_within(bad, 1.0, ["pipe+int8"], 0.1).verdict == "INCONCLUSIVE"
+    assert e7.check_accuracy_within(bad, 1.0, ["pipe+int8"], 0.1, 3).verdict == "INCONCLUSIVE"
     v = e7.check_stale_hurts(_e7(acc_curve=rising), "pipe@4x", "sync@4x", 1.0, 0.1)
     assert v.verdict == "INCONCLUSIVE" and "sync@4x" in v.measured
 
@@ -273,9 +288,30 @@ def test_summary_time_to_accuracy_and_speedups():
     assert e7.comm_ratio_measured(df) == pytest.approx(1.0, rel=0.1)
 
 
+def test_accuracy_claim_needs_each_methods_own_rate():
+    """C7.2 is undecided unless every method's rate was selected from >= 3 rates on the selection
+    seeds with the chosen one inside the grid; the tables show the selection and the pairs."""
+    args = {"max_points": 1.0, "methods": ["pipe", "pipe+int8"], "tail": 0.1, "min_lrs": 3}
+    assert e7.check_accuracy_within(_e7(), **args).verdict == "PASS"
+    unswept = _e7()
+    unswept = unswept[unswept["kind"] != "sweep"]
+    v = e7.check_accuracy_within(unswept, **args)
+    assert v.verdict == "INCONCLUSIVE" and "0 learning rate(s) swept" in v.measured
+    edge = _e7()
+    edge.loc[(edge["kind"] == "eval") & (edge["method"] == "pipe"), "lr_peak"] = 0.04
+    v = e7.check_accuracy_within(edge, **args)
+    assert v.verdict == "INCONCLUSIVE" and "pipe: best rate 0.04 at the edge" in v.measured
+    assert e7.check_accuracy_within(unswept, **{**args, "min_lrs": 0}).verdict == "PASS"
+    table = e7.sweep_table(_e7())
+    assert table.loc["sync", 0.02].endswith("*") and list(table.columns) == list(RATES)
+    pairs = e7.paired_table(_e7())
+    assert pairs.loc[0, "pipe - sync"] == pytest.approx(0.1, abs=0.01)
+    assert e7.summary(_e7()).set_index("method").loc["pipe", "lr"] == 0.02
+
+
 def test_accuracy_claim_is_symmetric():
     better = _e7(int8_acc={0: 85.0, 1: 80.0, 2: 87.0})  # +5 points: not "within 1 point"
-    args = {"methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1}
+    args = {"methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1, "min_lrs": 3}
     assert e7.check_accuracy_within(better, max_points=1.0, **args).verdict == "FAIL"
     assert e7.check_accuracy_within(better, max_points=6.0, **args).passed
 
@@ -301,6 +337,12 @@ def test_accuracy_claim_is_symmetric():
         {"timing_runs": -1},
         {"timing_iterations": 3},  # not above skip
         {"timing_methods": ["pipe"]},  # no baseline
+        {"lrs": [0.01, 0.02, 0.08]},  # not geometric
+        {"lrs": [0.01, -0.02]},
+        {"selection_seeds": [0]},  # an evaluation seed
+        {"selection_seeds": []},
+        {"max_extend": -1},
+        {"control_seeds": -2},
     ],
 )
 def test_bad_parameters_name_the_parameter(bad):
@@ -370,7 +412,8 @@ def test_checks_work_on_data_read_back_from_csv(tmp_path):
         results.write_csv(tmp_path / "data.csv", df)
         back = results.load_csv(tmp_path / "data.csv")
         speed = {"method": "pipe", "tolerance": 0.25}
-        acc = {"max_points": 1.0, "methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1}
+        acc = {"max_points": 1.0, "methods": ["pipe", "pipe+fp16", "pipe+int8"], "tail": 0.1,
+               "min_lrs": 3}
         for check, args in ((e7.check_pipe_speedup, speed), (e7.check_accuracy_within, acc)):
             assert check(back, **args) == check(df, **args)
         assert e7.summary(back)["final_acc_%"].tolist() == pytest.approx(

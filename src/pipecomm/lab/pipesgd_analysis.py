@@ -11,14 +11,14 @@ convergence (:func:`pipecomm.lab.claims.still_improving`).
 Example::
 
     median_times(steady(df, 5), ["method"])
-    accuracy_within(df, 1.0, ["pipe", "pipe+int8"], 0.1)
+    accuracy_within(df, 1.0, ["pipe", "pipe+int8"], 0.1, 3)
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from pipecomm.lab import claims, stats
+from pipecomm.lab import claims, stats, tuning
 
 __all__ = [
     "accuracy_rise",
@@ -32,6 +32,7 @@ __all__ = [
     "per_iteration",
     "run_medians",
     "run_samples",
+    "selection_gaps",
     "stale_hurts",
     "steady",
     "timing_kind",
@@ -190,17 +191,33 @@ def convergence_gap(df: pd.DataFrame, reference: str, tail: float, tolerance: fl
     return [f"{reference} {gap}"] if gap else []
 
 
+def selection_gaps(df: pd.DataFrame, methods: list[str], min_lrs: int) -> list[str]:
+    """Why the learning rates of ``methods`` do not make a fair comparison: a method's rate was
+    not selected from >= ``min_lrs`` rates on the selection seeds (rows ``kind="sweep"``), or
+    the one selected sits at an edge of the rates tried (:func:`pipecomm.lab.tuning.sweep_gaps`).
+    """
+    sweep = df[df["kind"] == "sweep"] if "kind" in df else df.iloc[:0]
+    reasons = []
+    for m in methods:
+        ev = df[(df["kind"] == "eval") & (df["method"] == m)]
+        chosen = float(ev["lr_peak"].iloc[0]) if len(ev) and "lr_peak" in ev else float("nan")
+        rates = sweep.loc[sweep["method"] == m, "lr_peak"] if len(sweep) else []
+        reasons += tuning.sweep_gaps(m, list(rates), chosen, min_lrs)
+    return reasons
+
+
 def accuracy_within(df: pd.DataFrame, max_points: float, methods: list[str],
-                          tail: float) -> claims.Verdict:
+                    tail: float, min_lrs: int) -> claims.Verdict:
     """For each method: the mean paired difference (same seed) of final accuracy to sync, with
     its 95% Student-t interval, lies within ``+- max_points`` (PASS), entirely outside (FAIL),
     or straddles the bound (INCONCLUSIVE: the seeds cannot tell). Gated on convergence: when
     sync's accuracy still rose by more than ``max_points / 2`` over the last ``tail`` of its
-    steps the comparison is INCONCLUSIVE whatever the interval says.
+    steps the comparison is INCONCLUSIVE whatever the interval says; with ``min_lrs`` > 0 also
+    on each method's own learning rate (:func:`selection_gaps`).
 
     Example::
 
-        accuracy_within(df, 1.0, ["pipe", "pipe+fp16", "pipe+int8"], 0.1)
+        accuracy_within(df, 1.0, ["pipe", "pipe+fp16", "pipe+int8"], 0.1, 3)
     """
     claims.require_columns(df, "kind", "method", "seed", "accuracy", "final", "iteration")
     fin = final_accuracy(df)
@@ -211,8 +228,10 @@ def accuracy_within(df: pd.DataFrame, max_points: float, methods: list[str],
         verdicts.append(claims.within(lo, hi, max_points))
         parts.append(f"{m} {d:+.2f} [{lo:+.2f}, {hi:+.2f}]")
     reasons = convergence_gap(df, "sync", tail, max_points / 2)
+    if min_lrs:
+        reasons += selection_gaps(df, ["sync", *methods], min_lrs)
     measured = f"paired over {len(sync)} seeds, points vs sync ({sync.mean():.1f}%): "
-    measured += ", ".join(parts) + (f" -- cannot decide: {reasons[0]}" if reasons else "")
+    measured += ", ".join(parts) + (f" -- cannot decide: {'; '.join(reasons)}" if reasons else "")
     return claims.Verdict(
         measured,
         f"|difference| <= {max_points:g} point (95% interval), sync converged",

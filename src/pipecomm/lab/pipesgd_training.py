@@ -276,6 +276,7 @@ def calibrate_and_train(
     iterations: dict[str, int] | None = None,
     repeats: int = 1,
     timing: tuple[list[str], int, int] | None = None,
+    runs_seed: Callable[[int, str], bool] | None = None,
 ) -> pd.DataFrame:
     """Compute-timing run, network choice, then every (seed, method) training run (E7-E9).
 
@@ -293,16 +294,19 @@ def calibrate_and_train(
     ``calibration`` row (C, U, bandwidth, the modelled AllReduce/compute ratio and model
     iteration times, pipelined with fp16 / int8 compression too where the algorithm compresses)
     and the iteration and eval rows of every run, in the order run (for each seed, every method:
-    side by side). ``run`` numbers the independent runs of a method: ``seed index * repeats +
+    side by side; ``runs_seed(i, method)`` False leaves out the training of ``method`` from the
+    ``i``-th seed). ``run`` numbers the independent runs of a method: ``seed index * repeats +
     round`` for the training runs, the round for the timing runs.
     """
+    runs_seed = runs_seed or (lambda i, method: True)
+    trained = sum(runs_seed(i, m) for i in range(len(seeds)) for m in methods)
     world = p["world_size"]
     fetch_data(p)
     cfg0 = config(p, seeds[0], "sync")
     nbytes = gradient_bytes(cfg0)
     # resumable run by run (results.Runs): the calibration, then every training run
     t_methods, t_iters, t_runs = timing if timing else ([], 0, 0)
-    runs = results.Runs(1 + len(seeds) * len(methods) * repeats + len(t_methods) * t_runs,
+    runs = results.Runs(1 + trained * repeats + len(t_methods) * t_runs,
                         desc="training runs")
 
     def calibrate(ranks) -> dict[str, float]:
@@ -359,7 +363,7 @@ def calibrate_and_train(
                        train_rank, cfg, timeout_s=p["timeout_s"])
             rows += iteration_rows(res, kind="timing", method=method, seed=seeds[0], run=r)
         for i, seed in enumerate(seeds):
-            for r, method in rounds(methods, repeats):
+            for r, method in rounds([m for m in methods if runs_seed(i, m)], repeats):
                 cfg = config(p, seed, method)
                 if iterations and method in iterations:
                     cfg["iterations"] = iterations[method]

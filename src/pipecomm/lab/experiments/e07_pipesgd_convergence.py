@@ -20,9 +20,16 @@ separate short runs (``timing_iterations`` steps, no evaluation) of ``timing_met
 interleaved and each after a barrier, in the same pool before the training runs (rows
 ``kind="timing"``; with ``timing_runs=0`` the seeds' training runs are the repeats, which needs
 >= 5 seeds to decide); wall time: the cumulative ``iter_s`` at each parameter snapshot; accuracy: rank 0
-evaluates the snapshots on the held-out split after training (the last one after ``finish()``).
-The learning rate follows ``schedule`` (constant by default; ``warmup-cosine`` in the cpu-full
-profile, :mod:`pipecomm.lab.schedules`); data.csv records the rate at every evaluation.
+evaluates the snapshots on the "test" half of the held-out split after training (the last one
+after ``finish()``). The learning rate follows ``schedule`` (constant by default;
+``warmup-cosine`` in the cpu-full profile, :mod:`pipecomm.lab.schedules`); data.csv records the
+rate at every evaluation.
+
+Learning rates: with a grid ``lrs`` of >= 2 rates every method gets its own peak rate, chosen
+on ``selection_seeds`` (never evaluation seeds) by the final loss on the held-out split's "val"
+half (:func:`select_rates`, :mod:`pipecomm.lab.tuning`: the grid is extended while the best is at
+an edge); a control ``m@4x`` trains at 4x the rate chosen for ``m``, from the first
+``control_seeds`` seeds. Without a grid every method trains at ``lr``.
 
 The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
 default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
@@ -58,7 +65,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims
+from pipecomm import launch
+from pipecomm.lab import claims, results, tuning
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
 from pipecomm.lab.pipesgd_analysis import (
@@ -78,7 +86,7 @@ from pipecomm.lab.pipesgd_config import (
     config,
     parse_methods,
 )
-from pipecomm.lab.pipesgd_training import calibrate_and_train
+from pipecomm.lab.pipesgd_training import calibrate_and_train, train_rank
 
 ID = "E7"
 NOTEBOOK = "07_pipesgd_convergence"
@@ -101,6 +109,10 @@ class Params(ConvergenceParams):
     iterations: int = 30
     batch_size: int = 128
     target_fraction: float = 0.95
+    lrs: list[float] = field(default_factory=list)
+    selection_seeds: list[int] = field(default_factory=lambda: [100, 101])
+    max_extend: int = 3
+    control_seeds: int = 0
 
     def validate(self) -> None:
         super().validate()
@@ -133,21 +145,96 @@ class Params(ConvergenceParams):
         require(
             0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
         )
-        check_config(_config(p, p["seeds"][0], "sync"))
+        if p["lrs"]:
+            tuning.check_grid("lrs", p["lrs"])
+        sel = p["selection_seeds"]
+        require(isinstance(sel, list) and sel and len(set(sel)) == len(sel)
+                and all(isinstance(s, int) and not isinstance(s, bool) for s in sel)
+                and not set(sel) & set(p["seeds"]), "selection_seeds", sel,
+                f"must be distinct ints, none of them an evaluation seed (seeds={p['seeds']})")
+        require(isinstance(p["max_extend"], int) and not isinstance(p["max_extend"], bool)
+                and p["max_extend"] >= 0, "max_extend", p["max_extend"], "must be an int >= 0")
+        require(isinstance(p["control_seeds"], int) and not isinstance(p["control_seeds"], bool)
+                and p["control_seeds"] >= 0, "control_seeds", p["control_seeds"],
+                "must be an int >= 0 (0: every seed)")
+        check_config(config(p, seed=p["seeds"][0], method="sync", eval_part="test"))
 
 DEFAULTS = Params.defaults()
 
 
-def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return config(p, seed=seed, method=method)
+def base_method(method: str) -> str:
+    """The method whose learning rate ``method`` uses: ``"pipe@4x"`` -> ``"pipe"`` (4x its rate).
+
+    Example::
+
+        >>> base_method("pipe+int8@4x"), base_method("sync")
+        ('pipe+int8', 'sync')
+    """
+    return method.partition("@")[0]
+
+
+def select_rates(p: Params) -> tuple[dict[str, float], pd.DataFrame]:
+    """Each base method's peak learning rate, chosen on the selection seeds: every rate of
+    ``lrs`` (extended while the best is at an edge, :func:`pipecomm.lab.tuning.select_rate`)
+    trained from each of ``selection_seeds``, scored by the final loss on the held-out split's
+    "val" half, mean over the selection seeds. The runs take place in a pool without an emulated
+    network (the accuracy of a run does not depend on the network's speed). Without a grid of
+    >= 2 rates every method trains at ``lr`` and nothing runs. Returns the rates and the
+    selection runs' rows (``kind="sweep"``: method, seed, lr_peak, val_loss, val_accuracy,
+    selected, sweep_gap)."""
+    bases = list(dict.fromkeys(base_method(m) for m in [*p["methods"], *p["timing_methods"]]))
+    if len(p["lrs"]) < 2:
+        rate = float(p["lrs"][0]) if p["lrs"] else float(p["lr"])
+        return dict.fromkeys(bases, rate), pd.DataFrame()
+    sel = list(p["selection_seeds"])
+    runs = results.Runs(len(bases) * len(p["lrs"]) * len(sel), desc="E7 rate selection")
+    rows: list[dict[str, Any]] = []
+    chosen: dict[str, float] = {}
+    with launch.Ranks(p["world_size"], backend=p["backend"]) as ranks:
+        for method in bases:
+            scored: list[dict[str, Any]] = []
+
+            def score(lr: float, method: str = method, scored: list = scored) -> float:
+                losses = []
+                for seed in sel:
+                    cfg = config(p, seed=seed, method=method, lr=lr, eval_part="val",
+                                 eval_every=0)
+                    res = runs({"select": cfg}, ranks.run, train_rank, cfg,
+                               timeout_s=p["timeout_s"])
+                    final = res[0]["evals"][-1]
+                    scored.append({"kind": "sweep", "method": method, "seed": seed,
+                                   "lr_peak": lr, "val_loss": final["test_loss"],
+                                   "val_accuracy": final["accuracy"]})
+                    losses.append(final["test_loss"])
+                return float(np.mean(losses))
+
+            rate, _, gap = tuning.select_rate(score, p["lrs"], p["max_extend"])
+            chosen[method] = rate
+            rows += [{**r, "selected": r["lr_peak"] == rate, "sweep_gap": gap or ""}
+                     for r in scored]
+    runs.close()
+    return chosen, pd.DataFrame(rows)
 
 
 def run(**params: Any) -> pd.DataFrame:
-    """Train every method for every seed on the chosen emulated network; tidy rows."""
+    """Choose each method's learning rate on the selection seeds (:func:`select_rates`), then
+    train every method for every evaluation seed at its rate on the chosen emulated network
+    (accuracy on the held-out split's "test" half; the controls, methods with ``@``, from the
+    first ``control_seeds`` seeds only); tidy rows."""
     p = Params.make(**params)
+    rates, sweep = select_rates(p)
+
+    def cfg_of(p: Params, seed: int, method: str) -> dict[str, Any]:
+        return config(p, seed=seed, method=method, lr=rates[base_method(method)],
+                      eval_part="test")
+
     timing = (list(p["timing_methods"]), p["timing_iterations"], p["timing_runs"])
-    df = calibrate_and_train(p, _config, list(p["methods"]), list(p["seeds"]),
-                             timing=timing if p["timing_runs"] and p["timing_methods"] else None)
+    n_control = p["control_seeds"] or len(p["seeds"])
+    df = calibrate_and_train(p, cfg_of, list(p["methods"]), list(p["seeds"]),
+                             timing=timing if p["timing_runs"] and p["timing_methods"] else None,
+                             runs_seed=lambda i, m: "@" not in m or i < n_control)
+    if len(sweep):
+        df = pd.concat([df, sweep.assign(world_size=p["world_size"])], ignore_index=True)
     return df.assign(target_fraction=p["target_fraction"])
 
 
@@ -155,7 +242,7 @@ def run(**params: Any) -> pd.DataFrame:
 
 
 def _order(df: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(df.loc[df["kind"] != "calibration", "method"]))
+    return list(dict.fromkeys(df.loc[~df["kind"].isin(["calibration", "sweep"]), "method"]))
 
 
 def iteration_times(df: pd.DataFrame) -> pd.DataFrame:
@@ -187,6 +274,33 @@ def time_to_accuracy(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The learning-rate selection: per method and rate tried, the final validation loss (the
+    held-out split's "val" half) averaged over the selection seeds; ``*`` marks the rate chosen.
+    Empty when no rates were swept."""
+    sw = df[df["kind"] == "sweep"] if "kind" in df else df.iloc[:0]
+    if sw.empty:
+        return pd.DataFrame()
+    g = sw.groupby(["method", "lr_peak"], sort=False).agg(
+        loss=("val_loss", "mean"), chosen=("selected", "any")).reset_index()
+    g["cell"] = g["loss"].map("{:.4f}".format) + np.where(g["chosen"], " *", "")
+    return g.pivot_table(index="method", columns="lr_peak", values="cell", aggfunc="first",
+                         sort=False)
+
+
+def paired_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per evaluation seed: every method's final held-out accuracy (the "test" half) and, for
+    every method but sync, its paired difference to sync in points -- the units of C7.2."""
+    fin = final_accuracy(df)
+    acc = fin.pivot_table(index="seed", columns="method", values="accuracy")[
+        [m for m in _order(df) if m in set(fin["method"])]]
+    out = acc.copy()
+    for m in acc.columns:
+        if m != "sync" and "sync" in acc:
+            out[f"{m} - sync"] = acc[m] - acc["sync"]
+    return out.round(2)
+
+
 def comm_ratio_measured(df: pd.DataFrame) -> float:
     """M / C of the sync runs (median over steps and seeds): the AllReduce on the critical path
     over the compute thread's work."""
@@ -195,10 +309,12 @@ def comm_ratio_measured(df: pd.DataFrame) -> float:
     return float((s["M"] / s["C"]).median()) if len(s) else float("nan")
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """The time-to-accuracy table: per method, final accuracy, per-iteration time and speedup,
-    iterations and wall time to the target accuracy and the wall-time speedup (means over
-    seeds of the per-seed values)."""
+def summary(df: pd.DataFrame, budget_tolerance: float = 0.5) -> pd.DataFrame:
+    """The time-to-accuracy table: per method, its peak learning rate, final accuracy, the
+    fraction of the steps after which its mean accuracy stayed within ``budget_tolerance``
+    points of its final value (:func:`pipecomm.lab.claims.budget_used`), per-iteration time and
+    speedup, iterations and wall time to the target accuracy and the wall-time speedup (means
+    over seeds of the per-seed values)."""
     it = iteration_times(df)
     fin = final_accuracy(df)
     tta = time_to_accuracy(df)
@@ -210,10 +326,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         fm = fin[fin["method"] == m].set_index("seed")["accuracy"]
         tm = tta[tta["method"] == m].set_index("seed") if len(tta) else None
         speed = (sync_t / im["T"]).dropna()
+        ev = df[(df["kind"] == "eval") & (df["method"] == m)]
+        curve = ev.groupby("iteration")["accuracy"].mean()
         row = {
             "method": m,
+            "lr": float(ev["lr_peak"].iloc[0]) if len(ev) else np.nan,
             "seeds": len(fm),
             "final_acc_%": fm.mean(),
+            "budget_used": claims.budget_used(curve, budget_tolerance, higher_is_better=True),
             "rise_last_10%_points": accuracy_rise(df, m, 0.1),
             "vs_sync_points": (
                 fm - fin[fin["method"] == "sync"].set_index("seed")["accuracy"]
