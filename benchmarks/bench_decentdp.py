@@ -42,8 +42,16 @@ from pathlib import Path
 DEFAULT_TARGET = Path(tempfile.gettempdir()) / "pipecomm-decent-dp"
 
 
-def ensure_decent_dp(target: Path) -> str:
-    """Import decent_dp, installing it with pip into ``target`` first if needed; its version."""
+def ensure_decent_dp(target: Path, timeout_s: float | None = None) -> str:
+    """Import decent_dp, installing it with pip into ``target`` first if needed; its version.
+
+    Also used by ``tools/crosscheck_accumadam.py`` and its test. A failed install (or one that
+    runs past ``timeout_s`` seconds; ``None``: no limit) raises SystemExit with pip's message.
+
+    Example::
+
+        version = ensure_decent_dp(DEFAULT_TARGET, timeout_s=120)   # then: import decent_dp
+    """
     if str(target) not in sys.path:
         sys.path.insert(0, str(target))
     try:
@@ -63,7 +71,12 @@ def ensure_decent_dp(target: Path) -> str:
             "loguru",
         ]
         print("installing decent-dp:", " ".join(cmd), flush=True)
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(
+                f"could not install decent-dp with pip: no answer within {timeout_s} s"
+            ) from None
         if done.returncode != 0:
             raise SystemExit(
                 f"could not install decent-dp with pip (exit {done.returncode}):\n"
