@@ -298,7 +298,7 @@ def test_nothing_survives_a_signalled_orchestrator(sig, busy):
 
 
 _E13 = dict(world_size=2, ranks_per_node=1, tasks=["digits"],
-            methods=["allreduce-adam", "dadam-complete"], seeds=[0], digits_iterations=3,
+            methods=["allreduce-adam", "dadam-complete"], digits_seeds=[0], digits_iterations=3,
             eval_every=2)
 
 
@@ -316,7 +316,7 @@ def test_e13_through_torchrun_on_two_nodes_matches_a_local_pool(tmp_path):
         # artifact/slurm/node.sh: the per-node command of run_gpu_profile.sbatch, gpu profile
         # parameters with a CPU backend and a short run
         slurm = ["bash", str(ROOT / "artifact/slurm/node.sh"), "E13", "-p", "backend=gloo",
-                 "-p", "seeds=[0]", "-p", "tasks=['digits']", "-p", "digits_iterations=3",
+                 "-p", "digits_seeds=[0]", "-p", "tasks=['digits']", "-p", "digits_iterations=3",
                  "-p", "eval_every=2", "-p", "methods=['allreduce-adam', 'dadam-complete']",
                  "-p", "digits_lrs=[0.003]",  # the local run's rate: no sweep
                  "--no-plot"]
