@@ -288,6 +288,18 @@ def test_summary_time_to_accuracy_and_speedups():
     assert e7.comm_ratio_measured(df) == pytest.approx(1.0, rel=0.1)
 
 
+def test_a_diverged_reference_decides_nothing():
+    """The first cpu-full run with per-method rates: sync@4x (4x sync's own best rate) diverged
+    to chance, a flat curve that passed the convergence gate and made the control read FAIL;
+    a reference that did not learn makes the comparison INCONCLUSIVE, with the reason."""
+    df = _e7(stale_acc={0: 12.0, 1: 12.0, 2: 50.0})
+    ref = (df["kind"] == "eval") & (df["method"] == "sync@4x")
+    df.loc[ref, "accuracy"] = 10.0
+    df.loc[ref & (df["iteration"] == df.loc[ref, "iteration"].min()), "accuracy"] = 16.0
+    v = e7.check_stale_hurts(df, "pipe@4x", "sync@4x", 1.0, 0.1)
+    assert v.verdict == "INCONCLUSIVE" and "sync@4x did not learn" in v.measured
+
+
 def test_accuracy_claim_needs_each_methods_own_rate():
     """C7.2 is undecided unless every method's rate was selected from >= 3 rates on the selection
     seeds with the chosen one inside the grid; the tables show the selection and the pairs."""

@@ -184,10 +184,15 @@ def accuracy_rise(df: pd.DataFrame, method: str, tail: float) -> float:
 def convergence_gap(df: pd.DataFrame, reference: str, tail: float, tolerance: float) -> list[str]:
     """Why an accuracy comparison against ``reference`` cannot be decided: its held-out
     accuracy (mean over seeds) still rose by more than ``tolerance`` points over the last
-    ``tail`` fraction of its steps (see :func:`pipecomm.lab.claims.still_improving`)."""
+    ``tail`` fraction of its steps (see :func:`pipecomm.lab.claims.still_improving`), or it
+    never learned (its final accuracy is not above its first evaluation's: a diverged reference
+    is level, but says nothing about the method compared with it)."""
     ev = df[(df["kind"] == "eval") & (df["method"] == reference)]
-    gap = claims.still_improving(ev.groupby("iteration")["accuracy"].mean(), tail, tolerance,
-                                 higher_is_better=True)
+    curve = ev.groupby("iteration")["accuracy"].mean().sort_index()
+    if len(curve) >= 2 and not curve.iloc[-1] > curve.iloc[0]:
+        return [f"{reference} did not learn: its mean accuracy went from {curve.iloc[0]:.1f}% "
+                f"at its first evaluation to {curve.iloc[-1]:.1f}%"]
+    gap = claims.still_improving(curve, tail, tolerance, higher_is_better=True)
     return [f"{reference} {gap}"] if gap else []
 
 
