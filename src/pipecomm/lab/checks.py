@@ -6,17 +6,18 @@ shape, ``parameter NAME=VALUE: WHAT``), so that a run fails before any rank star
 Example::
 
     from pipecomm.lab import checks as C
-    C.positive_int(p, "iterations", "batch_size")
-    C.require(0 <= p["skip"] < p["iterations"], "skip", p["skip"], "must be below iterations")
+    C.positive_int(self, "iterations", "batch_size")      # in a Params.validate()
+    C.require(0 <= self.skip < self.iterations, "skip", self.skip, "must be below iterations")
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from pipecomm.lab.experiment import Params
 
 __all__ = ["check_int", "check_world_sizes", "positive_float", "positive_int", "require"]
 
@@ -26,7 +27,7 @@ def require(cond: bool, name: str, value: Any, what: str) -> None:
 
     Example::
 
-        require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
+        require(self.world_size >= 2, "world_size", self.world_size, "needs >= 2 ranks")
     """
     if not cond:
         raise ValueError(f"parameter {name}={value!r}: {what}")
@@ -51,26 +52,26 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
-def positive_int(p: Mapping[str, Any], *names: str) -> None:
-    """Each named parameter of ``p`` must be an int >= 1.
+def positive_int(params: Params, *names: str) -> None:
+    """Each named parameter of ``params`` must be an int >= 1.
 
     Example::
 
-        positive_int(p, "world_size", "iterations")
+        positive_int(self, "world_size", "iterations")
     """
     for n in names:
-        check_int(n, p[n])
+        check_int(n, getattr(params, n))
 
 
-def positive_float(p: Mapping[str, Any], *names: str) -> None:
-    """Each named parameter of ``p`` must be a finite number > 0.
+def positive_float(params: Params, *names: str) -> None:
+    """Each named parameter of ``params`` must be a finite number > 0.
 
     Example::
 
-        positive_float(p, "alpha_s", "timeout_s")
+        positive_float(self, "alpha_s", "timeout_s")
     """
     for n in names:
-        v = p[n]
+        v = getattr(params, n)
         require(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
             n,

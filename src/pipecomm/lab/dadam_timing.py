@@ -45,6 +45,7 @@ from pipecomm import collectives, netem
 from pipecomm.decentralized import runtime_model, topology
 from pipecomm.lab import bench
 from pipecomm.lab.checks import check_int
+from pipecomm.lab.experiment import Params
 from pipecomm.lab.network import link_models
 from pipecomm.lab.stats import join_repeats
 from pipecomm.lab.trainers import DecentralizedTrainer, OptimizerFactory, make_trainer
@@ -360,14 +361,14 @@ def bars_with_markers(ax: Any, data: Any, *, x: str, y: str, hue: str, order: li
                         markersize=14, mew=2, label=label if i == 0 and j == 0 else None)
 
 
-def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
+def check_timing_workload(params: Params, *nonnegative: str) -> None:
     """Validate the timing workload shared by E11 and E12: the gossip/AllReduce algorithm
     (pipecomm's own), the layer and iteration counts, and ``fwd_ms``, ``bwd_ms`` and any other
     ``nonnegative`` numbers."""
-    if p["algorithm"] not in ("lp", "ring", "be", "mst"):
+    if params.algorithm not in ("lp", "ring", "be", "mst"):
         raise ValueError(
             f"parameter algorithm must be one of lp, ring, be, mst (pipecomm's own; "
-            f"'torch' cannot run on the emulated network), got {p['algorithm']!r}"
+            f"'torch' cannot run on the emulated network), got {params.algorithm!r}"
         )
     for key, lo in (
         ("width", 1),
@@ -378,10 +379,11 @@ def check_timing_workload(p: dict[str, Any], *nonnegative: str) -> None:
         ("calib_iters", 2),
         ("seed", 0),
     ):
-        check_int(key, p[key], lo)
+        check_int(key, getattr(params, key), lo)
     for key in ("fwd_ms", "bwd_ms", *nonnegative):
-        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or p[key] < 0:
-            raise ValueError(f"parameter {key} must be a number >= 0, got {p[key]!r}")
+        v = getattr(params, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ValueError(f"parameter {key} must be a number >= 0, got {v!r}")
 
 
 # ------------------------------------------------------------- the overlapped model (E10-E12)

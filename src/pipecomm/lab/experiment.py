@@ -7,7 +7,7 @@ An experiment module defines, in this order:
   its quick default (the notebook's parameters cell), and ``validate()`` raising ``ValueError``
   that names the parameter; ``DEFAULTS = Params.defaults()`` (the plain dict the notebook, the
   command line and the profiles use);
-* ``run(**params) -> pandas.DataFrame``: ``p = Params.make(**params)`` first (unknown names, wrong
+* ``run(**params) -> pandas.DataFrame``: ``params = Params.make(**params)`` first (unknown names, wrong
   types and bad values fail before any rank starts), then the measurement; a tidy frame, one
   row per measured point, with every repeat of a timed point (``times_s``) and the network it
   ran on;
@@ -36,7 +36,7 @@ Example::
                 raise ValueError(f"parameter iters must be >= 1, got {self.iters}")
 
     DEFAULTS = Params.defaults()
-    p = Params.make(iters=5)        # p.iters == 5, p["iters"] == 5
+    params = Params.make(iters=5)   # params.iters == 5; params.asdict()["iters"] == 5
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def _conforms(value: Any, hint: Any) -> bool:
 class Params:
     """Base of every experiment's parameters (see the module docstring).
 
-    Subclasses are frozen dataclasses; ``p["name"]`` reads a field like a dict, so a run can pass
-    its parameters on to the ranks unchanged.
+    Subclasses are frozen dataclasses read by attribute (``params.iters``); :meth:`asdict` gives
+    the plain dict that goes to params.json and to the ranks.
     """
 
     def validate(self) -> None:
@@ -119,30 +119,9 @@ class Params:
                 default = cls.defaults()[name]
                 raise ValueError(f"parameter {name}={value!r} has the wrong type: expected "
                                  f"{_show(hints[name])} like the default {default!r}")
-        p = cls(**params)
-        p.validate()
-        return p
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in {f.name for f in dataclasses.fields(self)}
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
-
-    def keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def __iter__(self) -> typing.Iterator[str]:
-        return iter(self.keys())
+        made = cls(**params)
+        made.validate()
+        return made
 
     def asdict(self) -> dict[str, Any]:
         """The parameters as a plain dict (params.json, the ranks).

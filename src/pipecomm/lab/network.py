@@ -147,48 +147,47 @@ def network_text(net: netem.Network | None, ranks_per_node: int | None = None) -
 
 
 def network_and_link(
-    p: Mapping[str, Any], emulated: Callable[[], netem.Network]
+    params: experiment.Params, emulated: Callable[[], netem.Network]
 ) -> tuple[netem.Network | None, cost.LinkModel]:
     """``(network, link)`` of a training experiment (E5-E9): ``(None, E0's calibrated link)``
     under NCCL, else ``(emulated(), that network's link)``.
 
     Example::
 
-        net, link = network_and_link(p, lambda: netem.Network(1e-3, 50e6))
+        net, link = network_and_link(params, lambda: netem.Network(1e-3, 50e6))
     """
-    if p["backend"] == "nccl":
+    if params.backend == "nccl":
         return None, cost.calibrated_link()
     net = emulated()
     return net, cost.link_from_network(net)
 
 
 def network_for(
-    p: Mapping[str, Any], cal: Mapping[str, float] | None, nbytes: int
+    params: experiment.Params, cal: Mapping[str, float] | None, nbytes: int
 ) -> netem.Network:
-    """The emulated network of E7-E9: ``p["bandwidth_Bps"]`` when given, else the bandwidth at
-    which the cost model's AllReduce takes ``p["comm_ratio"] * (C + U)`` of the compute-timing
+    """The emulated network of E7-E9: ``params.bandwidth_Bps`` when given, else the bandwidth at
+    which the cost model's AllReduce takes ``params.comm_ratio * (C + U)`` of the compute-timing
     run ``cal`` (:func:`choose_bandwidth`).
 
     Example::
 
-        network_for({"bandwidth_Bps": None, "comm_ratio": 1.0, "world_size": 2, "alpha_s": 1e-3,
-                     "algorithm": "ring", "ports": "single"},
+        network_for(e07_pipesgd_convergence.Params.make(comm_ratio=1.0, world_size=2),
                     {"compute_s": 0.016, "update_s": 0.0005}, 830_000)
     """
-    bw = p["bandwidth_Bps"]
+    bw = params.bandwidth_Bps
     if bw is None:
         if cal is None:
             raise ValueError("bandwidth_Bps=None needs a compute-timing run to choose it from")
-        target = p["comm_ratio"] * (cal["compute_s"] + cal["update_s"])
+        target = params.comm_ratio * (cal["compute_s"] + cal["update_s"])
         bw = choose_bandwidth(
             target,
             nbytes,
-            p["world_size"],
-            p["alpha_s"],
-            algorithm=p["algorithm"],
-            ports=p["ports"],
+            params.world_size,
+            params.alpha_s,
+            algorithm=params.algorithm,
+            ports=params.ports,
         )
-    return netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=float(bw), ports=p["ports"])
+    return netem.Network(alpha_s=params.alpha_s, bandwidth_Bps=float(bw), ports=params.ports)
 
 
 def choose_bandwidth(

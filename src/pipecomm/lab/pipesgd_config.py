@@ -147,16 +147,17 @@ def lr_scale(method: str) -> float:
     return value
 
 
-def config(params: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+def config(params: experiment.Params, **overrides: Any) -> dict[str, Any]:
     """A training configuration: :data:`DEFAULT_CONFIG`, then the experiment's parameters of the
     same names, then ``overrides`` (the per-run choices: method, seed, ...).
 
     Example::
 
-        cfg = config(p, seed=1, method="pipe")
+        cfg = config(params, seed=1, method="pipe")
     """
     cfg = dict(DEFAULT_CONFIG)
-    cfg.update({k: params[k] for k in DEFAULT_CONFIG if k in params})
+    given = params.asdict()
+    cfg.update({k: given[k] for k in DEFAULT_CONFIG if k in given})
     cfg["model_kw"] = dict(cfg["model_kw"])
     cfg.update(overrides)
     return cfg
@@ -257,16 +258,15 @@ class TrainingParams(experiment.Params):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        positive_int(p, "iterations")
+        positive_int(self, "iterations")
         require(
-            0 <= p["skip"] < p["iterations"],
+            0 <= self.skip < self.iterations,
             "skip",
-            p["skip"],
-            f"must be in [0, iterations={p['iterations']})",
+            self.skip,
+            f"must be in [0, iterations={self.iterations})",
         )
-        positive_float(p, "alpha_s", "timeout_s")
-        require(p["ports"] in netem.PORTS, "ports", p["ports"], f"must be one of {netem.PORTS}")
+        positive_float(self, "alpha_s", "timeout_s")
+        require(self.ports in netem.PORTS, "ports", self.ports, f"must be one of {netem.PORTS}")
 
 
 @dataclass(frozen=True)
@@ -286,13 +286,12 @@ class CalibratedParams(TrainingParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        positive_int(p, "calib_iters")
-        positive_float(p, "switch_interval_s")
+        positive_int(self, "calib_iters")
+        positive_float(self, "switch_interval_s")
         require(
-            p["algorithm"] in self.ALGORITHMS,
+            self.algorithm in self.ALGORITHMS,
             "algorithm",
-            p["algorithm"],
+            self.algorithm,
             f"must be one of {self.ALGORITHMS}{self.ALGORITHMS_WHY}",
         )
 
@@ -318,15 +317,14 @@ class PoolParams(TrainingParams):
     network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on; gloo only)
 
     def validate(self) -> None:
-        p = self
-        check_network_kind(p["network"])
-        require(p["network"] == "emulated" or p["backend"] == "gloo", "network", p["network"],
+        check_network_kind(self.network)
+        require(self.network == "emulated" or self.backend == "gloo", "network", self.network,
                 "'shaped' runs gloo ranks: use backend='gloo'")
-        _check_pool_backend(p["backend"], p["world_size"])
+        _check_pool_backend(self.backend, self.world_size)
         super().validate()
-        positive_int(p, "world_size", "batch_size")
-        require(p["world_size"] >= 2, "world_size", p["world_size"], "needs >= 2 ranks")
-        bw = p["bandwidth_Bps"]
+        positive_int(self, "world_size", "batch_size")
+        require(self.world_size >= 2, "world_size", self.world_size, "needs >= 2 ranks")
+        bw = self.bandwidth_Bps
         if self.BANDWIDTH_OPTIONAL:
             require(
                 bw is None or (isinstance(bw, (int, float)) and bw > 0),
@@ -335,10 +333,10 @@ class PoolParams(TrainingParams):
                 "must be None (chosen from comm_ratio) or > 0",
             )
         else:
-            positive_float(p, "bandwidth_Bps")
-        require(p["dataset"] in data.DATASETS, "dataset", p["dataset"],
+            positive_float(self, "bandwidth_Bps")
+        require(self.dataset in data.DATASETS, "dataset", self.dataset,
                 f"must be one of {data.DATASETS}")
-        check_batch_size(p["batch_size"], p["world_size"], p["dataset"])
+        check_batch_size(self.batch_size, self.world_size, self.dataset)
 
 
 def _check_pool_backend(backend: Any, world_size: int) -> None:
@@ -384,18 +382,17 @@ class ConvergenceParams(CalibratedPoolParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
         require(
-            len(p["seeds"]) >= 1
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in p["seeds"])
-            and len(set(p["seeds"])) == len(p["seeds"]),
+            len(self.seeds) >= 1
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in self.seeds)
+            and len(set(self.seeds)) == len(self.seeds),
             "seeds",
-            p["seeds"],
+            self.seeds,
             "must be a non-empty list of distinct ints",
         )
         require(
-            isinstance(p["eval_every"], int) and 0 <= p["eval_every"] <= p["iterations"],
+            isinstance(self.eval_every, int) and 0 <= self.eval_every <= self.iterations,
             "eval_every",
-            p["eval_every"],
+            self.eval_every,
             "must be an int in [0, iterations]",
         )

@@ -54,7 +54,7 @@ from pipecomm import cost, launch
 from pipecomm.lab import bench, results, schedules
 from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
 from pipecomm.lab.network import network_and_link, network_for, ranks_on
-from pipecomm.lab.pipesgd_config import check_config, lr_scale, parse_method
+from pipecomm.lab.pipesgd_config import CalibratedPoolParams, check_config, lr_scale, parse_method
 from pipecomm.lab.trainers import gil_switch_interval, rank_world
 from pipecomm.lab.workloads import (
     batch_stream,
@@ -269,8 +269,8 @@ def eval_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any
 
 
 def calibrate_and_train(
-    p: Any,
-    config: Callable[[Any, int, str], dict[str, Any]],
+    params: CalibratedPoolParams,
+    config: Callable[[CalibratedPoolParams, int, str], dict[str, Any]],
     methods: list[str],
     seeds: list[int],
     iterations: dict[str, int] | None = None,
@@ -280,11 +280,11 @@ def calibrate_and_train(
 ) -> pd.DataFrame:
     """Compute-timing run, network choice, then every (seed, method) training run (E7-E9).
 
-    ``p`` holds ``backend``, ``world_size``, ``bandwidth_Bps`` (None: choose from
+    ``params`` holds ``backend``, ``world_size``, ``bandwidth_Bps`` (None: choose from
     ``comm_ratio``), ``alpha_s``, ``ports``, ``algorithm``, ``calib_iters``, ``skip``,
     ``timeout_s``; with ``backend="nccl"`` there is no emulated network (the network parameters
     are unused) and the model's link is E0's calibration (:func:`pipecomm.cost.calibrated_link`);
-    ``config(p, seed, method)`` gives a training configuration; ``iterations`` overrides the
+    ``config(params, seed, method)`` gives a training configuration; ``iterations`` overrides the
     number of steps per method (e.g. fewer for "nocomm", which only times); ``repeats`` trains
     every (seed, method) that many times (:func:`rounds`, interleaved). ``timing = (methods,
     iterations, runs)`` adds separate short timing runs (no evaluation) of those methods from the
@@ -300,9 +300,9 @@ def calibrate_and_train(
     """
     runs_seed = runs_seed or (lambda i, method: True)
     trained = sum(runs_seed(i, m) for i in range(len(seeds)) for m in methods)
-    world = p["world_size"]
-    fetch_data(p)
-    cfg0 = config(p, seeds[0], "sync")
+    p = params.world_size
+    fetch_data(params)
+    cfg0 = config(params, seeds[0], "sync")
     nbytes = gradient_bytes(cfg0)
     # resumable run by run (results.Runs): the calibration, then every training run
     t_methods, t_iters, t_runs = timing if timing else ([], 0, 0)
@@ -311,19 +311,19 @@ def calibrate_and_train(
 
     def calibrate(ranks) -> dict[str, float]:
         return summarize_step(
-            ranks.run(rank_calibrate_step, cfg0, p["calib_iters"], 3, timeout_s=p["timeout_s"])
+            ranks.run(rank_calibrate_step, cfg0, params.calib_iters, 3, timeout_s=params.timeout_s)
         )
 
-    nccl = p["backend"] == "nccl"
+    nccl = params.backend == "nccl"
     cal = None
-    key = {"calibration": cfg0, "world_size": world, "backend": p["backend"]}
-    if p["bandwidth_Bps"] is None and not nccl:
-        with launch.Ranks(world) as ranks:
+    key = {"calibration": cfg0, "world_size": p, "backend": params.backend}
+    if params.bandwidth_Bps is None and not nccl:
+        with launch.Ranks(p) as ranks:
             cal = runs(key, calibrate, ranks)
-    net, link = network_and_link(p, lambda: network_for(p, cal, nbytes))
+    net, link = network_and_link(params, lambda: network_for(params, cal, nbytes))
     rows: list[dict[str, Any]] = []
-    with ranks_on(p["network"], world, net, backend=p["backend"],
-                  timeout_s=p["timeout_s"]) as ranks:
+    with ranks_on(params.network, p, net, backend=params.backend,
+                  timeout_s=params.timeout_s) as ranks:
         if ranks.net is not None:  # a shaped network: the model's link is its calibration
             link = cost.link_from_network(ranks.net)
         if cal is None:
@@ -332,11 +332,11 @@ def calibrate_and_train(
             compute_s=cal["compute_s"],
             update_s=cal["update_s"],
             nbytes=nbytes,
-            p=world,
+            p=p,
             link=link,
-            algorithm=p["algorithm"],
+            algorithm=params.algorithm,
         )
-        model_comm = cost.allreduce_time(p["algorithm"], nbytes, world, link)
+        model_comm = cost.allreduce_time(params.algorithm, nbytes, p, link)
         rows.append(
             {
                 "kind": "calibration",
@@ -351,37 +351,37 @@ def calibrate_and_train(
                 **{
                     f"model_pipe_{codec}_s": timing_model.iteration_time(
                         "pipe", compression=codec, **kw)
-                    if p["algorithm"] in ("lp", "ring") else float("nan")
+                    if params.algorithm in ("lp", "ring") else float("nan")
                     for codec in ("fp16", "int8")
                 },
             }
         )
         for r, method in rounds(t_methods, t_runs) if t_runs else []:
-            cfg = dict(config(p, seeds[0], method), iterations=t_iters, evaluate=False,
+            cfg = dict(config(params, seeds[0], method), iterations=t_iters, evaluate=False,
                        eval_every=0)
             res = runs({"timing": cfg, "network": ranks.text, "run": r}, ranks.run,
-                       train_rank, cfg, timeout_s=p["timeout_s"])
+                       train_rank, cfg, timeout_s=params.timeout_s)
             rows += iteration_rows(res, kind="timing", method=method, seed=seeds[0], run=r)
         for i, seed in enumerate(seeds):
             for r, method in rounds([m for m in methods if runs_seed(i, m)], repeats):
-                cfg = config(p, seed, method)
+                cfg = config(params, seed, method)
                 if iterations and method in iterations:
                     cfg["iterations"] = iterations[method]
                 key = {"train": cfg, "network": ranks.text}
                 if repeats > 1:
                     key["run"] = r
-                res = runs(key, ranks.run, train_rank, cfg, timeout_s=p["timeout_s"])
+                res = runs(key, ranks.run, train_rank, cfg, timeout_s=params.timeout_s)
                 run = i * repeats + r
                 rows += iteration_rows(res, method=method, seed=seed, run=run)
                 rows += eval_rows(res, method=method, seed=seed, run=run)
     runs.close()
     return pd.DataFrame(rows).assign(
-        backend=p["backend"],
-        world_size=world,
+        backend=params.backend,
+        world_size=p,
         schedule=schedules.describe(cfg0["schedule"], cfg0["warmup_steps"], cfg0["min_lr_ratio"]),
         network=ranks.text,
         network_kind=ranks.kind,
         bandwidth_Bps=1.0 / link.beta,
-        skip=p["skip"],
-        algorithm=p["algorithm"],
+        skip=params.skip,
+        algorithm=params.algorithm,
     )

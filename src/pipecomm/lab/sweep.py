@@ -13,8 +13,8 @@ Example::
     from pipecomm.lab import sweep
     pts = [{"op": "broadcast", "algorithm": a, "nbytes": 1 << 20, "p": 4, "warmup": 1,
             "iters": 10} for a in ("lp", "mst")]
-    with launch.Ranks(4, network=sweep.network({"emu_alpha_s": 1e-3,
-                                                "emu_bandwidth_Bps": 1e8}, "single")) as r:
+    params = e03_collectives_vs_ranks.Params.make(emu_alpha_s=1e-3, emu_bandwidth_Bps=1e8)
+    with launch.Ranks(4, network=sweep.network(params, "single")) as r:
         rows = r.run(sweep.measure_points, pts)[0]
 """
 
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from pipecomm import collectives, cost
 from pipecomm.collectives import agreement
 from pipecomm.lab import bench
+from pipecomm.lab.experiment import Params
 
 T = TypeVar("T")
 
@@ -65,18 +66,19 @@ def message_sizes(lo: int, hi: int, factor: int) -> list[int]:
     return sizes + [hi]
 
 
-def check_link_params(p: dict[str, Any]) -> None:
-    """Validate the emulated link parameters of a sweep (``emu_alpha_s``, ``emu_bandwidth_Bps``,
-    ``ports`` if given) and its ``timeout_s``; errors name the parameter.
+def check_link_params(params: Params) -> None:
+    """Validate the emulated link parameters of a sweep's ``Params`` (``emu_alpha_s``,
+    ``emu_bandwidth_Bps``, ``ports`` if it has one) and its ``timeout_s``; errors name the
+    parameter.
 
     Example::
 
-        check_link_params({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6, "timeout_s": 60.0})
+        check_link_params(self)     # in E3's and E4's Params.validate()
     """
-    if "ports" in p and p["ports"] not in ("single", "per-neighbor"):
-        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {p['ports']!r}")
+    if hasattr(params, "ports") and params.ports not in ("single", "per-neighbor"):
+        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {params.ports!r}")
     for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
-        v = p[name]
+        v = getattr(params, name)
         if (
             isinstance(v, bool)
             or not isinstance(v, (int, float))
@@ -86,20 +88,20 @@ def check_link_params(p: dict[str, Any]) -> None:
             raise ValueError(f"parameter {name} must be a positive number, got {v!r}")
 
 
-def network(p: dict[str, Any], ports: str | None = None):
-    """The emulated :class:`pipecomm.netem.Network` of the parameters, with ``ports`` (default:
-    the parameter ``ports``).
+def network(params: Params, ports: str | None = None):
+    """The emulated :class:`pipecomm.netem.Network` of a sweep's ``Params`` (``emu_alpha_s``,
+    ``emu_bandwidth_Bps``), with ``ports`` (default: the parameter ``ports``).
 
     Example::
 
-        network({"emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6}, "single").describe()
+        network(e03_collectives_vs_ranks.Params.make(), "single").describe()
     """
     from pipecomm import netem
 
     return netem.Network(
-        alpha_s=p["emu_alpha_s"],
-        bandwidth_Bps=p["emu_bandwidth_Bps"],
-        ports=ports if ports is not None else p["ports"],
+        alpha_s=params.emu_alpha_s,
+        bandwidth_Bps=params.emu_bandwidth_Bps,
+        ports=ports if ports is not None else params.ports,
     )
 
 

@@ -43,6 +43,7 @@ from torch import nn
 from pipecomm.bucketing import bucket_indices, bucket_nbytes
 from pipecomm.lab import data, models
 from pipecomm.lab.checks import require
+from pipecomm.lab.experiment import Params
 
 __all__ = [
     "TASK_BUCKET_MB",
@@ -179,17 +180,17 @@ def evaluate(model: torch.nn.Module, cfg: Mapping[str, Any]) -> tuple[float, flo
     return acc, loss
 
 
-def fetch_data(p: Mapping[str, Any]) -> None:
-    """Before any rank starts: fetch ``p["dataset"]`` into ``p["data_root"]`` unless it is there
+def fetch_data(params: Params) -> None:
+    """Before any rank starts: fetch ``params.dataset`` into ``params.data_root`` unless it is there
     with the right checksums (:func:`pipecomm.lab.data.fetch`; network needed once). Nothing for
     "digits", which ships with scikit-learn.
 
     Example::
 
-        fetch_data({"dataset": "cifar10", "data_root": "data"})   # gpu profile
+        fetch_data(params)   # a PoolParams (E5, E7-E9), e.g. dataset="cifar10", data_root="data"
     """
-    if p.get("dataset", "digits") != "digits":
-        data.fetch(p["dataset"], p["data_root"])
+    if params.dataset != "digits":
+        data.fetch(params.dataset, params.data_root)
 
 
 def check_batch_size(

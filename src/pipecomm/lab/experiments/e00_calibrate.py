@@ -93,17 +93,17 @@ class Params(experiment.Params):
         message_sizes(self.sizes_min, self.emu_sizes_max, self.size_factor)
         for name, minimum in (("iters", 1), ("warmup", 0), ("gamma_bytes", 0),
                               ("fit_min_bytes", 1)):
-            if self[name] < minimum:
-                raise ValueError(f"parameter {name} must be >= {minimum}, got {self[name]!r}")
+            if getattr(self, name) < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got {getattr(self, name)!r}")
         for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
-            if not self[name] > 0:
-                raise ValueError(f"parameter {name} must be > 0, got {self[name]!r}")
+            if not getattr(self, name) > 0:
+                raise ValueError(f"parameter {name} must be > 0, got {getattr(self, name)!r}")
         if self.host_world_size != 0 and self.host_world_size < 3:
             raise ValueError(f"parameter host_world_size must be 0 (no host section) or >= 3 "
                              f"(a chain of 2 links or more), got {self.host_world_size!r}")
         for name in ("host_bytes", "host_messages"):
-            if self[name] < 1:
-                raise ValueError(f"parameter {name} must be >= 1, got {self[name]!r}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"parameter {name} must be >= 1, got {getattr(self, name)!r}")
         if any(w < 2 or w % 2 for w in self.emu_world_sizes):
             raise ValueError(f"parameter emu_world_sizes must list even world sizes >= 2 (ranks "
                              f"ping-pong in pairs), got {self.emu_world_sizes!r}")
@@ -215,34 +215,34 @@ def host_links(df: pd.DataFrame) -> float | None:
 
 def run(**params: Any) -> pd.DataFrame:
     """Measure ping-pong on the real backend (2 ranks), gamma, and the emulated network."""
-    p = Params.make(**params)
-    sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
-    check_backend(p["backend"], 2, emulated=p["emulated"])
-    if p["emulated"] and launch.under_torchrun():
+    params = Params.make(**params)
+    sizes = message_sizes(params.sizes_min, params.sizes_max, params.size_factor)
+    check_backend(params.backend, 2, emulated=params.emulated)
+    if params.emulated and launch.under_torchrun():
         raise ValueError("under torchrun only the real section runs: pass -p emulated=false")
     frames = []
-    with launch.pool(2, backend=p["backend"]) as ranks:
-        per_rank = ranks.run(_measure_rank, sizes, p["iters"], p["warmup"], p["gamma_bytes"],
-                             timeout_s=p["timeout_s"])
+    with launch.pool(2, backend=params.backend) as ranks:
+        per_rank = ranks.run(_measure_rank, sizes, params.iters, params.warmup, params.gamma_bytes,
+                             timeout_s=params.timeout_s)
     frames.append(pd.DataFrame([r for rows in per_rank for r in rows])
-                  .assign(world_size=2, backend=p["backend"], network="real"))
-    if p["host_world_size"] and p["backend"] == "gloo" and not launch.under_torchrun():
-        with launch.Ranks(p["host_world_size"]) as ranks:
-            rows = ranks.run(_host_rank, p["host_bytes"], p["iters"], p["host_messages"],
-                             timeout_s=p["timeout_s"])
+                  .assign(world_size=2, backend=params.backend, network="real"))
+    if params.host_world_size and params.backend == "gloo" and not launch.under_torchrun():
+        with launch.Ranks(params.host_world_size) as ranks:
+            rows = ranks.run(_host_rank, params.host_bytes, params.iters, params.host_messages,
+                             timeout_s=params.timeout_s)
         frames.append(pd.DataFrame(rows[0]).assign(section="host", backend="gloo",
-                                                   world_size=p["host_world_size"],
+                                                   world_size=params.host_world_size,
                                                    network="real"))
-    if p["emulated"]:
+    if params.emulated:
         from pipecomm import netem
 
-        net = netem.Network(alpha_s=p["emu_alpha_s"], bandwidth_Bps=p["emu_bandwidth_Bps"])
-        emu_sizes = message_sizes(p["sizes_min"], p["emu_sizes_max"], p["size_factor"])
-        for world in p["emu_world_sizes"]:
-            with ranks_on(p["network"], world, net, min(emu_sizes),
-                          timeout_s=p["timeout_s"]) as ranks:
-                per_rank = ranks.run(_measure_rank, emu_sizes, p["iters"], p["warmup"], 0,
-                                     timeout_s=p["timeout_s"])
+        net = netem.Network(alpha_s=params.emu_alpha_s, bandwidth_Bps=params.emu_bandwidth_Bps)
+        emu_sizes = message_sizes(params.sizes_min, params.emu_sizes_max, params.size_factor)
+        for world in params.emu_world_sizes:
+            with ranks_on(params.network, world, net, min(emu_sizes),
+                          timeout_s=params.timeout_s) as ranks:
+                per_rank = ranks.run(_measure_rank, emu_sizes, params.iters, params.warmup, 0,
+                                     timeout_s=params.timeout_s)
             frames.append(pd.DataFrame([r for rows in per_rank for r in rows]).assign(
                 section=ranks.kind, world_size=world, backend="gloo", network=ranks.text,
                 emu_alpha_s=ranks.net.alpha_s, emu_bandwidth_Bps=ranks.net.bandwidth_Bps))

@@ -63,22 +63,21 @@ class Params(experiment.Params):
     ports: list[str] = field(default_factory=lambda: ["single", "per-neighbor"])
 
     def validate(self) -> None:
-        p = self
         for name in ("alpha_s", "bandwidth_Bps", "gamma_s_per_byte"):
-            v = p[name]
+            v = getattr(self, name)
             if not np.isfinite(v) or v < 0:
                 raise ValueError(f"parameter {name} must be a finite number >= 0, got {v!r}")
-        if p["bandwidth_Bps"] <= 0:
-            raise ValueError(f"parameter bandwidth_Bps must be > 0, got {p['bandwidth_Bps']!r}")
-        _check_list("ops", p["ops"], cost.OPS)
-        _check_list("algorithms", p["algorithms"], cost.ALGORITHMS)
-        _check_list("ports", p["ports"], cost.PORTS)
-        _check_ranks("size_sweep_p", p["size_sweep_p"])
-        _check_ranks("world_sizes", p["world_sizes"])
-        if p["ranks_sweep_bytes"] < 1:
+        if self.bandwidth_Bps <= 0:
+            raise ValueError(f"parameter bandwidth_Bps must be > 0, got {self.bandwidth_Bps!r}")
+        _check_list("ops", self.ops, cost.OPS)
+        _check_list("algorithms", self.algorithms, cost.ALGORITHMS)
+        _check_list("ports", self.ports, cost.PORTS)
+        _check_ranks("size_sweep_p", self.size_sweep_p)
+        _check_ranks("world_sizes", self.world_sizes)
+        if self.ranks_sweep_bytes < 1:
             raise ValueError(f"parameter ranks_sweep_bytes must be a positive int, got "
-                             f"{p['ranks_sweep_bytes']!r}")
-        message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+                             f"{self.ranks_sweep_bytes!r}")
+        message_sizes(self.sizes_min, self.sizes_max, self.size_factor)
 
 
 DEFAULTS = Params.defaults()
@@ -135,14 +134,14 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(sizes_max=1 << 20, world_sizes=[2, 64])
     """
-    p = Params.make(**params)
-    ops, algorithms, ports = list(p.ops), list(p.algorithms), list(p.ports)
-    size_ps, world_sizes = sorted(set(p.size_sweep_p)), sorted(set(p.world_sizes))
-    nb = p.ranks_sweep_bytes
-    sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+    params = Params.make(**params)
+    ops, algorithms, ports = list(params.ops), list(params.algorithms), list(params.ports)
+    size_ps, world_sizes = sorted(set(params.size_sweep_p)), sorted(set(params.world_sizes))
+    nb = params.ranks_sweep_bytes
+    sizes = message_sizes(params.sizes_min, params.sizes_max, params.size_factor)
 
     link = cost.LinkModel.from_bandwidth(
-        p["alpha_s"], p["bandwidth_Bps"], gamma=p["gamma_s_per_byte"]
+        params.alpha_s, params.bandwidth_Bps, gamma=params.gamma_s_per_byte
     )
     by_size = cost.model_table(ops, algorithms, sizes, size_ps, link, ports=ports)
     by_ranks = cost.model_table(ops, algorithms, [nb], world_sizes, link, ports=ports)
@@ -158,11 +157,11 @@ def run(**params: Any) -> pd.DataFrame:
         analytic.append(b if np.isfinite(b) else np.nan)
     df["analytic_block_bytes"] = analytic
     return df.assign(
-        alpha_s=float(p["alpha_s"]),
-        bandwidth_Bps=float(p["bandwidth_Bps"]),
-        gamma_s_per_byte=float(p["gamma_s_per_byte"]),
+        alpha_s=float(params.alpha_s),
+        bandwidth_Bps=float(params.bandwidth_Bps),
+        gamma_s_per_byte=float(params.gamma_s_per_byte),
         backend="model",
-        network=link_label(p["alpha_s"], p["bandwidth_Bps"], p["gamma_s_per_byte"]),
+        network=link_label(params.alpha_s, params.bandwidth_Bps, params.gamma_s_per_byte),
     )
 
 

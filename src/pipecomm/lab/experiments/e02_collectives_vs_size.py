@@ -123,26 +123,25 @@ class Params(experiment.Params):
     network: str = "emulated"  # where emu_cases run: "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
-        p = self
-        check_network_kind(p["network"])
-        _check_int("world_size", p["world_size"], 2)
+        check_network_kind(self.network)
+        _check_int("world_size", self.world_size, 2)
         for name in ("iters", "iters_large", "real_iters"):
-            _check_int(name, p[name], 1)
+            _check_int(name, getattr(self, name), 1)
         for name in ("warmup", "real_warmup"):
-            _check_int(name, p[name], 0)
+            _check_int(name, getattr(self, name), 0)
         for name in ("sizes_min", "sizes_max", "real_sizes_min", "real_sizes_max", "large_bytes"):
-            _check_int(name, p[name], 4)
+            _check_int(name, getattr(self, name), 4)
         for name in ("emu_alpha_s", "max_point_s", "timeout_s"):
-            v = p[name]
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
-        if not p["timeout_s"] > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {p['timeout_s']!r}")
-        bw = p["emu_bandwidth_Bps"]
+        if not self.timeout_s > 0:
+            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        bw = self.emu_bandwidth_Bps
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
             raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
-        parse_cases(p["emu_cases"])
-        ws = p["real_world_sizes"]
+        parse_cases(self.emu_cases)
+        ws = self.real_world_sizes
         if not isinstance(ws, (list, tuple)) or any(
             isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
         ):
@@ -150,12 +149,12 @@ class Params(experiment.Params):
                 f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
             )
         for name, allowed in (("real_algorithms", collectives.ALGORITHMS), ("real_ops", OPS)):
-            v = p[name]
+            v = getattr(self, name)
             if not isinstance(v, (list, tuple)) or any(a not in allowed for a in v):
                 raise ValueError(f"parameter {name} must list entries of {allowed}, got {v!r}")
-        if p["backend"] not in ("gloo", "nccl"):
-            raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {p['backend']!r}")
-        if p["backend"] == "nccl" and p["emu_cases"]:
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        if self.backend == "nccl" and self.emu_cases:
             raise ValueError(
                 "the emulated network is a gloo (cpu profile) tool: with backend='nccl' "
                 "pass emu_cases={} (real section only)"
@@ -219,15 +218,15 @@ def plan(**params: Any) -> pd.DataFrame:
 
         plan(world_size=8, sizes_max=64 << 20).query("measure").model_s.sum()
     """
-    p = Params.make(**params)
-    sizes = message_sizes(p["sizes_min"], p["sizes_max"], p["size_factor"])
+    params = Params.make(**params)
+    sizes = message_sizes(params.sizes_min, params.sizes_max, params.size_factor)
     rows = []
-    for ports, op, algs in parse_cases(p["emu_cases"]):
-        link = cost.link_from_network(network(p, ports))
+    for ports, op, algs in parse_cases(params.emu_cases):
+        link = cost.link_from_network(network(params, ports))
         for alg in algs:
             for n in sizes:
-                t = cost.collective_time(op, alg, n, p["world_size"], link)
-                large = n >= p["large_bytes"]
+                t = cost.collective_time(op, alg, n, params.world_size, link)
+                large = n >= params.large_bytes
                 rows.append(
                     {
                         "ports": ports,
@@ -235,9 +234,9 @@ def plan(**params: Any) -> pd.DataFrame:
                         "algorithm": alg,
                         "nbytes": n,
                         "model_s": t,
-                        "warmup": 0 if large else p["warmup"],
-                        "iters": p["iters_large"] if large else p["iters"],
-                        "measure": t <= p["max_point_s"],
+                        "warmup": 0 if large else params.warmup,
+                        "iters": params.iters_large if large else params.iters,
+                        "measure": t <= params.max_point_s,
                     }
                 )
     return pd.DataFrame(
@@ -256,21 +255,21 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_size=8, sizes_max=64 << 20)["total_s"]
     """
-    p = Params.make(**params)
-    pl = plan(**params)
+    params = Params.make(**params)
+    pl = plan(**params.asdict())
     m = pl[pl.measure]
     emulated = float((m.model_s * (m.warmup + m.iters)).sum())
     emulated += float(pl.groupby(["ports", "op", "algorithm"]).model_s.min().sum())  # warm-up
     real = 0.0
     link = cost.calibrated_link()
     cores = os.cpu_count() or 1
-    for pt in _real_points(p, list(p["real_world_sizes"])):
+    for pt in _real_points(params, list(params.real_world_sizes)):
         a = "ring" if pt["algorithm"] == "torch" else pt["algorithm"]
         t = cost.collective_time(pt["op"], a, pt["nbytes"], pt["p"], link)
         real += t * max(1.0, pt["p"] / cores) * (pt["warmup"] + pt["iters"])
-    pools = len({ports for ports, _, _ in parse_cases(p["emu_cases"])})
-    pools += 1 if p["real_world_sizes"] else 0
-    starts = pools * _POOL_START_S * max(1.0, p["world_size"] / 8)
+    pools = len({ports for ports, _, _ in parse_cases(params.emu_cases)})
+    pools += 1 if params.real_world_sizes else 0
+    starts = pools * _POOL_START_S * max(1.0, params.world_size / 8)
     return {
         "emulated_s": emulated,
         "real_s": real,
@@ -282,21 +281,21 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 # --------------------------------------------------------------------------- on the ranks
 
 
-def _real_points(p: dict[str, Any], world_sizes: list[int]) -> list[dict[str, Any]]:
-    sizes = message_sizes(p["real_sizes_min"], p["real_sizes_max"], p["size_factor"])
+def _real_points(params: Params, world_sizes: list[int]) -> list[dict[str, Any]]:
+    sizes = message_sizes(params.real_sizes_min, params.real_sizes_max, params.size_factor)
     return [
         {
             "op": op,
             "algorithm": alg,
             "nbytes": n,
             "p": q,
-            "warmup": p["real_warmup"],
-            "iters": p["real_iters"],  # real calls cost milliseconds: no iters_large here
+            "warmup": params.real_warmup,
+            "iters": params.real_iters,  # real calls cost milliseconds: no iters_large here
         }
         for q in sorted(world_sizes)
-        for op in p["real_ops"]
+        for op in params.real_ops
         for n in sizes
-        for alg in p["real_algorithms"]  # one comparison, timed round-robin (interleave=True)
+        for alg in params.real_algorithms  # one comparison, timed round-robin (interleave=True)
     ]
 
 
@@ -341,14 +340,14 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_size=4, sizes_max=1 << 20, real_world_sizes=[2])
     """
-    p = Params.make(**params)
+    params = Params.make(**params)
     frames = []
     if launch.under_torchrun():  # a torchrun job: the real section on the job's own ranks
-        if p["emu_cases"]:
+        if params.emu_cases:
             raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
-        info = launch.init_from_env(p["backend"])
-        ws = [q for q in p["real_world_sizes"] if q <= info.world_size] or [info.world_size]
-        rows = measure_points(_real_points(p, ws), info.device if info.backend == "nccl" else None,
+        info = launch.init_from_env(params.backend)
+        ws = [q for q in params.real_world_sizes if q <= info.world_size] or [info.world_size]
+        rows = measure_points(_real_points(params, ws), info.device if info.backend == "nccl" else None,
                               interleave=True)
         if not rows:  # ranks other than 0
             return pd.DataFrame()
@@ -356,16 +355,16 @@ def run(**params: Any) -> pd.DataFrame:
             pd.DataFrame(rows).assign(section="real", backend=info.backend, network="real")
         )
 
-    pl = plan(**params)
+    pl = plan(**params.asdict())
     for ports in [q for q in PORTS if q in set(pl.ports)]:
-        net = network(p, ports)
+        net = network(params, ports)
         todo = pl[(pl.ports == ports) & pl.measure]
         points = [
             {
                 "op": r.op,
                 "algorithm": r.algorithm,
                 "nbytes": int(r.nbytes),
-                "p": p["world_size"],
+                "p": params.world_size,
                 "warmup": int(r.warmup),
                 "iters": int(r.iters),
                 "first_warmup": True,
@@ -374,10 +373,10 @@ def run(**params: Any) -> pd.DataFrame:
         ]
         if not points:
             continue
-        smallest = min(pt["nbytes"] for pt in points) // p["world_size"]  # a BE / ring chunk
-        with ranks_on(p["network"], p["world_size"], net, smallest,
-                      timeout_s=p["timeout_s"]) as ranks:
-            out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+        smallest = min(pt["nbytes"] for pt in points) // params.world_size  # a BE / ring chunk
+        with ranks_on(params.network, params.world_size, net, smallest,
+                      timeout_s=params.timeout_s) as ranks:
+            out = ranks.run(measure_points, points, timeout_s=params.timeout_s)
         link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
         h = host_block_s()
         d = pd.DataFrame(out[0])
@@ -403,21 +402,21 @@ def run(**params: Any) -> pd.DataFrame:
             )
         )
 
-    ws = list(p["real_world_sizes"])
-    if ws and p["backend"] == "nccl":
+    ws = list(params.real_world_sizes)
+    if ws and params.backend == "nccl":
         have = torch.cuda.device_count()
         ws = [q for q in ws if q <= have]
-    if ws and p["real_algorithms"] and p["real_ops"]:
-        device = "cuda" if p["backend"] == "nccl" else None
-        with launch.Ranks(max(ws), backend=p["backend"]) as ranks:
-            out = ranks.run(_measure_real, _real_points(p, ws), device, timeout_s=p["timeout_s"])
+    if ws and params.real_algorithms and params.real_ops:
+        device = "cuda" if params.backend == "nccl" else None
+        with launch.Ranks(max(ws), backend=params.backend) as ranks:
+            out = ranks.run(_measure_real, _real_points(params, ws), device, timeout_s=params.timeout_s)
         real = pd.DataFrame(out[0])
-        if p["backend"] == "gloo":
+        if params.backend == "gloo":
             link = cost.host_link()
             real["model_s"] = _host_model(real, link)
             real["host_links"] = link.host_links
             real["host_links_measured"] = link.host_links_measured
-        frames.append(real.assign(section="real", backend=p["backend"], network="real"))
+        frames.append(real.assign(section="real", backend=params.backend, network="real"))
     if not frames:
         raise ValueError(
             "nothing to measure: emu_cases and real_world_sizes are both empty "

@@ -81,9 +81,8 @@ class Params(experiment.Params):
     network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
-        p = self
-        check_network_kind(p["network"])
-        ws = p["world_sizes"]
+        check_network_kind(self.network)
+        ws = self.world_sizes
         if (
             not isinstance(ws, (list, tuple))
             or not ws
@@ -91,12 +90,12 @@ class Params(experiment.Params):
         ):
             raise ValueError(f"parameter world_sizes must be a non-empty list of ints >= 2, got {ws!r}")
         for name, minimum in (("nbytes", 4), ("iters", 1), ("warmup", 0)):
-            v = p[name]
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
                 raise ValueError(f"parameter {name} must be an int >= {minimum}, got {v!r}")
-        if p["op"] not in cost.OPS:
-            raise ValueError(f"parameter op must be one of {cost.OPS}, got {p['op']!r}")
-        algs = p["algorithms"]
+        if self.op not in cost.OPS:
+            raise ValueError(f"parameter op must be one of {cost.OPS}, got {self.op!r}")
+        algs = self.algorithms
         if (
             not isinstance(algs, (list, tuple))
             or not algs
@@ -106,7 +105,7 @@ class Params(experiment.Params):
                 f"parameter algorithms must list entries of {cost.ALGORITHMS} (the "
                 f"built-in cannot be emulated), got {algs!r}"
             )
-        check_link_params(p)
+        check_link_params(self)
 
 
 DEFAULTS = Params.defaults()
@@ -120,16 +119,16 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_sizes=[2, 4, 6, 8], nbytes=64 << 20)["total_s"]
     """
-    p = Params.make(**params)
-    link = cost.link_from_network(network(p))
-    reps = p["warmup"] + p["iters"]
+    params = Params.make(**params)
+    link = cost.link_from_network(network(params))
+    reps = params.warmup + params.iters
     emulated = sum(
-        cost.collective_time(p["op"], a, p["nbytes"], q, link) * reps
-        + cost.collective_time(p["op"], a, 4096, q, link)
-        for q in p["world_sizes"]
-        for a in p["algorithms"]
+        cost.collective_time(params.op, a, params.nbytes, q, link) * reps
+        + cost.collective_time(params.op, a, 4096, q, link)
+        for q in params.world_sizes
+        for a in params.algorithms
     )
-    starts = _POOL_START_S * max(1.0, max(p["world_sizes"]) / 8)
+    starts = _POOL_START_S * max(1.0, max(params.world_sizes) / 8)
     return {"emulated_s": emulated, "starts_s": starts, "total_s": emulated + starts}
 
 
@@ -145,27 +144,27 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_sizes=[2, 4], nbytes=1 << 20)
     """
-    p = Params.make(**params)
-    net = network(p)
+    params = Params.make(**params)
+    net = network(params)
     link = cost.link_from_network(net)
-    ws = sorted(set(p["world_sizes"]))
+    ws = sorted(set(params.world_sizes))
     points = [
         {
-            "op": p["op"],
+            "op": params.op,
             "algorithm": a,
-            "nbytes": p["nbytes"],
+            "nbytes": params.nbytes,
             "p": q,
-            "warmup": p["warmup"],
-            "iters": p["iters"],
+            "warmup": params.warmup,
+            "iters": params.iters,
             "first_warmup": True,
         }
         for q in ws
-        for a in p["algorithms"]
+        for a in params.algorithms
     ]
-    smallest = min(p["nbytes"] // max(ws),  # a BE / ring chunk, or LP's block
-                   cost.lp_optimal_block_bytes(p["op"], p["nbytes"], max(ws), link))
-    with ranks_on(p["network"], max(ws), net, smallest, timeout_s=p["timeout_s"]) as ranks:
-        out = ranks.run(measure_points, points, timeout_s=p["timeout_s"])
+    smallest = min(params.nbytes // max(ws),  # a BE / ring chunk, or LP's block
+                   cost.lp_optimal_block_bytes(params.op, params.nbytes, max(ws), link))
+    with ranks_on(params.network, max(ws), net, smallest, timeout_s=params.timeout_s) as ranks:
+        out = ranks.run(measure_points, points, timeout_s=params.timeout_s)
     link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
     h = float(cost.calibrated_link().alpha)  # host cost per LP block: E0's per-message latency
     df = pd.DataFrame(out[0])
@@ -180,7 +179,7 @@ def run(**params: Any) -> pd.DataFrame:
     ]
     return df.assign(
         model_host_block_s=h,
-        ports=p["ports"],
+        ports=params.ports,
         backend="gloo",
         network=ranks.text,
         network_kind=ranks.kind,

@@ -78,8 +78,7 @@ class Params(experiment.Params):
     network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
 
     def validate(self) -> None:
-        p = self
-        check_network_kind(p["network"])
+        check_network_kind(self.network)
         for name, minimum in (
             ("world_size", 3),
             ("nbytes", 64),
@@ -87,17 +86,17 @@ class Params(experiment.Params):
             ("iters", 1),
             ("warmup", 0),
         ):
-            v = p[name]
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
                 hint = " (LP pipelines only with p >= 3)" if name == "world_size" else ""
                 raise ValueError(f"parameter {name} must be an int >= {minimum}{hint}, got {v!r}")
-        ops = p["ops"]
+        ops = self.ops
         if not isinstance(ops, (list, tuple)) or not ops or any(o not in cost.OPS for o in ops):
             raise ValueError(f"parameter ops must list entries of {cost.OPS}, got {ops!r}")
-        br = p["block_range"]
+        br = self.block_range
         if isinstance(br, bool) or not isinstance(br, (int, float)) or not br >= 1:
             raise ValueError(f"parameter block_range must be a number >= 1, got {br!r}")
-        check_link_params(p)
+        check_link_params(self)
 
 
 DEFAULTS = Params.defaults()
@@ -157,17 +156,17 @@ def plan(**params: Any) -> pd.DataFrame:
 
         plan(world_size=8, nbytes=4 << 20).model_s.sum()
     """
-    p = Params.make(**params)
-    return _plan(p, cost.link_from_network(network(p)), host_block_s())
+    params = Params.make(**params)
+    return _plan(params, cost.link_from_network(network(params)), host_block_s())
 
 
-def _plan(p: Params, link: cost.LinkModel, h: float) -> pd.DataFrame:
+def _plan(params: Params, link: cost.LinkModel, h: float) -> pd.DataFrame:
     rows = []
-    n, q = p["nbytes"], p["world_size"]
-    for op in p["ops"]:
+    n, q = params.nbytes, params.world_size
+    for op in params.ops:
         b_opt = optimum(op, n, q, link, h)
         b_lock = int(cost.lp_optimal_block_bytes(op, n, q, link))
-        for f, b in block_grid(b_opt, n, p["block_range"], p["steps_per_octave"]):
+        for f, b in block_grid(b_opt, n, params.block_range, params.steps_per_octave):
             rows.append(
                 {
                     "op": op,
@@ -189,9 +188,9 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
         expected_runtime_s(world_size=8, nbytes=4 << 20)["total_s"]
     """
-    p = Params.make(**params)
-    emulated = float(plan(**params).model_s.sum()) * (p["warmup"] + p["iters"])
-    starts = _POOL_START_S * max(1.0, p["world_size"] / 8)
+    params = Params.make(**params)
+    emulated = float(plan(**params.asdict()).model_s.sum()) * (params.warmup + params.iters)
+    starts = _POOL_START_S * max(1.0, params.world_size / 8)
     return {"emulated_s": emulated, "starts_s": starts, "total_s": emulated + starts}
 
 
@@ -253,16 +252,16 @@ def run(**params: Any) -> pd.DataFrame:
 
         df = run(world_size=4, nbytes=1 << 20, block_range=4.0)
     """
-    p = Params.make(**params)
-    net = network(p)
-    smallest = int(plan(**params).block_bytes.min())
-    with ranks_on(p["network"], p["world_size"], net, smallest, timeout_s=p["timeout_s"]) as ranks:
+    params = Params.make(**params)
+    net = network(params)
+    smallest = int(plan(**params.asdict()).block_bytes.min())
+    with ranks_on(params.network, params.world_size, net, smallest, timeout_s=params.timeout_s) as ranks:
         link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
         h = host_block_s()
-        pl = _plan(p, link, h)  # the block grid around the optimum on that link
+        pl = _plan(params, link, h)  # the block grid around the optimum on that link
         points = pl.drop(columns=["model_s", "model_lockstep_s"]).to_dict("records")
         out = ranks.run(
-            measure_blocks, points, p["nbytes"], p["warmup"], p["iters"], timeout_s=p["timeout_s"]
+            measure_blocks, points, params.nbytes, params.warmup, params.iters, timeout_s=params.timeout_s
         )
     df = pd.DataFrame(out[0])
     df["model_s"] = pl.model_s.to_numpy()
@@ -270,11 +269,11 @@ def run(**params: Any) -> pd.DataFrame:
     return df.assign(
         model_host_block_s=h,
         algorithm="lp",
-        nbytes=p["nbytes"],
-        world_size=p["world_size"],
-        ports=p["ports"],
-        warmup=p["warmup"],
-        iters=p["iters"],
+        nbytes=params.nbytes,
+        world_size=params.world_size,
+        ports=params.ports,
+        warmup=params.warmup,
+        iters=params.iters,
         backend="gloo",
         network=ranks.text,
         network_kind=ranks.kind,

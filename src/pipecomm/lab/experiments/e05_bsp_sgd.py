@@ -79,60 +79,59 @@ class Params(PoolParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        algs = list(p["algorithms"])
+        algs = list(self.algorithms)
         require(
             len(algs) >= 2 and len(set(algs)) == len(algs) and set(algs) <= set(ALGORITHMS),
             "algorithms",
             algs,
             f"must be >= 2 distinct names from {ALGORITHMS}",
         )
-        ports = list(p["port_models"])
+        ports = list(self.port_models)
         require(len(ports) >= 1 and len(set(ports)) == len(ports)
                 and set(ports) <= set(netem.PORTS), "port_models", ports,
                 f"must be >= 1 distinct names from {netem.PORTS}")
-        require(isinstance(p["runs"], int) and not isinstance(p["runs"], bool)
-                and p["runs"] >= 1, "runs", p["runs"],
+        require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
+                and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        check_config(_config(p, algs[0]))
+        check_config(_config(self, algs[0]))
 
 DEFAULTS = Params.defaults()
 ALGORITHMS = vocab.MODELLED_ALGORITHMS  # the algorithms that run over the emulated network
 
 
-def _config(p: dict[str, Any], algorithm: str) -> dict[str, Any]:
-    return config(p, method="sync", algorithm=algorithm, barrier_before_step=True)
+def _config(params: Params, algorithm: str) -> dict[str, Any]:
+    return config(params, method="sync", algorithm=algorithm, barrier_before_step=True)
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Per port model one emulated-network pool; in it ``runs`` interleaved rounds of one short
     BSP-SGD run per algorithm; tidy per-iteration rows with the ``run`` column."""
-    p = Params.make(**params)
-    fetch_data(p)
-    nbytes = gradient_bytes(_config(p, "lp"))
+    params = Params.make(**params)
+    fetch_data(params)
+    nbytes = gradient_bytes(_config(params, "lp"))
     frames = []
-    for ports in p["port_models"]:
+    for ports in params.port_models:
         net, link = network_and_link(
-            p, lambda ports=ports: netem.Network(p["alpha_s"], p["bandwidth_Bps"], ports=ports)
+            params, lambda ports=ports: netem.Network(params.alpha_s, params.bandwidth_Bps, ports=ports)
         )
         rows: list[dict[str, Any]] = []
-        with ranks_on(p["network"], p["world_size"], net, backend=p["backend"],
-                      timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(params.network, params.world_size, net, backend=params.backend,
+                      timeout_s=params.timeout_s) as ranks:
             if ranks.net is not None:  # a shaped network: the model's link is its calibration
                 link = cost.link_from_network(ranks.net)
-            model = {a: cost.allreduce_time(a, nbytes, p["world_size"], link)
-                     for a in p["algorithms"]}
-            for r, alg in rounds(list(p["algorithms"]), p["runs"]):
-                res = ranks.run(train_rank, _config(p, alg), timeout_s=p["timeout_s"])
+            model = {a: cost.allreduce_time(a, nbytes, params.world_size, link)
+                     for a in params.algorithms}
+            for r, alg in rounds(list(params.algorithms), params.runs):
+                res = ranks.run(train_rank, _config(params, alg), timeout_s=params.timeout_s)
                 rows += iteration_rows(res, algorithm=alg, run=r, nbytes=nbytes,
                                        model_comm_s=model[alg])
         frames.append(pd.DataFrame(rows).assign(
             ports=ports, network=ranks.text, network_kind=ranks.kind,
             gamma_s_per_byte=link.gamma))
     return pd.concat(frames, ignore_index=True).assign(
-        backend=p["backend"],
-        world_size=p["world_size"],
-        skip=p["skip"],
+        backend=params.backend,
+        world_size=params.world_size,
+        skip=params.skip,
     )
 
 

@@ -89,8 +89,7 @@ class Params(CalibratedParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        pools = p["pools"]
+        pools = self.pools
         require(
             len(pools) >= 1
             and all(
@@ -108,25 +107,25 @@ class Params(CalibratedParams):
             "must be a list of [world_size >= 2, bandwidth_Bps > 0] pairs",
         )
         require(
-            len(p["batch_sizes"]) >= 1
+            len(self.batch_sizes) >= 1
             and all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in p["batch_sizes"]
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.batch_sizes
             ),
             "batch_sizes",
-            p["batch_sizes"],
+            self.batch_sizes,
             "must be a non-empty list of ints >= 1",
         )
         require(
-            len(p["modes"]) >= 1 and set(p["modes"]) <= set(MODES),
+            len(self.modes) >= 1 and set(self.modes) <= set(MODES),
             "modes",
-            p["modes"],
+            self.modes,
             f"must be a non-empty list from {MODES}",
         )
-        require(isinstance(p["runs"], int) and not isinstance(p["runs"], bool)
-                and p["runs"] >= 1, "runs", p["runs"],
+        require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
+                and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        for b in p["batch_sizes"]:
-            check_config(_config(p, b, "sync"))
+        for b in self.batch_sizes:
+            check_config(_config(self, b, "sync"))
             for world, _ in pools:
                 check_batch_size(b, world, name="batch_sizes")
 
@@ -134,8 +133,8 @@ DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
 
 
-def _config(p: dict[str, Any], batch: int, mode: str) -> dict[str, Any]:
-    return config(p, batch_size=batch, method=mode)
+def _config(params: Params, batch: int, mode: str) -> dict[str, Any]:
+    return config(params, batch_size=batch, method=mode)
 
 
 def predict(
@@ -166,41 +165,41 @@ def predict(
 
 def run(**params: Any) -> pd.DataFrame:
     """For every (p, bandwidth) pool and batch size: compute timing, then sync and pipe runs."""
-    p = Params.make(**params)
+    params = Params.make(**params)
     frames = []
-    for world, bw in p["pools"]:
-        net = netem.Network(alpha_s=p["alpha_s"], bandwidth_Bps=float(bw), ports=p["ports"])
+    for world, bw in params.pools:
+        net = netem.Network(alpha_s=params.alpha_s, bandwidth_Bps=float(bw), ports=params.ports)
         link = cost.link_from_network(net)
         rows: list[dict[str, Any]] = []
-        ring_chunk = gradient_bytes(_config(p, p["batch_sizes"][0], "sync")) // world
-        with network.emulated_pool(world, net, ring_chunk, timeout_s=p["timeout_s"]) as ranks:
+        ring_chunk = gradient_bytes(_config(params, params.batch_sizes[0], "sync")) // world
+        with network.emulated_pool(world, net, ring_chunk, timeout_s=params.timeout_s) as ranks:
             cals, points = {}, []
-            for batch in p["batch_sizes"]:
-                nbytes = gradient_bytes(_config(p, batch, "sync"))
+            for batch in params.batch_sizes:
+                nbytes = gradient_bytes(_config(params, batch, "sync"))
                 cals[batch] = summarize_step(
                     ranks.run(
                         rank_calibrate_step,
-                        _config(p, batch, "sync"),
-                        p["calib_iters"],
+                        _config(params, batch, "sync"),
+                        params.calib_iters,
                         3,
-                        timeout_s=p["timeout_s"],
+                        timeout_s=params.timeout_s,
                     )
                 )
                 meta = dict(bandwidth_Bps=float(bw), batch_size=batch, nbytes=nbytes)
                 rows.append({"kind": "calibration", **meta, **cals[batch]})
-                points += [(batch, mode) for mode in p["modes"]]
+                points += [(batch, mode) for mode in params.modes]
             its: dict[tuple[int, str], list[dict[str, Any]]] = {pt: [] for pt in points}
-            for r, (batch, mode) in rounds(points, p["runs"]):
-                res = ranks.run(train_rank, _config(p, batch, mode), timeout_s=p["timeout_s"])
+            for r, (batch, mode) in rounds(points, params.runs):
+                res = ranks.run(train_rank, _config(params, batch, mode), timeout_s=params.timeout_s)
                 its[batch, mode] += iteration_rows(
                     res, mode=mode, run=r, bandwidth_Bps=float(bw), batch_size=batch,
-                    nbytes=gradient_bytes(_config(p, batch, "sync")))
+                    nbytes=gradient_bytes(_config(params, batch, "sync")))
             for batch, mode in points:
                 cal, it = cals[batch], its[batch, mode]
-                nbytes = gradient_bytes(_config(p, batch, "sync"))
+                nbytes = gradient_bytes(_config(params, batch, "sync"))
                 meta = dict(bandwidth_Bps=float(bw), batch_size=batch, nbytes=nbytes)
                 rows += it
-                st = steady(pd.DataFrame(it), p["skip"])
+                st = steady(pd.DataFrame(it), params.skip)
                 per_run = per_iteration(st, ["mode", "run"]).groupby("run")["T"].median()
                 rows.append(
                     {
@@ -218,7 +217,7 @@ def run(**params: Any) -> pd.DataFrame:
                             nbytes,
                             world,
                             link,
-                            p["algorithm"],
+                            params.algorithm,
                         ),
                     }
                 )
@@ -227,9 +226,9 @@ def run(**params: Any) -> pd.DataFrame:
                 backend="gloo",
                 world_size=world,
                 network=net.describe(),
-                alpha_s=p["alpha_s"],
-                ports=p["ports"],
-                algorithm=p["algorithm"],
+                alpha_s=params.alpha_s,
+                ports=params.ports,
+                algorithm=params.algorithm,
                 gamma_s_per_byte=link.gamma,
             )
         )

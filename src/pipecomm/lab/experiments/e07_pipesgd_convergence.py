@@ -116,8 +116,7 @@ class Params(ConvergenceParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        methods = list(p["methods"])
+        methods = list(self.methods)
         require(
             len(methods) >= 2 and methods[0] == "sync" and len(set(methods)) == len(methods),
             "methods",
@@ -125,17 +124,17 @@ class Params(ConvergenceParams):
             "must start with 'sync' (the baseline) and list >= 2 distinct",
         )
         parse_methods(methods)
-        tm = list(p["timing_methods"])
+        tm = list(self.timing_methods)
         require(len(set(tm)) == len(tm) and (not tm or "sync" in tm), "timing_methods", tm,
                 "must list distinct methods including 'sync' (the baseline)")
         parse_methods(tm)
-        require(isinstance(p["timing_runs"], int) and not isinstance(p["timing_runs"], bool)
-                and p["timing_runs"] >= 0, "timing_runs", p["timing_runs"],
+        require(isinstance(self.timing_runs, int) and not isinstance(self.timing_runs, bool)
+                and self.timing_runs >= 0, "timing_runs", self.timing_runs,
                 f"must be an int >= 0 (0: the seeds are the repeats; claims need "
                 f">= {claims.MIN_REPEATS})")
-        require(isinstance(p["timing_iterations"], int)
-                and p["skip"] < p["timing_iterations"], "timing_iterations",
-                p["timing_iterations"], f"must be an int > skip={p['skip']}")
+        require(isinstance(self.timing_iterations, int)
+                and self.skip < self.timing_iterations, "timing_iterations",
+                self.timing_iterations, f"must be an int > skip={self.skip}")
         require(
             not any(m.startswith("nocomm") for m in [*methods, *tm]),
             "methods",
@@ -143,21 +142,21 @@ class Params(ConvergenceParams):
             "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
         )
         require(
-            0 < p["target_fraction"] <= 1, "target_fraction", p["target_fraction"], "must be in (0, 1]"
+            0 < self.target_fraction <= 1, "target_fraction", self.target_fraction, "must be in (0, 1]"
         )
-        if p["lrs"]:
-            tuning.check_grid("lrs", p["lrs"])
-        sel = p["selection_seeds"]
+        if self.lrs:
+            tuning.check_grid("lrs", self.lrs)
+        sel = self.selection_seeds
         require(isinstance(sel, list) and sel and len(set(sel)) == len(sel)
                 and all(isinstance(s, int) and not isinstance(s, bool) for s in sel)
-                and not set(sel) & set(p["seeds"]), "selection_seeds", sel,
-                f"must be distinct ints, none of them an evaluation seed (seeds={p['seeds']})")
-        require(isinstance(p["max_extend"], int) and not isinstance(p["max_extend"], bool)
-                and p["max_extend"] >= 0, "max_extend", p["max_extend"], "must be an int >= 0")
-        require(isinstance(p["control_seeds"], int) and not isinstance(p["control_seeds"], bool)
-                and p["control_seeds"] >= 0, "control_seeds", p["control_seeds"],
+                and not set(sel) & set(self.seeds), "selection_seeds", sel,
+                f"must be distinct ints, none of them an evaluation seed (seeds={self.seeds})")
+        require(isinstance(self.max_extend, int) and not isinstance(self.max_extend, bool)
+                and self.max_extend >= 0, "max_extend", self.max_extend, "must be an int >= 0")
+        require(isinstance(self.control_seeds, int) and not isinstance(self.control_seeds, bool)
+                and self.control_seeds >= 0, "control_seeds", self.control_seeds,
                 "must be an int >= 0 (0: every seed)")
-        check_config(config(p, seed=p["seeds"][0], method="sync", eval_part="test"))
+        check_config(config(self, seed=self.seeds[0], method="sync", eval_part="test"))
 
 DEFAULTS = Params.defaults()
 
@@ -173,7 +172,7 @@ def base_method(method: str) -> str:
     return method.partition("@")[0]
 
 
-def select_rates(p: Params) -> tuple[dict[str, float], pd.DataFrame]:
+def select_rates(params: Params) -> tuple[dict[str, float], pd.DataFrame]:
     """Each base method's peak learning rate, chosen on the selection seeds: every rate of
     ``lrs`` (extended while the best is at an edge, :func:`pipecomm.lab.tuning.select_rate`)
     trained from each of ``selection_seeds``, scored by the final loss on the held-out split's
@@ -182,25 +181,25 @@ def select_rates(p: Params) -> tuple[dict[str, float], pd.DataFrame]:
     >= 2 rates every method trains at ``lr`` and nothing runs. Returns the rates and the
     selection runs' rows (``kind="sweep"``: method, seed, lr_peak, val_loss, val_accuracy,
     selected, sweep_gap)."""
-    bases = list(dict.fromkeys(base_method(m) for m in [*p["methods"], *p["timing_methods"]]))
-    if len(p["lrs"]) < 2:
-        rate = float(p["lrs"][0]) if p["lrs"] else float(p["lr"])
+    bases = list(dict.fromkeys(base_method(m) for m in [*params.methods, *params.timing_methods]))
+    if len(params.lrs) < 2:
+        rate = float(params.lrs[0]) if params.lrs else float(params.lr)
         return dict.fromkeys(bases, rate), pd.DataFrame()
-    sel = list(p["selection_seeds"])
-    runs = results.Runs(len(bases) * len(p["lrs"]) * len(sel), desc="E7 rate selection")
+    sel = list(params.selection_seeds)
+    runs = results.Runs(len(bases) * len(params.lrs) * len(sel), desc="E7 rate selection")
     rows: list[dict[str, Any]] = []
     chosen: dict[str, float] = {}
-    with launch.Ranks(p["world_size"], backend=p["backend"]) as ranks:
+    with launch.Ranks(params.world_size, backend=params.backend) as ranks:
         for method in bases:
             scored: list[dict[str, Any]] = []
 
             def score(lr: float, method: str = method, scored: list = scored) -> float:
                 losses = []
                 for seed in sel:
-                    cfg = config(p, seed=seed, method=method, lr=lr, eval_part="val",
+                    cfg = config(params, seed=seed, method=method, lr=lr, eval_part="val",
                                  eval_every=0)
                     res = runs({"select": cfg}, ranks.run, train_rank, cfg,
-                               timeout_s=p["timeout_s"])
+                               timeout_s=params.timeout_s)
                     final = res[0]["evals"][-1]
                     scored.append({"kind": "sweep", "method": method, "seed": seed,
                                    "lr_peak": lr, "val_loss": final["test_loss"],
@@ -208,7 +207,7 @@ def select_rates(p: Params) -> tuple[dict[str, float], pd.DataFrame]:
                     losses.append(final["test_loss"])
                 return float(np.mean(losses))
 
-            rate, _, gap = tuning.select_rate(score, p["lrs"], p["max_extend"])
+            rate, _, gap = tuning.select_rate(score, params.lrs, params.max_extend)
             chosen[method] = rate
             rows += [{**r, "selected": r["lr_peak"] == rate, "sweep_gap": gap or ""}
                      for r in scored]
@@ -221,21 +220,21 @@ def run(**params: Any) -> pd.DataFrame:
     train every method for every evaluation seed at its rate on the chosen emulated network
     (accuracy on the held-out split's "test" half; the controls, methods with ``@``, from the
     first ``control_seeds`` seeds only); tidy rows."""
-    p = Params.make(**params)
-    rates, sweep = select_rates(p)
+    params = Params.make(**params)
+    rates, sweep = select_rates(params)
 
-    def cfg_of(p: Params, seed: int, method: str) -> dict[str, Any]:
-        return config(p, seed=seed, method=method, lr=rates[base_method(method)],
+    def cfg_of(params: Params, seed: int, method: str) -> dict[str, Any]:
+        return config(params, seed=seed, method=method, lr=rates[base_method(method)],
                       eval_part="test")
 
-    timing = (list(p["timing_methods"]), p["timing_iterations"], p["timing_runs"])
-    n_control = p["control_seeds"] or len(p["seeds"])
-    df = calibrate_and_train(p, cfg_of, list(p["methods"]), list(p["seeds"]),
-                             timing=timing if p["timing_runs"] and p["timing_methods"] else None,
+    timing = (list(params.timing_methods), params.timing_iterations, params.timing_runs)
+    n_control = params.control_seeds or len(params.seeds)
+    df = calibrate_and_train(params, cfg_of, list(params.methods), list(params.seeds),
+                             timing=timing if params.timing_runs and params.timing_methods else None,
                              runs_seed=lambda i, m: "@" not in m or i < n_control)
     if len(sweep):
-        df = pd.concat([df, sweep.assign(world_size=p["world_size"])], ignore_index=True)
-    return df.assign(target_fraction=p["target_fraction"])
+        df = pd.concat([df, sweep.assign(world_size=params.world_size)], ignore_index=True)
+    return df.assign(target_fraction=params.target_fraction)
 
 
 # --------------------------------------------------------------------------- analysis

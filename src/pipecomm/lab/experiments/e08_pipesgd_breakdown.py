@@ -92,8 +92,7 @@ class Params(CalibratedPoolParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        methods = list(p["methods"])
+        methods = list(self.methods)
         require(
             len(methods) >= 2
             and "sync" in methods
@@ -105,25 +104,25 @@ class Params(CalibratedPoolParams):
         )
         modes = [mode for mode, _, _ in parse_methods(methods)]
         require("nocomm" not in modes, "methods", methods, "'nocomm' has nothing to break down")
-        positive_float(p, "bucket_mb")
-        require(isinstance(p["runs"], int) and not isinstance(p["runs"], bool)
-                and p["runs"] >= 1, "runs", p["runs"],
+        positive_float(self, "bucket_mb")
+        require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
+                and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        check_config(_config(p, p["seed"], "sync"))
+        check_config(_config(self, self.seed, "sync"))
 
 DEFAULTS = Params.defaults()
 PARTS = ("compute", "allreduce", "wait", "compression", "update", "other")
 
 
-def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return config(p, seed=seed, method=method)
+def _config(params: Params, seed: int, method: str) -> dict[str, Any]:
+    return config(params, seed=seed, method=method)
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then ``runs`` interleaved rounds of one training run
     per method in one pool."""
-    p = Params.make(**params)
-    return calibrate_and_train(p, _config, list(p["methods"]), [p["seed"]], repeats=p["runs"])
+    params = Params.make(**params)
+    return calibrate_and_train(params, _config, list(params.methods), [params.seed], repeats=params.runs)
 
 
 # --------------------------------------------------------------------------- analysis

@@ -121,9 +121,8 @@ class Params(ConvergenceParams):
 
     def validate(self) -> None:
         super().validate()
-        p = self
-        positive_int(p, "nocomm_iterations")
-        methods = list(p["methods"])
+        positive_int(self, "nocomm_iterations")
+        methods = list(self.methods)
         require(
             "sync" in methods and len(set(methods)) == len(methods),
             "methods",
@@ -132,26 +131,26 @@ class Params(ConvergenceParams):
         )
         parse_methods(methods)
         require(
-            0 <= p["skip"] < p["nocomm_iterations"],
+            0 <= self.skip < self.nocomm_iterations,
             "skip",
-            p["skip"],
-            f"must be below nocomm_iterations={p['nocomm_iterations']}",
+            self.skip,
+            f"must be below nocomm_iterations={self.nocomm_iterations}",
         )
-        require(isinstance(p["timing_runs"], int) and not isinstance(p["timing_runs"], bool)
-                and p["timing_runs"] >= 0, "timing_runs", p["timing_runs"],
+        require(isinstance(self.timing_runs, int) and not isinstance(self.timing_runs, bool)
+                and self.timing_runs >= 0, "timing_runs", self.timing_runs,
                 f"must be an int >= 0 (0: the seeds are the repeats; claims need "
                 f">= {claims.MIN_REPEATS})")
-        require(isinstance(p["timing_iterations"], int)
-                and p["skip"] < p["timing_iterations"], "timing_iterations",
-                p["timing_iterations"], f"must be an int > skip={p['skip']}")
-        positive_float(p, "bucket_mb")
+        require(isinstance(self.timing_iterations, int)
+                and self.skip < self.timing_iterations, "timing_iterations",
+                self.timing_iterations, f"must be an int > skip={self.skip}")
+        positive_float(self, "bucket_mb")
         require(
-            0 < p["target_acc"] <= 100,
+            0 < self.target_acc <= 100,
             "target_acc",
-            p["target_acc"],
+            self.target_acc,
             "must be a percentage in (0, 100]",
         )
-        check_config(_config(p, p["seeds"][0], "sync"))
+        check_config(_config(self, self.seeds[0], "sync"))
 
 DEFAULTS = Params.defaults()
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
@@ -164,28 +163,28 @@ MODEL_OF = {
 }
 
 
-def _config(p: dict[str, Any], seed: int, method: str) -> dict[str, Any]:
-    return config(p, seed=seed, method=method, evaluate=method != "nocomm")
+def _config(params: Params, seed: int, method: str) -> dict[str, Any]:
+    return config(params, seed=seed, method=method, evaluate=method != "nocomm")
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, the timing runs, then every (seed, method) training run
     in one pool (no ``nocomm`` training run when there are timing runs: it only times)."""
-    p = Params.make(**params)
-    methods = list(p["methods"])
+    params = Params.make(**params)
+    methods = list(params.methods)
     timing = None
-    if p["timing_runs"]:
-        timing = (methods, p["timing_iterations"], p["timing_runs"])
+    if params.timing_runs:
+        timing = (methods, params.timing_iterations, params.timing_runs)
         methods = [m for m in methods if m != "nocomm"]
     df = calibrate_and_train(
-        p,
+        params,
         _config,
         methods,
-        list(p["seeds"]),
-        iterations={"nocomm": p["nocomm_iterations"]},
+        list(params.seeds),
+        iterations={"nocomm": params.nocomm_iterations},
         timing=timing,
     )
-    return df.assign(target_acc=p["target_acc"])
+    return df.assign(target_acc=params.target_acc)
 
 
 # --------------------------------------------------------------------------- analysis

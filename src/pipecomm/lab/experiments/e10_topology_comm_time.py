@@ -84,28 +84,27 @@ class Params(TwoLevelParams):
     timeout_s: float = 300.0
 
     def validate(self) -> None:
-        p = self
-        rpn = check_int("ranks_per_node", p["ranks_per_node"])
-        check_world_sizes("world_sizes", p["world_sizes"], rpn)
-        if not p["models"] or not isinstance(p["models"], (list, tuple)):
-            raise ValueError(f"parameter models must be a non-empty list, got {p['models']!r}")
+        rpn = check_int("ranks_per_node", self.ranks_per_node)
+        check_world_sizes("world_sizes", self.world_sizes, rpn)
+        if not self.models or not isinstance(self.models, (list, tuple)):
+            raise ValueError(f"parameter models must be a non-empty list, got {self.models!r}")
         known = ["timing", *TASK_MODELS]
-        for m in p["models"]:
+        for m in self.models:
             if m not in known:
                 raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
-        if not p["topologies"] or not isinstance(p["topologies"], (list, tuple)):
-            raise ValueError(f"parameter topologies must be a non-empty list, got {p['topologies']!r}")
-        for t in p["topologies"]:
+        if not self.topologies or not isinstance(self.topologies, (list, tuple)):
+            raise ValueError(f"parameter topologies must be a non-empty list, got {self.topologies!r}")
+        for t in self.topologies:
             if t not in topology.available_topologies() or t == "random-matching":
                 raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-        if p["algorithm"] != "ring":
+        if self.algorithm != "ring":
             raise ValueError(
                 f"parameter algorithm must be 'ring' (the overlapped model replays pipecomm's "
-                f"ring; the gossip of DecentralizedDataParallel), got {p['algorithm']!r}"
+                f"ring; the gossip of DecentralizedDataParallel), got {self.algorithm!r}"
             )
-        check_int("warmup", p["warmup"], 0)
-        check_int("iters", p["iters"])
-        check_int("runs", p["runs"])
+        check_int("warmup", self.warmup, 0)
+        check_int("iters", self.iters)
+        check_int("runs", self.runs)
         super().validate()  # the network's parameters
 
 
@@ -115,28 +114,28 @@ DEFAULTS = Params.defaults()
 def run(**params: Any) -> pd.DataFrame:
     """Measure the gossip time of every step of every topology in ``runs`` interleaved runs;
     add the overlapped model's time and the lock-step one."""
-    p = Params.make(**params)
-    net = make_network(p)
-    rpn = p["ranks_per_node"]
-    sizes = {m: workload_bucket_bytes(m) for m in p["models"]}
-    todo = [(m, t) for m in p["models"] for t in p["topologies"]]
+    params = Params.make(**params)
+    net = make_network(params)
+    rpn = params.ranks_per_node
+    sizes = {m: workload_bucket_bytes(m) for m in params.models}
+    todo = [(m, t) for m in params.models for t in params.topologies]
     rows = []
-    for world in p["world_sizes"]:
+    for world in params.world_sizes:
         smallest = min(min(b) for b in sizes.values()) // world  # a ring chunk
-        with ranks_on(p["network"], world, net, smallest, ranks_per_node=rpn,
-                      timeout_s=p["timeout_s"]) as ranks:
+        with ranks_on(params.network, world, net, smallest, ranks_per_node=rpn,
+                      timeout_s=params.timeout_s) as ranks:
             models: dict[tuple, tuple[float, float]] = {}
-            for run_id, (model, topo_name) in rounds(todo, p["runs"]):
+            for run_id, (model, topo_name) in rounds(todo, params.runs):
                 topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)
                 per_rank = ranks.run(
                     rank_gossip_times,
                     sizes[model],
                     topo_name,
                     rpn,
-                    p["algorithm"],
-                    p["warmup"],
-                    p["iters"],
-                    timeout_s=p["timeout_s"],
+                    params.algorithm,
+                    params.warmup,
+                    params.iters,
+                    timeout_s=params.timeout_s,
                 )
                 for r in per_rank[0]:
                     groups = topo.groups(r["step"])
@@ -144,9 +143,9 @@ def run(**params: Any) -> pd.DataFrame:
                     if key not in models:
                         models[key] = (
                             overlapped_gossip_time(groups, sizes[model], rpn, ranks.net,
-                                                   p["algorithm"]),
+                                                   params.algorithm),
                             model_gossip_time(groups, sizes[model], rpn, ranks.net,
-                                              p["algorithm"]))
+                                              params.algorithm))
                     rows.append(
                         {
                             "world_size": world,
@@ -163,7 +162,7 @@ def run(**params: Any) -> pd.DataFrame:
                             "model_s": models[key][0],
                             "lockstep_s": models[key][1],
                             "spectral_gap": topo.spectral_gap(),
-                            "algorithm": p["algorithm"],
+                            "algorithm": params.algorithm,
                             "ranks_per_node": rpn,
                             "backend": "gloo",
                             "network": ranks.text,

@@ -108,38 +108,37 @@ class Params(experiment.Params):
     inter_bandwidth_Bps: float | None = None  # None: each network's own inter-node bandwidth
 
     def validate(self) -> None:
-        p = self
-        check_network_kind(p["network"])
-        rpn = check_int("ranks_per_node", p["ranks_per_node"])
-        check_world_sizes("world_size", [p["world_size"]], rpn)
+        check_network_kind(self.network)
+        rpn = check_int("ranks_per_node", self.ranks_per_node)
+        check_world_sizes("world_size", [self.world_size], rpn)
         for key in ("compute_scales", "compute_cvs"):
-            v = p[key]
+            v = getattr(self, key)
             if not isinstance(v, (list, tuple)) or any(
                 isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in v
             ):
                 raise ValueError(f"parameter {key} must be a list of numbers >= 0, got {v!r}")
-        if not p["compute_scales"] or any(x <= 0 for x in p["compute_scales"]):
+        if not self.compute_scales or any(x <= 0 for x in self.compute_scales):
             raise ValueError(
-                f"parameter compute_scales must be non-empty and > 0, got {p['compute_scales']!r}"
+                f"parameter compute_scales must be non-empty and > 0, got {self.compute_scales!r}"
             )
-        if not isinstance(p["networks"], (list, tuple)) or not p["networks"]:
-            raise ValueError(f"parameter networks must be a non-empty list, got {p['networks']!r}")
-        for n in p["networks"]:
+        if not isinstance(self.networks, (list, tuple)) or not self.networks:
+            raise ValueError(f"parameter networks must be a non-empty list, got {self.networks!r}")
+        for n in self.networks:
             if n not in NETWORKS:
                 raise ValueError(
                     f"parameter networks: unknown network {n!r}; choose from {list(NETWORKS)}"
                 )
-        bw = p["inter_bandwidth_Bps"]
+        bw = self.inter_bandwidth_Bps
         if bw is not None and not (isinstance(bw, (int, float)) and bw > 0):
             raise ValueError(f"parameter inter_bandwidth_Bps must be None or > 0, got {bw!r}")
-        check_timing_workload(p)
-        check_int("runs", p["runs"])
+        check_timing_workload(self)
+        check_int("runs", self.runs)
 
 
 DEFAULTS = Params.defaults()
 
 
-def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
+def cases(params: Params) -> list[dict[str, Any]]:
     """The configurations measured: the base case (scale 1, cv 0, first network), then one sweep
     per factor, each changing only that factor.
 
@@ -147,11 +146,11 @@ def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
 
         [c["factor"] for c in cases(DEFAULTS)]   # ['base', 'overlap', 'varying compute', 'links']
     """
-    base_net = p["networks"][0]
+    base_net = params.networks[0]
     out = [{"factor": "base", "compute_scale": 1.0, "compute_cv": 0.0, "net": base_net}]
     out += [
         {"factor": "overlap", "compute_scale": float(s), "compute_cv": 0.0, "net": base_net}
-        for s in p["compute_scales"]
+        for s in params.compute_scales
         if float(s) != 1.0
     ]
     out += [
@@ -161,67 +160,67 @@ def cases(p: dict[str, Any]) -> list[dict[str, Any]]:
             "compute_cv": float(cv),
             "net": base_net,
         }
-        for cv in p["compute_cvs"]
+        for cv in params.compute_cvs
         if float(cv) != 0.0
     ]
     out += [
         {"factor": "links", "compute_scale": 1.0, "compute_cv": 0.0, "net": n}
-        for n in p["networks"][1:]
+        for n in params.networks[1:]
     ]
     return out
 
 
-def _spec(p: dict[str, Any], case: dict[str, Any], kind: str, run: int = 0) -> dict[str, Any]:
+def _spec(params: Params, case: dict[str, Any], kind: str, run: int = 0) -> dict[str, Any]:
     return timing_spec(
-        p["world_size"],
-        ranks_per_node=p["ranks_per_node"],
-        width=p["width"],
-        layers=p["layers"],
-        fwd_ms=p["fwd_ms"],
-        bwd_ms=p["bwd_ms"],
+        params.world_size,
+        ranks_per_node=params.ranks_per_node,
+        width=params.width,
+        layers=params.layers,
+        fwd_ms=params.fwd_ms,
+        bwd_ms=params.bwd_ms,
         compute_scale=case["compute_scale"],
         compute_cv=case["compute_cv"],
-        seed=p["seed"] + run,
+        seed=params.seed + run,
         kind=kind,
-        topology=p["topology"],
-        algorithm=p["algorithm"],
-        warmup=p["warmup"],
-        blocks=p["blocks"],
-        block_iters=p["block_iters"],
-        calib_iters=p["calib_iters"],
+        topology=params.topology,
+        algorithm=params.algorithm,
+        warmup=params.warmup,
+        blocks=params.blocks,
+        block_iters=params.block_iters,
+        calib_iters=params.calib_iters,
     )
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Calibrate compute, then measure (``runs`` interleaved runs) and predict every case for
     AllReduce and DAdam."""
-    p = Params.make(**params)
-    rpn, world = p["ranks_per_node"], p["world_size"]
-    todo = cases(p)
+    params = Params.make(**params)
+    rpn, world = params.ranks_per_node, params.world_size
+    todo = cases(params)
     calib: dict[float, dict[str, Any]] = {}
     rows = []
     for net_name in dict.fromkeys(c["net"] for c in todo):
-        over = {} if p["inter_bandwidth_Bps"] is None else {
-            "inter_bandwidth_Bps": p["inter_bandwidth_Bps"]}
+        over = {} if params.inter_bandwidth_Bps is None else {
+            "inter_bandwidth_Bps": params.inter_bandwidth_Bps}
         net = make_network({**NETWORKS[net_name], **over})
-        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
-        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
-                      timeout_s=p["timeout_s"]) as ranks:
+        layer_chunk = 4 * params.width ** 2 // world  # a ring chunk of one layer's gradient
+        with ranks_on(params.network, world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=params.timeout_s) as ranks:
             mine = [c for c in todo if c["net"] == net_name]
             for case in mine:
                 scale = case["compute_scale"]
                 if scale not in calib:  # a separate, compute-only run (no communication)
-                    spec = _spec(p, case, "allreduce")
+                    spec = _spec(params, case, "allreduce")
                     calib[scale] = summarize_buckets(
-                        ranks.run(rank_calibrate_buckets, spec, timeout_s=p["timeout_s"])
+                        ranks.run(rank_calibrate_buckets, spec, timeout_s=params.timeout_s)
                     )
             items = [(i, kind) for i in range(len(mine))
                      for kind in ("allreduce", "decentralized")]
-            for run_id, (i, kind) in rounds(items, p["runs"]):
+            for run_id, (i, kind) in rounds(items, params.runs):
                 case = mine[i]
                 scale = case["compute_scale"]
-                spec = _spec(p, case, kind, run_id)
-                res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                spec = _spec(params, case, kind, run_id)
+                res = ranks.run(rank_time_training, spec, timeout_s=params.timeout_s)[0]
                 pred = predict_training(spec, calib[scale], ranks.net)
                 rows.append(
                     {
@@ -230,8 +229,8 @@ def run(**params: Any) -> pd.DataFrame:
                         "compute_scale": scale,
                         "compute_cv": case["compute_cv"],
                         "kind": kind,
-                        "method": method_name(kind, p["topology"]),
-                        "topology": None if kind == "allreduce" else p["topology"],
+                        "method": method_name(kind, params.topology),
+                        "topology": None if kind == "allreduce" else params.topology,
                         "run": run_id,
                         "measured_s": res["iteration_s"],
                         "predicted_s": pred["iteration_s"],
@@ -240,7 +239,7 @@ def run(**params: Any) -> pd.DataFrame:
                         "model_comm_s": pred["comm_s"],
                         "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
                         "times_s": res["times_s"],
-                        "algorithm": p["algorithm"],
+                        "algorithm": params.algorithm,
                         "ranks_per_node": rpn,
                         "world_size": world,
                         "backend": "gloo",

@@ -90,16 +90,15 @@ class Params(TwoLevelParams):
     timeout_s: float = 300.0
 
     def validate(self) -> None:
-        p = self
-        rpn = check_int("ranks_per_node", p["ranks_per_node"])
-        check_world_sizes("world_sizes", p["world_sizes"], rpn)
-        if not isinstance(p["topologies"], (list, tuple)):
-            raise ValueError(f"parameter topologies must be a list, got {p['topologies']!r}")
-        for t in p["topologies"]:
+        rpn = check_int("ranks_per_node", self.ranks_per_node)
+        check_world_sizes("world_sizes", self.world_sizes, rpn)
+        if not isinstance(self.topologies, (list, tuple)):
+            raise ValueError(f"parameter topologies must be a list, got {self.topologies!r}")
+        for t in self.topologies:
             if t not in TOPOLOGIES:
                 raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
-        check_timing_workload(p, "compute_cv")
-        check_int("runs", p["runs"])
+        check_timing_workload(self, "compute_cv")
+        check_int("runs", self.runs)
         super().validate()  # the network's parameters
 
 
@@ -109,37 +108,37 @@ DEFAULTS = Params.defaults()
 def run(**params: Any) -> pd.DataFrame:
     """For every world size: calibrate compute, then time AllReduce and every topology in
     ``runs`` interleaved runs (run ``r`` draws its compute factors with seed ``seed + r``)."""
-    p = Params.make(**params)
-    rpn = p["ranks_per_node"]
-    net = make_network(p)
-    methods = [("allreduce", None)] + [("decentralized", t) for t in p["topologies"]]
+    params = Params.make(**params)
+    rpn = params.ranks_per_node
+    net = make_network(params)
+    methods = [("allreduce", None)] + [("decentralized", t) for t in params.topologies]
     rows = []
-    for world in p["world_sizes"]:
+    for world in params.world_sizes:
         base = timing_spec(
             world,
             ranks_per_node=rpn,
-            width=p["width"],
-            layers=p["layers"],
-            fwd_ms=p["fwd_ms"],
-            bwd_ms=p["bwd_ms"],
-            compute_cv=p["compute_cv"],
-            seed=p["seed"],
-            algorithm=p["algorithm"],
-            warmup=p["warmup"],
-            blocks=p["blocks"],
-            block_iters=p["block_iters"],
-            calib_iters=p["calib_iters"],
+            width=params.width,
+            layers=params.layers,
+            fwd_ms=params.fwd_ms,
+            bwd_ms=params.bwd_ms,
+            compute_cv=params.compute_cv,
+            seed=params.seed,
+            algorithm=params.algorithm,
+            warmup=params.warmup,
+            blocks=params.blocks,
+            block_iters=params.block_iters,
+            calib_iters=params.calib_iters,
         )
-        layer_chunk = 4 * p["width"] ** 2 // world  # a ring chunk of one layer's gradient
-        with ranks_on(p["network"], world, net, layer_chunk, ranks_per_node=rpn,
-                      timeout_s=p["timeout_s"]) as ranks:
+        layer_chunk = 4 * params.width ** 2 // world  # a ring chunk of one layer's gradient
+        with ranks_on(params.network, world, net, layer_chunk, ranks_per_node=rpn,
+                      timeout_s=params.timeout_s) as ranks:
             calib = summarize_buckets(
-                ranks.run(rank_calibrate_buckets, base, timeout_s=p["timeout_s"])
+                ranks.run(rank_calibrate_buckets, base, timeout_s=params.timeout_s)
             )
-            for run_id, (kind, topo) in rounds(methods, p["runs"]):
+            for run_id, (kind, topo) in rounds(methods, params.runs):
                 spec = dict(base, kind=kind, topology=topo or "complete",
-                            seed=p["seed"] + run_id)
-                res = ranks.run(rank_time_training, spec, timeout_s=p["timeout_s"])[0]
+                            seed=params.seed + run_id)
+                res = ranks.run(rank_time_training, spec, timeout_s=params.timeout_s)[0]
                 pred = predict_training(spec, calib, ranks.net)
                 rows.append(
                     {
@@ -153,8 +152,8 @@ def run(**params: Any) -> pd.DataFrame:
                         "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
                         "times_s": res["times_s"],
                         "calibrated_compute_s": calib["compute_s"],
-                        "compute_cv": p["compute_cv"],
-                        "algorithm": p["algorithm"],
+                        "compute_cv": params.compute_cv,
+                        "algorithm": params.algorithm,
                         "ranks_per_node": rpn,
                         "nodes": world // rpn,
                         "world_size": world,

@@ -130,59 +130,58 @@ class Params(experiment.Params):
     timeout_s: float = 300.0
 
     def validate(self) -> None:
-        p = self
-        rpn = check_int("ranks_per_node", p["ranks_per_node"])
-        check_world_sizes("world_size", [p["world_size"]], rpn)
+        rpn = check_int("ranks_per_node", self.ranks_per_node)
+        check_world_sizes("world_size", [self.world_size], rpn)
         for key, allowed in (("tasks", list(TASKS)), ("methods", METHODS)):
-            v = p[key]
+            v = getattr(self, key)
             if not isinstance(v, (list, tuple)) or not v or any(x not in allowed for x in v):
                 raise ValueError(f"parameter {key} must be a non-empty list from {allowed}, got {v!r}")
-        if "allreduce-adam" not in p["methods"]:
+        if "allreduce-adam" not in self.methods:
             raise ValueError("parameter methods must include 'allreduce-adam' (the reference)")
         seed_keys = ("digits_seeds", "lm_seeds", "selection_seeds")
         for key in (*seed_keys, "accum_iters"):
-            v = p[key]
+            v = getattr(self, key)
             if not isinstance(v, (list, tuple)) or not v or len(set(v)) != len(v):
                 raise ValueError(f"parameter {key} must be a non-empty list of distinct values, "
                                  f"got {v!r}")
         for key in seed_keys:
-            for s in p[key]:
+            for s in getattr(self, key):
                 check_int(key, s, 0)
-        common = sorted(set(p["selection_seeds"])
-                        & (set(p["digits_seeds"]) | set(p["lm_seeds"])))
+        common = sorted(set(self.selection_seeds)
+                        & (set(self.digits_seeds) | set(self.lm_seeds)))
         if common:
             raise ValueError(f"parameter selection_seeds must be disjoint from the evaluation "
                              f"seeds (digits_seeds, lm_seeds), got {common} in both")
-        for k in p["accum_iters"]:
+        for k in self.accum_iters:
             check_int("accum_iters", k, 2)
-        check_int("max_extend", p["max_extend"], 0)
+        check_int("max_extend", self.max_extend, 0)
         for key in ("digits_lrs", "lm_lrs"):
-            tuning.check_grid(key, p[key])
+            tuning.check_grid(key, getattr(self, key))
         for key in ("digits_iterations", "lm_iterations", "eval_every", "digits_batch",
                     "lm_batch", "seq_len"):
-            check_int(key, p[key])
-        wf = p["warmup_fraction"]
+            check_int(key, getattr(self, key))
+        wf = self.warmup_fraction
         if isinstance(wf, bool) or not isinstance(wf, (int, float)) or not 0 <= wf <= 1:
             raise ValueError(f"parameter warmup_fraction must be a number in [0, 1], got {wf!r}")
-        for task in p["tasks"]:
-            iters = p[f"{task}_iterations"]
+        for task in self.tasks:
+            iters = getattr(self, f"{task}_iterations")
             try:
-                schedules.check(p["schedule"], iters, _warmup(p, iters), p["min_lr_ratio"])
+                schedules.check(self.schedule, iters, _warmup(self.warmup_fraction, iters), self.min_lr_ratio)
             except ValueError as exc:
                 raise ValueError(f"parameter schedule/min_lr_ratio: {exc}") from None
-        if not isinstance(p["emulated"], bool):
-            raise ValueError(f"parameter emulated must be True or False, got {p['emulated']!r}")
-        check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
+        if not isinstance(self.emulated, bool):
+            raise ValueError(f"parameter emulated must be True or False, got {self.emulated!r}")
+        check_backend(self.backend, self.world_size, emulated=self.emulated)
 
 
 DEFAULTS = Params.defaults()
 
 
-def _warmup(p: dict[str, Any], iterations: int) -> int:
-    return round(p["warmup_fraction"] * iterations)
+def _warmup(warmup_fraction: float, iterations: int) -> int:
+    return round(warmup_fraction * iterations)
 
 
-def configurations(p: dict[str, Any]) -> list[tuple[str, int]]:
+def configurations(params: Params) -> list[tuple[str, int]]:
     """(method, K) of every configuration: K = 1 for AllReduce and DAdam, each of
     ``accum_iters`` for AccumAdam.
 
@@ -191,8 +190,8 @@ def configurations(p: dict[str, Any]) -> list[tuple[str, int]]:
         configurations({"methods": ["allreduce-adam", "accumadam-aer"], "accum_iters": [2, 4]})
         # [("allreduce-adam", 1), ("accumadam-aer", 2), ("accumadam-aer", 4)]
     """
-    return [(m, k) for m in p["methods"]
-            for k in (p["accum_iters"] if m.startswith("accumadam") else [1])]
+    return [(m, k) for m in params.methods
+            for k in (params.accum_iters if m.startswith("accumadam") else [1])]
 
 
 def config_label(method: str, k: int) -> str:
@@ -287,7 +286,7 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
                            topology=topo, bucket_mb=TASK_BUCKET_MB, algorithm=cfg["algorithm"])
     opt = trainer.optimizer
     sched = schedules.build(opt, cfg["schedule"], total_steps=iterations,
-                            warmup_steps=_warmup(cfg, iterations), min_ratio=cfg["min_lr_ratio"])
+                            warmup_steps=_warmup(cfg["warmup_fraction"], iterations), min_ratio=cfg["min_lr_ratio"])
     batches = _batches(task, cfg, rank, world)
     window, evals = [], []
     elapsed = 0.0
@@ -321,14 +320,14 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the experiment
 
 
-def data_seen(p: dict[str, Any], task: str) -> tuple[int, float]:
+def data_seen(params: Params, task: str) -> tuple[int, float]:
     """Samples (digits images, LM tokens) one run trains on, over all ranks, and the epochs of
     the training split that makes."""
-    iters, world = p[f"{task}_iterations"], p["world_size"]
+    iters, world = getattr(params, f"{task}_iterations"), params.world_size
     if task == "digits":
-        n, size = iters * world * p["digits_batch"], len(_digits("train")[0])
+        n, size = iters * world * params.digits_batch, len(_digits("train")[0])
     else:
-        n, size = iters * world * p["lm_batch"] * p["seq_len"], len(corpus().train)
+        n, size = iters * world * params.lm_batch * params.seq_len, len(corpus().train)
     return n, n / size
 
 
@@ -347,10 +346,10 @@ def _rows(res: list[dict[str, Any]], common: dict[str, Any]) -> list[dict[str, A
     return rows
 
 
-def eval_seeds(p: dict[str, Any], task: str) -> list[int]:
+def eval_seeds(params: Params, task: str) -> list[int]:
     """The evaluation seeds of ``task`` (``digits_seeds`` or ``lm_seeds``): those the claims
     count, never used to choose a rate."""
-    return [int(s) for s in p[f"{task}_seeds"]]
+    return [int(s) for s in getattr(params, f"{task}_seeds")]
 
 
 def run(**params: Any) -> pd.DataFrame:
@@ -358,42 +357,42 @@ def run(**params: Any) -> pd.DataFrame:
     (:func:`pipecomm.lab.tuning.select_rate` over the task's grid, extended up to ``max_extend``
     times; phase "sweep"; no selection runs for a single-rate grid), then every evaluation seed
     of the task at that rate (phase "final"); tidy rows of curves and final metrics."""
-    p = Params.make(**params)
-    rpn, world = p["ranks_per_node"], p["world_size"]
-    net = make_network(DEFAULT_NETWORK) if p["emulated"] else None
-    algorithm = "ring" if p["emulated"] else "torch"
+    params = Params.make(**params)
+    rpn, world = params.ranks_per_node, params.world_size
+    net = make_network(DEFAULT_NETWORK) if params.emulated else None
+    algorithm = "ring" if params.emulated else "torch"
     netname = network_text(net, rpn)
-    confs = configurations(p)
-    selection = [int(s) for s in p["selection_seeds"]]
+    confs = configurations(params)
+    selection = [int(s) for s in params.selection_seeds]
     total = 0
-    for t in p["tasks"]:
-        n_grid = len(p[f"{t}_lrs"])
+    for t in params.tasks:
+        n_grid = len(getattr(params, f"{t}_lrs"))
         total += len(confs) * ((n_grid * len(selection) if n_grid > 1 else 0)
-                               + len(eval_seeds(p, t)))
+                               + len(eval_seeds(params, t)))
     runs = results.Runs(total, desc="E13 runs")  # an estimate: extensions add runs
     rows: list[dict[str, Any]] = []
-    with launch.pool(world, backend=p["backend"], network=net, ranks_per_node=rpn) as ranks:
+    with launch.pool(world, backend=params.backend, network=net, ranks_per_node=rpn) as ranks:
 
         def one(task: str, method: str, k: int, seed: int, lr: float, phase: str) -> list[dict]:
-            cfg = {**p, "task": task, "method": method, "k": k, "seed": seed, "lr": float(lr),
+            cfg = {**params.asdict(), "task": task, "method": method, "k": k, "seed": seed, "lr": float(lr),
                    "algorithm": algorithm}
-            res = runs(cfg, ranks.run, rank_train, cfg, timeout_s=p["timeout_s"])
-            iters = p[f"{task}_iterations"]
+            res = runs(cfg, ranks.run, rank_train, cfg, timeout_s=params.timeout_s)
+            iters = getattr(params, f"{task}_iterations")
             opt_kind, topo = _split(method)
-            samples, epochs = data_seen(p, task)
+            samples, epochs = data_seen(params, task)
             common = {
                 "task": task, "model": TASKS[task], "method": method, "accum_iter": k,
                 "config": config_label(method, k), "optimizer": opt_kind,
                 "topology": topo or "allreduce", "seed": seed, "lr": float(lr), "phase": phase,
-                "schedule": schedules.describe(p["schedule"], _warmup(p, iters),
-                                               p["min_lr_ratio"]),
+                "schedule": schedules.describe(params.schedule, _warmup(params.warmup_fraction, iters),
+                                               params.min_lr_ratio),
                 "iterations": iters, "samples_seen": samples, "epochs": epochs,
-                "world_size": world, "backend": p["backend"], "network": netname,
+                "world_size": world, "backend": params.backend, "network": netname,
                 "algorithm": algorithm,
             }
             return _rows(res, common)
 
-        for task in p["tasks"]:
+        for task in params.tasks:
             for method, k in confs:
                 swept: dict[float, list[list[dict]]] = {}
 
@@ -401,12 +400,12 @@ def run(**params: Any) -> pd.DataFrame:
                     swept[lr] = [one(task, method, k, s, lr, "sweep") for s in selection]
                     return float(np.mean([r[-1]["val_loss"] for r in swept[lr]]))
 
-                chosen, _scores, gap = tuning.select_rate(score, p[f"{task}_lrs"],
-                                                          p["max_extend"])
+                chosen, _scores, gap = tuning.select_rate(score, getattr(params, f"{task}_lrs"),
+                                                          params.max_extend)
                 for lr, rs in swept.items():
                     rows += [{**row, "selected": lr == chosen, "sweep_gap": ""}
                              for r in rs for row in r]
-                for seed in eval_seeds(p, task):
+                for seed in eval_seeds(params, task):
                     rows += [{**row, "selected": True, "sweep_gap": gap or ""}
                              for row in one(task, method, k, seed, chosen, "final")]
     runs.close()

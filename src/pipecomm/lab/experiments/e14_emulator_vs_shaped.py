@@ -80,7 +80,7 @@ class Params(experiment.Params):
             raise ValueError(f"parameter bandwidth_Bps must be in [1e5, 1e10] B/s, got "
                              f"{self.bandwidth_Bps!r}")
         for name in ("sizes", "link_sizes"):
-            vals = self[name]
+            vals = getattr(self, name)
             if not vals or any(n < 1024 for n in vals):
                 raise ValueError(f"parameter {name} must list message sizes >= 1024 bytes, got "
                                  f"{vals!r}")
@@ -96,8 +96,8 @@ class Params(experiment.Params):
                                  f"{ALGORITHMS}, got {algs!r}")
         for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1),
                               ("min_block_bytes", 1024)):
-            if self[name] < minimum:
-                raise ValueError(f"parameter {name} must be >= {minimum}, got {self[name]!r}")
+            if getattr(self, name) < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got {getattr(self, name)!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
 
@@ -105,16 +105,16 @@ class Params(experiment.Params):
 DEFAULTS = Params.defaults()
 
 
-def plan(p: Params) -> list[dict[str, Any]]:
+def plan(params: Params) -> list[dict[str, Any]]:
     """The timed points: every op x algorithm x size at p = ``world_size``, in a fixed order.
 
     Example::
 
         len(plan(Params.make()))   # 14
     """
-    return [{"op": op, "algorithm": alg, "nbytes": n, "p": p.world_size, "warmup": p.warmup,
-             "iters": p.iters, "first_warmup": True}
-            for op, algs in p.cases.items() for alg in algs for n in p.sizes]
+    return [{"op": op, "algorithm": alg, "nbytes": n, "p": params.world_size, "warmup": params.warmup,
+             "iters": params.iters, "first_warmup": True}
+            for op, algs in params.cases.items() for alg in algs for n in params.sizes]
 
 
 def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: float,
@@ -136,25 +136,25 @@ def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: flo
 def run(**params: Any) -> pd.DataFrame:
     """Calibrate and time the collectives on the shaped cluster, then on the emulator
     configured from that calibration (module docstring)."""
-    p = Params.make(**params)
+    params = Params.make(**params)
     ok, why = cluster.available()
     if not ok:
         raise RuntimeError(f"E14 needs the virtual cluster (root, iproute2, tc tbf): {why}")
-    points = plan(p)
-    with ranks_on("shaped", p.world_size, netem.Network(0.0, p.bandwidth_Bps), None,
-                  timeout_s=p.timeout_s, calibration_sizes=p.link_sizes,
-                  calibration_iters=p.link_iters) as shaped_ranks:
+    points = plan(params)
+    with ranks_on("shaped", params.world_size, netem.Network(0.0, params.bandwidth_Bps), None,
+                  timeout_s=params.timeout_s, calibration_sizes=params.link_sizes,
+                  calibration_iters=params.link_iters) as shaped_ranks:
         cal = shaped_ranks.calibration
         alpha_s, bandwidth_Bps = cal["inter"]["alpha_s"], cal["inter"]["bandwidth_Bps"]
-        blocked = with_blocks(points, alpha_s, bandwidth_Bps, p.min_block_bytes)
-        shaped = shaped_ranks.run(sweep.measure_points, blocked, timeout_s=p.timeout_s)[0]
+        blocked = with_blocks(points, alpha_s, bandwidth_Bps, params.min_block_bytes)
+        shaped = shaped_ranks.run(sweep.measure_points, blocked, timeout_s=params.timeout_s)[0]
         where = shaped_ranks.text
     net = netem.Network(alpha_s=alpha_s, bandwidth_Bps=bandwidth_Bps, ports="single")
-    smallest = min(min(pt.get("block_bytes") or pt["nbytes"], pt["nbytes"] // p.world_size)
+    smallest = min(min(pt.get("block_bytes") or pt["nbytes"], pt["nbytes"] // params.world_size)
                    for pt in blocked)
-    with network.emulated_pool(p.world_size, net, smallest, timeout_s=p.timeout_s) as ranks:
-        emulated = ranks.run(sweep.measure_points, blocked, timeout_s=p.timeout_s)[0]
-    common = {"bandwidth_Bps": p.bandwidth_Bps, "fit_alpha_s": alpha_s,
+    with network.emulated_pool(params.world_size, net, smallest, timeout_s=params.timeout_s) as ranks:
+        emulated = ranks.run(sweep.measure_points, blocked, timeout_s=params.timeout_s)[0]
+    common = {"bandwidth_Bps": params.bandwidth_Bps, "fit_alpha_s": alpha_s,
               "fit_bandwidth_Bps": bandwidth_Bps, "chain_Bps": cal["chain_Bps"]}
     link = pd.DataFrame(cal["inter"]["rows"]).rename(columns={"bandwidth_Bps": "achieved_Bps"})
     frames = [
