@@ -303,10 +303,10 @@ def overlapped_gossip_time(
     if algorithm != "ring":
         raise ValueError(f"algorithm: the overlapped model replays 'ring' only, got "
                          f"{algorithm!r}")
-    world = max(r for g in groups for r in g) + 1
-    world = -(-world // ranks_per_node) * ranks_per_node
+    p = max(r for g in groups for r in g) + 1
+    p = -(-p // ranks_per_node) * ranks_per_node
     gamma = link_models(net)[0].gamma
-    return float(max(replay_ring_allreduces(groups, bucket_bytes, net, ranks_per_node, world,
+    return float(max(replay_ring_allreduces(groups, bucket_bytes, net, ranks_per_node, p,
                                             gamma)["finish_s"]))
 
 

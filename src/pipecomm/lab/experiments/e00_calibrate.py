@@ -238,13 +238,13 @@ def run(**params: Any) -> pd.DataFrame:
 
         net = netem.Network(alpha_s=params.emu_alpha_s, bandwidth_Bps=params.emu_bandwidth_Bps)
         emu_sizes = message_sizes(params.sizes_min, params.emu_sizes_max, params.size_factor)
-        for world in params.emu_world_sizes:
-            with ranks_on(params.network, world, net, min(emu_sizes),
+        for p in params.emu_world_sizes:
+            with ranks_on(params.network, p, net, min(emu_sizes),
                           timeout_s=params.timeout_s) as ranks:
                 per_rank = ranks.run(_measure_rank, emu_sizes, params.iters, params.warmup, 0,
                                      timeout_s=params.timeout_s)
             frames.append(pd.DataFrame([r for rows in per_rank for r in rows]).assign(
-                section=ranks.kind, world_size=world, backend="gloo", network=ranks.text,
+                section=ranks.kind, world_size=p, backend="gloo", network=ranks.text,
                 emu_alpha_s=ranks.net.alpha_s, emu_bandwidth_Bps=ranks.net.bandwidth_Bps))
     return pd.concat(frames, ignore_index=True)
 
@@ -282,9 +282,9 @@ def fit_emulated(df: pd.DataFrame, min_bytes: int = 64 << 10) -> pd.DataFrame:
     """Per world size: the emulated alpha and bandwidth fitted from messages >= min_bytes."""
     rows = []
     emu = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
-    for world, g in emu.groupby("world_size"):
+    for p, g in emu.groupby("world_size"):
         a, b = cost.fit_alpha_beta(g.nbytes.to_numpy(), g.time_s.to_numpy())
-        rows.append({"world_size": world, "alpha_s": a, "bandwidth_Bps": 1 / b,
+        rows.append({"world_size": p, "alpha_s": a, "bandwidth_Bps": 1 / b,
                      "config_alpha_s": g.emu_alpha_s.iloc[0],
                      "config_bandwidth_Bps": g.emu_bandwidth_Bps.iloc[0]})
     return pd.DataFrame(rows)
@@ -338,8 +338,8 @@ def plot(df: pd.DataFrame, **params: Any):
     ax.legend(fontsize=8)
     if len(emulated):
         ax = axes[0, 1]
-        for world, g in emulated.groupby("world_size"):
-            ax.loglog(g.nbytes, g.time_s, "o", alpha=0.7, label=f"measured, p={world}")
+        for p, g in emulated.groupby("world_size"):
+            ax.loglog(g.nbytes, g.time_s, "o", alpha=0.7, label=f"measured, p={p}")
         a, bw = emulated.emu_alpha_s.iloc[0], emulated.emu_bandwidth_Bps.iloc[0]
         xs = np.geomspace(emulated.nbytes.min(), emulated.nbytes.max(), 100)
         shaped = emulated.section.iloc[0] == "shaped"

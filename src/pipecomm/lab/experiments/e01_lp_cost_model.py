@@ -262,14 +262,14 @@ def plot(df: pd.DataFrame, **params: Any):
     # optimal block size vs message size
     ax = axes[0, -1]
     lp = size_df[size_df.algorithm == "lp"]
-    for (op, ports, q), g in lp.groupby(["op", "ports", "world_size"]):
-        if (op == "allreduce" or ports == "single") and (q == p_show or op == "broadcast"):
+    for (op, ports, p), g in lp.groupby(["op", "ports", "world_size"]):
+        if (op == "allreduce" or ports == "single") and (p == p_show or op == "broadcast"):
             ax.loglog(
                 g.nbytes,
                 g.block_bytes.astype(float),
                 PORT_STYLES.get(ports, ":"),
                 marker=".",
-                label=f"{op}, {ports}, p={q}",
+                label=f"{op}, {ports}, p={p}",
             )
     bc = lp[(lp.op == "broadcast") & (lp.ports == "single")]
     for _, g in bc.groupby("world_size"):

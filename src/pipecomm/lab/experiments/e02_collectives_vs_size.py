@@ -143,7 +143,7 @@ class Params(experiment.Params):
         parse_cases(self.emu_cases)
         ws = self.real_world_sizes
         if not isinstance(ws, (list, tuple)) or any(
-            isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws
+            isinstance(p, bool) or not isinstance(p, int) or p < 2 for p in ws
         ):
             raise ValueError(
                 f"parameter real_world_sizes must list ints >= 2 (may be empty), got {ws!r}"
@@ -288,11 +288,11 @@ def _real_points(params: Params, world_sizes: list[int]) -> list[dict[str, Any]]
             "op": op,
             "algorithm": alg,
             "nbytes": n,
-            "p": q,
+            "p": p,
             "warmup": params.real_warmup,
             "iters": params.real_iters,  # real calls cost milliseconds: no iters_large here
         }
-        for q in sorted(world_sizes)
+        for p in sorted(world_sizes)
         for op in params.real_ops
         for n in sizes
         for alg in params.real_algorithms  # one comparison, timed round-robin (interleave=True)
@@ -314,7 +314,7 @@ def _add_bandwidths(df: pd.DataFrame) -> pd.DataFrame:
     """algbw and busbw columns; the emulated section's columns (empty) when it did not run."""
     df["algbw_Bps"] = [bench.algbw(n, t) for n, t in zip(df.nbytes, df.time_s)]
     df["busbw_Bps"] = [
-        bench.busbw(o, n, t, q) for o, n, t, q in zip(df.op, df.nbytes, df.time_s, df.world_size)
+        bench.busbw(o, n, t, p) for o, n, t, p in zip(df.op, df.nbytes, df.time_s, df.world_size)
     ]
     for col in _EMULATED_COLUMNS:
         if col not in df:
@@ -346,7 +346,7 @@ def run(**params: Any) -> pd.DataFrame:
         if params.emu_cases:
             raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
         info = launch.init_from_env(params.backend)
-        ws = [q for q in params.real_world_sizes if q <= info.world_size] or [info.world_size]
+        ws = [p for p in params.real_world_sizes if p <= info.world_size] or [info.world_size]
         rows = measure_points(_real_points(params, ws), info.device if info.backend == "nccl" else None,
                               interleave=True)
         if not rows:  # ranks other than 0
@@ -382,12 +382,12 @@ def run(**params: Any) -> pd.DataFrame:
         d = pd.DataFrame(out[0])
         blocks = [None if pd.isna(b) else int(b) for b in d.block_bytes]
         d["model_s"] = [
-            cost.overlapped_time(o, a, int(n), int(q), link, b, host_block_s=h)
-            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
+            cost.overlapped_time(o, a, int(n), int(p), link, b, host_block_s=h)
+            for o, a, n, p, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
         ]
         d["model_lockstep_s"] = [
-            cost.collective_time(o, a, int(n), int(q), link, b)
-            for o, a, n, q, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
+            cost.collective_time(o, a, int(n), int(p), link, b)
+            for o, a, n, p, b in zip(d.op, d.algorithm, d.nbytes, d.world_size, blocks)
         ]
         frames.append(
             d.assign(
@@ -405,7 +405,7 @@ def run(**params: Any) -> pd.DataFrame:
     ws = list(params.real_world_sizes)
     if ws and params.backend == "nccl":
         have = torch.cuda.device_count()
-        ws = [q for q in ws if q <= have]
+        ws = [p for p in ws if p <= have]
     if ws and params.real_algorithms and params.real_ops:
         device = "cuda" if params.backend == "nccl" else None
         with launch.Ranks(max(ws), backend=params.backend) as ranks:
@@ -443,9 +443,9 @@ def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
     ``PIPECOMM_CALIBRATION``) with the block the collective used; NaN for the other
     algorithms."""
     return [
-        cost.lp_time_on_host(o, int(n), int(q), link, int(b)) if a == "lp" and pd.notna(b)
+        cost.lp_time_on_host(o, int(n), int(p), link, int(b)) if a == "lp" and pd.notna(b)
         else float("nan")
-        for o, a, n, q, b in zip(real.op, real.algorithm, real.nbytes, real.world_size,
+        for o, a, n, p, b in zip(real.op, real.algorithm, real.nbytes, real.world_size,
                                  real.block_bytes)
     ]
 
@@ -526,10 +526,10 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             base | {"metric": "model ms"} | {a: t * 1e3 for a, t in zip(g.algorithm, g.model_s)}
         )
     real = df[df.section == "real"] if "section" in df else df.iloc[:0]
-    for (q, op, n), g in real.groupby(["world_size", "op", "nbytes"]):
+    for (p, op, n), g in real.groupby(["world_size", "op", "nbytes"]):
         base = {
             "section": "real",
-            "setting": f"{g.backend.iloc[0]}, p={q}",
+            "setting": f"{g.backend.iloc[0]}, p={p}",
             "op": op,
             "MiB": n / 2**20,
         }
@@ -574,13 +574,13 @@ def plot(df: pd.DataFrame, **params: Any):
     if cases:
         for j, (ports, op) in enumerate(cases):
             ax, g = axes[row, j], emu[(emu.ports == ports) & (emu.op == op)]
-            link, q = _link_of(g, ports), int(g.world_size.iloc[0])
+            link, p = _link_of(g, ports), int(g.world_size.iloc[0])
             xs = np.unique(np.geomspace(g.nbytes.min(), g.nbytes.max(), 60).astype(np.int64))
             for alg, ga in g.groupby("algorithm"):
                 ax.loglog(ga.nbytes, ga.time_s, "o", color=ALG_COLORS[alg], label=f"{alg}")
                 ax.loglog(
                     xs,
-                    [cost.overlapped_time(op, alg, int(n), q, link,
+                    [cost.overlapped_time(op, alg, int(n), p, link,
                                           host_block_s=_host_block_of(g)) for n in xs],
                     "-",
                     color=ALG_COLORS[alg],
@@ -590,7 +590,7 @@ def plot(df: pd.DataFrame, **params: Any):
             ax.set(
                 xlabel="message size (bytes)",
                 ylabel="time (s)",
-                title=f"{op}, {ports} ports, p={q}, {g.section.iloc[0]}",
+                title=f"{op}, {ports} ports, p={p}, {g.section.iloc[0]}",
             )
             ax.legend(fontsize=7, title="measured (dots), model (lines)", title_fontsize=7)
         for j in range(len(cases), ncols):
@@ -705,10 +705,10 @@ def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
     d = _emulated(df, "broadcast", ports)
     sizes = sorted(set(d.nbytes))
     link = _link_of(d, ports)
-    q = int(d.world_size.iloc[0])
-    x = model_crossover_bytes("broadcast", other, q, link, sizes[0], sizes[-1],
+    p = int(d.world_size.iloc[0])
+    x = model_crossover_bytes("broadcast", other, p, link, sizes[0], sizes[-1],
                               host_block_s=_host_block_of(d))
-    where = f"({link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s, p = {q})"
+    where = f"({link.alpha * 1e3:g} ms, {link.bandwidth_Bps / 1e6:.3g} MB/s, p = {p})"
     if not math.isfinite(x):
         return f"model: no crossover between {_mib(sizes[0])} and {_mib(sizes[-1])} {where}"
     return f"model crossover {_mib(x)} {where}"
@@ -855,8 +855,8 @@ def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> 
     med = measured_crossover_bytes(sizes, [c[0] for c in ci["lp"]], [c[0] for c in ci[other]])
     early = measured_crossover_bytes(sizes, [c[1] for c in ci["lp"]], [c[2] for c in ci[other]])
     late = measured_crossover_bytes(sizes, [c[2] for c in ci["lp"]], [c[1] for c in ci[other]])
-    q = int(d.world_size.iloc[0])
-    modelled = model_crossover_bytes("broadcast", other, q, _link_of(d, ports), sizes[0],
+    p = int(d.world_size.iloc[0])
+    modelled = model_crossover_bytes("broadcast", other, p, _link_of(d, ports), sizes[0],
                                      sizes[-1], host_block_s=_host_block_of(d))
 
     def off(x: float) -> float:  # factor between a crossover and the model's (inf: none)
@@ -927,17 +927,17 @@ def _real_ratio_verdicts(df: pd.DataFrame, op: str, algs: list[str], min_bytes: 
     verdicts, parts = [], []
     for alg in algs:
         worst = None
-        for (q, n), g in d[d.algorithm == alg].groupby(["world_size", "nbytes"]):
-            base = d[(d.algorithm == "torch") & (d.world_size == q) & (d.nbytes == n)]
+        for (p, n), g in d[d.algorithm == alg].groupby(["world_size", "nbytes"]):
+            base = d[(d.algorithm == "torch") & (d.world_size == p) & (d.nbytes == n)]
             if base.empty:
                 continue
             r = claims.ratio(_samples(g, n, alg), _samples(base, n, "torch"))
             verdicts.append(claims.at_most(r[1], r[2], max_ratio))
             if worst is None or r[0] > worst[0][0]:
-                worst = (r, q, n)
+                worst = (r, p, n)
         if worst is not None:
-            r, q, n = worst
-            parts.append(f"{alg} worst {claims.fmt_ci(*r)} (p={int(q)}, {_mib(n)})")
+            r, p, n = worst
+            parts.append(f"{alg} worst {claims.fmt_ci(*r)} (p={int(p)}, {_mib(n)})")
     if not verdicts:
         raise ValueError(f"no real {op} measurements of {algs} and the built-in at >= "
                          f"{min_bytes} B")

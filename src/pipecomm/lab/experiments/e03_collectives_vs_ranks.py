@@ -86,7 +86,7 @@ class Params(experiment.Params):
         if (
             not isinstance(ws, (list, tuple))
             or not ws
-            or any(isinstance(q, bool) or not isinstance(q, int) or q < 2 for q in ws)
+            or any(isinstance(p, bool) or not isinstance(p, int) or p < 2 for p in ws)
         ):
             raise ValueError(f"parameter world_sizes must be a non-empty list of ints >= 2, got {ws!r}")
         for name, minimum in (("nbytes", 4), ("iters", 1), ("warmup", 0)):
@@ -123,9 +123,9 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
     link = cost.link_from_network(network(params))
     reps = params.warmup + params.iters
     emulated = sum(
-        cost.collective_time(params.op, a, params.nbytes, q, link) * reps
-        + cost.collective_time(params.op, a, 4096, q, link)
-        for q in params.world_sizes
+        cost.collective_time(params.op, a, params.nbytes, p, link) * reps
+        + cost.collective_time(params.op, a, 4096, p, link)
+        for p in params.world_sizes
         for a in params.algorithms
     )
     starts = _POOL_START_S * max(1.0, max(params.world_sizes) / 8)
@@ -153,12 +153,12 @@ def run(**params: Any) -> pd.DataFrame:
             "op": params.op,
             "algorithm": a,
             "nbytes": params.nbytes,
-            "p": q,
+            "p": p,
             "warmup": params.warmup,
             "iters": params.iters,
             "first_warmup": True,
         }
-        for q in ws
+        for p in ws
         for a in params.algorithms
     ]
     smallest = min(params.nbytes // max(ws),  # a BE / ring chunk, or LP's block
@@ -170,12 +170,12 @@ def run(**params: Any) -> pd.DataFrame:
     df = pd.DataFrame(out[0])
     blocks = [None if pd.isna(b) else int(b) for b in df.block_bytes]
     df["model_s"] = [
-        cost.overlapped_time(o, a, int(n), int(q), link, b, host_block_s=h)
-        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
+        cost.overlapped_time(o, a, int(n), int(p), link, b, host_block_s=h)
+        for o, a, n, p, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
     ]
     df["model_lockstep_s"] = [
-        cost.collective_time(o, a, int(n), int(q), link, b)
-        for o, a, n, q, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
+        cost.collective_time(o, a, int(n), int(p), link, b)
+        for o, a, n, p, b in zip(df.op, df.algorithm, df.nbytes, df.world_size, blocks)
     ]
     return df.assign(
         model_host_block_s=h,
@@ -256,7 +256,7 @@ def plot(df: pd.DataFrame, **params: Any):
     gr = growth(df)
     for alg, g in df.groupby("algorithm"):
         c = ALG_COLORS.get(alg)
-        model = np.array([cost.collective_time(op, alg, n, int(q), link) for q in ps])
+        model = np.array([cost.collective_time(op, alg, n, int(p), link) for p in ps])
         axes[0].plot(g.world_size, g.time_s, "o", color=c, label=alg)
         axes[0].plot(ps, model, "-", color=c, lw=1, alpha=0.7)
         gg = gr[gr.algorithm == alg]
@@ -277,7 +277,7 @@ def plot(df: pd.DataFrame, **params: Any):
     )
     axes[1].legend(fontsize=8)
     fig.suptitle(
-        f"E3 — gloo, p = {', '.join(str(q) for q in sorted(set(df.world_size)))} "
+        f"E3 — gloo, p = {', '.join(str(p) for p in sorted(set(df.world_size)))} "
         f"(subgroups of one pool), {df.network.iloc[0]}",
         fontsize=9,
     )
@@ -309,12 +309,12 @@ def _model_growth(df: pd.DataFrame, alg: str, op: str, p_lo: int, p_hi: int) -> 
             / cost.overlapped_time(op, alg, n, p_lo, link, host_block_s=h))
 
 
-def _growth_samples(df: pd.DataFrame, alg: str, op: str, q: int) -> list[float]:
+def _growth_samples(df: pd.DataFrame, alg: str, op: str, p: int) -> list[float]:
     claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s")
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max()) & (df.algorithm == alg)
-           & (df.world_size == q)]
+           & (df.world_size == p)]
     if d.empty:
-        raise ValueError(f"no {alg} {op} measured at p={q}")
+        raise ValueError(f"no {alg} {op} measured at p={p}")
     return [t for c in d.times_s for t in stats.repeats(c)]
 
 
@@ -355,8 +355,8 @@ def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
 
         predict_mst_log(df, "broadcast", 2)   # 'model MST growth: p=4 2.00x, ... (ceil(log2 p))'
     """
-    ps = sorted(q for q in set(df.world_size) if q > p_lo)
-    parts = [f"p={q} {_model_growth(df, 'mst', op, p_lo, int(q)):.2f}x" for q in ps]
+    ps = sorted(p for p in set(df.world_size) if p > p_lo)
+    parts = [f"p={p} {_model_growth(df, 'mst', op, p_lo, int(p)):.2f}x" for p in ps]
     return f"model MST growth from p = {p_lo}: " + ", ".join(parts) + " (ceil(log2 p) ratios)"
 
 
@@ -372,17 +372,17 @@ def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
         check_mst_log(df, "broadcast", 2, 0.15, "none")
     """
     claims.require_columns(df, "world_size")
-    ps = sorted(int(q) for q in set(df[df.algorithm == "mst"].world_size) if q > p_lo)
+    ps = sorted(int(p) for p in set(df[df.algorithm == "mst"].world_size) if p > p_lo)
     if not ps:
         raise ValueError(f"no MST {op} measured above p={p_lo}")
     base = _growth_samples(df, "mst", op, p_lo)
     verdicts, parts = [], []
-    for q in ps:
-        r = claims.ratio(_growth_samples(df, "mst", op, q), base)
-        target = math.ceil(math.log2(q)) / math.ceil(math.log2(p_lo))
+    for p in ps:
+        r = claims.ratio(_growth_samples(df, "mst", op, p), base)
+        target = math.ceil(math.log2(p)) / math.ceil(math.log2(p_lo))
         e = [stats.model_error(v, target) for v in r]
         verdicts.append(claims.within(e[1], e[2], tolerance))
-        parts.append(f"p={q} x{claims.fmt_ci(*r)} (log x{target:g}, {e[0]:+.1%})")
+        parts.append(f"p={p} x{claims.fmt_ci(*r)} (log x{target:g}, {e[0]:+.1%})")
     allowed = claims.allowance(len(verdicts), may_miss)
     return claims.Verdict(f"MST from p={p_lo}: " + "; ".join(parts)
                           + f"; {claims.missed(verdicts, allowed)}",
@@ -423,10 +423,10 @@ def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
     claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s", "model_s")
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max())]
 
-    def at(alg: str, q: int) -> pd.DataFrame:
-        v = d[(d.algorithm == alg) & (d.world_size == q)]
+    def at(alg: str, p: int) -> pd.DataFrame:
+        v = d[(d.algorithm == alg) & (d.world_size == p)]
         if v.empty:
-            raise ValueError(f"no {alg} {op} measured at p={q}")
+            raise ValueError(f"no {alg} {op} measured at p={p}")
         return v
 
     parts, verdicts = [], []

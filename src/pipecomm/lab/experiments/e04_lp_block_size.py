@@ -162,10 +162,10 @@ def plan(**params: Any) -> pd.DataFrame:
 
 def _plan(params: Params, link: cost.LinkModel, h: float) -> pd.DataFrame:
     rows = []
-    n, q = params.nbytes, params.world_size
+    n, p = params.nbytes, params.world_size
     for op in params.ops:
-        b_opt = optimum(op, n, q, link, h)
-        b_lock = int(cost.lp_optimal_block_bytes(op, n, q, link))
+        b_opt = optimum(op, n, p, link, h)
+        b_lock = int(cost.lp_optimal_block_bytes(op, n, p, link))
         for f, b in block_grid(b_opt, n, params.block_range, params.steps_per_octave):
             rows.append(
                 {
@@ -174,8 +174,8 @@ def _plan(params: Params, link: cost.LinkModel, h: float) -> pd.DataFrame:
                     "block_bytes": b,
                     "optimal_block_bytes": b_opt,
                     "lockstep_block_bytes": b_lock,
-                    "model_s": cost.lp_overlapped_time(op, n, q, link, b, h),
-                    "model_lockstep_s": cost.collective_time(op, "lp", n, q, link, b),
+                    "model_s": cost.lp_overlapped_time(op, n, p, link, b, h),
+                    "model_lockstep_s": cost.collective_time(op, "lp", n, p, link, b),
                 }
             )
     return pd.DataFrame(rows)
@@ -356,7 +356,7 @@ def plot(df: pd.DataFrame, **params: Any):
     sns.set_theme(style="whitegrid", context="paper")
     ops = [o for o in cost.OPS if o in set(df.op)]
     fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.2), squeeze=False)
-    n, q, ports = int(df.nbytes.iloc[0]), int(df.world_size.iloc[0]), df.ports.iloc[0]
+    n, p, ports = int(df.nbytes.iloc[0]), int(df.world_size.iloc[0]), df.ports.iloc[0]
     link = cost.LinkModel.from_bandwidth(
         float(df.emu_alpha_s.iloc[0]),
         float(df.emu_bandwidth_Bps.iloc[0]),
@@ -371,9 +371,9 @@ def plot(df: pd.DataFrame, **params: Any):
             (np.geomspace(g.block_bytes.min(), g.block_bytes.max(), 80) // 8 * 8).astype(np.int64)
         )
         h = float(g.model_host_block_s.iloc[0]) if "model_host_block_s" in g else 0.0
-        ax.loglog(xs, [cost.lp_overlapped_time(op, n, q, link, int(b), h) for b in xs], "-",
+        ax.loglog(xs, [cost.lp_overlapped_time(op, n, p, link, int(b), h) for b in xs], "-",
                   color=c, lw=1, alpha=0.7, label="overlapped model")
-        ax.loglog(xs, [cost.collective_time(op, "lp", n, q, link, int(b)) for b in xs], "--",
+        ax.loglog(xs, [cost.collective_time(op, "lp", n, p, link, int(b)) for b in xs], "--",
                   color="grey", lw=0.8, alpha=0.7, label="lock-step model (paper)")
         ax.loglog(g.block_bytes, g.time_s, "o", color=c, label="measured")
         b_opt, b_best = best.loc[op, "optimal_block_bytes"], best.loc[op, "measured_best_bytes"]
@@ -382,10 +382,10 @@ def plot(df: pd.DataFrame, **params: Any):
         ax.set(
             xlabel="LP block size (bytes)",
             ylabel="time (s)",
-            title=f"LP {op} of {n / 2**20:g} MiB, p={q}",
+            title=f"LP {op} of {n / 2**20:g} MiB, p={p}",
         )
         ax.legend(fontsize=7)
-    fig.suptitle(f"E4 — gloo, p={q}, {df.network.iloc[0]}", fontsize=9)
+    fig.suptitle(f"E4 — gloo, p={p}, {df.network.iloc[0]}", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -126,8 +126,8 @@ class Params(CalibratedParams):
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
         for b in self.batch_sizes:
             check_config(_config(self, b, "sync"))
-            for world, _ in pools:
-                check_batch_size(b, world, name="batch_sizes")
+            for p, _ in pools:
+                check_batch_size(b, p, name="batch_sizes")
 
 DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
@@ -142,7 +142,7 @@ def predict(
     compute_s: float,
     update_s: float,
     nbytes: int,
-    world: int,
+    p: int,
     link: cost.LinkModel,
     algorithm: str,
 ) -> float:
@@ -157,7 +157,7 @@ def predict(
         compute_s=compute_s,
         update_s=update_s,
         nbytes=nbytes,
-        p=world,
+        p=p,
         link=link,
         algorithm=algorithm,
     )
@@ -167,12 +167,12 @@ def run(**params: Any) -> pd.DataFrame:
     """For every (p, bandwidth) pool and batch size: compute timing, then sync and pipe runs."""
     params = Params.make(**params)
     frames = []
-    for world, bw in params.pools:
+    for p, bw in params.pools:
         net = netem.Network(alpha_s=params.alpha_s, bandwidth_Bps=float(bw), ports=params.ports)
         link = cost.link_from_network(net)
         rows: list[dict[str, Any]] = []
-        ring_chunk = gradient_bytes(_config(params, params.batch_sizes[0], "sync")) // world
-        with network.emulated_pool(world, net, ring_chunk, timeout_s=params.timeout_s) as ranks:
+        ring_chunk = gradient_bytes(_config(params, params.batch_sizes[0], "sync")) // p
+        with network.emulated_pool(p, net, ring_chunk, timeout_s=params.timeout_s) as ranks:
             cals, points = {}, []
             for batch in params.batch_sizes:
                 nbytes = gradient_bytes(_config(params, batch, "sync"))
@@ -215,7 +215,7 @@ def run(**params: Any) -> pd.DataFrame:
                             cal["compute_s"],
                             cal["update_s"],
                             nbytes,
-                            world,
+                            p,
                             link,
                             params.algorithm,
                         ),
@@ -224,7 +224,7 @@ def run(**params: Any) -> pd.DataFrame:
         frames.append(
             pd.DataFrame(rows).assign(
                 backend="gloo",
-                world_size=world,
+                world_size=p,
                 network=net.describe(),
                 alpha_s=params.alpha_s,
                 ports=params.ports,
@@ -281,7 +281,7 @@ def plot(df: pd.DataFrame, **params: Any):
     pts = points(df)
     cal = df[df["kind"] == "calibration"]
     base = cal.iloc[0]
-    world0, bw0, batch0 = int(base["world_size"]), base["bandwidth_Bps"], base["batch_size"]
+    p0, bw0, batch0 = int(base["world_size"]), base["bandwidth_Bps"], base["batch_size"]
     alg = base["algorithm"]
     colors = {"sync": sns.color_palette()[0], "pipe": sns.color_palette()[1]}
     kw = dict(update_s=base["update_s"], nbytes=int(base["nbytes"]), algorithm=alg)
@@ -291,8 +291,8 @@ def plot(df: pd.DataFrame, **params: Any):
     for bw, ls in zip(sorted(set(cal["bandwidth_Bps"])), ("-", "--", ":", "-.")):
         for mode in MODES:
             ys = [
-                predict(mode, base["compute_s"], world=int(q), link=_link(base, bw), **kw)
-                for q in ps
+                predict(mode, base["compute_s"], p=int(p), link=_link(base, bw), **kw)
+                for p in ps
             ]
             axes[0].plot(
                 ps, np.array(ys) * 1e3, ls, color=colors[mode], label=f"{mode}, {bw / 1e6:g} MB/s"
@@ -305,15 +305,15 @@ def plot(df: pd.DataFrame, **params: Any):
     )
     axes[0].legend(fontsize=8)
 
-    # (b) over bandwidth at (world0, batch0)
+    # (b) over bandwidth at (p0, batch0)
     bws = np.geomspace(5e6, 2e9, 80)
     for mode in MODES:
         ys = [
-            predict(mode, base["compute_s"], world=world0, link=_link(base, b), **kw) for b in bws
+            predict(mode, base["compute_s"], p=p0, link=_link(base, b), **kw) for b in bws
         ]
         axes[1].plot(bws / 1e6, np.array(ys) * 1e3, color=colors[mode], label=f"model {mode}")
         sel = pts[
-            (pts["mode"] == mode) & (pts["world_size"] == world0) & (pts["batch_size"] == batch0)
+            (pts["mode"] == mode) & (pts["world_size"] == p0) & (pts["batch_size"] == batch0)
         ]
         axes[1].plot(
             sel["bandwidth_Bps"] / 1e6,
@@ -326,25 +326,25 @@ def plot(df: pd.DataFrame, **params: Any):
         xscale="log",
         xlabel="emulated bandwidth (MB/s)",
         ylabel="ms per iteration",
-        title=f"vs bandwidth (p={world0}, batch {batch0})",
+        title=f"vs bandwidth (p={p0}, batch {batch0})",
     )
     axes[1].legend(fontsize=8)
 
-    # (c) over compute at (world0, the fastest bandwidth measured there: compute matters most)
-    bw0 = cal.loc[cal["world_size"] == world0, "bandwidth_Bps"].max()
-    base_c = cal[(cal["world_size"] == world0) & (cal["bandwidth_Bps"] == bw0)].iloc[0]
-    sel_cal = cal[(cal["world_size"] == world0) & (cal["bandwidth_Bps"] == bw0)]
+    # (c) over compute at (p0, the fastest bandwidth measured there: compute matters most)
+    bw0 = cal.loc[cal["world_size"] == p0, "bandwidth_Bps"].max()
+    base_c = cal[(cal["world_size"] == p0) & (cal["bandwidth_Bps"] == bw0)].iloc[0]
+    sel_cal = cal[(cal["world_size"] == p0) & (cal["bandwidth_Bps"] == bw0)]
     cs = np.linspace(0, 3 * sel_cal["compute_s"].max(), 80)
     for mode in MODES:
         ys = [
             predict(
-                mode, c, world=world0, link=_link(base_c), **{**kw, "update_s": base_c["update_s"]}
+                mode, c, p=p0, link=_link(base_c), **{**kw, "update_s": base_c["update_s"]}
             )
             for c in cs
         ]
         axes[2].plot(cs * 1e3, np.array(ys) * 1e3, color=colors[mode], label=f"model {mode}")
         sel = pts[
-            (pts["mode"] == mode) & (pts["world_size"] == world0) & (pts["bandwidth_Bps"] == bw0)
+            (pts["mode"] == mode) & (pts["world_size"] == p0) & (pts["bandwidth_Bps"] == bw0)
         ]
         axes[2].plot(
             sel["compute_s"] * 1e3,
@@ -356,7 +356,7 @@ def plot(df: pd.DataFrame, **params: Any):
     axes[2].set(
         xlabel="compute C per iteration (ms, from the compute-timing run)",
         ylabel="ms per iteration",
-        title=f"vs compute (p={world0}, {bw0 / 1e6:g} MB/s)",
+        title=f"vs compute (p={p0}, {bw0 / 1e6:g} MB/s)",
     )
     axes[2].legend(fontsize=8)
 

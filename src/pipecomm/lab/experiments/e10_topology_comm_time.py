@@ -120,13 +120,13 @@ def run(**params: Any) -> pd.DataFrame:
     sizes = {m: workload_bucket_bytes(m) for m in params.models}
     todo = [(m, t) for m in params.models for t in params.topologies]
     rows = []
-    for world in params.world_sizes:
-        smallest = min(min(b) for b in sizes.values()) // world  # a ring chunk
-        with ranks_on(params.network, world, net, smallest, ranks_per_node=rpn,
+    for p in params.world_sizes:
+        smallest = min(min(b) for b in sizes.values()) // p  # a ring chunk
+        with ranks_on(params.network, p, net, smallest, ranks_per_node=rpn,
                       timeout_s=params.timeout_s) as ranks:
             models: dict[tuple, tuple[float, float]] = {}
             for run_id, (model, topo_name) in rounds(todo, params.runs):
-                topo = topology.get_topology(topo_name, world, ranks_per_node=rpn)
+                topo = topology.get_topology(topo_name, p, ranks_per_node=rpn)
                 per_rank = ranks.run(
                     rank_gossip_times,
                     sizes[model],
@@ -148,7 +148,7 @@ def run(**params: Any) -> pd.DataFrame:
                                               params.algorithm))
                     rows.append(
                         {
-                            "world_size": world,
+                            "world_size": p,
                             "model": model,
                             "topology": topo_name,
                             "run": run_id,

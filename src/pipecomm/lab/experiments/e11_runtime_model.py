@@ -195,7 +195,7 @@ def run(**params: Any) -> pd.DataFrame:
     """Calibrate compute, then measure (``runs`` interleaved runs) and predict every case for
     AllReduce and DAdam."""
     params = Params.make(**params)
-    rpn, world = params.ranks_per_node, params.world_size
+    rpn, p = params.ranks_per_node, params.world_size
     todo = cases(params)
     calib: dict[float, dict[str, Any]] = {}
     rows = []
@@ -203,8 +203,8 @@ def run(**params: Any) -> pd.DataFrame:
         over = {} if params.inter_bandwidth_Bps is None else {
             "inter_bandwidth_Bps": params.inter_bandwidth_Bps}
         net = make_network({**NETWORKS[net_name], **over})
-        layer_chunk = 4 * params.width ** 2 // world  # a ring chunk of one layer's gradient
-        with ranks_on(params.network, world, net, layer_chunk, ranks_per_node=rpn,
+        layer_chunk = 4 * params.width ** 2 // p  # a ring chunk of one layer's gradient
+        with ranks_on(params.network, p, net, layer_chunk, ranks_per_node=rpn,
                       timeout_s=params.timeout_s) as ranks:
             mine = [c for c in todo if c["net"] == net_name]
             for case in mine:
@@ -241,7 +241,7 @@ def run(**params: Any) -> pd.DataFrame:
                         "times_s": res["times_s"],
                         "algorithm": params.algorithm,
                         "ranks_per_node": rpn,
-                        "world_size": world,
+                        "world_size": p,
                         "backend": "gloo",
                         "network": ranks.text,
                         "network_kind": ranks.kind,

@@ -113,9 +113,9 @@ def run(**params: Any) -> pd.DataFrame:
     net = make_network(params)
     methods = [("allreduce", None)] + [("decentralized", t) for t in params.topologies]
     rows = []
-    for world in params.world_sizes:
+    for p in params.world_sizes:
         base = timing_spec(
-            world,
+            p,
             ranks_per_node=rpn,
             width=params.width,
             layers=params.layers,
@@ -129,8 +129,8 @@ def run(**params: Any) -> pd.DataFrame:
             block_iters=params.block_iters,
             calib_iters=params.calib_iters,
         )
-        layer_chunk = 4 * params.width ** 2 // world  # a ring chunk of one layer's gradient
-        with ranks_on(params.network, world, net, layer_chunk, ranks_per_node=rpn,
+        layer_chunk = 4 * params.width ** 2 // p  # a ring chunk of one layer's gradient
+        with ranks_on(params.network, p, net, layer_chunk, ranks_per_node=rpn,
                       timeout_s=params.timeout_s) as ranks:
             calib = summarize_buckets(
                 ranks.run(rank_calibrate_buckets, base, timeout_s=params.timeout_s)
@@ -155,8 +155,8 @@ def run(**params: Any) -> pd.DataFrame:
                         "compute_cv": params.compute_cv,
                         "algorithm": params.algorithm,
                         "ranks_per_node": rpn,
-                        "nodes": world // rpn,
-                        "world_size": world,
+                        "nodes": p // rpn,
+                        "world_size": p,
                         "backend": "gloo",
                         "network": ranks.text,
                         "network_kind": ranks.kind,
@@ -175,10 +175,10 @@ def per_method(df: pd.DataFrame) -> pd.DataFrame:
     """
     claims.require_columns(df, "method", "kind", "world_size", "iteration_s", "times_s")
     rows = []
-    for (world, method), g in df.groupby(["world_size", "method"], sort=False):
+    for (p, method), g in df.groupby(["world_size", "method"], sort=False):
         reps = (g.sort_values("run").iteration_s.tolist() if "run" in g
                 else stats.repeats(g.times_s.iloc[0]))
-        row = {"world_size": world, "method": method, "kind": g.kind.iloc[0],
+        row = {"world_size": p, "method": method, "kind": g.kind.iloc[0],
                "topology": g.topology.iloc[0] if "topology" in g else None,
                "repeats": reps, "runs": len(reps), "iteration_s": float(np.median(reps))}
         for col in ("predicted_s", "lockstep_s"):

@@ -323,11 +323,11 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
 def data_seen(params: Params, task: str) -> tuple[int, float]:
     """Samples (digits images, LM tokens) one run trains on, over all ranks, and the epochs of
     the training split that makes."""
-    iters, world = getattr(params, f"{task}_iterations"), params.world_size
+    iters, p = getattr(params, f"{task}_iterations"), params.world_size
     if task == "digits":
-        n, size = iters * world * params.digits_batch, len(_digits("train")[0])
+        n, size = iters * p * params.digits_batch, len(_digits("train")[0])
     else:
-        n, size = iters * world * params.lm_batch * params.seq_len, len(corpus().train)
+        n, size = iters * p * params.lm_batch * params.seq_len, len(corpus().train)
     return n, n / size
 
 
@@ -358,7 +358,7 @@ def run(**params: Any) -> pd.DataFrame:
     times; phase "sweep"; no selection runs for a single-rate grid), then every evaluation seed
     of the task at that rate (phase "final"); tidy rows of curves and final metrics."""
     params = Params.make(**params)
-    rpn, world = params.ranks_per_node, params.world_size
+    rpn, p = params.ranks_per_node, params.world_size
     net = make_network(DEFAULT_NETWORK) if params.emulated else None
     algorithm = "ring" if params.emulated else "torch"
     netname = network_text(net, rpn)
@@ -371,7 +371,7 @@ def run(**params: Any) -> pd.DataFrame:
                                + len(eval_seeds(params, t)))
     runs = results.Runs(total, desc="E13 runs")  # an estimate: extensions add runs
     rows: list[dict[str, Any]] = []
-    with launch.pool(world, backend=params.backend, network=net, ranks_per_node=rpn) as ranks:
+    with launch.pool(p, backend=params.backend, network=net, ranks_per_node=rpn) as ranks:
 
         def one(task: str, method: str, k: int, seed: int, lr: float, phase: str) -> list[dict]:
             cfg = {**params.asdict(), "task": task, "method": method, "k": k, "seed": seed, "lr": float(lr),
@@ -387,7 +387,7 @@ def run(**params: Any) -> pd.DataFrame:
                 "schedule": schedules.describe(params.schedule, _warmup(params.warmup_fraction, iters),
                                                params.min_lr_ratio),
                 "iterations": iters, "samples_seen": samples, "epochs": epochs,
-                "world_size": world, "backend": params.backend, "network": netname,
+                "world_size": p, "backend": params.backend, "network": netname,
                 "algorithm": algorithm,
             }
             return _rows(res, common)
