@@ -1,6 +1,7 @@
 """E5 BSP-SGD with each collective: helpers, claims' synthetic PASS / FAIL cases, a tiny run."""
 
 import importlib
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -182,10 +183,10 @@ def test_nccl_without_gpus_is_refused_before_starting_ranks(module):
 
 def test_network_and_link_nccl_uses_the_calibrated_link(monkeypatch):
     monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
-    net, link = network_and_link({"backend": "nccl"}, lambda: pytest.fail("no emulation"))
+    net, link = network_and_link(SimpleNamespace(backend="nccl"), lambda: pytest.fail("no emulation"))
     assert net is None and link == cost.calibrated_link()
     assert network_text(net).startswith("real")
     emulated = netem.Network(1e-3, 50e6)
-    net, link = network_and_link({"backend": "gloo"}, lambda: emulated)
+    net, link = network_and_link(SimpleNamespace(backend="gloo"), lambda: emulated)
     assert net is emulated and link == cost.link_from_network(emulated)
     assert network_text(net) == emulated.describe()

@@ -116,11 +116,11 @@ def test_a_repeat_is_one_run():
 
 def test_cases_change_one_factor_at_a_time():
     cs = e11.cases(
-        {
-            "compute_scales": [0.5, 1.0, 2.0],
-            "compute_cvs": [0.0, 0.5],
-            "networks": ["two-level", "flat"],
-        }
+        e11.Params.make(
+            compute_scales=[0.5, 1.0, 2.0],
+            compute_cvs=[0.0, 0.5],
+            networks=["two-level", "flat"],
+        )
     )
     assert [c["factor"] for c in cs] == ["base", "overlap", "overlap", "varying compute", "links"]
     base = cs[0]

@@ -246,8 +246,8 @@ def test_summary_sweep_and_paired_tables():
 
 
 def test_configurations_and_eval_splits_are_disjoint():
-    assert e13.configurations({"methods": ["allreduce-adam", "accumadam-aer"],
-                               "accum_iters": [2, 4]}) == [
+    assert e13.configurations(e13.Params.make(methods=["allreduce-adam", "accumadam-aer"],
+                                              accum_iters=[2, 4])) == [
         ("allreduce-adam", 1), ("accumadam-aer", 2), ("accumadam-aer", 4)]
     (xv, yv), (xt, _) = e13.eval_split("lm", "val"), e13.eval_split("lm", "test")
     ids = corpus().val

@@ -67,8 +67,8 @@ def test_compare_signs_the_error_against_the_shaped_network():
 
 
 def test_plan_and_blocks_are_the_same_for_both_networks():
-    p = e14.Params.make(sizes=[1 << 20, 3 << 20], world_size=8)
-    pts = e14.plan(p)
+    params = e14.Params.make(sizes=[1 << 20, 3 << 20], world_size=8)
+    pts = e14.plan(params)
     assert len(pts) == 2 * (4 + 3) and {pt["p"] for pt in pts} == {8}
     blocked = e14.with_blocks(pts, 1e-4, 47e6, 256 << 10)
     lp = [pt for pt in blocked if pt["algorithm"] == "lp"]

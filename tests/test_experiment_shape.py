@@ -49,8 +49,10 @@ class _P(experiment.Params):
 
 
 def test_params_make_checks_names_types_and_values():
-    p = _P.make(n=4, rate=1, root="x")
-    assert p.n == 4 and p["rate"] == 1 and dict(p)["root"] == "x" and "names" in p
+    params = _P.make(n=4, rate=1, root="x")
+    assert params.n == 4 and params.rate == 1 and params.asdict()["root"] == "x"
+    with pytest.raises(TypeError):
+        params["n"]  # read by attribute only
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['m'\]"):
         _P.make(m=1)
     with pytest.raises(ValueError, match="parameter n=2.5 has the wrong type"):

@@ -31,7 +31,7 @@ NETWORK_EXPERIMENTS = ["e00_calibrate", "e02_collectives_vs_size", "e03_collecti
 def test_every_network_experiment_takes_the_network_kind(name):
     mod = importlib.import_module(f"pipecomm.lab.experiments.{name}")
     assert mod.DEFAULTS["network"] == "emulated"
-    assert mod.Params.make(network="shaped")["network"] == "shaped"
+    assert mod.Params.make(network="shaped").network == "shaped"
     with pytest.raises(ValueError, match="network"):
         mod.Params.make(network="netem")
 

@@ -104,7 +104,7 @@ def check_backend(backend: Any, world_size: int, *, emulated: bool) -> None:
 
     Example::
 
-        check_backend(p["backend"], p["world_size"], emulated=p["emulated"])
+        check_backend(params.backend, params.world_size, emulated=params.emulated)
     """
     from pipecomm import launch
 

@@ -323,7 +323,7 @@ def ranks_on(
 
     Example::
 
-        with ranks_on(p["network"], 8, net, 64 << 10) as ranks:
+        with ranks_on(params.network, 8, net, 64 << 10) as ranks:
             out = ranks.run(sweep.measure_points, points)
     """
     from pipecomm import launch

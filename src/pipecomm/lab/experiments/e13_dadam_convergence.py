@@ -187,7 +187,7 @@ def configurations(params: Params) -> list[tuple[str, int]]:
 
     Example::
 
-        configurations({"methods": ["allreduce-adam", "accumadam-aer"], "accum_iters": [2, 4]})
+        configurations(Params.make(methods=["allreduce-adam", "accumadam-aer"], accum_iters=[2, 4]))
         # [("allreduce-adam", 1), ("accumadam-aer", 2), ("accumadam-aer", 4)]
     """
     return [(m, k) for m in params.methods
