@@ -183,7 +183,8 @@ def test_nccl_without_gpus_is_refused_before_starting_ranks(module):
 
 def test_network_and_link_nccl_uses_the_calibrated_link(monkeypatch):
     monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
-    net, link = network_and_link(SimpleNamespace(backend="nccl"), lambda: pytest.fail("no emulation"))
+    net, link = network_and_link(SimpleNamespace(backend="nccl"),
+                                 lambda: pytest.fail("no emulation"))
     assert net is None and link == cost.calibrated_link()
     assert network_text(net).startswith("real")
     emulated = netem.Network(1e-3, 50e6)

@@ -7,10 +7,10 @@ An experiment module defines, in this order:
   its quick default (the notebook's parameters cell), and ``validate()`` raising ``ValueError``
   that names the parameter; ``DEFAULTS = Params.defaults()`` (the plain dict the notebook, the
   command line and the profiles use);
-* ``run(**params) -> pandas.DataFrame``: ``params = Params.make(**params)`` first (unknown names, wrong
-  types and bad values fail before any rank starts), then the measurement; a tidy frame, one
-  row per measured point, with every repeat of a timed point (``times_s``) and the network it
-  ran on;
+* ``run(**params) -> pandas.DataFrame``: ``params = Params.make(**params)`` first (unknown
+  names, wrong types and bad values fail before any rank starts; read by attribute,
+  ``params.iters``), then the measurement; a tidy frame, one row per measured point, with every
+  repeat of a timed point (``times_s``) and the network it ran on;
 * ``summary(df)`` (the notebook's table) and ``plot(df, **params)`` (its figure);
 * its claims' checks, registered with :func:`pipecomm.lab.claims.check` (thresholds come from
   artifact/claims.yaml only);

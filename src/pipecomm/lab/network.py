@@ -97,7 +97,7 @@ class TwoLevelParams(experiment.Params):
 
     def validate(self) -> None:
         check_network_kind(self.network)
-        make_network(self)
+        make_network(self.asdict())
 
 
 # ------------------------------------------------------------------------------------ network

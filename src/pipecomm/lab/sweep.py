@@ -76,7 +76,8 @@ def check_link_params(params: Params) -> None:
         check_link_params(self)     # in E3's and E4's Params.validate()
     """
     if hasattr(params, "ports") and params.ports not in ("single", "per-neighbor"):
-        raise ValueError(f"parameter ports must be 'single' or 'per-neighbor', got {params.ports!r}")
+        raise ValueError(
+            f"parameter ports must be 'single' or 'per-neighbor', got {params.ports!r}")
     for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
         v = getattr(params, name)
         if (

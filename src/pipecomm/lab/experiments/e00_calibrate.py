@@ -93,8 +93,9 @@ class Params(experiment.Params):
         message_sizes(self.sizes_min, self.emu_sizes_max, self.size_factor)
         for name, minimum in (("iters", 1), ("warmup", 0), ("gamma_bytes", 0),
                               ("fit_min_bytes", 1)):
-            if getattr(self, name) < minimum:
-                raise ValueError(f"parameter {name} must be >= {minimum}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got {value!r}")
         for name in ("emu_alpha_s", "emu_bandwidth_Bps", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"parameter {name} must be > 0, got {getattr(self, name)!r}")

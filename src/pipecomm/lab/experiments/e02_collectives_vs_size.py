@@ -347,8 +347,8 @@ def run(**params: Any) -> pd.DataFrame:
             raise ValueError("under torchrun only the real section runs: pass emu_cases={}")
         info = launch.init_from_env(params.backend)
         ws = [p for p in params.real_world_sizes if p <= info.world_size] or [info.world_size]
-        rows = measure_points(_real_points(params, ws), info.device if info.backend == "nccl" else None,
-                              interleave=True)
+        rows = measure_points(_real_points(params, ws),
+                              info.device if info.backend == "nccl" else None, interleave=True)
         if not rows:  # ranks other than 0
             return pd.DataFrame()
         return _add_bandwidths(
@@ -409,7 +409,8 @@ def run(**params: Any) -> pd.DataFrame:
     if ws and params.real_algorithms and params.real_ops:
         device = "cuda" if params.backend == "nccl" else None
         with launch.Ranks(max(ws), backend=params.backend) as ranks:
-            out = ranks.run(_measure_real, _real_points(params, ws), device, timeout_s=params.timeout_s)
+            out = ranks.run(_measure_real, _real_points(params, ws), device,
+                            timeout_s=params.timeout_s)
         real = pd.DataFrame(out[0])
         if params.backend == "gloo":
             link = cost.host_link()

@@ -255,13 +255,15 @@ def run(**params: Any) -> pd.DataFrame:
     params = Params.make(**params)
     net = network(params)
     smallest = int(plan(**params.asdict()).block_bytes.min())
-    with ranks_on(params.network, params.world_size, net, smallest, timeout_s=params.timeout_s) as ranks:
+    with ranks_on(params.network, params.world_size, net, smallest,
+                  timeout_s=params.timeout_s) as ranks:
         link = cost.link_from_network(ranks.net)  # a shaped network's calibrated link
         h = host_block_s()
         pl = _plan(params, link, h)  # the block grid around the optimum on that link
         points = pl.drop(columns=["model_s", "model_lockstep_s"]).to_dict("records")
         out = ranks.run(
-            measure_blocks, points, params.nbytes, params.warmup, params.iters, timeout_s=params.timeout_s
+            measure_blocks, points, params.nbytes, params.warmup, params.iters,
+            timeout_s=params.timeout_s,
         )
     df = pd.DataFrame(out[0])
     df["model_s"] = pl.model_s.to_numpy()

@@ -112,7 +112,8 @@ def run(**params: Any) -> pd.DataFrame:
     frames = []
     for ports in params.port_models:
         net, link = network_and_link(
-            params, lambda ports=ports: netem.Network(params.alpha_s, params.bandwidth_Bps, ports=ports)
+            params,
+            lambda ports=ports: netem.Network(params.alpha_s, params.bandwidth_Bps, ports=ports),
         )
         rows: list[dict[str, Any]] = []
         with ranks_on(params.network, params.world_size, net, backend=params.backend,

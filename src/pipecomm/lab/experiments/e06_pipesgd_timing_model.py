@@ -190,7 +190,8 @@ def run(**params: Any) -> pd.DataFrame:
                 points += [(batch, mode) for mode in params.modes]
             its: dict[tuple[int, str], list[dict[str, Any]]] = {pt: [] for pt in points}
             for r, (batch, mode) in rounds(points, params.runs):
-                res = ranks.run(train_rank, _config(params, batch, mode), timeout_s=params.timeout_s)
+                res = ranks.run(train_rank, _config(params, batch, mode),
+                                timeout_s=params.timeout_s)
                 its[batch, mode] += iteration_rows(
                     res, mode=mode, run=r, bandwidth_Bps=float(bw), batch_size=batch,
                     nbytes=gradient_bytes(_config(params, batch, "sync")))

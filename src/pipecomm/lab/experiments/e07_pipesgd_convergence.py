@@ -142,7 +142,10 @@ class Params(ConvergenceParams):
             "'nocomm' does not train a data-parallel model; use E9 for the no-communication bound",
         )
         require(
-            0 < self.target_fraction <= 1, "target_fraction", self.target_fraction, "must be in (0, 1]"
+            0 < self.target_fraction <= 1,
+            "target_fraction",
+            self.target_fraction,
+            "must be in (0, 1]",
         )
         if self.lrs:
             tuning.check_grid("lrs", self.lrs)
@@ -230,7 +233,8 @@ def run(**params: Any) -> pd.DataFrame:
     timing = (list(params.timing_methods), params.timing_iterations, params.timing_runs)
     n_control = params.control_seeds or len(params.seeds)
     df = calibrate_and_train(params, cfg_of, list(params.methods), list(params.seeds),
-                             timing=timing if params.timing_runs and params.timing_methods else None,
+                             timing=(timing if params.timing_runs and params.timing_methods
+                                     else None),
                              runs_seed=lambda i, m: "@" not in m or i < n_control)
     if len(sweep):
         df = pd.concat([df, sweep.assign(world_size=params.world_size)], ignore_index=True)

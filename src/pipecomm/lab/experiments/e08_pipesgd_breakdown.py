@@ -122,7 +122,8 @@ def run(**params: Any) -> pd.DataFrame:
     """Compute timing, network choice, then ``runs`` interleaved rounds of one training run
     per method in one pool."""
     params = Params.make(**params)
-    return calibrate_and_train(params, _config, list(params.methods), [params.seed], repeats=params.runs)
+    return calibrate_and_train(params, _config, list(params.methods), [params.seed],
+                               repeats=params.runs)
 
 
 # --------------------------------------------------------------------------- analysis

@@ -93,7 +93,8 @@ class Params(TwoLevelParams):
             if m not in known:
                 raise ValueError(f"parameter models: unknown model {m!r}; choose from {known}")
         if not self.topologies or not isinstance(self.topologies, (list, tuple)):
-            raise ValueError(f"parameter topologies must be a non-empty list, got {self.topologies!r}")
+            raise ValueError(
+                f"parameter topologies must be a non-empty list, got {self.topologies!r}")
         for t in self.topologies:
             if t not in topology.available_topologies() or t == "random-matching":
                 raise ValueError(f"parameter topologies: {t!r} is not one of {TOPOLOGIES}")
@@ -115,7 +116,7 @@ def run(**params: Any) -> pd.DataFrame:
     """Measure the gossip time of every step of every topology in ``runs`` interleaved runs;
     add the overlapped model's time and the lock-step one."""
     params = Params.make(**params)
-    net = make_network(params)
+    net = make_network(params.asdict())
     rpn = params.ranks_per_node
     sizes = {m: workload_bucket_bytes(m) for m in params.models}
     todo = [(m, t) for m in params.models for t in params.topologies]

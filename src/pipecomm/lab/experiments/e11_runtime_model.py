@@ -144,7 +144,8 @@ def cases(params: Params) -> list[dict[str, Any]]:
 
     Example::
 
-        [c["factor"] for c in cases(Params.make())]   # ['base', 'overlap', 'varying compute', 'links']
+        [c["factor"] for c in cases(Params.make())]
+        # ['base', 'overlap', 'varying compute', 'links']
     """
     base_net = params.networks[0]
     out = [{"factor": "base", "compute_scale": 1.0, "compute_cv": 0.0, "net": base_net}]

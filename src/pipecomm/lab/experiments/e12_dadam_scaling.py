@@ -110,7 +110,7 @@ def run(**params: Any) -> pd.DataFrame:
     ``runs`` interleaved runs (run ``r`` draws its compute factors with seed ``seed + r``)."""
     params = Params.make(**params)
     rpn = params.ranks_per_node
-    net = make_network(params)
+    net = make_network(params.asdict())
     methods = [("allreduce", None)] + [("decentralized", t) for t in params.topologies]
     rows = []
     for p in params.world_sizes:

@@ -166,7 +166,8 @@ class Params(experiment.Params):
         for task in self.tasks:
             iters = getattr(self, f"{task}_iterations")
             try:
-                schedules.check(self.schedule, iters, _warmup(self.warmup_fraction, iters), self.min_lr_ratio)
+                schedules.check(self.schedule, iters, _warmup(self.warmup_fraction, iters),
+                                self.min_lr_ratio)
             except ValueError as exc:
                 raise ValueError(f"parameter schedule/min_lr_ratio: {exc}") from None
         if not isinstance(self.emulated, bool):
@@ -286,7 +287,8 @@ def rank_train(cfg: dict[str, Any]) -> dict[str, Any]:
                            topology=topo, bucket_mb=TASK_BUCKET_MB, algorithm=cfg["algorithm"])
     opt = trainer.optimizer
     sched = schedules.build(opt, cfg["schedule"], total_steps=iterations,
-                            warmup_steps=_warmup(cfg["warmup_fraction"], iterations), min_ratio=cfg["min_lr_ratio"])
+                            warmup_steps=_warmup(cfg["warmup_fraction"], iterations),
+                            min_ratio=cfg["min_lr_ratio"])
     batches = _batches(task, cfg, rank, world)
     window, evals = [], []
     elapsed = 0.0
@@ -374,8 +376,8 @@ def run(**params: Any) -> pd.DataFrame:
     with launch.pool(p, backend=params.backend, network=net, ranks_per_node=rpn) as ranks:
 
         def one(task: str, method: str, k: int, seed: int, lr: float, phase: str) -> list[dict]:
-            cfg = {**params.asdict(), "task": task, "method": method, "k": k, "seed": seed, "lr": float(lr),
-                   "algorithm": algorithm}
+            cfg = {**params.asdict(), "task": task, "method": method, "k": k, "seed": seed,
+                   "lr": float(lr), "algorithm": algorithm}
             res = runs(cfg, ranks.run, rank_train, cfg, timeout_s=params.timeout_s)
             iters = getattr(params, f"{task}_iterations")
             opt_kind, topo = _split(method)
@@ -384,7 +386,8 @@ def run(**params: Any) -> pd.DataFrame:
                 "task": task, "model": TASKS[task], "method": method, "accum_iter": k,
                 "config": config_label(method, k), "optimizer": opt_kind,
                 "topology": topo or "allreduce", "seed": seed, "lr": float(lr), "phase": phase,
-                "schedule": schedules.describe(params.schedule, _warmup(params.warmup_fraction, iters),
+                "schedule": schedules.describe(params.schedule,
+                                               _warmup(params.warmup_fraction, iters),
                                                params.min_lr_ratio),
                 "iterations": iters, "samples_seen": samples, "epochs": epochs,
                 "world_size": p, "backend": params.backend, "network": netname,

@@ -96,8 +96,9 @@ class Params(experiment.Params):
                                  f"{ALGORITHMS}, got {algs!r}")
         for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1),
                               ("min_block_bytes", 1024)):
-            if getattr(self, name) < minimum:
-                raise ValueError(f"parameter {name} must be >= {minimum}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got {value!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
 
@@ -112,8 +113,8 @@ def plan(params: Params) -> list[dict[str, Any]]:
 
         len(plan(Params.make()))   # 14
     """
-    return [{"op": op, "algorithm": alg, "nbytes": n, "p": params.world_size, "warmup": params.warmup,
-             "iters": params.iters, "first_warmup": True}
+    return [{"op": op, "algorithm": alg, "nbytes": n, "p": params.world_size,
+             "warmup": params.warmup, "iters": params.iters, "first_warmup": True}
             for op, algs in params.cases.items() for alg in algs for n in params.sizes]
 
 
@@ -152,7 +153,8 @@ def run(**params: Any) -> pd.DataFrame:
     net = netem.Network(alpha_s=alpha_s, bandwidth_Bps=bandwidth_Bps, ports="single")
     smallest = min(min(pt.get("block_bytes") or pt["nbytes"], pt["nbytes"] // params.world_size)
                    for pt in blocked)
-    with network.emulated_pool(params.world_size, net, smallest, timeout_s=params.timeout_s) as ranks:
+    with network.emulated_pool(params.world_size, net, smallest,
+                               timeout_s=params.timeout_s) as ranks:
         emulated = ranks.run(sweep.measure_points, blocked, timeout_s=params.timeout_s)[0]
     common = {"bandwidth_Bps": params.bandwidth_Bps, "fit_alpha_s": alpha_s,
               "fit_bandwidth_Bps": bandwidth_Bps, "chain_Bps": cal["chain_Bps"]}
