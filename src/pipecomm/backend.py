@@ -127,8 +127,12 @@ class Options:
 
     Example::
 
-        Options("ring", compression="fp16")
-        Options("mst", compression="fp16")        # ValueError naming compression
+        >>> Options("ring", compression="fp16")
+        Options(algorithm='ring', compression='fp16', block_bytes=None)
+        >>> Options("mst", compression="fp16")
+        Traceback (most recent call last):
+            ...
+        ValueError: pipecomm.backend: compression='fp16' needs algorithm 'lp' or 'ring' ...
     """
 
     algorithm: str = vocab.DEFAULT_ALGORITHM
@@ -153,7 +157,8 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
 
     Example::
 
-        options_from_env({"PIPECOMM_ALGORITHM": "ring", "PIPECOMM_COMPRESSION": "bf16"})
+        >>> options_from_env({"PIPECOMM_ALGORITHM": "ring", "PIPECOMM_COMPRESSION": "bf16"})
+        Options(algorithm='ring', compression='bf16', block_bytes=None)
     """
     env = os.environ if environ is None else environ
     algorithm = env.get(ENV_ALGORITHM) or vocab.DEFAULT_ALGORITHM

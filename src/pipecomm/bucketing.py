@@ -20,14 +20,18 @@ parameters visited in (approximately) backward order, a bucket is closed once it
 
 Example::
 
-    import torch
-    from pipecomm.bucketing import bucket_indices, bucket_nbytes
-    params = [torch.zeros(256), torch.zeros(256), torch.zeros(512)]    # 1, 1, 2 KiB
-    bucket_indices(params, 2048)                     # [[2], [1, 0]]
-    bucket_indices(params, 2048, order="forward")    # [[0, 1], [2]]
-    bucket_nbytes(params, [[2], [1, 0]])             # [2048, 2048]
-    # one bucket per kind, kinds in order of first appearance (PipeSGD's unbucketed modes)
-    sorted(bucket_indices(params, None, order="forward", kinds="interleaved"))
+    >>> import torch
+    >>> from pipecomm.bucketing import bucket_indices, bucket_nbytes
+    >>> params = [torch.zeros(256), torch.zeros(256), torch.zeros(512)]   # 1, 1, 2 KiB
+    >>> bucket_indices(params, 2048)
+    [[2], [1, 0]]
+    >>> bucket_indices(params, 2048, order="forward")
+    [[0, 1], [2]]
+    >>> bucket_nbytes(params, [[2], [1, 0]])
+    [2048, 2048]
+    >>> # one bucket per kind, kinds in order of first appearance (PipeSGD's unbucketed modes)
+    >>> sorted(bucket_indices(params, None, order="forward", kinds="interleaved"))
+    [[0, 1, 2]]
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ def bucket_bytes(bucket_mb: Any, *, where: str = "") -> float:
 
     Example::
 
-        bucket_bytes(25.0)     # 26214400.0
+        >>> bucket_bytes(25.0)
+        26214400.0
     """
     prefix = f"{where}: " if where else ""
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, numbers.Real):
@@ -135,9 +140,11 @@ def bucket_indices(
 
     Example::
 
-        ps = [torch.zeros(3), torch.zeros(5, dtype=torch.float64), torch.zeros(4)]
-        bucket_indices(ps, None, order="forward")                        # [[0], [1], [2]]
-        bucket_indices(ps, None, order="forward", kinds="interleaved")   # [[1], [0, 2]]
+        >>> ps = [torch.zeros(3), torch.zeros(5, dtype=torch.float64), torch.zeros(4)]
+        >>> bucket_indices(ps, None, order="forward")
+        [[0], [1], [2]]
+        >>> bucket_indices(ps, None, order="forward", kinds="interleaved")
+        [[1], [0, 2]]
     """
     if isinstance(params, torch.Tensor) or not isinstance(params, Sequence):
         raise TypeError(
@@ -190,6 +197,7 @@ def bucket_nbytes(params: Sequence[torch.Tensor], buckets: Sequence[Sequence[int
 
     Example::
 
-        bucket_nbytes([torch.zeros(3), torch.zeros(5)], [[1], [0]])   # [20, 12]
+        >>> bucket_nbytes([torch.zeros(3), torch.zeros(5)], [[1], [0]])
+        [20, 12]
     """
     return [sum(_nbytes(params[i]) for i in idx) for idx in buckets]

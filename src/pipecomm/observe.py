@@ -104,8 +104,8 @@ def ranged(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
     Example::
 
-        @ranged("allreduce")
-        def allreduce(t, *, algorithm="lp", async_op=False): ...
+        >>> @ranged("allreduce")
+        ... def allreduce(t, *, algorithm="lp", async_op=False): ...
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,10 +20,15 @@ names from here instead of spelling them out.
 
 Example::
 
-    from pipecomm import vocab
-    vocab.check_algorithm("mst")                       # returns "mst"
-    vocab.check_compression("int8", algorithm="lp")    # returns "int8"
-    vocab.check_compression("int8", algorithm="mst")   # ValueError naming compression
+    >>> from pipecomm import vocab
+    >>> vocab.check_algorithm("mst")
+    'mst'
+    >>> vocab.check_compression("int8", algorithm="lp")
+    'int8'
+    >>> vocab.check_compression("int8", algorithm="mst")
+    Traceback (most recent call last):
+        ...
+    ValueError: compression='int8' needs algorithm 'lp' or 'ring' (compression ...
 """
 
 from __future__ import annotations
@@ -75,8 +80,12 @@ def check_choice(name: str, value: Any, choices: tuple, *, where: str = "") -> A
 
     Example::
 
-        check_choice("mode", "pipe", MODES)            # "pipe"
-        check_choice("mode", "pipes", MODES)           # ValueError: mode must be one of ...
+        >>> check_choice("mode", "pipe", MODES)
+        'pipe'
+        >>> check_choice("mode", "pipes", MODES)
+        Traceback (most recent call last):
+            ...
+        ValueError: mode must be one of ('sync', 'layerwise', 'pipe'), got 'pipes'
     """
     if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
         prefix = f"{where}: " if where else ""
@@ -96,7 +105,8 @@ def check_algorithm(
 
     Example::
 
-        check_algorithm("be", allowed=MODELLED_ALGORITHMS)     # "be"
+        >>> check_algorithm("be", allowed=MODELLED_ALGORITHMS)
+        'be'
     """
     return check_choice(name, algorithm, allowed, where=where)
 
@@ -113,8 +123,10 @@ def check_compression(
 
     Example::
 
-        check_compression(None, algorithm="mst")               # None
-        check_compression("fp16", algorithm="ring")            # "fp16"
+        >>> print(check_compression(None, algorithm="mst"))
+        None
+        >>> check_compression("fp16", algorithm="ring")
+        'fp16'
     """
     check_choice(name, compression, COMPRESSIONS, where=where)
     if (
@@ -139,7 +151,9 @@ def check_mode(
 
     Example::
 
-        check_mode("layerwise")                                # "layerwise"
-        check_mode("delayed", allowed=TIMING_MODES)            # "delayed"
+        >>> check_mode("layerwise")
+        'layerwise'
+        >>> check_mode("delayed", allowed=TIMING_MODES)
+        'delayed'
     """
     return check_choice(name, mode, allowed, where=where)

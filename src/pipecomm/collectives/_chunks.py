@@ -15,7 +15,8 @@ def even_offsets(n: int, parts: int) -> list[int]:
 
     Example::
 
-        even_offsets(7, 3)   # [0, 3, 5, 7]
+        >>> even_offsets(7, 3)
+        [0, 3, 5, 7]
     """
     q, r = divmod(n, parts)
     offsets = [0]

@@ -85,7 +85,8 @@ def order_for(tensor: torch.Tensor, cuda: Any = None) -> CudaOrder | None:
 
     Example::
 
-        order_for(torch.zeros(3))   # None
+        >>> order_for(torch.zeros(3)) is None   # a CPU tensor needs no ordering
+        True
     """
     if tensor.device.type != "cuda":
         return None

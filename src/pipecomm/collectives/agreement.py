@@ -58,7 +58,8 @@ class Call:
 
     Example::
 
-        Call("broadcast", "mst", "sum", 0, 4096, torch.float16, 0, None).describe()
+        >>> Call("broadcast", "mst", "sum", 0, 4096, torch.float16, 0, None).describe()
+        "broadcast(algorithm='mst', src=0, numel=4096, dtype=float16)"
     """
 
     kind: str
@@ -78,7 +79,9 @@ class Call:
 
         Example::
 
-            Call.of("broadcast", torch.ones(8), "lp", "sum", 0, block_elems=8)
+            >>> Call.of("broadcast", torch.ones(8), "lp", "sum", 0, block_elems=8)
+            Call(kind='broadcast', algorithm='lp', op='sum', root=0, numel=8, dtype=torch.float32,
+                 block_elems=8, compression=None)
         """
         name = None if codec is None else getattr(codec, "name", "") or type(codec).__name__
         return cls(kind, algorithm, op, -1 if root is None else root, t.numel(), t.dtype,

@@ -57,7 +57,8 @@ def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float
 
     Example::
 
-        default_block_bytes("allreduce", 1 << 24, 8)
+        >>> default_block_bytes("allreduce", 1 << 24, 8)
+        2796208
     """
     import torch.distributed as dist
 

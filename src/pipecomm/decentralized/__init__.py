@@ -10,8 +10,8 @@
 
 Example::
 
-    from pipecomm.decentralized import topology, DecentralizedDataParallel, AccumAdam, AccumAdamW
-    topo = topology.get_topology("aer", 16, ranks_per_node=4)
+    >>> from pipecomm.decentralized import topology, DecentralizedDataParallel, AccumAdam, AccumAdamW
+    >>> topo = topology.get_topology("aer", 16, ranks_per_node=4)
 """
 
 from __future__ import annotations

@@ -38,7 +38,9 @@ def as_one_block(params: list[nn.Parameter]) -> torch.Tensor | None:
 
     Example::
 
-        block = as_one_block(list(torch.nn.Linear(4, 2).parameters()))   # 10 elements
+        >>> block = as_one_block(list(torch.nn.Linear(4, 2).parameters()))
+        >>> block.numel()
+        10
     """
     if not all(p.is_contiguous() for p in params):
         return None

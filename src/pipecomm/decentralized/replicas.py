@@ -6,8 +6,9 @@ checks the one optimizer over all parameters.
 
 Example::
 
-    from pipecomm.decentralized.replicas import check_max_norm
-    check_max_norm(1.0, "bucket")   # 1.0
+    >>> from pipecomm.decentralized.replicas import check_max_norm
+    >>> check_max_norm(1.0, "bucket")
+    1.0
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def check_algorithm(algorithm: Any) -> str:
 
     Example::
 
-        check_algorithm("lp")   # 'lp'
+        >>> check_algorithm("lp")
+        'lp'
     """
     if not isinstance(algorithm, str) or algorithm not in collectives.ALGORITHMS:
         raise ValueError(
@@ -68,7 +70,8 @@ def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
 
     Example::
 
-        check_max_norm(1.0, "bucket")   # 1.0
+        >>> check_max_norm(1.0, "bucket")
+        1.0
     """
     if scope not in NORM_SCOPES:
         raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
@@ -154,7 +157,8 @@ def model_signature(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], s
 
     Example::
 
-        model_signature(torch.nn.Linear(2, 1))[0]   # ('parameter', 'weight', (1, 2), 'torch.float32', True)
+        >>> model_signature(torch.nn.Linear(2, 1))[0]
+        ('parameter', 'weight', (1, 2), 'torch.float32', True)
     """
     sig = [
         ("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad)

@@ -48,15 +48,16 @@ of m ranks holding nbytes each:
 
 Example::
 
-    from pipecomm import cost
-    from pipecomm.decentralized import runtime_model, topology
-    intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
-    inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
-    kw = dict(bucket_bytes=[25e6] * 4, fwd_s=0.01, bwd_s=0.02, p=16, ranks_per_node=4,
-              intra=intra, inter=inter, compute_cv=0.1)
-    ar = runtime_model.simulate("allreduce", **kw)
-    de = runtime_model.simulate("decentralized", topology="aer", **kw)
-    print(ar["mean_iteration_s"] / de["mean_iteration_s"])     # speedup per iteration
+    >>> from pipecomm import cost
+    >>> from pipecomm.decentralized import runtime_model, topology
+    >>> intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
+    >>> inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
+    >>> kw = dict(bucket_bytes=[25e6] * 4, fwd_s=0.01, bwd_s=0.02, p=16, ranks_per_node=4,
+    ...           intra=intra, inter=inter, compute_cv=0.1)
+    >>> ar = runtime_model.simulate("allreduce", **kw)
+    >>> de = runtime_model.simulate("decentralized", topology="aer", **kw)
+    >>> round(ar["mean_iteration_s"] / de["mean_iteration_s"], 2)   # speedup per iteration
+    1.19
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ def lognormal_factors(cv: float, size: Any, rng: np.random.Generator) -> np.ndar
 
     Example::
 
-        f = lognormal_factors(0.2, (50, 8), np.random.default_rng(0))   # iterations x ranks
+        >>> f = lognormal_factors(0.2, (50, 8), np.random.default_rng(0))   # iterations x ranks
+        >>> f.shape
+        (50, 8)
     """
     cv = _check_real(cv, "cv")
     if cv == 0.0:
@@ -140,9 +143,12 @@ def uplink_streams(
 
     Example::
 
-        uplink_streams([(0, 1, 2, 3, 4, 5, 6, 7)], ranks_per_node=4)            # {0: 1, 1: 1}
-        uplink_streams([(0, 4), (1, 5), (2, 6), (3, 7)], ranks_per_node=4)      # {0: 4, 1: 4}
-        uplink_streams([(0, 1, 2, 3, 4, 5, 6, 7)], 4, sharing="all")            # {0: 4, 1: 4}
+        >>> uplink_streams([(0, 1, 2, 3, 4, 5, 6, 7)], ranks_per_node=4)
+        {0: 1, 1: 1}
+        >>> uplink_streams([(0, 4), (1, 5), (2, 6), (3, 7)], ranks_per_node=4)
+        {0: 4, 1: 4}
+        >>> uplink_streams([(0, 1, 2, 3, 4, 5, 6, 7)], 4, sharing="all")
+        {0: 4, 1: 4}
     """
     if sharing not in _SHARING:
         raise ValueError(f"sharing must be one of {_SHARING}, got {sharing!r}")

@@ -45,10 +45,13 @@ it).
 
 Example::
 
-    from pipecomm.decentralized import topology
-    topo = topology.get_topology("aer", 16, ranks_per_node=4)
-    topo.groups(0)           # [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, ..., 15)]: nodes 2, 3 inter
-    topo.mixing_matrix(0)    # 16 x 16 doubly stochastic numpy array
+    >>> from pipecomm.decentralized import topology
+    >>> topo = topology.get_topology("aer", 16, ranks_per_node=4)
+    >>> topo.groups(0)
+    [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11, 12, 13, 14, 15)]
+    >>> W = topo.mixing_matrix(0)   # 16 x 16, doubly stochastic
+    >>> W.shape, bool((W.sum(axis=0) == 1).all() and (W.sum(axis=1) == 1).all())
+    ((16, 16), True)
 """
 
 from __future__ import annotations
@@ -82,9 +85,11 @@ class Group:
 
     Example::
 
-        g = Group((4, 5, 6, 7))
-        g.weight                  # 0.25
-        g.nodes(ranks_per_node=2) # (2, 3)
+        >>> g = Group((4, 5, 6, 7))
+        >>> g.weight
+        0.25
+        >>> g.nodes(ranks_per_node=2)
+        (2, 3)
     """
 
     ranks: tuple[int, ...]
@@ -153,7 +158,8 @@ class Topology:
 
         Example::
 
-            get_topology("ring", 6).groups(1)   # [(0, 5), (1, 2), (3, 4)]
+            >>> get_topology("ring", 6).groups(1)
+            [(0, 5), (1, 2), (3, 4)]
         """
         step = _check_int(step, "step", 0)
         key = step % self.period if self.period else step
@@ -169,7 +175,8 @@ class Topology:
 
         Example::
 
-            get_topology("one-peer-exp", 8).group_of(5, 1)   # (5, 7)
+            >>> get_topology("one-peer-exp", 8).group_of(5, 1)
+            (5, 7)
         """
         rank = _check_int(rank, "rank", 0)
         if rank >= self.world_size:
@@ -198,7 +205,8 @@ class Topology:
 
         Example::
 
-            get_topology("one-peer-exp", 8).product_matrix()   # all entries 1/8
+            >>> bool((get_topology("one-peer-exp", 8).product_matrix() == 1 / 8).all())
+            True
         """
         steps = self.default_window() if steps is None else _check_int(steps, "steps", 1)
         start = _check_int(start, "start", 0)
@@ -221,8 +229,10 @@ class Topology:
 
         Example::
 
-            get_topology("complete", 8).spectral_gap()    # 1.0
-            get_topology("ring", 8).spectral_gap()        # about 0.29
+            >>> get_topology("complete", 8).spectral_gap()
+            1.0
+            >>> round(get_topology("ring", 8).spectral_gap(), 2)
+            0.29
         """
         p = self.world_size
         prod = self.product_matrix(steps, start)
@@ -236,7 +246,8 @@ class Topology:
 
         Example::
 
-            get_topology("ring", 4).distinct_groups()   # [(0, 1), (0, 3), (1, 2), (2, 3)]
+            >>> get_topology("ring", 4).distinct_groups()
+            [(0, 1), (0, 3), (1, 2), (2, 3)]
         """
         if self.period is None:
             raise NotImplementedError(f"{type(self).__name__} has no period; override this")
@@ -267,10 +278,13 @@ def register_topology(name: str, *aliases: str) -> Callable[[type[Topology]], ty
 
     Example::
 
-        @register_topology("pairs")
-        class Pairs(Topology):
-            def _partition(self, step):
-                return [(i, i + 1) for i in range(0, self.world_size, 2)]
+        >>> @register_topology("pairs")
+        ... class Pairs(Topology):
+        ...     def _partition(self, step):
+        ...         return [(i, i + 1) for i in range(0, self.world_size, 2)]
+        >>> get_topology("pairs", 4).groups(0)
+        [(0, 1), (2, 3)]
+        >>> _ = _REGISTRY.pop("pairs")   # (unregister again)
     """
     names = (name, *aliases)
     for n in names:
@@ -295,7 +309,8 @@ def available_topologies() -> list[str]:
 
     Example::
 
-        available_topologies()   # ['aer', 'alternating-exp-ring', 'complete', ...]
+        >>> available_topologies()
+        ['aer', 'alternating-exp-ring', 'complete', 'one-peer-exp', 'random-matching', 'ring']
     """
     return sorted(_REGISTRY)
 
@@ -312,8 +327,9 @@ def get_topology(
 
     Example::
 
-        topo = get_topology("alternating-exp-ring", 8, ranks_per_node=2)
-        topo.period                # 4
+        >>> topo = get_topology("alternating-exp-ring", 8, ranks_per_node=2)
+        >>> topo.period
+        4
     """
     if isinstance(name, Topology):
         if name.world_size != world_size:
@@ -345,7 +361,8 @@ class CompleteTopology(Topology):
 
     Example::
 
-        get_topology("complete", 3).groups(7)   # [(0, 1, 2)]
+        >>> get_topology("complete", 3).groups(7)
+        [(0, 1, 2)]
     """
 
     period = 1
@@ -363,7 +380,8 @@ class RingTopology(Topology):
 
     Example::
 
-        get_topology("ring", 4).groups(1)   # [(0, 3), (1, 2)]
+        >>> get_topology("ring", 4).groups(1)
+        [(0, 3), (1, 2)]
     """
 
     period = 2
@@ -392,7 +410,8 @@ class OnePeerExpTopology(Topology):
 
     Example::
 
-        get_topology("one-peer-exp", 8).groups(2)   # [(0, 4), (1, 5), (2, 6), (3, 7)]
+        >>> get_topology("one-peer-exp", 8).groups(2)
+        [(0, 4), (1, 5), (2, 6), (3, 7)]
     """
 
     def __init__(self, world_size: int, ranks_per_node: int | None = None) -> None:
@@ -421,9 +440,11 @@ class AlternatingExpRingTopology(Topology):
 
     Example::
 
-        topo = get_topology("aer", 8, ranks_per_node=2)     # 4 nodes, period 4
-        topo.groups(0)   # [(0, 1), (2, 3), (4, 5, 6, 7)]: pair (0, 1) intra, pair (2, 3) inter
-        topo.groups(1)   # [(0, 1, 2, 3), (4, 5), (6, 7)]
+        >>> topo = get_topology("aer", 8, ranks_per_node=2)   # 4 nodes, period 4
+        >>> topo.groups(0)
+        [(0, 1), (2, 3), (4, 5, 6, 7)]
+        >>> topo.groups(1)
+        [(0, 1, 2, 3), (4, 5), (6, 7)]
     """
 
     needs_ranks_per_node = True
@@ -477,7 +498,8 @@ class AlternatingExpRingTopology(Topology):
 
         Example::
 
-            get_topology("aer", 16, ranks_per_node=4).inter_node_nodes(0)   # [2, 3]: half
+            >>> get_topology("aer", 16, ranks_per_node=4).inter_node_nodes(0)
+            [2, 3]
         """
         rpn = self.ranks_per_node
         assert rpn is not None
@@ -494,8 +516,9 @@ class RandomMatchingTopology(Topology):
 
     Example::
 
-        topo = get_topology("random-matching", 6, seed=3)
-        topo.groups(0) == get_topology("random-matching", 6, seed=3).groups(0)   # True
+        >>> topo = get_topology("random-matching", 6, seed=3)
+        >>> topo.groups(0) == get_topology("random-matching", 6, seed=3).groups(0)
+        True
     """
 
     period = None

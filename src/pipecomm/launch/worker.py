@@ -216,7 +216,8 @@ def free_port() -> int:
 
     Example::
 
-        port = free_port()
+        >>> 0 < free_port() < 65536
+        True
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -104,9 +104,11 @@ class VirtualClock:
 
     Example::
 
-        vc = VirtualClock()
-        vc.settle(deadline=1.000, t0=0.990, woke=1.003)   # woke 3 ms late
-        vc.now(1.004)                                    # 1.001: posts as if woken on time
+        >>> vc = VirtualClock()
+        >>> vc.settle(deadline=1.000, t0=0.990, woke=1.003)   # woke 3 ms late
+        1.0
+        >>> round(vc.now(1.004), 6)   # posts as if woken on time
+        1.001
     """
 
     def __init__(self) -> None:
@@ -119,7 +121,8 @@ class VirtualClock:
 
         Example::
 
-            VirtualClock().now(5.0)   # 5.0 (no lag yet)
+            >>> VirtualClock().now(5.0)
+            5.0
         """
         return (time.monotonic() if wall is None else wall) - self.lag
 
@@ -128,7 +131,8 @@ class VirtualClock:
 
         Example::
 
-            VirtualClock().settle(1.0, 0.5, 1.002)   # 1.0, lag 2 ms
+            >>> VirtualClock().settle(1.0, 0.5, 1.002)   # lag 2 ms
+            1.0
         """
         with self._lock:
             end = max(deadline, t0 - self.lag)

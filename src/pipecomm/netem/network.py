@@ -7,8 +7,9 @@ two-level network of the DAdam paper's runtime model (Wang et al., ICLR 2025).
 
 Example::
 
-    from pipecomm.netem import Network
-    Network(2e-3, 50e6).transfer_time(1 << 20)   # 0.002 + 1048576 / 50e6
+    >>> from pipecomm.netem import Network
+    >>> round(Network(2e-3, 50e6).transfer_time(1 << 20), 6)   # 0.002 + 1048576 / 50e6
+    0.022972
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def format_ms(seconds: float) -> str:
 
     Example::
 
-        format_ms(2e-3)   # '2.0 ms'
+        >>> format_ms(2e-3)
+        '2.0 ms'
     """
     text = f"{seconds * 1e3:.3g}"
     if "." not in text and "e" not in text:
@@ -55,7 +57,8 @@ def format_bandwidth(bps: float) -> str:
 
     Example::
 
-        format_bandwidth(50e6)   # '50 MB/s'
+        >>> format_bandwidth(50e6)
+        '50 MB/s'
     """
     if math.isinf(bps):
         return "inf B/s"
@@ -82,9 +85,9 @@ class Network:
 
     Example::
 
-        net = Network(1e-3, 400e6, ports="single", inter_alpha_s=2e-3, inter_bandwidth_Bps=50e6)
-        net.describe(ranks_per_node=2)
-        # 'emulated, single-port, 1.0 ms / 400 MB/s, inter-node 2.0 ms / 50 MB/s, 2 ranks/node'
+        >>> net = Network(1e-3, 400e6, ports="single", inter_alpha_s=2e-3, inter_bandwidth_Bps=50e6)
+        >>> net.describe(ranks_per_node=2)
+        'emulated, single-port, 1.0 ms / 400 MB/s, inter-node 2.0 ms / 50 MB/s, 2 ranks/node'
     """
 
     alpha_s: float
@@ -145,7 +148,8 @@ class Network:
 
         Example::
 
-            Network(2e-3, 50e6).transfer_time(1 << 20)   # 0.002 + 1048576 / 50e6
+            >>> round(Network(2e-3, 50e6).transfer_time(1 << 20), 6)   # 0.002 + 1048576 / 50e6
+            0.022972
         """
         if inter_node:
             return self.inter_alpha + nbytes / min(self.bandwidth_Bps, self.inter_bandwidth)
@@ -158,8 +162,8 @@ class Network:
 
         Example::
 
-            Network(2e-3, 50e6, ranks_per_node=2).describe()
-            # 'emulated, single-port, 2.0 ms / 50 MB/s, inter-node 2.0 ms / 50 MB/s, 2 ranks/node'
+            >>> Network(2e-3, 50e6, ranks_per_node=2).describe()
+            'emulated, single-port, 2.0 ms / 50 MB/s, inter-node 2.0 ms / 50 MB/s, 2 ranks/node'
         """
         text = (
             f"emulated, {self.ports}{'-port' if self.ports == 'single' else ''}, "
@@ -187,7 +191,9 @@ class Network:
 
         Example::
 
-            Network.from_dict({"alpha_s": 2e-3, "bandwidth_Bps": 50e6, "ports": "single"})
+            >>> Network.from_dict({"alpha_s": 2e-3, "bandwidth_Bps": 50e6, "ports": "single"})
+            Network(alpha_s=0.002, bandwidth_Bps=50000000.0, ports='single', ranks_per_node=None,
+                    inter_alpha_s=None, inter_bandwidth_Bps=None)
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"data must be a mapping from Network.to_dict(), got {data!r}")

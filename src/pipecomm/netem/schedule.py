@@ -9,9 +9,10 @@ processes, no clocks (:mod:`pipecomm.netem.emulation` keeps the table in shared 
 
 Example::
 
-    from pipecomm.netem import LinkSchedule, Network
-    sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
-    sched.post(sched.new_table(), 0, 1, 1000, now=0.0)   # 0.002 (alpha + n/B)
+    >>> from pipecomm.netem import LinkSchedule, Network
+    >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+    >>> sched.post(sched.new_table(), 0, 1, 1000, now=0.0)
+    0.002
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ class LinkSchedule:
 
     Example::
 
-        sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
-        table = sched.new_table()
-        sched.post(table, 0, 1, 1000, now=0.0)   # 0.002 (alpha + n/B)
-        sched.post(table, 0, 1, 1000, now=0.0)   # 0.003 (waits one n/B for the port)
+        >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+        >>> table = sched.new_table()
+        >>> sched.post(table, 0, 1, 1000, now=0.0)
+        0.002
+        >>> sched.post(table, 0, 1, 1000, now=0.0)
+        0.003
     """
 
     def __init__(
@@ -106,7 +109,8 @@ class LinkSchedule:
 
         Example::
 
-            LinkSchedule(Network(0, 1e9, ranks_per_node=2), 4).node(3)   # 1
+            >>> LinkSchedule(Network(0, 1e9, ranks_per_node=2), 4).node(3)
+            1
         """
         return rank // self.ranks_per_node if self.two_level else 0
 

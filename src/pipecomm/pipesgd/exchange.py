@@ -49,7 +49,8 @@ def make_units(params: list[nn.Parameter], bucket_bytes: float | None, order: st
 
     Example::
 
-        make_units([torch.zeros(3), torch.zeros(5)], None, "forward")[0].offsets   # (0, 3)
+        >>> make_units([torch.zeros(3), torch.zeros(5)], None, "forward")[0].offsets
+        (0, 3)
     """
     units = []
     for idx in bucketing.bucket_indices(params, bucket_bytes, order=order, kinds="interleaved"):

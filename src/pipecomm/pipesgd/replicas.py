@@ -77,7 +77,8 @@ def check_staleness(mode: str, staleness: Any) -> int:
 
     Example::
 
-        check_staleness("pipe", None)     # 1
+        >>> check_staleness("pipe", None)
+        1
     """
     if staleness is None:
         return 1 if mode == "pipe" else 0
@@ -104,7 +105,8 @@ def resolve_group(group: Any) -> tuple[int, ...]:
 
     Example::
 
-        resolve_group(None)               # (0,) in a single process
+        >>> resolve_group(None)
+        (0,)
     """
     initialized = dist.is_available() and dist.is_initialized()
     if not initialized:

@@ -43,9 +43,10 @@ class Strategy:
 
     Example::
 
-        class Never(Strategy):
-            def step(self) -> None:
-                self.exchange.release_grads()
+        >>> class Never(Strategy):
+        ...     def step(self) -> None:
+        ...         self.exchange.release_grads()
+        ...
     """
 
     staleness = 0

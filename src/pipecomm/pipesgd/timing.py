@@ -9,9 +9,13 @@ work rather than kernel launches (at the price of serialising the host with the 
 
 Example::
 
-    timer = StepTimer(max_records=100, device=None)
-    timer.open(iteration=0); start = timer.clock(); ...; timer.add("comm_s", timer.clock() - start)
-    timer.close(updates=1); timer.records[-1]["comm_s"]
+    >>> timer = StepTimer(max_records=100, device=None)
+    >>> timer.open(iteration=0)
+    >>> start = timer.clock()   # ... communicate ...
+    >>> timer.add("comm_s", timer.clock() - start)
+    >>> timer.close(updates=1)
+    >>> timer.records[-1]["comm_s"] >= 0
+    True
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ class NullTimer:
 
     Example::
 
-        NullTimer().clock()     # 0.0
+        >>> NullTimer().clock()
+        0.0
     """
 
     enabled = False
@@ -116,9 +121,10 @@ class StepTimer:
 
     Example::
 
-        timer = StepTimer(max_records=None, device=None)
-        timer.open(0); timer.add("launch_s", 0.5); timer.close(updates=0)
-        timer.totals["launch_s"]     # 0.5
+        >>> timer = StepTimer(max_records=None, device=None)
+        >>> timer.open(0); timer.add("launch_s", 0.5); timer.close(updates=0)
+        >>> timer.totals["launch_s"]
+        0.5
     """
 
     enabled = True

@@ -38,7 +38,8 @@ Modes (steady state; the first ``k`` iterations of a pipeline are not modelled):
 
 Example::
 
-    >>> from pipecomm import cost, timing_model
+    >>> from pipecomm import cost
+    >>> from pipecomm.pipesgd import timing_model
     >>> link = cost.LinkModel.from_bandwidth(50e-6, 1.25e9)        # 10 Gb/s Ethernet-ish
     >>> kw = dict(compute_s=0.1, update_s=0.01, nbytes=100 * 2**20, p=4, link=link)
     >>> round(timing_model.speedup("pipe", **kw), 2)

@@ -1,0 +1,65 @@
+"""The docstring examples of the library run as doctests.
+
+Every module of ``pipecomm`` outside ``pipecomm.lab`` (and the lab modules that
+carry ``>>>`` examples) is run through :mod:`doctest`; a failing example fails
+the test named after its module.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+
+LAB_WITH_EXAMPLES = [
+    "pipecomm.lab.pipesgd_config",
+    "pipecomm.lab.pipesgd_training",
+    "pipecomm.lab.schedules",
+    "pipecomm.lab.tuning",
+    "pipecomm.lab.experiments.e07_pipesgd_convergence",
+]
+
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def _library_modules() -> list[str]:
+    root = SRC / "pipecomm"
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("")
+        parts = rel.parts
+        if parts[1:2] == ("lab",):
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+MODULES = _library_modules() + LAB_WITH_EXAMPLES
+
+
+def _run(name: str) -> tuple[doctest.TestResults, str]:
+    """Run the doctests of module ``name``; return the results and the failure report."""
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    report: list[str] = []
+    for test in finder.find(module, name):
+        runner.run(test, out=report.append)
+    return doctest.TestResults(runner.failures, runner.tries), "".join(report)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_doctests(name: str) -> None:
+    result, report = _run(name)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} doctests of {name} failed:\n{report}"
+
+
+def test_examples_exist() -> None:
+    attempted = sum(_run(name)[0].attempted for name in MODULES)
+    assert attempted > 0
