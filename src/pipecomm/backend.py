@@ -223,9 +223,15 @@ def future_of(
 
     Example::
 
-        h = collectives.allreduce(t, op="avg", async_op=True)
-        fut = future_of(h, lambda: t, timeout_s=60)
-        fut.then(lambda f: print(f.value()))
+        >>> import torch
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> t = torch.full((2,), 3.0)
+        >>> h = collectives.allreduce(t, op="avg", async_op=True)
+        >>> fut = future_of(h, lambda: t, timeout_s=60)
+        >>> fut.then(lambda f: print(f.value())).wait()
+        tensor([3., 3.])
+        >>> dist.destroy_process_group()
     """
     hs = [handles] if isinstance(handles, collectives.Handle) else list(handles)
     fut: torch.futures.Future = torch.futures.Future()
@@ -318,9 +324,15 @@ class PipecommProcessGroup(dist.ProcessGroup):
 
     Example::
 
-        pg = pipecomm.backend.new_group(algorithm="mst")
-        w = dist.all_reduce(t, group=pg, async_op=True)     # on the communication thread
-        w.get_future().then(lambda f: f.value()[0] / 2)
+        >>> import torch
+        >>> import pipecomm.backend
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> pg = pipecomm.backend.new_group(algorithm="mst")
+        >>> t = torch.ones(2)
+        >>> w = dist.all_reduce(t, group=pg, async_op=True)     # on the communication thread
+        >>> w.get_future().then(lambda f: f.value()[0] / 2).wait()
+        tensor([0.5000, 0.5000])
+        >>> dist.destroy_process_group()
     """
 
     def __init__(
@@ -663,9 +675,17 @@ def new_group(
 
     Example::
 
-        pg = pipecomm.backend.new_group(algorithm="ring", compression="bf16")
-        ddp = DistributedDataParallel(model, process_group=pg)
-        evens = pipecomm.backend.new_group([0, 2], algorithm="mst")    # on every rank
+        >>> import torch
+        >>> import pipecomm.backend
+        >>> from torch.nn.parallel import DistributedDataParallel
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> pg = pipecomm.backend.new_group(algorithm="ring", compression="bf16")
+        >>> ddp = DistributedDataParallel(torch.nn.Linear(2, 1), process_group=pg)
+        >>> evens = pipecomm.backend.new_group([0], algorithm="mst")    # on every rank
+        >>> t = torch.ones(3)
+        >>> dist.all_reduce(t, group=evens); t
+        tensor([1., 1., 1.])
+        >>> dist.destroy_process_group()
     """
     options = Options(algorithm, compression, block_bytes)
     if not dist.is_initialized():

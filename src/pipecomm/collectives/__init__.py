@@ -12,10 +12,17 @@ stream ordering: ``_streams``).
 
 Example::
 
-    from pipecomm import collectives
-    collectives.allreduce(grad, algorithm="lp", op="avg")
-    collectives.broadcast(weights, src=0, algorithm="mst")
-    h = collectives.reduce(stats, dst=1, op="max", async_op=True); h.wait()
+    >>> import torch, torch.distributed as dist
+    >>> from pipecomm import collectives
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> grad, weights, stats = torch.ones(4), torch.zeros(4), torch.tensor([2.0])
+    >>> collectives.allreduce(grad, algorithm="lp", op="avg")
+    tensor([1., 1., 1., 1.])
+    >>> collectives.broadcast(weights, src=0, algorithm="mst")
+    tensor([0., 0., 0., 0.])
+    >>> h = collectives.reduce(stats, dst=0, op="max", async_op=True); h.wait()
+    tensor([2.])
+    >>> dist.destroy_process_group()
 """
 
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES

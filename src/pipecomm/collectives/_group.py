@@ -151,7 +151,10 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
 
     Example::
 
-        members_of(None)          # (0, 1, ..., world_size - 1)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> members_of(None)          # (0, 1, ..., world_size - 1)
+        (0,)
+        >>> dist.destroy_process_group()
     """
     if not dist.is_initialized():
         raise RuntimeError(

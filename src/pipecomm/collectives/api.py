@@ -269,10 +269,15 @@ def allreduce(
 
     Example::
 
-        g = torch.full((1000,), float(dist.get_rank()))
-        collectives.allreduce(g, op="avg")                 # every rank: (p - 1) / 2
-        h = collectives.allreduce(g, algorithm="ring", async_op=True)
-        h.wait()
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> g = torch.full((1000,), float(dist.get_rank()))
+        >>> collectives.allreduce(g, op="avg")[:3]                 # every rank: (p - 1) / 2
+        tensor([0., 0., 0.])
+        >>> h = collectives.allreduce(g, algorithm="ring", async_op=True)
+        >>> h.wait() is g
+        True
+        >>> dist.destroy_process_group()
     """
     fn = "allreduce"
     _check_tensor(fn, t)
@@ -306,8 +311,13 @@ def broadcast(
 
     Example::
 
-        w = model_weights if dist.get_rank() == 0 else torch.empty_like(model_weights)
-        collectives.broadcast(w, src=0, algorithm="lp", block_bytes=1 << 16)
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model_weights = torch.arange(4.0)
+        >>> w = model_weights if dist.get_rank() == 0 else torch.empty_like(model_weights)
+        >>> collectives.broadcast(w, src=0, algorithm="lp", block_bytes=1 << 16)
+        tensor([0., 1., 2., 3.])
+        >>> dist.destroy_process_group()
     """
     fn = "broadcast"
     _check_tensor(fn, t)
@@ -342,8 +352,12 @@ def reduce(
 
     Example::
 
-        loss_sum = torch.tensor([loss])
-        collectives.reduce(loss_sum, dst=0, op="sum", algorithm="mst")   # valid on rank 0
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> loss_sum = torch.tensor([0.5])
+        >>> collectives.reduce(loss_sum, dst=0, op="sum", algorithm="mst")   # valid on rank 0
+        tensor([0.5000])
+        >>> dist.destroy_process_group()
     """
     fn = "reduce"
     _check_tensor(fn, t)

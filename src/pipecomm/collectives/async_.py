@@ -44,9 +44,16 @@ class Handle:
 
     Example::
 
-        h = collectives.allreduce(grad, async_op=True)
-        loss = model(x)            # overlaps the allreduce
-        grad = h.wait()            # the reduced tensor (grad itself, in place)
+        >>> import torch.distributed as dist
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, x, grad = torch.nn.Linear(2, 1), torch.ones(1, 2), torch.ones(3)
+        >>> h = collectives.allreduce(grad, async_op=True)
+        >>> loss = model(x)            # overlaps the allreduce
+        >>> grad = h.wait()            # the reduced tensor (grad itself, in place)
+        >>> grad
+        tensor([1., 1., 1.])
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, result: torch.Tensor, what: str = "collective") -> None:
