@@ -41,15 +41,22 @@ first synchronises the device. Without it (the default) nothing is timed or sync
 
 Example::
 
-    from pipecomm.pipesgd import PipeSGD
-    opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 100))
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()              # launches this gradient's AllReduce, applies the previous one
-        sched.step()
-    opt.finish()                # optional: applies the reductions still in flight
+    >>> import torch
+    >>> from pipecomm.pipesgd import PipeSGD
+    >>> model = torch.nn.Linear(2, 1)
+    >>> w0 = model.weight.detach().clone()
+    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
+    >>> sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / 100))
+    >>> loss_fn, batches = torch.nn.functional.mse_loss, [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
+    >>> for x, y in batches:
+    ...     opt.zero_grad()
+    ...     loss_fn(model(x), y).backward()
+    ...     opt.step()              # launches this gradient's AllReduce, applies the previous one
+    ...     if opt.iteration == 1:
+    ...         print(torch.equal(model.weight, w0))   # k = 1: the first step applies nothing
+    ...     sched.step()
+    True
+    >>> opt.finish()                # optional: applies the reductions still in flight
 """
 
 from __future__ import annotations

@@ -7,8 +7,13 @@ the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
 
 Example::
 
-    opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+    >>> import torch
+    >>> from pipecomm.pipesgd import PipeSGD
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
+    >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+    >>> opt.param_groups[0]["lr"]
+    0.1
 """
 
 from __future__ import annotations
@@ -101,16 +106,22 @@ class PipeSGD(torch.optim.Optimizer):
 
     Example::
 
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        opt = PipeSGD(model, torch.optim.Adam(model.parameters(), lr=1e-3), mode="pipe",
-                      staleness=1, algorithm="lp", compression="fp16")
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)
-        for x, y in batches:
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            sched.step()
-        opt.finish()
+        >>> _ = torch.manual_seed(0)
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        >>> opt = PipeSGD(model, torch.optim.Adam(model.parameters(), lr=1e-3), mode="pipe",
+        ...               staleness=1, algorithm="lp", compression="fp16")
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100, gamma=0.5)
+        >>> batches = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(3)]
+        >>> for x, y in batches:
+        ...     opt.zero_grad()
+        ...     torch.nn.functional.mse_loss(model(x), y).backward()
+        ...     opt.step()
+        ...     sched.step()
+        >>> opt.iteration, opt.in_flight
+        (3, 1)
+        >>> opt.finish()
+        >>> opt.in_flight
+        0
     """
 
     def __init__(
@@ -229,7 +240,12 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            opt.zero_grad(); loss.backward(); opt.step()
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> loss = model(torch.ones(1, 2)).sum()
+            >>> opt.zero_grad(); loss.backward(); opt.step()
+            >>> opt.iteration
+            1
         """
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
@@ -242,8 +258,13 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
-            loss = opt.step(lambda: (opt.zero_grad(), (l := loss_fn(model(x), y)).backward(), l)[2])
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="sync")
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+            >>> loss = opt.step(lambda: (opt.zero_grad(), (l := loss_fn(model(x), y)).backward(), l)[2])
+            >>> opt.updates
+            2
         """
         loss = None
         if closure is not None:
@@ -291,7 +312,12 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            opt.step(); assert opt.in_flight == min(opt.iteration, opt.staleness)
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), staleness=2)
+            >>> model(torch.ones(1, 2)).sum().backward()
+            >>> opt.step(); assert opt.in_flight == min(opt.iteration, opt.staleness)
+            >>> opt.in_flight
+            1
         """
         return len(self._strategy.pending)
 
@@ -303,8 +329,13 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            for batch in batches: ...; opt.step()
-            opt.finish()           # parameters now include every computed gradient
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
+            >>> for batch in [torch.ones(1, 2)] * 3:
+            ...     opt.zero_grad(); model(batch).sum().backward(); opt.step()
+            >>> opt.finish()           # parameters now include every computed gradient
+            >>> opt.updates
+            3
         """
         self._strategy.check_between_steps("finish")
         if not self._strategy.pending:
@@ -320,7 +351,10 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            opt.remove_hooks()     # before building another PipeSGD on the same model
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="layerwise")
+            >>> opt.remove_hooks()     # before building another PipeSGD on the same model
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="layerwise")
         """
         self._strategy.close()
 
@@ -347,7 +381,14 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+            >>> import io
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> path = io.BytesIO()
+            >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+            >>> sorted(opt.state_dict())
+            ['in_flight', 'iteration', 'mode', 'optimizer', 'param_shapes', 'rank', 'residuals',
+             'staleness', 'updates']
         """
         self._strategy.check_between_steps("state_dict")
         in_flight = []
@@ -373,8 +414,15 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            ckpt = torch.load(path)
-            model.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["opt"])
+            >>> import io
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> path = io.BytesIO()
+            >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+            >>> _ = path.seek(0)
+            >>> ckpt = torch.load(path)
+            >>> model.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["opt"])
+            <All keys matched successfully>
         """
         state = state_dict
         if not isinstance(state, dict):
@@ -435,7 +483,10 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            PipeSGD(model, opt, timing=True).timings     # deque of dicts
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> PipeSGD(model, opt, timing=True).timings     # deque of dicts
+            deque([], maxlen=...)
         """
         return self._timer_on("timings").records
 
@@ -445,7 +496,10 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            opt.timing_totals["comm_s"]
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), timing=True)
+            >>> opt.timing_totals["comm_s"]
+            0.0
         """
         return self._timer_on("timing_totals").totals
 
@@ -455,8 +509,13 @@ class PipeSGD(torch.optim.Optimizer):
 
         Example::
 
-            for _ in range(warmup): ...; opt.step()
-            opt.reset_timings()      # measure from here
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), timing=True)
+            >>> for _ in range(2):
+            ...     model(torch.ones(1, 2)).sum().backward(); opt.step()
+            >>> opt.reset_timings()      # measure from here
+            >>> opt.timing_totals["iterations"]
+            0
         """
         self._timer.reset()
 
