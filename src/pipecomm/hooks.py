@@ -38,20 +38,26 @@ completion thread as soon as pipecomm's communication thread has finished the Al
 
 Example::
 
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from pipecomm import hooks
+    >>> import torch, torch.distributed as dist
+    >>> from torch.nn.parallel import DistributedDataParallel as DDP
+    >>> from pipecomm import hooks
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> net, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+    >>> batches = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
 
-    model = DDP(net)
-    hooks.register(model, hooks.CollectiveState(algorithm="lp"), hooks.allreduce_hook)
+    >>> model = DDP(net)
+    >>> hooks.register(model, hooks.CollectiveState(algorithm="lp"), hooks.allreduce_hook)
 
-    model = DDP(net)
-    state = hooks.PipelinedState(staleness=1, algorithm="ring", compression="fp16")
-    hooks.register(model, state, hooks.pipelined_hook)
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()     # launches this gradient, returns the previous one
-        opt.step()
-    state.wait()                            # before destroying the process group
+    >>> model = DDP(net)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> state = hooks.PipelinedState(staleness=1, algorithm="ring", compression="fp16")
+    >>> hooks.register(model, state, hooks.pipelined_hook)
+    >>> for x, y in batches:
+    ...     opt.zero_grad()
+    ...     loss_fn(model(x), y).backward()     # launches this gradient, returns the previous one
+    ...     opt.step()
+    >>> state.wait()                            # before destroying the process group
+    >>> dist.destroy_process_group()
 
 Error feedback (``error_feedback=True`` with a ``compression``, either state): each rank adds to a
 bucket the residual its compression dropped last time, ``x = g_t + e_t``, averages ``x`` with the
@@ -152,9 +158,15 @@ class CollectiveState:
 
     Example::
 
-        state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
-        hooks.register(ddp_model, state, allreduce_hook)
-        torch.save(state.state_dict(), f"hook_rank{rank}.pt")     # the residuals, per rank
+        >>> import io
+        >>> from pipecomm import hooks
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model, rank = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1)), 0
+        >>> state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
+        >>> hooks.register(ddp_model, state, allreduce_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> torch.save(state.state_dict(), io.BytesIO())     # the residuals, per rank
+        >>> dist.destroy_process_group()
     """
 
     algorithm: str = vocab.DEFAULT_ALGORITHM
@@ -222,7 +234,13 @@ def allreduce_hook(
 
     Example::
 
-        ddp_model.register_comm_hook(CollectiveState(algorithm="lp"), allreduce_hook)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> ddp_model.register_comm_hook(CollectiveState(algorithm="lp"), allreduce_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> ddp_model.module.bias.grad                       # averaged over p = 1 rank
+        tensor([1.])
+        >>> dist.destroy_process_group()
     """
     if not isinstance(state, CollectiveState):
         raise TypeError(
@@ -271,11 +289,18 @@ class PipelinedState:
 
     Example::
 
-        state = PipelinedState(staleness=1, algorithm="ring")
-        hooks.register(ddp_model, state, pipelined_hook)
-        ...
-        torch.save(state.state_dict(), f"hook_rank{rank}.pt")
-        state.load_state_dict(torch.load(f"hook_rank{rank}.pt"))   # a fresh, registered state
+        >>> import io
+        >>> from pipecomm import hooks
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> state = PipelinedState(staleness=1, algorithm="ring")
+        >>> hooks.register(ddp_model, state, pipelined_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> state.filling                                    # the first k iterations apply nothing
+        True
+        >>> buf = io.BytesIO(); torch.save(state.state_dict(), buf); _ = buf.seek(0)
+        >>> state.wait()
+        >>> dist.destroy_process_group()
     """
 
     staleness: int = 1
@@ -434,8 +459,16 @@ def pipelined_hook(
 
     Example::
 
-        state = PipelinedState(staleness=1, algorithm="lp", compression="fp16")
-        ddp_model.register_comm_hook(state, pipelined_hook)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> state = PipelinedState(staleness=1, algorithm="lp", compression="fp16")
+        >>> ddp_model.register_comm_hook(state, pipelined_hook)
+        >>> for _ in range(2):
+        ...     ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> state.filling
+        False
+        >>> state.wait()
+        >>> dist.destroy_process_group()
     """
     if not isinstance(state, PipelinedState):
         raise TypeError(
@@ -473,7 +506,10 @@ def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable
 
     Example::
 
-        register(ddp_model, PipelinedState(staleness=1), pipelined_hook)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> register(ddp_model, PipelinedState(staleness=1), pipelined_hook)
+        >>> dist.destroy_process_group()
     """
     if not isinstance(state, CollectiveState | PipelinedState):
         raise TypeError(
