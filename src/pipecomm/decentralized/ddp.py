@@ -65,14 +65,20 @@ average as the training state. ``averaged()`` swaps the average in for a ``with`
 
 Example::
 
-    from pipecomm.decentralized import DecentralizedDataParallel, AccumAdam
-    opt = AccumAdam(model.parameters(), lr=1e-3)
-    ddp = DecentralizedDataParallel(model, opt, topology="ring", max_grad_norm=1.0)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(ddp.optimizer, T_max=1000)
-    for x, y in batches:
-        loss_fn(ddp(x), y).backward()   # mixes, steps and launches the next gossip
-        sched.step()
-    torch.save({"model": ddp.state_dict(), "optimizer": ddp.optimizer.state_dict()}, path)
+    >>> import io
+    >>> import torch, torch.distributed as dist
+    >>> from pipecomm.decentralized import DecentralizedDataParallel, AccumAdam
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> model, loss_fn, path = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss, io.BytesIO()
+    >>> batches = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
+    >>> opt = AccumAdam(model.parameters(), lr=1e-3)
+    >>> ddp = DecentralizedDataParallel(model, opt, topology="ring", max_grad_norm=1.0)
+    >>> sched = torch.optim.lr_scheduler.CosineAnnealingLR(ddp.optimizer, T_max=1000)
+    >>> for x, y in batches:
+    ...     loss_fn(ddp(x), y).backward()   # mixes, steps and launches the next gossip
+    ...     sched.step()
+    >>> torch.save({"model": ddp.state_dict(), "optimizer": ddp.optimizer.state_dict()}, path)
+    >>> ddp.close(); dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -161,16 +167,23 @@ class DecentralizedDataParallel(nn.Module):
 
     Example::
 
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        ddp = DecentralizedDataParallel(model, opt, topology="one-peer-exp", bucket_mb=4.0)
-        sched = torch.optim.lr_scheduler.StepLR(ddp.optimizer, step_size=100)
-        for x, y in batches:
-            for micro, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):   # accumulation
-                ddp.require_backward_grad_sync = micro == 1      # or: with ddp.no_sync()
-                torch.nn.functional.cross_entropy(ddp(xm), ym).div(2).backward()
-            sched.step()
-        with ddp.averaged():
-            evaluate(model)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model = torch.nn.Linear(4, 3)
+        >>> batches = [(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))] * 2
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        >>> ddp = DecentralizedDataParallel(model, opt, topology="one-peer-exp", bucket_mb=4.0)
+        >>> sched = torch.optim.lr_scheduler.StepLR(ddp.optimizer, step_size=100)
+        >>> for x, y in batches:
+        ...     for micro, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):   # accumulation
+        ...         ddp.require_backward_grad_sync = micro == 1      # or: with ddp.no_sync()
+        ...         torch.nn.functional.cross_entropy(ddp(xm), ym).div(2).backward()
+        ...     sched.step()
+        >>> with ddp.averaged():
+        ...     print(model)                                          # evaluate(model)
+        Linear(in_features=4, out_features=3, bias=True)
+        >>> ddp.timing["iterations"]
+        2
+        >>> ddp.close(); dist.destroy_process_group()
     """
 
     def __init__(

@@ -24,9 +24,12 @@ change); a zero gradient is a step like any other.
 
 Example::
 
-    from pipecomm.decentralized import AccumAdam
-    opt = AccumAdam(model.parameters(), lr=1.5e-3, accum_iter=8)
-    loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+    >>> import torch
+    >>> from pipecomm.decentralized import AccumAdam
+    >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+    >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+    >>> opt = AccumAdam(model.parameters(), lr=1.5e-3, accum_iter=8)
+    >>> loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
 """
 
 from __future__ import annotations
@@ -77,11 +80,15 @@ class AccumAdam(Optimizer):
 
     Example::
 
-        opt = AccumAdam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), accum_iter=4)
-        for x, y in batches:
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
+        >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+        >>> batches = [(torch.ones(4, 2), torch.zeros(4, 1))] * 4
+        >>> opt = AccumAdam(model.parameters(), lr=1e-3, betas=(0.9, 0.999), accum_iter=4)
+        >>> for x, y in batches:
+        ...     opt.zero_grad()
+        ...     loss_fn(model(x), y).backward()
+        ...     opt.step()
+        >>> opt.param_groups[0]["accum_iter"]
+        4
     """
 
     _decoupled = False
@@ -110,7 +117,11 @@ class AccumAdam(Optimizer):
 
         Example::
 
-            opt.add_param_group({"params": head.parameters(), "lr": 1e-4, "accum_iter": 2})
+            >>> model, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+            >>> opt = AccumAdam(model.parameters(), lr=1e-3)
+            >>> opt.add_param_group({"params": head.parameters(), "lr": 1e-4, "accum_iter": 2})
+            >>> [g["accum_iter"] for g in opt.param_groups]
+            [4, 2]
         """
         super().add_param_group(param_group)
         _check_hparams(self.param_groups[-1])
@@ -121,7 +132,12 @@ class AccumAdam(Optimizer):
 
         Example::
 
-            loss = opt.step(lambda: loss_fn(model(x), y))   # closure re-evaluates the loss
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> opt = AccumAdam(model.parameters(), lr=1e-3)
+            >>> loss = opt.step(lambda: loss_fn(model(x), y))   # closure re-evaluates the loss
+            >>> loss.dim()
+            0
         """
         loss = None
         if closure is not None:
@@ -174,8 +190,11 @@ class AccumAdamW(AccumAdam):
 
     Example::
 
-        opt = AccumAdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.98), weight_decay=0.1,
-                         accum_iter=8)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = AccumAdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.98), weight_decay=0.1,
+        ...                  accum_iter=8)
+        >>> opt.param_groups[0]["weight_decay"]
+        0.1
     """
 
     _decoupled = True  # same constructor and state as AccumAdam; only the decay differs
