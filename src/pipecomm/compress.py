@@ -171,7 +171,9 @@ class FP16Codec(_Float16BitCodec):
 
     Example::
 
-        FP16Codec().decode(FP16Codec().encode(x), x.numel(), x.dtype)
+        >>> x = torch.tensor([1.0, 0.1, 3.0])
+        >>> FP16Codec().decode(FP16Codec().encode(x), x.numel(), x.dtype)
+        tensor([1.0000, 0.1000, 3.0000])
     """
 
     name = "fp16"
@@ -183,7 +185,9 @@ class BF16Codec(_Float16BitCodec):
 
     Example::
 
-        BF16Codec().decode(BF16Codec().encode(x), x.numel(), x.dtype)
+        >>> x = torch.tensor([1.0, 0.1, 3.0])
+        >>> BF16Codec().decode(BF16Codec().encode(x), x.numel(), x.dtype)
+        tensor([1.0000, 0.1001, 3.0000])
     """
 
     name = "bf16"
@@ -198,8 +202,11 @@ class Int8Codec(Codec):
 
     Example::
 
-        codec = Int8Codec(chunk_size=1024)
-        y = codec.decode(codec.encode(x), x.numel(), x.dtype)
+        >>> x = torch.linspace(-1, 1, 5)
+        >>> codec = Int8Codec(chunk_size=1024)
+        >>> y = codec.decode(codec.encode(x), x.numel(), x.dtype)
+        >>> bool((y - x).abs().max() <= 1 / 127)
+        True
     """
 
     name = "int8"
@@ -335,7 +342,10 @@ def error_feedback(
 
     Example::
 
-        x, e = error_feedback(grad.reshape(-1).clone(), e, get_codec("int8"))
+        >>> grad, e = torch.linspace(-1, 1, 6), None
+        >>> x, e = error_feedback(grad.reshape(-1).clone(), e, get_codec("int8"))
+        >>> e.shape
+        torch.Size([6])
     """
     if residual is not None:
         x.add_(residual)
@@ -351,8 +361,11 @@ class ErrorFeedback:
 
     Example::
 
-        ef = ErrorFeedback("int8")
-        flat = ef.compensate(0, flat)      # flat += e; e = flat - D(C(flat)); then allreduce flat
+        >>> flat = torch.linspace(-1, 1, 6)
+        >>> ef = ErrorFeedback("int8")
+        >>> flat = ef.compensate(0, flat)      # flat += e; e = flat - D(C(flat)); then allreduce flat
+        >>> flat.shape
+        torch.Size([6])
     """
 
     def __init__(self, codec: Codec | str) -> None:

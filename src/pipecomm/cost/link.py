@@ -103,7 +103,9 @@ def as_count(value: Any, name: str, minimum: int) -> int:
 
     Example::
 
-        cost.as_count(8.0, "p", 1)   # 8
+        >>> from pipecomm import cost
+        >>> cost.as_count(8.0, "p", 1)
+        8
     """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool")

@@ -9,8 +9,13 @@ the docstring of :mod:`pipecomm.netem`.
 
 Example::
 
-    from pipecomm import netem
-    handle = netem.setup(net, 4, None)     # launch.Ranks does this, then activate in each rank
+    >>> from pipecomm import netem
+    >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
+    >>> handle = netem.setup(net, 1, None)     # launch.Ranks does this, then activate in each rank
+    >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
+    >>> netem.current() == net
+    True
+    >>> netem.deactivate(); netem.teardown(handle)
 """
 
 from __future__ import annotations
@@ -155,7 +160,10 @@ def setup(network: Network, world_size: int, ranks_per_node: int | None) -> _Han
 
     Example::
 
-        handle = netem.setup(net, 4, None)     # launch.Ranks does this
+        >>> from pipecomm import netem
+        >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
+        >>> handle = netem.setup(net, 4, None)     # launch.Ranks does this
+        >>> netem.teardown(handle)
     """
     if not isinstance(network, Network):
         raise ValueError(f"network must be a pipecomm.netem.Network, got {network!r}")
@@ -177,7 +185,13 @@ def activate(
 
     Example::
 
-        netem.activate(net, handle, rank=0, world_size=4, ranks_per_node=None)  # launch does it
+        >>> from pipecomm import netem
+        >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
+        >>> handle = netem.setup(net, 4, None)
+        >>> netem.activate(net, handle, rank=0, world_size=4, ranks_per_node=None)  # launch does it
+        >>> netem.emulator() is not None
+        True
+        >>> netem.deactivate(); netem.teardown(handle)
     """
     global _ACTIVE
     if not isinstance(network, Network):
@@ -210,7 +224,8 @@ def deactivate() -> None:
 
     Example::
 
-        netem.deactivate(); assert netem.current() is None
+        >>> from pipecomm import netem
+        >>> netem.deactivate(); assert netem.current() is None
     """
     global _ACTIVE
     _ACTIVE = None
@@ -221,7 +236,9 @@ def teardown(handle: _Handle) -> None:
 
     Example::
 
-        netem.teardown(handle)
+        >>> from pipecomm import netem
+        >>> handle = netem.setup(netem.Network(2e-3, 50e6), 2, None)
+        >>> netem.teardown(handle)
     """
     if isinstance(handle, _Handle):
         handle.table = None
@@ -236,8 +253,11 @@ def current() -> Network | None:
 
     Example::
 
-        net = netem.current()
-        title = net.describe() if net else "real backend"
+        >>> from pipecomm import netem
+        >>> net = netem.current()
+        >>> title = net.describe() if net else "real backend"
+        >>> title
+        'real backend'
     """
     return _ACTIVE.network if _ACTIVE is not None else None
 
@@ -248,7 +268,9 @@ def emulator() -> _Emulator | None:
 
     Example::
 
-        if netem.emulator() is None: ...   # the real backend
+        >>> from pipecomm import netem
+        >>> if netem.emulator() is None: print("the real backend")
+        the real backend
     """
     return _ACTIVE
 
@@ -260,8 +282,16 @@ def clock() -> float:
 
     Example::
 
-        start = netem.clock(); collectives.allreduce(t, algorithm="ring")
-        elapsed = netem.clock() - start
+        >>> from pipecomm import netem
+        >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
+        >>> handle = netem.setup(net, 1, None)
+        >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
+        >>> start = netem.clock(); netem.wait_until(start + 0.001) >= 0
+        True
+        >>> elapsed = netem.clock() - start
+        >>> elapsed >= 0.001
+        True
+        >>> netem.deactivate(); netem.teardown(handle)
     """
     emu = _ACTIVE
     return time.monotonic() if emu is None else emu.clock.now()
@@ -276,8 +306,15 @@ def wait_until(deadline: float) -> float:
 
     Example::
 
-        for work in works: work.wait()
-        waited = netem.wait_until(max(deadlines))
+        >>> from pipecomm import netem
+        >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
+        >>> handle = netem.setup(net, 1, None)
+        >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
+        >>> deadlines = [netem.clock() + 0.001, netem.clock() + 0.002]
+        >>> waited = netem.wait_until(max(deadlines))
+        >>> 0 <= waited
+        True
+        >>> netem.deactivate(); netem.teardown(handle)
     """
     start = time.monotonic()
     now = start
@@ -298,7 +335,10 @@ def reset_stats() -> None:
 
     Example::
 
-        netem.reset_stats(); run_step(); print(netem.stats())
+        >>> from pipecomm import netem
+        >>> netem.reset_stats(); netem.record(4096, 1, 0, 0, 0.0); print(netem.stats()["bytes_sent"])
+        4096
+        >>> netem.reset_stats()
     """
     emu = _ACTIVE
     with _STATS_LOCK:
@@ -319,7 +359,12 @@ def stats() -> dict[str, float]:
 
     Example::
 
-        netem.stats()   # {'bytes_sent': 4096, 'messages_sent': 2, ..., 'time_waiting_s': 0.011}
+        >>> from pipecomm import netem
+        >>> netem.reset_stats(); netem.record(4096, 2, 0, 0, 0.011)
+        >>> s = netem.stats()
+        >>> s["bytes_sent"], s["messages_sent"], s["time_waiting_s"]
+        (4096, 2, 0.011)
+        >>> netem.reset_stats()
     """
     with _STATS_LOCK:
         out = dict(_STATS)
@@ -341,7 +386,9 @@ def record(
 
     Example::
 
-        netem.record(4096, 1, 0, 0, 0.0)
+        >>> from pipecomm import netem
+        >>> netem.record(4096, 1, 0, 0, 0.0)
+        >>> netem.reset_stats()
     """
     with _STATS_LOCK:
         _STATS["bytes_sent"] += bytes_sent

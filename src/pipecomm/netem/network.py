@@ -181,7 +181,9 @@ class Network:
 
         Example::
 
-            Network.from_dict(net.to_dict()) == net   # True
+            >>> net = Network(2e-3, 50e6, ports="single")
+            >>> Network.from_dict(net.to_dict()) == net
+            True
         """
         return dataclasses.asdict(self)
 

@@ -100,7 +100,10 @@ class LinkSchedule:
 
         Example::
 
-            table = sched.new_table()
+            >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+            >>> table = sched.new_table()
+            >>> table.shape == (sched.table_size,), bool((table == 0).all())
+            (True, True)
         """
         return np.zeros(self.table_size, dtype=np.float64)
 
@@ -119,7 +122,9 @@ class LinkSchedule:
 
         Example::
 
-            sched.route(0, 1, 1000)   # [Hop(out-port of 0, n/B, alpha), Hop(in-port of 1, n/B, 0)]
+            >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+            >>> sched.route(0, 1, 1000)   # [Hop(out-port of 0, n/B, alpha), Hop(in-port of 1, n/B, 0)]
+            [Hop(port=0, duration=0.001, latency=0.001), Hop(port=3, duration=0.001, latency=0.0)]
         """
         w = self.world_size
         for name, r in (("src", src), ("dst", dst)):
@@ -145,7 +150,12 @@ class LinkSchedule:
 
         Example::
 
-            sched.busy(table, 0)   # [(0.0, 0.001), (0.001, 0.002)]
+            >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+            >>> table = sched.new_table()
+            >>> sched.post(table, 0, 1, 1000, now=0.0), sched.post(table, 0, 1, 1000, now=0.0)
+            (0.002, 0.003)
+            >>> sched.busy(table, 0)
+            [(0.0, 0.001), (0.001, 0.002)]
         """
         off = self._off[port]
         c = int(table[off])
@@ -203,7 +213,12 @@ class LinkSchedule:
 
         Example::
 
-            sched.post(table, src=0, dst=1, nbytes=4096, now=time.monotonic())
+            >>> import time
+            >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
+            >>> table = sched.new_table()
+            >>> now = time.monotonic()
+            >>> sched.post(table, src=0, dst=1, nbytes=4096, now=now) - now > 0
+            True
         """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
