@@ -7,8 +7,13 @@ ranks. Used by :class:`pipecomm.decentralized.ddp.DecentralizedDataParallel`.
 
 Example::
 
-    from pipecomm.decentralized.gossip import subgroup
-    pg = subgroup((0, 1), whole_world=True)   # on every rank, in the same order
+    >>> import torch.distributed as dist
+    >>> from pipecomm.decentralized.gossip import subgroup
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> pg = subgroup((0,), whole_world=True)   # on every rank, in the same order
+    >>> dist.get_world_size(pg)
+    1
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -67,7 +72,11 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
 
     Example::
 
-        pg = subgroup((2, 3), whole_world=False)   # called on ranks 2 and 3 only
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> pg = subgroup((0,), whole_world=False)   # called on the group's ranks only
+        >>> dist.get_world_size(pg)
+        1
+        >>> dist.destroy_process_group()
     """
     key = (id(dist.group.WORLD), dist.get_world_size(), whole_world, ranks)
     pg = _PROCESS_GROUPS.get(key)

@@ -95,7 +95,10 @@ def check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.Grad
 
     Example::
 
-        check_scaler(torch.amp.GradScaler("cpu"), list(model.parameters()))
+        >>> model = torch.nn.Linear(2, 1)
+        >>> scaler = torch.amp.GradScaler("cpu")
+        >>> check_scaler(scaler, list(model.parameters())) is scaler
+        True
     """
     if grad_scaler is None:
         return None
@@ -129,7 +132,11 @@ def group_members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...
 
     Example::
 
-        pg, members = group_members(None)   # (WORLD, (0, 1, 2, 3))
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> pg, members = group_members(None)   # (WORLD, (0, 1, 2, 3)) with p = 4
+        >>> pg is dist.group.WORLD, members
+        (True, (0,))
+        >>> dist.destroy_process_group()
     """
     if process_group is None:
         process_group = dist.group.WORLD
@@ -173,7 +180,13 @@ def describe_mismatch(sig0: list, sig: list, rank: int) -> str:
 
     Example::
 
-        describe_mismatch(sig0, sig, 1)   # "parameter 'fc.bias' exists on rank 0 but not on rank 1"
+        >>> from collections import OrderedDict
+        >>> fc = torch.nn.Linear(2, 1)
+        >>> sig0 = model_signature(torch.nn.Sequential(OrderedDict(fc=fc)))
+        >>> fc.register_parameter("bias", None)
+        >>> sig = model_signature(torch.nn.Sequential(OrderedDict(fc=fc)))
+        >>> describe_mismatch(sig0, sig, 1)
+        "parameter 'fc.bias' exists on rank 0 but not on rank 1"
     """
     names0 = {e[1]: e for e in sig0}
     names = {e[1]: e for e in sig}
@@ -197,7 +210,10 @@ def make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> tor
 
     Example::
 
-        opt = make_optimizer(lambda named: torch.optim.SGD([p for _, p in named], lr=0.1), named)
+        >>> named = list(torch.nn.Linear(2, 1).named_parameters())
+        >>> opt = make_optimizer(lambda named: torch.optim.SGD([p for _, p in named], lr=0.1), named)
+        >>> type(opt).__name__, len(opt.param_groups[0]["params"])
+        ('SGD', 2)
     """
     if isinstance(optimizer, torch.optim.Optimizer):
         opt = optimizer

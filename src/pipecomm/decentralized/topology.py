@@ -126,12 +126,12 @@ class Topology:
 
     Example::
 
-        class Pairs(Topology):                      # a custom, fixed pairing
-            period = 1
-            def _partition(self, step):
-                return [(i, i + 1) for i in range(0, self.world_size, 2)]
-
-        register_topology("pairs")(Pairs)
+        >>> class Pairs(Topology):                      # a custom, fixed pairing
+        ...     period = 1
+        ...     def _partition(self, step):
+        ...         return [(i, i + 1) for i in range(0, self.world_size, 2)]
+        >>> Pairs(4).groups(0)    # register_topology("pairs")(Pairs) makes it a get_topology name
+        [(0, 1), (2, 3)]
     """
 
     #: registry name (set by :func:`register_topology`)
@@ -191,7 +191,11 @@ class Topology:
 
         Symmetric and doubly stochastic. Example::
 
-            get_topology("complete", 4).mixing_matrix(0)   # 4x4 array of 0.25
+            >>> get_topology("complete", 4).mixing_matrix(0)
+            array([[0.25, 0.25, 0.25, 0.25],
+                   [0.25, 0.25, 0.25, 0.25],
+                   [0.25, 0.25, 0.25, 0.25],
+                   [0.25, 0.25, 0.25, 0.25]])
         """
         p = self.world_size
         w = np.zeros((p, p), dtype=np.float64)
