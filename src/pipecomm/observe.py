@@ -19,15 +19,21 @@ to issue it). No printing, no synchronisation: the counters are plain sums under
 
 Example::
 
-    from pipecomm import observe
-    observe.reset()
-    train_one_epoch()
-    c = observe.counters()["pipecomm.allreduce.lp"]
-    print(c["calls"], c["bytes"] / 2**20, "MiB", c["seconds"], "s")
+    >>> import torch, torch.distributed as dist
+    >>> from pipecomm import collectives, observe
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> observe.reset()
+    >>> for _ in range(3):                        # train_one_epoch()
+    ...     _ = collectives.allreduce(torch.ones(1024), algorithm="lp")
+    >>> c = observe.counters()["pipecomm.allreduce.lp"]
+    >>> print(c["calls"], c["bytes"] / 2**10, "KiB")
+    3 12.0 KiB
 
-    with torch.profiler.profile(experimental_config=observe.all_threads()) as prof:
-        train_a_few_steps()
-    prof.export_chrome_trace("trace.json")       # pipecomm.allreduce.lp beside the compute
+    >>> with torch.profiler.profile(experimental_config=observe.all_threads()) as prof:
+    ...     _ = collectives.allreduce(torch.ones(1024), algorithm="lp")   # train_a_few_steps()
+    >>> "pipecomm.allreduce.lp" in {e.name for e in prof.events()}   # beside the compute
+    True
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -81,7 +87,9 @@ def profiling() -> bool:
 
     Example::
 
-        observe.profiling()   # False outside torch.profiler.profile(...)
+        >>> from pipecomm import observe
+        >>> observe.profiling()   # False outside torch.profiler.profile(...)
+        False
     """
     return _autograd_profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled()
 
@@ -92,8 +100,12 @@ def all_threads() -> Any:
 
     Example::
 
-        torch.profiler.profile(activities=[ProfilerActivity.CPU],
-                               experimental_config=observe.all_threads())
+        >>> from pipecomm import observe
+        >>> from torch.profiler import ProfilerActivity
+        >>> with torch.profiler.profile(activities=[ProfilerActivity.CPU],
+        ...                             experimental_config=observe.all_threads()):
+        ...     observe.profiling()
+        True
     """
     return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
 
@@ -140,7 +152,12 @@ def on_thread(job: Callable[[], Any]) -> Callable[[], Any]:
 
     Example::
 
-        worker.put(observe.on_thread(body))
+        >>> import queue
+        >>> from pipecomm import observe
+        >>> worker, body = queue.Queue(), lambda: 42
+        >>> worker.put(observe.on_thread(body))   # outside a collective call: body itself
+        >>> worker.get()()
+        42
     """
     call = _CURRENT.get()
     if call is None:
@@ -167,7 +184,9 @@ def counters() -> dict[str, dict[str, float]]:
 
     Example::
 
-        observe.counters()   # {"pipecomm.allreduce.lp": {"calls": 12, "bytes": 49152, ...}}
+        >>> from pipecomm import observe
+        >>> observe.reset(); observe.counters()   # {"pipecomm.allreduce.lp": {"calls": 12, "bytes": 49152, ...}}
+        {}
     """
     with _LOCK:
         return {
@@ -181,7 +200,9 @@ def totals() -> dict[str, float]:
 
     Example::
 
-        observe.totals()["seconds"]
+        >>> from pipecomm import observe
+        >>> observe.reset(); observe.totals()["seconds"]
+        0.0
     """
     out = {"calls": 0, "bytes": 0, "seconds": 0.0}
     for row in counters().values():
@@ -195,7 +216,9 @@ def reset() -> None:
 
     Example::
 
-        observe.reset(); train(); print(observe.totals())
+        >>> from pipecomm import observe
+        >>> observe.reset(); print(observe.totals())
+        {'calls': 0, 'bytes': 0, 'seconds': 0.0}
     """
     with _LOCK:
         _COUNTS.clear()
