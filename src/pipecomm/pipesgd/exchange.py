@@ -10,12 +10,21 @@ averaged buffer is viewed back as per-parameter gradients. The strategies
 
 Example::
 
-    ex = Exchange(params, bucket_bytes=None, order="forward", algorithm="lp", group=None,
-                  block_bytes=None, codec=None, timer=NullTimer())
-    entry = Launched(len(ex.units))
-    for u in range(len(ex.units)):
-        ex.launch(entry, u, async_op=True)
-    grads = ex.gradients(entry)          # waits; one averaged tensor per parameter
+    >>> import torch, torch.distributed as dist
+    >>> from pipecomm.pipesgd.timing import NullTimer
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> model = torch.nn.Linear(2, 1)
+    >>> params = list(model.parameters())
+    >>> model(torch.ones(1, 2)).sum().backward()
+    >>> ex = Exchange(params, bucket_bytes=None, order="forward", algorithm="lp", group=None,
+    ...               block_bytes=None, codec=None, timer=NullTimer())
+    >>> entry = Launched(len(ex.units))
+    >>> for u in range(len(ex.units)):
+    ...     ex.launch(entry, u, async_op=True)
+    >>> grads = ex.gradients(entry)          # waits; one averaged tensor per parameter
+    >>> grads
+    [tensor([[1., 1.]]), tensor([1.])]
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -88,8 +97,12 @@ class Exchange:
 
     Example::
 
-        ex = Exchange(params, None, "forward", "lp", None, None, None, NullTimer())
-        ex.units        # one Unit per (dtype, device) kind
+        >>> from pipecomm.pipesgd.timing import NullTimer
+        >>> params = list(torch.nn.Linear(2, 1).parameters())
+        >>> ex = Exchange(params, None, "forward", "lp", None, None, None, NullTimer())
+        >>> ex.units        # one Unit per (dtype, device) kind
+        [Unit(indices=(0, 1), offsets=(0, 2), numels=(2, 1), total=3, dtype=torch.float32,
+              device=device(type='cpu'))]
     """
 
     def __init__(

@@ -7,9 +7,15 @@ would otherwise hang a collective) and the first member's parameters and buffers
 
 Example::
 
-    check_arguments(model, optimizer, 25.0, None, False, None)
-    members = resolve_group(None)
-    params = select_params(model, optimizer, None)
+    >>> import torch
+    >>> from pipecomm.pipesgd.replicas import check_arguments, resolve_group, select_params
+    >>> model = torch.nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> check_arguments(model, optimizer, 25.0, None, False, None)
+    >>> members = resolve_group(None)
+    >>> params = select_params(model, optimizer, None)
+    >>> members, len(params)
+    ((0,), 2)
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ def check_arguments(
 
     Example::
 
-        check_arguments(model, optimizer, 25.0, None, False, 100)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> check_arguments(model, optimizer, 25.0, None, False, 100)
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -139,7 +147,9 @@ def select_params(
 
     Example::
 
-        select_params(model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> [tuple(p.shape) for p in select_params(model, torch.optim.SGD(model.parameters(), lr=0.1), None)]
+        [(1, 2), (1,)]
     """
     in_model = {id(p) for p in model.parameters()}
     in_opt = set()

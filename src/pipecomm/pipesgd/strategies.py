@@ -19,9 +19,23 @@ With ``g(w)`` the gradient averaged over all ranks, every strategy realises
 
 Example::
 
-    strategy = Pipelined(exchange, apply, staleness=1)
-    strategy.step()        # launches this iteration's reductions, applies the previous ones
-    strategy.drain()       # applies everything still pending
+    >>> import torch.distributed as dist
+    >>> from pipecomm.pipesgd.timing import NullTimer
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> model = torch.nn.Linear(2, 1)
+    >>> exchange = Exchange(list(model.parameters()), None, "forward", "lp", None, None, None,
+    ...                     NullTimer())
+    >>> applied = []
+    >>> apply = applied.append
+    >>> strategy = Pipelined(exchange, apply, staleness=1)
+    >>> model(torch.ones(1, 2)).sum().backward()
+    >>> strategy.step()        # launches this iteration's reductions, applies the previous ones
+    >>> len(applied), len(strategy.pending)
+    (0, 1)
+    >>> strategy.drain()       # applies everything still pending
+    >>> len(applied), len(strategy.pending)
+    (1, 0)
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -85,7 +99,14 @@ class Local(Strategy):
 
     Example::
 
-        Local(exchange, apply, staleness=2).step()
+        >>> from pipecomm.pipesgd.timing import NullTimer
+        >>> model, applied = torch.nn.Linear(2, 1), []
+        >>> exchange = Exchange(list(model.parameters()), None, "forward", "lp", None, None, None,
+        ...                     NullTimer())
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> Local(exchange, applied.append, staleness=2).step()
+        >>> len(applied)           # held back
+        0
     """
 
     def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int) -> None:
@@ -105,7 +126,17 @@ class Sync(Strategy):
 
     Example::
 
-        Sync(exchange, apply).step()
+        >>> import torch.distributed as dist
+        >>> from pipecomm.pipesgd.timing import NullTimer
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, applied = torch.nn.Linear(2, 1), []
+        >>> exchange = Exchange(list(model.parameters()), None, "forward", "lp", None, None, None,
+        ...                     NullTimer())
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> Sync(exchange, applied.append).step()
+        >>> len(applied)           # applied at once
+        1
+        >>> dist.destroy_process_group()
     """
 
     def step(self) -> None:
@@ -120,7 +151,19 @@ class Pipelined(Strategy):
 
     Example::
 
-        Pipelined(exchange, apply, staleness=1).step()
+        >>> import torch.distributed as dist
+        >>> from pipecomm.pipesgd.timing import NullTimer
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, applied = torch.nn.Linear(2, 1), []
+        >>> exchange = Exchange(list(model.parameters()), None, "forward", "lp", None, None, None,
+        ...                     NullTimer())
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> strategy = Pipelined(exchange, applied.append, staleness=1)
+        >>> strategy.step()
+        >>> len(applied), len(strategy.pending)
+        (0, 1)
+        >>> strategy.drain()
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int) -> None:
@@ -143,7 +186,17 @@ class Layerwise(Strategy):
 
     Example::
 
-        lw = Layerwise(exchange, apply); loss.backward(); lw.step(); lw.close()
+        >>> import torch.distributed as dist
+        >>> from pipecomm.pipesgd.timing import NullTimer
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, applied = torch.nn.Linear(2, 1), []
+        >>> exchange = Exchange(list(model.parameters()), None, "reverse", "lp", None, None, None,
+        ...                     NullTimer())
+        >>> apply, loss = applied.append, model(torch.ones(1, 2)).sum()
+        >>> lw = Layerwise(exchange, apply); loss.backward(); lw.step(); lw.close()
+        >>> len(applied)
+        1
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, exchange: Exchange, apply: Callable[[Any], None]) -> None:

@@ -52,7 +52,9 @@ class TimedCodec:
 
     Example::
 
-        codec = TimedCodec(pipecomm.compress.get_codec("fp16")); codec.seconds   # 0.0
+        >>> import pipecomm.compress
+        >>> codec = TimedCodec(pipecomm.compress.get_codec("fp16")); codec.seconds
+        0.0
     """
 
     def __init__(self, codec: Any) -> None:
