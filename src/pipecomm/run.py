@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Example::
 
-        parse_args(["--algorithm", "ring", "train.py", "--lr", "3"]).args   # ["--lr", "3"]
+        >>> parse_args(["--algorithm", "ring", "train.py", "--lr", "3"]).args
+        ['--lr', '3']
     """
     p = argparse.ArgumentParser(
         prog="python -m pipecomm.run",

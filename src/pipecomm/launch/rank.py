@@ -9,8 +9,10 @@ torchrun jobs (:mod:`pipecomm.launch.torchrun`) alike.
 
 Example::
 
-    from pipecomm import launch
-    model = build_model().to(launch.device())
+    >>> import torch
+    >>> from pipecomm import launch
+    >>> build_model = lambda: torch.nn.Linear(2, 1)
+    >>> model = build_model().to(launch.device())
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def has_comm_group() -> bool:
 
     Example::
 
-        launch.has_comm_group()   # True in a pipecomm pool
+        >>> from pipecomm import launch
+        >>> launch.has_comm_group()   # True in a pipecomm pool; here, outside one:
+        False
     """
     return _COMM_GROUP is not None
 
@@ -145,7 +149,9 @@ def synchronize(device: Any) -> None:
 
     Example::
 
-        launch.synchronize(launch.device()); t0 = time.perf_counter()
+        >>> import time
+        >>> from pipecomm import launch
+        >>> launch.synchronize(launch.device()); t0 = time.perf_counter()
     """
     import torch
 
@@ -161,7 +167,12 @@ def device():
 
     Example::
 
-        model = build_model().to(launch.device())
+        >>> import torch
+        >>> from pipecomm import launch
+        >>> build_model = lambda: torch.nn.Linear(2, 1)
+        >>> model = build_model().to(launch.device())
+        >>> model.weight.device == launch.device()
+        True
     """
     import torch
     import torch.distributed as dist
@@ -176,7 +187,10 @@ def ranks_per_node() -> int | None:
 
     Example::
 
-        rpn = launch.ranks_per_node()   # e.g. 2 under Ranks(8, ranks_per_node=2)
+        >>> from pipecomm import launch
+        >>> rpn = launch.ranks_per_node()   # e.g. 2 under Ranks(8, ranks_per_node=2)
+        >>> print(rpn)                      # outside a pool
+        None
     """
     value = os.environ.get("LOCAL_WORLD_SIZE")
     return int(value) if value else None

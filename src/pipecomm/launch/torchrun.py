@@ -85,7 +85,10 @@ def under_torchrun() -> bool:
 
     Example::
 
-        if launch.under_torchrun(): info = launch.init_from_env()
+        >>> from pipecomm import launch
+        >>> if launch.under_torchrun(): info = launch.init_from_env()
+        >>> launch.under_torchrun()   # not started by torchrun
+        False
     """
     return "TORCHELASTIC_RUN_ID" in os.environ
 

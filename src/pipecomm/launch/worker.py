@@ -8,7 +8,10 @@ process's stdout and stderr (:class:`ParentStdio`) and sends it calls pickled by
 
 Example::
 
-    payload = launch.check_picklable(mymodule.fn, (1 << 20,), {})
+    >>> from pipecomm import launch
+    >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
+    >>> type(payload)
+    <class 'bytes'>
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def unguarded_error() -> UnguardedMainError:
 
     Example::
 
-        raise unguarded_error()
+        >>> raise unguarded_error()
+        Traceback (most recent call last):
+            ...
+        pipecomm.launch.worker.UnguardedMainError: ...
     """
     return UnguardedMainError(
         f"the ranks re-ran {_main_script()} while starting, and its module-level code starts "
@@ -231,7 +237,12 @@ def check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
 
     Example::
 
-        payload = launch.check_picklable(mymodule.fn, (1 << 20,), {})
+        >>> from pipecomm import launch
+        >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
+        >>> launch.check_picklable(lambda: 0, (), {})
+        Traceback (most recent call last):
+            ...
+        ValueError: fn=<function <lambda> at 0x...> is a lambda or nested function, which rank ...
     """
     module = getattr(fn, "__module__", None)
     main = sys.modules.get("__main__")
