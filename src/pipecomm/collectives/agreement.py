@@ -178,8 +178,14 @@ def skipped() -> Iterator[None]:
 
     Example::
 
-        with agreement.skipped():
-            collectives.allreduce(t, algorithm="ring")
+        >>> from pipecomm import collectives
+        >>> from pipecomm.collectives import agreement
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> t = torch.ones(4)
+        >>> with agreement.skipped():
+        ...     collectives.allreduce(t, algorithm="ring")
+        tensor([1., 1., 1., 1.])
+        >>> dist.destroy_process_group()
     """
     before = getattr(_SKIP, "on", False)
     _SKIP.on = True
@@ -196,7 +202,9 @@ def check_alone(kind: str, t: torch.Tensor, *, algorithm: str = "lp", op: str = 
 
     Example::
 
-        check_alone("allreduce", torch.ones(1024), algorithm="ring")
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> check_alone("allreduce", torch.ones(1024), algorithm="ring")
+        >>> dist.destroy_process_group()
     """
     from pipecomm.collectives._group import make_comm, members_of
 

@@ -35,8 +35,13 @@ def start(
 
     Example::
 
-        work, finish = start("allreduce", flat, None, "avg", None, async_op=False)
-        finish(dist.get_world_size(), False)
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> flat = torch.full((4,), 2.0)
+        >>> work, finish = start("allreduce", flat, None, "avg", None, async_op=False)
+        >>> finish(dist.get_world_size(), False)
+        >>> flat
+        tensor([2., 2., 2., 2.])
+        >>> dist.destroy_process_group()
     """
     if kind == "allreduce":
         work = dist.all_reduce(tensor, op=_REDUCE_OPS[op], group=group, async_op=async_op)
