@@ -329,7 +329,13 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> loss = torch.nn.functional.mse_loss(ddp(x), y)
+            >>> loss.backward()
+            >>> ddp.close(); dist.destroy_process_group()
         """
         if not isinstance(self.require_backward_grad_sync, bool):
             raise TypeError(
@@ -367,7 +373,14 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            assert ddp.state_dict().keys() == model.state_dict().keys()
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> assert ddp.state_dict().keys() == model.state_dict().keys()
+            >>> list(ddp.state_dict())
+            ['weight', 'bias']
+            >>> ddp.close(); dist.destroy_process_group()
         """
         return self.module.state_dict(*args, **kwargs)
 
@@ -383,7 +396,17 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            ddp.load_state_dict(ckpt["model"]); ddp.optimizer.load_state_dict(ckpt["optimizer"])
+            >>> import io
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> path = io.BytesIO()
+            >>> torch.save({"model": ddp.state_dict(), "optimizer": ddp.optimizer.state_dict()}, path)
+            >>> _ = path.seek(0); ckpt = torch.load(path)
+            >>> ddp.load_state_dict(ckpt["model"]); ddp.optimizer.load_state_dict(ckpt["optimizer"])
+            <All keys matched successfully>
+            >>> ddp.close(); dist.destroy_process_group()
         """
         if assign:
             raise ValueError(
@@ -443,9 +466,17 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            with ddp.no_sync():
-                loss_fn(ddp(x1), y1).backward()     # accumulates
-            loss_fn(ddp(x2), y2).backward()         # mixes and steps with the sum
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> (x1, x2), (y1, y2) = x.chunk(2), y.chunk(2)
+            >>> with ddp.no_sync():
+            ...     loss_fn(ddp(x1), y1).backward()     # accumulates
+            >>> loss_fn(ddp(x2), y2).backward()         # mixes and steps with the sum
+            >>> ddp.timing["iterations"]
+            1
+            >>> ddp.close(); dist.destroy_process_group()
         """
         self._check_usable("no_sync()")
         old = self.require_backward_grad_sync
@@ -473,7 +504,14 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            ddp.reset_timing(); train(10); print(ddp.timing["wait_s"] / 10)
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> train = lambda n: [loss_fn(ddp(x), y).backward() for _ in range(n)]
+            >>> ddp.reset_timing(); _ = train(10); print(ddp.timing["wait_s"] / 10)
+            0.0
+            >>> ddp.close(); dist.destroy_process_group()
         """
         self.timing.update(wait_s=0.0, update_s=0.0, launch_s=0.0, gossip_bytes=0, iterations=0)
 
@@ -482,7 +520,13 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            ddp.finish()   # e.g. before timing something else, or at the end of training
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> loss_fn(ddp(x), y).backward()
+            >>> ddp.finish()   # e.g. before timing something else, or at the end of training
+            >>> ddp.close(); dist.destroy_process_group()
         """
         for b in self._buckets or []:
             if b.handle is not None:
@@ -493,7 +537,13 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            ddp.close(); ddp2 = DecentralizedDataParallel(model, optim_fn)
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> optim_fn = lambda named: torch.optim.SGD([p for _, p in named], lr=0.1)
+            >>> ddp.close(); ddp2 = DecentralizedDataParallel(model, optim_fn)
+            >>> ddp2.close(); dist.destroy_process_group()
         """
         if self._closed:
             return
@@ -521,7 +571,15 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            torch.save(ddp.global_average(), "checkpoint.pt")
+            >>> import io
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> torch.save(ddp.global_average(), io.BytesIO())
+            >>> sorted(ddp.global_average())
+            ['bias', 'weight']
+            >>> ddp.close(); dist.destroy_process_group()
         """
         self._check_usable("global_average()")
         self._check_no_accumulation("global_average()")
@@ -564,8 +622,16 @@ class DecentralizedDataParallel(nn.Module):
 
         Example::
 
-            with ddp.averaged() as model:
-                accuracy = evaluate(model)
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
+            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            >>> evaluate = lambda m: float(loss_fn(m(x), y))
+            >>> with ddp.averaged() as model:
+            ...     accuracy = evaluate(model)
+            >>> isinstance(accuracy, float)
+            True
+            >>> ddp.close(); dist.destroy_process_group()
         """
         self.global_average()
         try:
