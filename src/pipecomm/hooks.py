@@ -194,7 +194,15 @@ class CollectiveState:
 
         Example::
 
-            torch.save(state.state_dict(), f"hook_rank{dist.get_rank()}.pt")
+            >>> import io
+            >>> from pipecomm import hooks
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            >>> state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
+            >>> hooks.register(ddp, state, hooks.allreduce_hook)
+            >>> ddp(torch.ones(1, 2)).sum().backward()
+            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
+            >>> dist.destroy_process_group()
         """
         return _state_dict(self, "CollectiveState", {})
 
@@ -203,8 +211,18 @@ class CollectiveState:
 
         Example::
 
-            hooks.register(ddp, state, hooks.allreduce_hook)
-            state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
+            >>> import io
+            >>> from pipecomm import hooks
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            >>> old = CollectiveState(algorithm="lp")
+            >>> hooks.register(ddp, old, hooks.allreduce_hook)
+            >>> buf = io.BytesIO(); torch.save(old.state_dict(), buf); _ = buf.seek(0)
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))   # resumed
+            >>> state = CollectiveState(algorithm="lp")
+            >>> hooks.register(ddp, state, hooks.allreduce_hook)
+            >>> state.load_state_dict(torch.load(buf))        # hook_rank{dist.get_rank()}.pt
+            >>> dist.destroy_process_group()
         """
         _load_state_dict(self, "CollectiveState", state_dict)
 
@@ -335,7 +353,15 @@ class PipelinedState:
 
         Example::
 
-            torch.save(state.state_dict(), f"hook_rank{dist.get_rank()}.pt")
+            >>> import io
+            >>> from pipecomm import hooks
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            >>> state = PipelinedState(staleness=1, algorithm="ring")
+            >>> hooks.register(ddp, state, hooks.pipelined_hook)
+            >>> ddp(torch.ones(1, 2)).sum().backward()
+            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
+            >>> state.wait(); dist.destroy_process_group()
         """
         self.wait()
         in_flight = [
@@ -352,8 +378,21 @@ class PipelinedState:
 
         Example::
 
-            hooks.register(ddp, state, hooks.pipelined_hook)
-            state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
+            >>> import io
+            >>> from pipecomm import hooks
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            >>> old = PipelinedState(staleness=1, algorithm="ring")
+            >>> hooks.register(ddp, old, hooks.pipelined_hook)
+            >>> ddp(torch.ones(1, 2)).sum().backward()
+            >>> buf = io.BytesIO(); torch.save(old.state_dict(), buf); _ = buf.seek(0)
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))   # resumed
+            >>> state = PipelinedState(staleness=1, algorithm="ring")
+            >>> hooks.register(ddp, state, hooks.pipelined_hook)
+            >>> state.load_state_dict(torch.load(buf))        # hook_rank{dist.get_rank()}.pt
+            >>> state.filling == old.filling
+            True
+            >>> state.wait(); dist.destroy_process_group()
         """
         sd = state_dict
         if self._history:
@@ -392,8 +431,15 @@ class PipelinedState:
 
         Example::
 
-            state.wait()
-            dist.destroy_process_group()
+            >>> import io
+            >>> from pipecomm import hooks
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+            >>> state = PipelinedState(staleness=1, algorithm="ring")
+            >>> hooks.register(ddp, state, hooks.pipelined_hook)
+            >>> ddp(torch.ones(1, 2)).sum().backward()
+            >>> state.wait()
+            >>> dist.destroy_process_group()
         """
         for _, launched in self._history:
             for item in launched.values():

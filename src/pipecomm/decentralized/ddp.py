@@ -626,7 +626,7 @@ class DecentralizedDataParallel(nn.Module):
             >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
             >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> evaluate = lambda m: float(loss_fn(m(x), y))
+            >>> evaluate = lambda m: loss_fn(m(x), y).item()
             >>> with ddp.averaged() as model:
             ...     accuracy = evaluate(model)
             >>> isinstance(accuracy, float)
