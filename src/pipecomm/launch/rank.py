@@ -103,9 +103,7 @@ def has_comm_group() -> bool:
 
     Example::
 
-        >>> from pipecomm import launch
-        >>> launch.has_comm_group()   # True in a pipecomm pool; here, outside one:
-        False
+        launch.has_comm_group()   # True in a pipecomm pool
     """
     return _COMM_GROUP is not None
 
