@@ -54,15 +54,6 @@ def _run(name: str) -> tuple[doctest.TestResults, str]:
     return doctest.TestResults(runner.failures, runner.tries), "".join(report)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_comm_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The examples create and destroy one-rank process groups; pipecomm.launch caches the
-    communication thread's group per process, so each module starts without one and the
-    process gets its own back afterwards."""
-    monkeypatch.setattr("pipecomm.launch.rank._COMM_GROUP", None)
-    monkeypatch.setattr("pipecomm.launch.rank._REVERSE", {})
-
-
 @pytest.mark.parametrize("name", MODULES)
 def test_module_doctests(name: str) -> None:
     result, report = _run(name)

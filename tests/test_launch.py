@@ -224,3 +224,32 @@ def test_pool_is_a_local_pool_outside_torchrun(monkeypatch):
 def test_torchrun_job_refuses_the_emulated_network():
     with pytest.raises(ValueError, match="network=None"):
         launch.TorchrunJob(2, "gloo", network=object())
+
+
+def test_a_new_world_never_reuses_the_destroyed_worlds_comm_group():
+    """pipecomm caches its communication thread's group per process; after
+    destroy_process_group and a new init_process_group the old (destroyed) group must not carry
+    the new world's messages."""
+    import torch.distributed as dist
+
+    from pipecomm import launch
+
+    def one_rank_world():
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+
+    one_rank_world()
+    try:
+        first = launch.comm_group()
+        assert launch.has_comm_group()
+    finally:
+        dist.destroy_process_group()
+    assert not launch.has_comm_group()
+    one_rank_world()
+    try:
+        second = launch.comm_group()
+        assert second is not first
+        t = torch.ones(3)
+        dist.all_reduce(t, group=second)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()

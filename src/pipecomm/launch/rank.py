@@ -64,6 +64,22 @@ class RankInfo:
 
 _COMM_GROUP = None  # the process group that asynchronous collectives use (one per process)
 _REVERSE: dict[str, Any] = {}  # world-wide groups for the other direction of each pair (duplex)
+_COMM_WORLD = None  # the world group _COMM_GROUP was made in (a new world invalidates it)
+
+
+def _forget_stale() -> None:
+    """Drop the communication groups when the world they were made in is gone
+    (``destroy_process_group``, then perhaps a new ``init_process_group``): a destroyed group
+    must never carry a new world's messages."""
+    global _COMM_GROUP, _COMM_WORLD
+    if _COMM_GROUP is None:
+        return
+    import torch.distributed as dist
+
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    if world is None or world is not _COMM_WORLD:
+        _COMM_GROUP, _COMM_WORLD = None, None
+        _REVERSE.clear()
 
 
 _PG_TIMEOUT: datetime.timedelta | None = None  # the world's timeout, reused for the comm group
@@ -80,7 +96,8 @@ def comm_group():
 
         g = launch.comm_group()   # a duplicate of the world group for background transfers
     """
-    global _COMM_GROUP
+    global _COMM_GROUP, _COMM_WORLD
+    _forget_stale()
     if _COMM_GROUP is None:
         import torch.distributed as dist
 
@@ -91,6 +108,7 @@ def comm_group():
             )
         backend = dist.get_backend()
         _COMM_GROUP = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
+        _COMM_WORLD = dist.group.WORLD
         _REVERSE.clear()
         if backend != "nccl":  # NCCL has its own channels per direction
             _REVERSE["comm"] = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
@@ -105,6 +123,7 @@ def has_comm_group() -> bool:
 
         launch.has_comm_group()   # True in a pipecomm pool
     """
+    _forget_stale()
     return _COMM_GROUP is not None
 
 
@@ -131,6 +150,7 @@ def reverse_transport(transport: Any) -> tuple[Any, int] | None:
 
     import torch.distributed as dist
 
+    _forget_stale()
     if _COMM_GROUP is None or not _REVERSE:
         return None
     if transport is _COMM_GROUP:

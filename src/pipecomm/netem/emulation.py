@@ -369,7 +369,8 @@ def stats() -> dict[str, float]:
     with _STATS_LOCK:
         out = dict(_STATS)
     emu = _ACTIVE
-    out["oversleep_s"] = emu.clock.oversleep - out.pop("_oversleep_base", 0.0) if emu else 0.0
+    base = out.pop("_oversleep_base", 0.0)
+    out["oversleep_s"] = emu.clock.oversleep - base if emu else 0.0
     out["lag_s"] = emu.clock.lag if emu else 0.0
     return out
 
