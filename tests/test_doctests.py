@@ -16,9 +16,14 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 LAB_WITH_EXAMPLES = [
+    "pipecomm.lab.checks",
+    "pipecomm.lab.dadam_timing",
+    "pipecomm.lab.meanings",
+    "pipecomm.lab.network",
     "pipecomm.lab.pipesgd_config",
     "pipecomm.lab.pipesgd_training",
     "pipecomm.lab.schedules",
+    "pipecomm.lab.stats",
     "pipecomm.lab.tuning",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
 ]

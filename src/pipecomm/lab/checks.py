@@ -5,9 +5,13 @@ shape, ``parameter NAME=VALUE: WHAT``), so that a run fails before any rank star
 
 Example::
 
-    from pipecomm.lab import checks as C
-    C.positive_int(self, "iterations", "batch_size")      # in a Params.validate()
-    C.require(0 <= self.skip < self.iterations, "skip", self.skip, "must be below iterations")
+    >>> import types
+    >>> from pipecomm.lab import checks as C
+    >>> self = types.SimpleNamespace(iterations=10, batch_size=32, skip=12)   # a Params
+    >>> C.positive_int(self, "iterations", "batch_size")      # in a Params.validate()
+    >>> C.require(0 <= self.skip < self.iterations, "skip", self.skip, "must be below iterations")
+    Traceback (most recent call last):
+    ValueError: parameter skip=12: must be below iterations
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ def require(cond: bool, name: str, value: Any, what: str) -> None:
 
     Example::
 
-        require(self.world_size >= 2, "world_size", self.world_size, "needs >= 2 ranks")
+        >>> world_size = 1
+        >>> require(world_size >= 2, "world_size", world_size, "needs >= 2 ranks")
+        Traceback (most recent call last):
+        ValueError: parameter world_size=1: needs >= 2 ranks
     """
     if not cond:
         raise ValueError(f"parameter {name}={value!r}: {what}")
@@ -39,7 +46,8 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
 
     Example::
 
-        check_int("seeds", 0, minimum=0)     # 0
+        >>> check_int("seeds", 0, minimum=0)
+        0
     """
     require(
         not isinstance(value, bool)
@@ -57,7 +65,10 @@ def positive_int(params: Params, *names: str) -> None:
 
     Example::
 
-        positive_int(self, "world_size", "iterations")
+        >>> import types
+        >>> positive_int(types.SimpleNamespace(world_size=0, iterations=10), "world_size", "iterations")
+        Traceback (most recent call last):
+        ValueError: parameter world_size=0: must be an int >= 1
     """
     for n in names:
         check_int(n, getattr(params, n))
@@ -68,7 +79,10 @@ def positive_float(params: Params, *names: str) -> None:
 
     Example::
 
-        positive_float(self, "alpha_s", "timeout_s")
+        >>> import types
+        >>> positive_float(types.SimpleNamespace(alpha_s=1e-3, timeout_s=float("inf")), "alpha_s", "timeout_s")
+        Traceback (most recent call last):
+        ValueError: parameter timeout_s=inf: must be a finite number > 0
     """
     for n in names:
         v = getattr(params, n)
@@ -86,7 +100,8 @@ def check_world_sizes(name: str, values: Any, ranks_per_node: int) -> list[int]:
 
     Example::
 
-        check_world_sizes("world_sizes", [4, 8], 2)     # [4, 8]
+        >>> check_world_sizes("world_sizes", [4, 8], 2)
+        [4, 8]
     """
     if not isinstance(values, (list, tuple)) or not values:
         raise ValueError(

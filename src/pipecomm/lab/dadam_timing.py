@@ -167,7 +167,13 @@ def predict_training(
 
     Example::
 
-        predict_training(spec, calib, net)["iteration_s"]
+        >>> from pipecomm.lab import workloads
+        >>> from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+        >>> spec = dict(workloads.timing_spec(p=8), kind="decentralized", topology="alternating-exp-ring")
+        >>> calib = {"bucket_bytes": [1 << 20] * 2, "fwd_s": [0.002] * 2, "bwd_s": [0.003] * 2,
+        ...          "step_s": [0.0005] * 2}                 # a compute-only run's per-bucket times
+        >>> round(predict_training(spec, calib, make_network(DEFAULT_NETWORK))["iteration_s"], 4)
+        0.045
     """
     intra, inter = link_models(net)
     total = spec["warmup"] + spec["blocks"] * spec["block_iters"]
@@ -277,7 +283,8 @@ def method_name(kind: str, topology: str | None) -> str:
 
     Example::
 
-        method_name("decentralized", "alternating-exp-ring")   # 'DAdam (AER)'
+        >>> method_name("decentralized", "alternating-exp-ring")
+        'DAdam (AER)'
     """
     if kind == "allreduce":
         return "AllReduce"
@@ -297,8 +304,11 @@ def overlapped_gossip_time(
 
     Example::
 
-        overlapped_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK),
-                               "ring")   # 0.0433 s (lock-step: 0.0615 s)
+        >>> from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+        >>> t = overlapped_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK),
+        ...                            "ring")
+        >>> round(t, 4)                     # lock-step: 0.0615 s
+        0.0433
     """
     if algorithm != "ring":
         raise ValueError(f"algorithm: the overlapped model replays 'ring' only, got "
@@ -323,7 +333,9 @@ def model_gossip_time(
 
     Example::
 
-        model_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK), "ring")
+        >>> from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+        >>> round(model_gossip_time([(0, 1, 2, 3)], [1 << 20], 2, make_network(DEFAULT_NETWORK), "ring"), 4)
+        0.0615
     """
     intra, inter = link_models(net)
     times = runtime_model.step_comm_times(
@@ -421,9 +433,11 @@ def replay_ring_allreduces(
 
     Example::
 
-        r = replay_ring_allreduces([(0, 1, 2, 3)], [1 << 20], make_network(DEFAULT_NETWORK), 2,
-                                   4, 0.0)
-        max(r["finish_s"])   # 0.0433: 3 intra + 3 inter edges (41.7 ms) and a queue, not 6 inter edges (61.5 ms)
+        >>> from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+        >>> r = replay_ring_allreduces([(0, 1, 2, 3)], [1 << 20], make_network(DEFAULT_NETWORK), 2,
+        ...                            4, 0.0)
+        >>> round(max(r["finish_s"]), 4)   # 3 intra + 3 inter edges (41.7 ms) and a queue, not 6 inter edges (61.5 ms)
+        0.0433
     """
     import heapq
 

@@ -6,7 +6,8 @@ every experiment module has one.
 
 Example::
 
-    meaning("E4", "block_range")   # 'LP block sizes from optimum / range to optimum x range'
+    >>> meaning("E4", "block_range")
+    'LP block sizes from optimum / range to optimum x range'
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def meaning(eid: str, name: str) -> str:
 
     Example::
 
-        meaning("E0", "host_world_size")   # 'ranks of the host-links probe (0: no host section)'
+        >>> meaning("E0", "host_world_size")
+        'ranks of the host-links probe (0: no host section)'
     """
     return OWN.get(f"{eid}.{name}", MEANINGS.get(name, ""))

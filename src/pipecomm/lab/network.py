@@ -19,9 +19,10 @@ given multiple of compute).
 
 Example::
 
-    net = make_network(DEFAULT_NETWORK)
-    intra, inter = link_models(net)
-    network_text(net, ranks_per_node=2)   # 'emulated, single-port, 1.0 ms / 400 MB/s, ...'
+    >>> net = make_network(DEFAULT_NETWORK)
+    >>> intra, inter = link_models(net)
+    >>> network_text(net, ranks_per_node=2)
+    'emulated, single-port, 3.0 ms / 400 MB/s, inter-node 5.0 ms / 50 MB/s, 2 ranks/node'
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def make_network(cfg: dict[str, Any]) -> netem.Network:
 
     Example::
 
-        net = make_network(DEFAULT_NETWORK)   # 3 ms / 400 MB/s inside, 5 ms / 50 MB/s between
+        >>> net = make_network(DEFAULT_NETWORK)   # 3 ms / 400 MB/s inside, 5 ms / 50 MB/s between
+        >>> net.alpha_s, net.bandwidth_Bps, net.inter_alpha_s, net.inter_bandwidth_Bps
+        (0.003, 400000000.0, 0.005, 50000000.0)
     """
     missing = [k for k in NETWORK_KEYS if k not in cfg]
     if missing:
@@ -128,8 +131,9 @@ def link_models(net: netem.Network) -> tuple[cost.LinkModel, cost.LinkModel]:
 
     Example::
 
-        intra, inter = link_models(make_network(DEFAULT_NETWORK))
-        inter.bandwidth_Bps      # 50e6
+        >>> intra, inter = link_models(make_network(DEFAULT_NETWORK))
+        >>> inter.alpha, 1 / inter.beta      # 5 ms, 50 MB/s
+        (0.005, 50000000.0)
     """
     return cost.link_from_network(net, "intra"), cost.link_from_network(net, "inter")
 
@@ -140,8 +144,10 @@ def network_text(net: netem.Network | None, ranks_per_node: int | None = None) -
 
     Example::
 
-        network_text(None)                                  # 'real'
-        network_text(netem.Network(1e-3, 50e6))             # 'emulated, single-port, ...'
+        >>> network_text(None)
+        'real'
+        >>> network_text(netem.Network(1e-3, 50e6))
+        'emulated, single-port, 1.0 ms / 50 MB/s'
     """
     return "real" if net is None else net.describe(ranks_per_node=ranks_per_node)
 
@@ -154,7 +160,11 @@ def network_and_link(
 
     Example::
 
-        net, link = network_and_link(params, lambda: netem.Network(1e-3, 50e6))
+        >>> from pipecomm.lab.experiments import e05_bsp_sgd
+        >>> params = e05_bsp_sgd.Params.make(backend="gloo")
+        >>> net, link = network_and_link(params, lambda: netem.Network(1e-3, 50e6))
+        >>> link.alpha, 1 / link.beta
+        (0.001, 50000000.0)
     """
     if params.backend == "nccl":
         return None, cost.calibrated_link()
@@ -171,8 +181,11 @@ def network_for(
 
     Example::
 
-        network_for(e07_pipesgd_convergence.Params.make(comm_ratio=1.0, world_size=2),
-                    {"compute_s": 0.016, "update_s": 0.0005}, 830_000)
+        >>> from pipecomm.lab.experiments import e07_pipesgd_convergence
+        >>> net = network_for(e07_pipesgd_convergence.Params.make(comm_ratio=1.0, world_size=2),
+        ...                   {"compute_s": 0.016, "update_s": 0.0005}, 830_000)
+        >>> round(net.bandwidth_Bps / 1e6, 1)      # MB/s
+        57.3
     """
     bw = params.bandwidth_Bps
     if bw is None:
@@ -210,7 +223,8 @@ def choose_bandwidth(
 
     Example::
 
-        choose_bandwidth(0.02, 830_000, 2, 1e-3)      # about 45e6 (ring, p = 2)
+        >>> round(choose_bandwidth(0.02, 830_000, 2, 1e-3) / 1e6, 1)      # MB/s (ring, p = 2)
+        46.2
     """
     if gamma is None:
         gamma = cost.calibrated_link().gamma
@@ -282,7 +296,8 @@ def check_network_kind(network: Any) -> str:
 
     Example::
 
-        check_network_kind("shaped")   # 'shaped'
+        >>> check_network_kind("shaped")
+        'shaped'
     """
     if network not in NETWORK_KINDS:
         raise ValueError(f"parameter network must be one of {NETWORK_KINDS}, got {network!r}")

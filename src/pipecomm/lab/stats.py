@@ -18,9 +18,14 @@ Repeats travel in data.csv as one text cell per point (``"0.0121;0.0119;..."``, 
 
 Example::
 
-    from pipecomm.lab import stats
-    m, lo, hi = stats.median_ci([0.101, 0.099, 0.100, 0.105, 0.098, 0.102, 0.100, 0.101, 0.103, 0.1])
-    r, rlo, rhi = stats.ratio_ci(lp_times, builtin_times)     # LP / built-in
+    >>> from pipecomm.lab import stats
+    >>> m, lo, hi = stats.median_ci([0.101, 0.099, 0.100, 0.105, 0.098, 0.102, 0.100, 0.101, 0.103, 0.1])
+    >>> round(m, 4), round(lo, 4), round(hi, 4)
+    (0.1005, 0.0995, 0.102)
+    >>> lp_times, builtin_times = [0.012, 0.013, 0.012], [0.010, 0.010, 0.011]
+    >>> r, rlo, rhi = stats.ratio_ci(lp_times, builtin_times)     # LP / built-in
+    >>> round(r, 2)
+    1.2
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def median_ci(x: Iterable[float], confidence: float = CONFIDENCE,
 
     Example::
 
-        median_ci([3.0, 1.0, 2.0])   # (2.0, 1.0, 3.0)
+        >>> median_ci([3.0, 1.0, 2.0])
+        (2.0, 1.0, 3.0)
     """
     _check_confidence(confidence)
     a = _sample(x, "x")
@@ -79,7 +85,8 @@ def ratio_ci(a: Iterable[float], b: Iterable[float], confidence: float = CONFIDE
 
     Example::
 
-        ratio_ci([2.0, 2.1, 1.9], [1.0, 1.0, 1.1])   # about (2.0, 1.7, 2.1)
+        >>> [round(v, 2) for v in ratio_ci([2.0, 2.1, 1.9], [1.0, 1.0, 1.1])]
+        [2.0, 1.73, 2.1]
     """
     _check_confidence(confidence)
     xa, xb = _sample(a, "a"), _sample(b, "b")
@@ -105,7 +112,8 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 
 
     Example::
 
-        paired_ratio_ci([2.0, 4.1, 3.0], [1.0, 2.0, 1.5])   # (2.0, 2.0, 2.05): drift cancels
+        >>> paired_ratio_ci([2.0, 4.1, 3.0], [1.0, 2.0, 1.5])   # drift cancels
+        (2.0, 2.0, 2.05)
     """
     _check_confidence(confidence)
     xa, xb = _sample(a, "a"), _sample(b, "b")
@@ -125,7 +133,8 @@ def misses_allowed(n: int, confidence: float = CONFIDENCE, level: float = 0.025)
 
     Example::
 
-        misses_allowed(12)   # 2
+        >>> misses_allowed(12)
+        2
     """
     _check_confidence(confidence)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -150,7 +159,8 @@ def paired_diff_ci(a: Sequence[float], b: Sequence[float],
 
     Example::
 
-        paired_diff_ci([2.10, 2.12, 2.08], [2.05, 2.06, 2.04])   # mean 0.05, interval around it
+        >>> [round(v, 3) for v in paired_diff_ci([2.10, 2.12, 2.08], [2.05, 2.06, 2.04])]
+        [0.05, 0.025, 0.075]
     """
     _check_confidence(confidence)
     xa, xb = _sample(a, "a"), _sample(b, "b")
@@ -187,7 +197,8 @@ def model_error(measured: float | np.ndarray, model: float | np.ndarray) -> floa
 
     Example::
 
-        model_error(1.2, 1.0)   # +0.2
+        >>> round(model_error(1.2, 1.0), 6)
+        0.2
     """
     m = np.asarray(model, dtype=np.float64)
     if np.any(m <= 0):
@@ -202,7 +213,9 @@ def error_summary(errors: Iterable[float]) -> dict[str, float]:
 
     Example::
 
-        error_summary([0.1, -0.3, 0.05])   # worst -0.3, bias -0.05
+        >>> s = error_summary([0.1, -0.3, 0.05])
+        >>> s["worst"], round(s["bias"], 6)
+        (-0.3, -0.05)
     """
     e = _sample(errors, "errors")
     worst = float(e[int(np.argmax(np.abs(e)))])
@@ -218,7 +231,8 @@ def join_repeats(times: Iterable[float]) -> str:
 
     Example::
 
-        join_repeats([0.0121, 0.0119])   # "0.0121;0.0119"
+        >>> join_repeats([0.0121, 0.0119])
+        '0.0121;0.0119'
     """
     return ";".join(f"{float(t):.6g}" for t in times)
 
@@ -229,7 +243,8 @@ def repeats(cell: str | float) -> list[float]:
 
     Example::
 
-        repeats("0.0121;0.0119")   # [0.0121, 0.0119]
+        >>> repeats("0.0121;0.0119")
+        [0.0121, 0.0119]
     """
     if isinstance(cell, (int, float)) and not isinstance(cell, bool):
         if math.isnan(float(cell)):
@@ -247,7 +262,9 @@ def summarise(times: Iterable[float], confidence: float = CONFIDENCE) -> dict[st
 
     Example::
 
-        row = {"algorithm": "lp", "nbytes": n, **stats.summarise(times)}
+        >>> row = {"algorithm": "lp", "nbytes": 1024, **summarise([0.10, 0.12, 0.11])}
+        >>> row["time_s"], row["repeats"], row["times_s"]
+        (0.11, 3, '0.1;0.12;0.11')
     """
     t = _sample(times, "times")
     med, lo, hi = median_ci(t, confidence)
