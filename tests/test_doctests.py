@@ -17,15 +17,19 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 LAB_WITH_EXAMPLES = [
     "pipecomm.lab.checks",
+    "pipecomm.lab.corpus",
     "pipecomm.lab.dadam_timing",
+    "pipecomm.lab.data",
+    "pipecomm.lab.experiments.e07_pipesgd_convergence",
     "pipecomm.lab.meanings",
+    "pipecomm.lab.models",
     "pipecomm.lab.network",
     "pipecomm.lab.pipesgd_config",
     "pipecomm.lab.pipesgd_training",
     "pipecomm.lab.schedules",
+    "pipecomm.lab.sharding",
     "pipecomm.lab.stats",
     "pipecomm.lab.tuning",
-    "pipecomm.lab.experiments.e07_pipesgd_convergence",
 ]
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -6,9 +6,11 @@ exact text it was built from (:func:`text_sha256`).
 
 Example::
 
-    from pipecomm.lab.corpus import CharCorpus, load_text
-    corpus = CharCorpus(load_text("pydoc"))
-    x, y = corpus.batch(16, 64, torch.Generator().manual_seed(0))   # int64 [16, 64]
+    >>> from pipecomm.lab.corpus import CharCorpus, load_text
+    >>> corpus = CharCorpus(load_text("pydoc"))
+    >>> x, y = corpus.batch(16, 64, torch.Generator().manual_seed(0))
+    >>> x.dtype, x.shape
+    (torch.int64, torch.Size([16, 64]))
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def text_sha256(text: str) -> str:
 
     Example::
 
-        text_sha256(load_text("pydoc"))
+        >>> text_sha256("abc")
+        'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
     """
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -45,7 +48,9 @@ def load_text(name: str = "pydoc", *, path: str | os.PathLike | None = None) -> 
 
     Example::
 
-        text = load_text("pydoc"); print(len(text), text_sha256(text)[:12])
+        >>> text = load_text("pydoc")
+        >>> len(text) > 100_000, len(text_sha256(text))   # 465126, '71f2ff5d99bd...' on Python 3.11
+        (True, 64)
     """
     if path is not None:
         return Path(path).read_text(encoding="utf-8")
@@ -65,10 +70,13 @@ class CharCorpus:
 
     Example::
 
-        corpus = CharCorpus(load_text("pydoc"))
-        g = torch.Generator().manual_seed(0)
-        x, y = corpus.batch(16, 64, g)             # int64 [16, 64]; y is x shifted by one
-        model = models.get_model("char_transformer", vocab_size=corpus.vocab_size)
+        >>> from pipecomm.lab import models
+        >>> corpus = CharCorpus(load_text("pydoc"))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x, y = corpus.batch(16, 64, g)             # int64 [16, 64]; y is x shifted by one
+        >>> torch.equal(x[:, 1:], y[:, :-1])
+        True
+        >>> model = models.get_model("char_transformer", vocab_size=corpus.vocab_size)
     """
 
     def __init__(self, text: str, *, val_fraction: float = 0.1) -> None:
@@ -123,7 +131,10 @@ class CharCorpus:
 
         Example::
 
-            x, y = corpus.batch(8, 32, torch.Generator().manual_seed(0), split="val")
+            >>> corpus = CharCorpus(load_text("pydoc"))
+            >>> x, y = corpus.batch(8, 32, torch.Generator().manual_seed(0), split="val")
+            >>> x.shape
+            torch.Size([8, 32])
         """
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")

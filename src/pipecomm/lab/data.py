@@ -22,11 +22,13 @@ This module holds the image data sets; the others' names are importable from it 
 
 Example::
 
-    from pipecomm.lab import data
-    X, y = data.load_dataset("digits", split="train", seed=0)    # [1437, 1, 8, 8] float32, int64
-    idx = data.shard(len(X), rank=0, world_size=4, seed=0, epoch=0)
-    for xb, yb in data.batches(X, y, idx, batch_size=32, seed=0, epoch=0):
-        ...
+    >>> from pipecomm.lab import data
+    >>> X, y = data.load_dataset("digits", split="train", seed=0)
+    >>> X.shape, X.dtype, y.dtype
+    (torch.Size([1438, 1, 8, 8]), torch.float32, torch.int64)
+    >>> idx = data.shard(len(X), rank=0, world_size=4, seed=0, epoch=0)
+    >>> sum(len(xb) for xb, yb in data.batches(X, y, idx, batch_size=32, seed=0, epoch=0))
+    352
 """
 
 from __future__ import annotations
@@ -117,8 +119,10 @@ def load_dataset(
 
     Example::
 
-        X, y = load_dataset("digits", split="test", seed=1)     # [360, 1, 8, 8], [360]
-        X, y = load_dataset("cifar10", root="~/data", split="train")
+        >>> X, y = load_dataset("digits", split="test", seed=1)
+        >>> X.shape, y.shape
+        (torch.Size([359, 1, 8, 8]), torch.Size([359]))
+        >>> # X, y = load_dataset("cifar10", root="~/data", split="train")   (a downloaded set)
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -183,7 +187,9 @@ def digits_split_indices(
 
     Example::
 
-        train_idx, test_idx = digits_split_indices(seed=0)      # 1438 and 359 indices
+        >>> train_idx, test_idx = digits_split_indices(seed=0)
+        >>> len(train_idx), len(test_idx)
+        (1438, 359)
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
@@ -222,7 +228,13 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
     Example::
 
-        images = read_idx("mnist/t10k-images-idx3-ubyte.gz")      # uint8 [10000, 28, 28]
+        >>> import gzip, os, struct, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "t10k-images-idx3-ubyte.gz")   # 2 images of 28 x 28
+        >>> with gzip.open(path, "wb") as f:
+        ...     _ = f.write(bytes([0, 0, 0x08, 3]) + struct.pack(">3I", 2, 28, 28) + bytes(2 * 28 * 28))
+        >>> images = read_idx(path)      # MNIST's file: uint8 [10000, 28, 28]
+        >>> images.dtype, images.shape
+        (dtype('uint8'), (2, 28, 28))
     """
     path = Path(path)
     raw = path.read_bytes()
@@ -337,7 +349,13 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
     Example::
 
-        images, labels = read_cifar_batch("cifar-10-batches-py/test_batch")   # [10000, 3, 32, 32]
+        >>> import os, pickle, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "test_batch")                # 2 images
+        >>> with open(path, "wb") as f:
+        ...     pickle.dump({b"data": np.zeros((2, 3072), np.uint8), b"labels": [3, 5]}, f)
+        >>> images, labels = read_cifar_batch(path)     # CIFAR's file: [10000, 3, 32, 32]
+        >>> images.shape, labels.tolist()
+        ((2, 3, 32, 32), [3, 5])
     """
     path = Path(path)
     try:

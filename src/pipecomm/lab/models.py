@@ -21,9 +21,11 @@ determined by ``torch.manual_seed`` before :func:`get_model`.
 
 Example::
 
-    torch.manual_seed(0)
-    model = get_model("alexnet_like", in_channels=1, image_size=8, fc_width=2048)
-    print(count_parameters(model), param_bytes(model) / 2**20, "MiB")
+    >>> torch.manual_seed(0)            # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = get_model("alexnet_like", in_channels=1, image_size=8, fc_width=2048)
+    >>> print(count_parameters(model), round(param_bytes(model) / 2**20, 1), "MiB")
+    4485834 17.1 MiB
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class MLP(nn.Module):
 
     Example::
 
-        MLP(in_channels=1, image_size=8, hidden=(128, 64))(torch.randn(4, 1, 8, 8)).shape  # [4, 10]
+        >>> MLP(in_channels=1, image_size=8, hidden=(128, 64))(torch.randn(4, 1, 8, 8)).shape
+        torch.Size([4, 10])
     """
 
     def __init__(
@@ -114,7 +117,8 @@ class SmallCNN(nn.Module):
 
     Example::
 
-        SmallCNN(in_channels=3, image_size=32)(torch.randn(2, 3, 32, 32)).shape          # [2, 10]
+        >>> SmallCNN(in_channels=3, image_size=32)(torch.randn(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
     """
 
     def __init__(
@@ -152,7 +156,9 @@ class AlexNetLike(nn.Module):
 
     Example::
 
-        m = AlexNetLike(in_channels=1, image_size=8, fc_width=2048)     # about 4.5M parameters
+        >>> m = AlexNetLike(in_channels=1, image_size=8, fc_width=2048)
+        >>> count_parameters(m)                                          # about 4.5M parameters
+        4485834
     """
 
     def __init__(
@@ -206,7 +212,8 @@ class BasicBlock(nn.Module):
 
     Example::
 
-        BasicBlock(64, 128, stride=2)(torch.randn(1, 64, 32, 32)).shape            # [1, 128, 16, 16]
+        >>> BasicBlock(64, 128, stride=2)(torch.randn(1, 64, 32, 32)).shape
+        torch.Size([1, 128, 16, 16])
     """
 
     expansion = 1
@@ -237,7 +244,8 @@ class ResNet18Like(nn.Module):
 
     Example::
 
-        ResNet18Like(in_channels=3, image_size=32)(torch.randn(2, 3, 32, 32)).shape     # [2, 10]
+        >>> ResNet18Like(in_channels=3, image_size=32)(torch.randn(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
     """
 
     def __init__(
@@ -319,9 +327,12 @@ class CharTransformer(nn.Module):
 
     Example::
 
-        m = CharTransformer(vocab_size=103, block_size=64)
-        logits = m(torch.randint(0, 103, (8, 64)))                                   # [8, 64, 103]
-        loss = F.cross_entropy(logits.reshape(-1, 103), targets.reshape(-1))
+        >>> m = CharTransformer(vocab_size=103, block_size=64)
+        >>> logits = m(torch.randint(0, 103, (8, 64)))
+        >>> logits.shape
+        torch.Size([8, 64, 103])
+        >>> targets = torch.randint(0, 103, (8, 64))
+        >>> loss = F.cross_entropy(logits.reshape(-1, 103), targets.reshape(-1))
     """
 
     def __init__(
@@ -389,9 +400,13 @@ def get_model(name: str, **kw) -> nn.Module:
 
     Example::
 
-        torch.manual_seed(0)
-        model = get_model("cnn", in_channels=1, image_size=28)                  # for MNIST
-        lm = get_model("char_transformer", vocab_size=corpus.vocab_size, n_layer=4)
+        >>> from pipecomm.lab.corpus import CharCorpus
+        >>> corpus = CharCorpus("to be or not to be")
+        >>> _ = torch.manual_seed(0)
+        >>> model = get_model("cnn", in_channels=1, image_size=28)                  # for MNIST
+        >>> lm = get_model("char_transformer", vocab_size=corpus.vocab_size, n_layer=4)
+        >>> type(model).__name__, type(lm).__name__
+        ('SmallCNN', 'CharTransformer')
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {tuple(MODELS)}")
@@ -403,7 +418,8 @@ def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
 
     Example::
 
-        count_parameters(get_model("resnet18_like"))                            # 11173962
+        >>> count_parameters(get_model("resnet18_like"))
+        11173962
     """
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
@@ -413,6 +429,7 @@ def param_bytes(model: nn.Module) -> int:
 
     Example::
 
-        param_bytes(get_model("alexnet_like", fc_width=2048)) / 2**20           # MiB
+        >>> round(param_bytes(get_model("alexnet_like", fc_width=2048)) / 2**20, 1)   # MiB
+        17.1
     """
     return sum(p.numel() * p.element_size() for p in model.parameters())

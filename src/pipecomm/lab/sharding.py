@@ -6,10 +6,14 @@ shard in minibatches.
 
 Example::
 
-    from pipecomm.lab.sharding import batches, shard
-    idx = shard(len(X), rank=0, world_size=4, seed=0, epoch=0)
-    for xb, yb in batches(X, y, idx, batch_size=32, seed=0, epoch=0):
-        ...
+    >>> from pipecomm.lab.sharding import batches, shard
+    >>> X, y = torch.randn(100, 1, 8, 8), torch.randint(0, 10, (100,))
+    >>> idx = shard(len(X), rank=0, world_size=4, seed=0, epoch=0)
+    >>> for xb, yb in batches(X, y, idx, batch_size=8, seed=0, epoch=0):
+    ...     print(tuple(xb.shape), tuple(yb.shape))
+    (8, 1, 8, 8) (8,)
+    (8, 1, 8, 8) (8,)
+    (8, 1, 8, 8) (8,)
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ def mix_seed(seed: int, salt: int) -> int:
 
     Example::
 
-        torch.Generator().manual_seed(mix_seed(0, 3))   # the permutation of seed 0, epoch 3
+        >>> g = torch.Generator().manual_seed(mix_seed(0, 3))   # the permutation of seed 0, epoch 3
+        >>> mix_seed(0, 3) == mix_seed(0, 3) != mix_seed(0, 4)
+        True
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -45,7 +51,9 @@ def shard(n: int, rank: int, world_size: int, seed: int, epoch: int = 0) -> torc
 
     Example::
 
-        idx = shard(1437, rank=2, world_size=4, seed=0, epoch=3)    # 359 indices
+        >>> idx = shard(1437, rank=2, world_size=4, seed=0, epoch=3)
+        >>> len(idx)
+        359
     """
     for arg, v in (("n", n), ("rank", rank), ("world_size", world_size), ("epoch", epoch)):
         if not isinstance(v, int) or isinstance(v, bool):
@@ -78,8 +86,13 @@ def batches(
 
     Example::
 
-        for xb, yb in batches(X, y, shard(len(X), rank, p, seed, epoch), 32, seed, epoch):
-            loss_fn(model(xb), yb).backward()
+        >>> model, loss_fn = torch.nn.Linear(4, 3), torch.nn.functional.cross_entropy
+        >>> X, y = torch.randn(100, 4), torch.randint(0, 3, (100,))
+        >>> rank, p, seed, epoch = 0, 2, 0, 0
+        >>> for xb, yb in batches(X, y, shard(len(X), rank, p, seed, epoch), 32, seed, epoch):
+        ...     loss_fn(model(xb), yb).backward()
+        >>> model.weight.grad.shape
+        torch.Size([3, 4])
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
