@@ -26,17 +26,23 @@ shape (tests run it on every module).
 
 Example::
 
-    @dataclass(frozen=True)
-    class Params(experiment.Params):
-        world_sizes: list[int] = field(default_factory=lambda: [2, 4])
-        iters: int = 10
-
-        def validate(self) -> None:
-            if self.iters < 1:
-                raise ValueError(f"parameter iters must be >= 1, got {self.iters}")
-
-    DEFAULTS = Params.defaults()
-    params = Params.make(iters=5)   # params.iters == 5; params.asdict()["iters"] == 5
+    >>> from dataclasses import dataclass, field
+    >>> from pipecomm.lab import experiment
+    >>> @dataclass(frozen=True)
+    ... class Params(experiment.Params):
+    ...     world_sizes: list[int] = field(default_factory=lambda: [2, 4])
+    ...     iters: int = 10
+    ...
+    ...     def validate(self) -> None:
+    ...         if self.iters < 1:
+    ...             raise ValueError(f"parameter iters must be >= 1, got {self.iters}")
+    >>> DEFAULTS = Params.defaults()
+    >>> params = Params.make(iters=5)
+    >>> params.iters, params.asdict()["iters"]
+    (5, 5)
+    >>> Params.make(iters=0)
+    Traceback (most recent call last):
+    ValueError: parameter iters must be >= 1, got 0
 """
 
 from __future__ import annotations
@@ -96,7 +102,9 @@ class Params:
 
         Example::
 
-            Params.defaults()["iters"]
+            >>> from pipecomm.lab.experiments.e03_collectives_vs_ranks import Params
+            >>> Params.defaults()["iters"]
+            2
         """
         return dataclasses.asdict(cls())
 
@@ -107,7 +115,12 @@ class Params:
 
         Example::
 
-            Params.make(iters=5)
+            >>> from pipecomm.lab.experiments.e03_collectives_vs_ranks import Params
+            >>> Params.make(iters=5).iters
+            5
+            >>> Params.make(iters="5")
+            Traceback (most recent call last):
+            ValueError: parameter iters='5' has the wrong type: expected int like the default 2
         """
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(params) - set(names))
@@ -128,7 +141,9 @@ class Params:
 
         Example::
 
-            Params.make().asdict()
+            >>> from pipecomm.lab.experiments.e03_collectives_vs_ranks import Params
+            >>> Params.make().asdict()["world_sizes"]
+            [2, 3, 4]
         """
         return dataclasses.asdict(self)
 
@@ -142,7 +157,8 @@ def check_module(module: types.ModuleType) -> None:
 
     Example::
 
-        check_module(importlib.import_module("pipecomm.lab.experiments.e03_collectives_vs_ranks"))
+        >>> import importlib
+        >>> check_module(importlib.import_module("pipecomm.lab.experiments.e03_collectives_vs_ranks"))
     """
     name = module.__name__
     for attr in ("ID", "NOTEBOOK", "Params", "DEFAULTS", "run", "summary", "plot"):

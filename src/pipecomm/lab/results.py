@@ -7,8 +7,13 @@ temporary directory and renamed, so an interrupted run never leaves a half-writt
 
 Example::
 
-    from pipecomm.lab import results
-    results.save(out_dir, df, fig, params)   # data.csv, figure.png/.pdf, params.json
+    >>> import tempfile
+    >>> import pandas as pd
+    >>> from pipecomm.lab import results
+    >>> out_dir, df, fig, params = tempfile.mkdtemp(), pd.DataFrame({"time_s": [0.1]}), None, {}
+    >>> out = results.save(out_dir, df, fig, params)   # data.csv, figure.png/.pdf, params.json
+    >>> sorted(p.name for p in out.iterdir())
+    ['data.csv', 'env.json', 'params.json']
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ def network_kind(text: Any) -> str:
 
     Example::
 
-        network_kind("shaped: Linux tc tbf, real TCP; 8 nodes x 1 rank, ...")   # 'shaped'
+        >>> network_kind("shaped: Linux tc tbf, real TCP; 8 nodes x 1 rank, ...")
+        'shaped'
     """
     head = (str(text).split() or [""])[0].rstrip(":,")
     if head not in NETWORK_KINDS:
@@ -60,8 +66,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     Example::
 
-        with atomic_path("out/data.csv") as tmp:
-            df.to_csv(tmp, index=False)
+        >>> import os, tempfile
+        >>> import pandas as pd
+        >>> df, out = pd.DataFrame({"time_s": [0.1, 0.2]}), tempfile.mkdtemp()
+        >>> with atomic_path(os.path.join(out, "data.csv")) as tmp:
+        ...     df.to_csv(tmp, index=False)
+        >>> os.listdir(out)
+        ['data.csv']
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,9 +173,15 @@ class Runs:
 
     Example::
 
-        runs = results.Runs(total=len(configs), desc="E13 runs")
-        out = [runs(cfg, ranks.run, train_rank, cfg) for cfg in configs]
-        runs.close()
+        >>> from pipecomm.lab import results
+        >>> def run_all(configs):
+        ...     runs = results.Runs(total=len(configs), desc="E13 runs")
+        ...     out = [runs(cfg, pow, cfg, 10) for cfg in configs]   # runs(cfg, ranks.run, train_rank, cfg)
+        ...     runs.close()
+        ...     return out
+        >>> run_all([2, 3])
+        E13 runs...
+        [1024, 59049]
     """
 
     def __init__(self, total: int, desc: str = "runs", directory: str | os.PathLike | None = None):
@@ -245,7 +262,10 @@ def environment() -> dict[str, Any]:
 
     Example::
 
-        env = results.environment()   # {"torch": "2.13.0+cpu", "cpu_count": 2, ...}
+        >>> from pipecomm.lab import results
+        >>> env = results.environment()   # {"torch": "2.13.0+cpu", "cpu_count": 2, ...}
+        >>> {"python", "torch", "cpu_count"} <= set(env)
+        True
     """
     import torch
 
@@ -299,7 +319,14 @@ def save(
 
     Example::
 
-        results.save("results/cpu/E0", df, fig, {"sizes_max": 1 << 20})
+        >>> import tempfile
+        >>> import pandas as pd
+        >>> from pipecomm.lab import results
+        >>> df, fig, out = pd.DataFrame({"nbytes": [1024], "time_s": [1e-4]}), None, tempfile.mkdtemp()
+        >>> results.save(out + "/results/cpu/E0", df, fig, {"sizes_max": 1 << 20}).name
+        'E0'
+        >>> results.read_json(out + "/results/cpu/E0/params.json")
+        {'sizes_max': 1048576}
     """
     if out_dir is None:
         return None
@@ -326,7 +353,10 @@ def load_csv(path: str | os.PathLike) -> pd.DataFrame:
 
     Example::
 
-        df = results.load_csv("artifact/reference/cpu/E3")
+        >>> from pipecomm.lab import results
+        >>> df = results.load_csv(results.REPO_ROOT / "artifact/reference/cpu/E3")
+        >>> len(df) > 0
+        True
     """
     path = Path(path)
     if path.is_dir():  # a result directory, or a reference one (data.csv.gz)
