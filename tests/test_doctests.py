@@ -31,7 +31,9 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.schedules",
     "pipecomm.lab.sharding",
     "pipecomm.lab.stats",
+    "pipecomm.lab.sweep",
     "pipecomm.lab.tuning",
+    "pipecomm.lab.workloads",
 ]
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

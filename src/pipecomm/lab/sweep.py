@@ -54,7 +54,8 @@ def message_sizes(lo: int, hi: int, factor: int) -> list[int]:
 
     Example::
 
-        message_sizes(4, 100, 4)   # [4, 16, 64, 100]
+        >>> message_sizes(4, 100, 4)
+        [4, 16, 64, 100]
     """
     if lo < 1 or hi < lo or factor < 2:
         raise ValueError(f"need 1 <= sizes_min <= sizes_max and size_factor >= 2, got "
@@ -73,7 +74,11 @@ def check_link_params(params: Params) -> None:
 
     Example::
 
-        check_link_params(self)     # in E3's and E4's Params.validate()
+        >>> import types
+        >>> self = types.SimpleNamespace(emu_alpha_s=1e-3, emu_bandwidth_Bps=0, timeout_s=60.0)
+        >>> check_link_params(self)     # in E3's and E4's Params.validate()
+        Traceback (most recent call last):
+        ValueError: parameter emu_bandwidth_Bps must be a positive number, got 0
     """
     if hasattr(params, "ports") and params.ports not in ("single", "per-neighbor"):
         raise ValueError(
@@ -95,7 +100,9 @@ def network(params: Params, ports: str | None = None):
 
     Example::
 
-        network(e03_collectives_vs_ranks.Params.make(), "single").describe()
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks
+        >>> network(e03_collectives_vs_ranks.Params.make(), "single").describe()
+        'emulated, single-port, 2.0 ms / 100 MB/s'
     """
     from pipecomm import netem
 
@@ -116,7 +123,11 @@ def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
 
     Example::
 
-        collective_call("allreduce", "ring", torch.ones(1024))()
+        >>> import torch.distributed as dist
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> collective_call("allreduce", "ring", torch.ones(1024))().sum()
+        tensor(1024.)
+        >>> dist.destroy_process_group()
     """
     if alg == "check":  # the ranks' agreement check of a pipecomm call, alone
         return lambda: agreement.check_alone(op, t, group=group)
@@ -142,7 +153,8 @@ def rotated(items: Sequence[T], i: int) -> list[T]:
 
     Example::
 
-        rotated(["lp", "ring", "torch"], 4)   # ['ring', 'torch', 'lp']
+        >>> rotated(["lp", "ring", "torch"], 4)
+        ['ring', 'torch', 'lp']
     """
     j = i % len(items) if items else 0
     return [*items[j:], *items[:j]]
@@ -272,7 +284,8 @@ def measured_crossover_bytes(nbytes: Any, t_lp: Any, t_other: Any) -> float:
 
     Example::
 
-        measured_crossover_bytes([1, 4, 16], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0])   # 4.0
+        >>> measured_crossover_bytes([1, 4, 16], [2.0, 1.0, 1.0], [1.0, 1.0, 2.0])
+        4.0
     """
     n = np.asarray(nbytes, dtype=float)
     r = np.log(np.asarray(t_other, dtype=float) / np.asarray(t_lp, dtype=float))
@@ -311,10 +324,12 @@ def model_crossover_bytes(
 
     Example::
 
-        link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
-        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26)   # about 4.1 MiB
-        model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26,
-                              host_block_s=124e-6)                           # about 1.4 MiB
+        >>> link = cost.LinkModel.from_bandwidth(2e-3, 50e6, gamma=1e-9)
+        >>> round(model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26) / 2**20, 1)
+        4.1
+        >>> round(model_crossover_bytes("broadcast", "be", 8, link, 1 << 14, 1 << 26,
+        ...                             host_block_s=124e-6) / 2**20, 1)          # MiB
+        1.4
     """
     num = max(2, int(round(np.log2(hi / lo) * points_per_octave)) + 1)
     sizes = np.unique(np.geomspace(lo, hi, num).astype(np.int64))

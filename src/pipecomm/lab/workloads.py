@@ -22,10 +22,12 @@ buckets the trainers communicate.
 
 Example::
 
-    cfg = {"model": "mlp", "model_kw": {"hidden": [64]}, "dataset": "digits", "data_root": None,
-           "data_seed": 0, "seed": 0, "batch_size": 32}
-    model, batches = build_model(cfg), batch_stream(cfg, rank=0, world=2)
-    x, y = next(batches)
+    >>> cfg = {"model": "mlp", "model_kw": {"hidden": [64]}, "dataset": "digits", "data_root": None,
+    ...        "data_seed": 0, "seed": 0, "batch_size": 32}
+    >>> model, batches = build_model(cfg), batch_stream(cfg, rank=0, world=2)
+    >>> x, y = next(batches)
+    >>> model(x).shape
+    torch.Size([32, 10])
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def dataset(
 
     Example::
 
-        X, y = dataset("digits", "train", 0)
+        >>> X, y = dataset("digits", "train", 0)
+        >>> X.shape
+        torch.Size([1438, 1, 8, 8])
     """
     return data.load_dataset(name, split=split, seed=seed, root=root)
 
@@ -95,7 +99,10 @@ def build_model(cfg: Mapping[str, Any]) -> torch.nn.Module:
 
     Example::
 
-        model = build_model(dict(DEFAULT_CONFIG, model="mlp", model_kw={"hidden": [64]}))
+        >>> from pipecomm.lab.pipesgd_config import DEFAULT_CONFIG
+        >>> model = build_model(dict(DEFAULT_CONFIG, model="mlp", model_kw={"hidden": [64]}))
+        >>> type(model).__name__
+        'MLP'
     """
     torch.manual_seed(cfg["seed"])
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg["model_kw"].items()}
@@ -112,7 +119,9 @@ def gradient_bytes(cfg: Mapping[str, Any]) -> int:
 
     Example::
 
-        gradient_bytes(dict(DEFAULT_CONFIG))      # the default CNN's float32 parameters
+        >>> from pipecomm.lab.pipesgd_config import DEFAULT_CONFIG
+        >>> gradient_bytes(dict(DEFAULT_CONFIG))      # the default CNN's float32 parameters
+        833576
     """
     return models.param_bytes(build_model(cfg))
 
@@ -123,7 +132,12 @@ def batch_stream(cfg: Mapping[str, Any], rank: int, world: int) -> Iterator[tupl
 
     Example::
 
-        xb, yb = next(batch_stream(cfg, rank, world))
+        >>> cfg = {"model": "mlp", "dataset": "digits", "data_root": None, "data_seed": 0,
+        ...        "seed": 0, "batch_size": 16}
+        >>> rank, world = 1, 4
+        >>> xb, yb = next(batch_stream(cfg, rank, world))
+        >>> xb.shape, yb.shape
+        (torch.Size([16, 1, 8, 8]), torch.Size([16]))
     """
     X, y = dataset(cfg["dataset"], "train", cfg["data_seed"], cfg["data_root"])
     epoch = 0
@@ -149,7 +163,9 @@ def heldout(name: str, part: str = "all", seed: int = 0,
 
     Example::
 
-        Xv, yv = heldout("digits", "val")        # 180 of the 360 held-out images
+        >>> Xv, yv = heldout("digits", "val")        # about half of the 359 held-out images
+        >>> len(Xv)
+        179
     """
     if part not in HELDOUT_PARTS:
         raise ValueError(f"part must be one of {HELDOUT_PARTS}, got {part!r}")
@@ -167,7 +183,12 @@ def evaluate(model: torch.nn.Module, cfg: Mapping[str, Any]) -> tuple[float, flo
 
     Example::
 
-        acc, loss = evaluate(model, cfg)
+        >>> cfg = {"model": "mlp", "model_kw": {"hidden": [64]}, "dataset": "digits", "data_root": None,
+        ...        "data_seed": 0, "seed": 0, "batch_size": 32}
+        >>> model = build_model(cfg)
+        >>> acc, loss = evaluate(model, cfg)            # untrained: about chance
+        >>> round(acc, 1), round(loss, 2)
+        (5.0, 2.35)
     """
     Xt, yt = heldout(cfg["dataset"], cfg.get("eval_part", "all"), cfg["data_seed"],
                      cfg["data_root"])
@@ -200,7 +221,10 @@ def check_batch_size(
 
     Example::
 
-        check_batch_size(64, 4)        # digits: 1438 // 4 = 359 samples per rank: fine
+        >>> check_batch_size(64, 4)        # digits: 1438 // 4 = 359 samples per rank: fine
+        >>> check_batch_size(512, 4)
+        Traceback (most recent call last):
+        ValueError: parameter batch_size=512: exceeds the 359 training samples of each of 4 ranks
     """
     n = _TRAIN_SIZES.get(dataset_name) or len(dataset(dataset_name, "train", 0)[0])
     per_rank = n // world_size
@@ -222,7 +246,8 @@ def bucket_layout(params: Sequence[torch.Tensor], bucket_mb: float) -> list[list
 
     Example::
 
-        bucket_layout([torch.zeros(3), torch.zeros(5)], bucket_mb=1e-6)   # [[1], [0]]
+        >>> bucket_layout([torch.zeros(3), torch.zeros(5)], bucket_mb=1e-6)
+        [[1], [0]]
     """
     if not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
@@ -234,7 +259,8 @@ def bucket_bytes_forward(params: Sequence[torch.Tensor], bucket_mb: float) -> li
 
     Example::
 
-        bucket_bytes_forward(list(TimingNet(512, 2, 0, 0).parameters()), 1.0)   # [1 MiB, 1 MiB]
+        >>> bucket_bytes_forward([torch.zeros(512, 512), torch.zeros(512, 512)], 1.0)   # TimingNet(512, 2, ...)
+        [1048576, 1048576]
     """
     return bucket_nbytes(params, bucket_layout(params, bucket_mb))[::-1]
 
@@ -269,7 +295,9 @@ def build_task_model(name: str, seed: int) -> nn.Module:
 
     Example::
 
-        lm = build_task_model("char_transformer", seed=0)
+        >>> lm = build_task_model("char_transformer", seed=0)
+        >>> type(lm).__name__
+        'CharTransformer'
     """
     from pipecomm.lab import models
 
@@ -307,7 +335,10 @@ class EmulatedCompute(nn.Module):
 
     Example::
 
-        layer = nn.Sequential(nn.Linear(512, 512, bias=False), EmulatedCompute(0.01, 0.02))
+        >>> import time
+        >>> layer = nn.Sequential(nn.Linear(512, 512, bias=False), EmulatedCompute(0.01, 0.02))
+        >>> t0 = time.perf_counter(); y = layer(torch.ones(1, 512)); time.perf_counter() - t0 >= 0.01
+        True
     """
 
     def __init__(self, fwd_s: float, bwd_s: float) -> None:
@@ -329,8 +360,10 @@ class TimingNet(nn.Module):
 
     Example::
 
-        net = TimingNet(width=512, layers=2, fwd_s=0.01, bwd_s=0.02)   # 2 buckets of 1 MiB
-        net.set_factor(1.3)                                            # a slow iteration
+        >>> net = TimingNet(width=512, layers=2, fwd_s=0.01, bwd_s=0.02)   # 2 buckets of 1 MiB
+        >>> [p.numel() * 4 for p in net.parameters()]
+        [1048576, 1048576]
+        >>> net.set_factor(1.3)                                            # a slow iteration
     """
 
     def __init__(self, width: int, layers: int, fwd_s: float, bwd_s: float) -> None:
@@ -367,7 +400,9 @@ def timing_spec(p: int, **overrides: Any) -> dict[str, Any]:
 
     Example::
 
-        spec = timing_spec(8, compute_scale=0.5, kind="allreduce")
+        >>> spec = timing_spec(8, compute_scale=0.5, kind="allreduce")
+        >>> spec["p"], spec["compute_scale"], spec["kind"]
+        (8, 0.5, 'allreduce')
     """
     spec = {
         "p": p,
@@ -401,7 +436,8 @@ def timing_bucket_mb(spec: Mapping[str, Any]) -> float:
 
     Example::
 
-        timing_bucket_mb(timing_spec(8))     # 1.0 for width 512
+        >>> timing_bucket_mb(timing_spec(8))     # width 512
+        1.0
     """
     return 4 * spec["width"] ** 2 / 2**20
 
@@ -411,7 +447,9 @@ def build_timing_net(spec: Mapping[str, Any]) -> TimingNet:
 
     Example::
 
-        net = build_timing_net(timing_spec(8, compute_scale=0.5))
+        >>> net = build_timing_net(timing_spec(8, compute_scale=0.5))
+        >>> len(net.blocks)
+        2
     """
     s = spec["compute_scale"]
     torch.manual_seed(spec["seed"])
@@ -434,7 +472,8 @@ def workload_bucket_bytes(name: str) -> list[int]:
 
     Example::
 
-        workload_bucket_bytes("timing")   # [1048576, 1048576]
+        >>> workload_bucket_bytes("timing")
+        [1048576, 1048576]
     """
     if name == "timing":
         spec = timing_spec(2)
