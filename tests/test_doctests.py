@@ -16,15 +16,20 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 LAB_WITH_EXAMPLES = [
+    "pipecomm.lab.bench",
+    "pipecomm.lab.calibration",
     "pipecomm.lab.checks",
+    "pipecomm.lab.cli",
     "pipecomm.lab.corpus",
     "pipecomm.lab.dadam_timing",
     "pipecomm.lab.data",
+    "pipecomm.lab.download",
     "pipecomm.lab.experiment",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
     "pipecomm.lab.meanings",
     "pipecomm.lab.models",
     "pipecomm.lab.network",
+    "pipecomm.lab.notebook",
     "pipecomm.lab.pipesgd_config",
     "pipecomm.lab.pipesgd_training",
     "pipecomm.lab.results",
@@ -32,6 +37,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.sharding",
     "pipecomm.lab.stats",
     "pipecomm.lab.sweep",
+    "pipecomm.lab.trainers",
     "pipecomm.lab.tuning",
     "pipecomm.lab.workloads",
 ]

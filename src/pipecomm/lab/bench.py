@@ -61,7 +61,8 @@ def busbw(op: str, nbytes: int, seconds: float, p: int) -> float:
 
     Example::
 
-        busbw("allreduce", 1 << 26, 0.05, 8)   # 2*7/8 * 64 MiB / 50 ms
+        >>> busbw("allreduce", 1 << 26, 0.05, 8) / 1e9   # 2*7/8 * 64 MiB / 50 ms, GB/s
+        2.34881024
     """
     return algbw(nbytes, seconds) * busbw_factor(op, p)
 
@@ -84,7 +85,11 @@ def shared_clock(group: dist.ProcessGroup | None = None) -> bool:
 
     Example::
 
-        bench.shared_clock()   # True for a local pool and for the virtual cluster
+        >>> from pipecomm.lab import bench
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> bench.shared_clock()   # True for a local pool and for the virtual cluster
+        True
+        >>> dist.destroy_process_group()
     """
     if not (dist.is_available() and dist.is_initialized()):
         return True
@@ -142,7 +147,13 @@ def time_fn(
 
     Example::
 
-        r = time_fn(lambda: collectives.broadcast(t, 0), warmup=1, repeats=10)
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> t = torch.ones(1024)
+        >>> r = time_fn(lambda: collectives.broadcast(t, 0), warmup=1, repeats=10)
+        >>> len(r["times_s"]), r["min_s"] <= r["median_s"] <= r["max_s"]
+        (10, True)
+        >>> dist.destroy_process_group()
     """
     if repeats < 1 or warmup < 0 or max_repeats < repeats:
         raise ValueError(f"need repeats >= 1, warmup >= 0 and max_repeats >= repeats, got "
@@ -198,7 +209,9 @@ def result_of(times: list[float], clock: str = "common-start",
 
     Example::
 
-        bench.columns(bench.result_of([0.011, 0.010, 0.012]))["time_s"]   # 0.011
+        >>> from pipecomm.lab import bench
+        >>> bench.columns(bench.result_of([0.011, 0.010, 0.012]))["time_s"]
+        0.011
     """
     if cpu is not None and len(cpu) != len(times):
         raise ValueError(f"cpu must hold one value per repeat: {len(cpu)} for {len(times)} times")
@@ -218,7 +231,11 @@ def columns(result: dict[str, Any]) -> dict[str, Any]:
 
     Example::
 
-        rows.append({"algorithm": "lp", "nbytes": n, **bench.columns(time_fn(call))})
+        >>> from pipecomm.lab import bench
+        >>> rows, n = [], 1 << 20
+        >>> rows.append({"algorithm": "lp", "nbytes": n, **bench.columns(result_of([0.011, 0.010, 0.012]))})   # time_fn(call)
+        >>> rows[0]["time_s"], rows[0]["repeats"], rows[0]["times_s"]
+        (0.011, 3, '0.011;0.01;0.012')
     """
     out = {"time_s": result["median_s"], "ci_lo_s": result["ci_lo_s"],
            "ci_hi_s": result["ci_hi_s"], "min_s": result["min_s"], "max_s": result["max_s"],
@@ -247,7 +264,9 @@ def host_busy(cpu_s: float, wall_s: float, cores: int | None = None) -> float:
 
     Example::
 
-        bench.host_busy(0.100, 0.055, cores=2)   # 0.91: core-bound
+        >>> from pipecomm.lab import bench
+        >>> round(bench.host_busy(0.100, 0.055, cores=2), 2)   # core-bound
+        0.91
     """
     cores = host_cores() if cores is None else cores
     if cores < 1 or wall_s <= 0 or cpu_s < 0:

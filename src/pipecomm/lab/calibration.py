@@ -114,7 +114,9 @@ def summarize_step(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
     Example::
 
-        summarize_step(ranks.run(rank_calibrate_step, cfg, 8, 3, timeout_s=120))
+        >>> per_rank = [{"compute_s": 0.016, "update_s": 0.0005}] * 2   # ranks.run(rank_calibrate_step, cfg, 8, 3, timeout_s=120)
+        >>> summarize_step(per_rank)
+        {'compute_s': 0.016, 'update_s': 0.0005}
     """
     first = per_rank[0]
     return {"compute_s": float(first["compute_s"]), "update_s": float(first["update_s"])}
@@ -224,8 +226,11 @@ def summarize_buckets(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     Example::
 
-        calib = summarize_buckets(ranks.run(rank_calibrate_buckets, spec, timeout_s=60))
-        calib["fwd_s"], calib["bwd_s"], calib["step_s"], calib["bucket_bytes"]
+        >>> per_rank = [{"bucket_bytes": [1 << 20], "fwd_s": [0.010], "bwd_s": [0.020], "step_s": [0.002]},
+        ...             {"bucket_bytes": [1 << 20], "fwd_s": [0.012], "bwd_s": [0.020], "step_s": [0.002]}]
+        >>> calib = summarize_buckets(per_rank)   # ranks.run(rank_calibrate_buckets, spec, timeout_s=60)
+        >>> calib["fwd_s"], calib["bwd_s"], calib["step_s"], calib["bucket_bytes"]
+        ([0.011], [0.02], [0.002], [1048576])
     """
     if not per_rank:
         raise ValueError("per_rank is empty: no calibration results")

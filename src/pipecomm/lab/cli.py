@@ -33,8 +33,13 @@ def parse_value(text: str, default: Any, name: str = "parameter") -> Any:
 
     Example::
 
-        parse_value("1048576", 65536) == 1048576
-        parse_value("[2, 4]", [2, 4, 8]) == [2, 4]
+        >>> parse_value("1048576", 65536) == 1048576
+        True
+        >>> parse_value("[2, 4]", [2, 4, 8]) == [2, 4]
+        True
+        >>> parse_value("x", 1, "iters")
+        Traceback (most recent call last):
+        ValueError: iters='x': expected a int like 1
     """
     if isinstance(default, bool):
         lowered = text.strip().lower()
@@ -104,7 +109,10 @@ def check_backend(backend: Any, world_size: int, *, emulated: bool) -> None:
 
     Example::
 
-        check_backend(params.backend, params.world_size, emulated=params.emulated)
+        >>> check_backend("gloo", 2, emulated=True)
+        >>> check_backend("nccl", 2, emulated=True)        # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: the emulated network is a gloo (cpu profile) tool: with backend='nccl' ...
     """
     from pipecomm import launch
 
@@ -126,7 +134,10 @@ def notebook_params(namespace: Mapping[str, Any], module: ModuleType) -> dict[st
 
     Example (in a notebook)::
 
-        params = notebook_params(globals(), E)
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks as E
+        >>> params = notebook_params(dict(E.DEFAULTS, iters=3), E)     # globals()
+        >>> params["iters"]
+        3
     """
     params = {}
     for name, default in module.DEFAULTS.items():
@@ -153,7 +164,11 @@ def load_or_run(module: ModuleType, params: Mapping[str, Any], data_csv: str | N
 
     Example::
 
-        df = load_or_run(E, params, "results/cpu/E3/data.csv")   # plot without running
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks as E
+        >>> path = results.REPO_ROOT / "artifact/reference/cpu/E3"   # results/cpu/E3/data.csv
+        >>> df = load_or_run(E, E.DEFAULTS, str(path))                # plot without running
+        >>> len(df) > 0
+        True
     """
     if data_csv:
         return results.load_csv(data_csv)

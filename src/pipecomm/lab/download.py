@@ -60,7 +60,12 @@ def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
 
     Example::
 
-        file_digest("data/cifar-10-python.tar.gz", "md5")   # 'c58f30108f718f92721af3b95e74349a'
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "cifar-10-python.tar.gz")
+        >>> with open(path, "wb") as f:
+        ...     _ = f.write(b"abc")
+        >>> file_digest(path, "md5")     # the real archive: 'c58f30108f718f92721af3b95e74349a'
+        '900150983cd24fb0d6963f7d28e17f72'
     """
     h = hashlib.new(algorithm)
     with open(path, "rb") as f:

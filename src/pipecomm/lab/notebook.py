@@ -34,7 +34,11 @@ def parameters(namespace: Mapping[str, Any], module: ModuleType) -> dict[str, An
 
     Example::
 
-        params = parameters(globals(), E)
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks as E
+        >>> notebook_globals = dict(E.DEFAULTS, iters=3)         # globals() after the parameters cell
+        >>> params = parameters(notebook_globals, E)
+        >>> params["iters"], params["op"]
+        (3, 'broadcast')
     """
     return notebook_params(namespace, module)
 
@@ -48,6 +52,11 @@ def verdicts(module: ModuleType, df: pd.DataFrame) -> claims.VerdictTable:
 
     Example::
 
-        verdicts(E, df)[["claim", "measured", "threshold", "verdict"]]
+        >>> from pipecomm.lab import results
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks as E
+        >>> df = results.load_csv(results.REPO_ROOT / "artifact/reference/cpu/E3")
+        >>> table = verdicts(E, df)[["claim", "measured", "threshold", "verdict"]]
+        >>> all(c.startswith("C3.") for c in table["claim"])
+        True
     """
     return claims.experiment_verdicts(module.ID, df)

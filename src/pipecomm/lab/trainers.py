@@ -22,10 +22,14 @@ compression, per-iteration timings) directly; what it shares from here is how a 
 
 Example::
 
-    trainer = make_trainer(model, lambda named: torch.optim.Adam([p for _, p in named]),
-                           topology=None, bucket_mb=25.0, algorithm="ring")
-    trainer.zero_grad(); loss_fn(trainer.module(x), y).backward(); trainer.step()
-    trainer.close()
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> model, loss_fn = nn.Linear(4, 1), nn.functional.mse_loss
+    >>> x, y = torch.ones(8, 4), torch.zeros(8, 1)
+    >>> trainer = make_trainer(model, lambda named: torch.optim.Adam([p for _, p in named]),
+    ...                        topology=None, bucket_mb=25.0, algorithm="ring")
+    >>> trainer.zero_grad(); loss_fn(trainer.module(x), y).backward(); trainer.step()
+    >>> trainer.close()
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations
@@ -81,8 +85,13 @@ class AllReduceTrainer:
 
     Example::
 
-        ar = AllReduceTrainer(model, torch.optim.Adam(model.parameters()), 1.0, "ring")
-        ar.zero_grad(); loss_fn(ar.module(x), y).backward(); ar.step()
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, loss_fn = nn.Linear(4, 1), nn.functional.mse_loss
+        >>> x, y = torch.ones(8, 4), torch.zeros(8, 1)
+        >>> ar = AllReduceTrainer(model, torch.optim.Adam(model.parameters()), 1.0, "ring")
+        >>> ar.zero_grad(); loss_fn(ar.module(x), y).backward(); ar.step()
+        >>> ar.close()
+        >>> dist.destroy_process_group()
     """
 
     def __init__(
@@ -120,9 +129,15 @@ class DecentralizedTrainer:
 
     Example::
 
-        tr = DecentralizedTrainer(model, adam_factory, topology=topo, bucket_mb=1.0,
-                                  algorithm="ring")
-        tr.module(x).pow(2).mean().backward()      # gossip and step happen here
+        >>> from pipecomm.decentralized.topology import get_topology
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, x, topo = nn.Linear(4, 1), torch.ones(8, 4), get_topology("complete", 1)
+        >>> adam_factory = lambda named: torch.optim.Adam([p for _, p in named])
+        >>> tr = DecentralizedTrainer(model, adam_factory, topology=topo, bucket_mb=1.0,
+        ...                           algorithm="ring")
+        >>> tr.module(x).pow(2).mean().backward()      # gossip and step happen here
+        >>> tr.close()
+        >>> dist.destroy_process_group()
     """
 
     def __init__(
@@ -169,8 +184,15 @@ def make_trainer(
 
     Example::
 
-        make_trainer(model, adam, topology=get_topology("complete", 4), bucket_mb=25.0,
-                     algorithm="ring")
+        >>> from pipecomm.decentralized.topology import get_topology
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, adam = nn.Linear(4, 1), lambda named: torch.optim.Adam([p for _, p in named])
+        >>> trainer = make_trainer(model, adam, topology=get_topology("complete", 1), bucket_mb=25.0,
+        ...                        algorithm="ring")
+        >>> type(trainer).__name__
+        'DecentralizedTrainer'
+        >>> trainer.close()
+        >>> dist.destroy_process_group()
     """
     if topology is None:
         opt = optimizer(list(model.named_parameters()))
@@ -199,8 +221,12 @@ def gil_switch_interval(seconds: float) -> Iterator[None]:
 
     Example::
 
-        with gil_switch_interval(1e-4):
-            train()
+        >>> old, train = sys.getswitchinterval(), lambda: sys.getswitchinterval()
+        >>> with gil_switch_interval(1e-4):
+        ...     round(train(), 6)
+        0.0001
+        >>> sys.getswitchinterval() == old               # restored
+        True
     """
     old = sys.getswitchinterval()
     sys.setswitchinterval(seconds)
