@@ -90,8 +90,8 @@ def link_label(alpha_s: float, bandwidth_Bps: float, gamma_s_per_byte: float) ->
 
     Example::
 
-        link_label(10e-6, 10e9, 1e-11)
-        # 'analytic model (no network): alpha 10 us, 10 GB/s, reduction 100 GB/s'
+        >>> link_label(10e-6, 10e9, 1e-11)
+        'analytic model (no network): alpha 10 us, 10 GB/s, reduction 100 GB/s'
     """
     red = (
         "no reduction cost"
@@ -132,7 +132,9 @@ def run(**params: Any) -> pd.DataFrame:
 
     Example::
 
-        df = run(sizes_max=1 << 20, world_sizes=[2, 64])
+        >>> df = run(sizes_max=1 << 20, world_sizes=[2, 64])     # the cost model only: no ranks
+        >>> sorted(set(df.algorithm)), sorted(set(df.world_size))
+        (['be', 'lp', 'mst', 'ring'], [2, 8, 64])
     """
     params = Params.make(**params)
     ops, algorithms, ports = list(params.ops), list(params.algorithms), list(params.ports)
@@ -188,7 +190,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        summary(run())           # one row per op, port model and p
+        >>> s = summary(run(sizes_max=1 << 20, world_sizes=[2, 64]))   # one row per op, port model and p
+        >>> s.set_index(["op", "ports", "world_size"]).loc[("allreduce", "single", 64), ["mst/lp", "be/lp"]].tolist()
+        [4.872, 0.801]
     """
     d = df[df.sweep == "ranks"]
     if len(d):

@@ -117,7 +117,8 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
     Example::
 
-        expected_runtime_s(world_sizes=[2, 4, 6, 8], nbytes=64 << 20)["total_s"]
+        >>> round(expected_runtime_s(world_sizes=[2, 4, 6, 8], nbytes=64 << 20)["total_s"], 1)
+        38.7
     """
     params = Params.make(**params)
     link = cost.link_from_network(network(params))
@@ -194,7 +195,17 @@ def growth(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        growth(df).loc["lp"]      # time(p) / time(p_min) for each p
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> growth(df)[growth(df).algorithm == "lp"]      # time(p) / time(p_min) for each p
+          algorithm  world_size  measured     model
+        0        lp           2  1.000000  1.000000
+        1        lp           8  1.076923  1.076923
     """
     d = df.sort_values("world_size")
     rows = []
@@ -217,7 +228,15 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        summary(run())       # per algorithm and p
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> summary(df).columns.tolist()       # per algorithm and p; summary(run())
+        ['algorithm', 'world_size', 'measured ms', 'model ms', 'model error', 'growth (measured)', 'growth (model)']
     """
     g = growth(df).set_index(["algorithm", "world_size"])
     d = df.set_index(["algorithm", "world_size"])
@@ -325,7 +344,15 @@ def predict_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int) -> str
 
     Example::
 
-        predict_lp_invariant(df, "broadcast", 2, 16)   # 'model LP growth p = 2 -> 16: 1.10x'
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> predict_lp_invariant(df, "broadcast", 2, 16)
+        'model LP growth p = 2 -> 16: 1.165x (broadcast of 64 MiB)'
     """
     return (f"model LP growth p = {p_lo} -> {p_hi}: {_model_growth(df, 'lp', op, p_lo, p_hi):.3f}x "
             f"({op} of {int(df.nbytes.max()) / 2**20:g} MiB)")
@@ -339,7 +366,15 @@ def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
 
     Example::
 
-        check_lp_invariant(df, "broadcast", 2, 16, 1.25)
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> check_lp_invariant(df, "broadcast", 2, 8, 1.25)
+        Verdict(measured='LP p=2->8: x1.08 [1.07, 1.09]', threshold='growth <= x1.25', verdict='PASS')
     """
     r = claims.ratio(_growth_samples(df, "lp", op, p_hi), _growth_samples(df, "lp", op, p_lo))
     return claims.Verdict(f"LP p={p_lo}->{p_hi}: x{claims.fmt_ci(*r)}",
@@ -353,7 +388,15 @@ def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
 
     Example::
 
-        predict_mst_log(df, "broadcast", 2)   # 'model MST growth: p=4 2.00x, ... (ceil(log2 p))'
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> predict_mst_log(df, "broadcast", 2)
+        'model MST growth from p = 2: p=8 3.00x (ceil(log2 p) ratios)'
     """
     ps = sorted(p for p in set(df.world_size) if p > p_lo)
     parts = [f"p={p} {_model_growth(df, 'mst', op, p_lo, int(p)):.2f}x" for p in ps]
@@ -369,7 +412,15 @@ def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
 
     Example::
 
-        check_mst_log(df, "broadcast", 2, 0.15, "none")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> check_mst_log(df, "broadcast", 2, 0.15, "none").verdict
+        'PASS'
     """
     claims.require_columns(df, "world_size")
     ps = sorted(int(p) for p in set(df[df.algorithm == "mst"].world_size) if p > p_lo)
@@ -398,7 +449,15 @@ def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
 
     Example::
 
-        predict_lp_flat(df, 2, 16, "broadcast")   # 'model growth p = 2 -> 16: LP 1.10x, ...'
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> predict_lp_flat(df, 2, 16, "broadcast")
+        'model growth p = 2 -> 16: LP 1.16x, MST 4.00x (broadcast of 64 MiB, 2 ms, 50 MB/s)'
     """
     link, _ = _run_link(df)
     n = int(df.nbytes.max())
@@ -418,7 +477,15 @@ def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
 
     Example::
 
-        check_lp_flat(df, 2, 8, "broadcast", 0.15)   # "LP x1.23 [..] (model x1.20) ..."
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> check_lp_flat(df, 2, 8, "broadcast", 0.15).measured   # doctest: +NORMALIZE_WHITESPACE
+        'p=2->8 at 64 MiB: LP x1.08 [1.07, 1.09] (model x1.08, +0.0%); MST x3 [2.97, 3.03] (model x3.00, +0.0%)'
     """
     claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s", "model_s")
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max())]

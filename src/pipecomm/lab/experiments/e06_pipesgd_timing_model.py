@@ -150,7 +150,8 @@ def predict(
 
     Example::
 
-        predict("pipe", 0.02, 0.001, 830_000, 2, cost.LinkModel(1e-3, 1 / 60e6), "ring")
+        >>> round(predict("pipe", 0.02, 0.001, 830_000, 2, cost.LinkModel(1e-3, 1 / 60e6), "ring"), 4)
+        0.021
     """
     return timing_model.iteration_time(
         mode,
