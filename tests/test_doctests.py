@@ -27,6 +27,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.experiment",
     "pipecomm.lab.experiments.e01_lp_cost_model",
     "pipecomm.lab.experiments.e03_collectives_vs_ranks",
+    "pipecomm.lab.experiments.e04_lp_block_size",
     "pipecomm.lab.experiments.e06_pipesgd_timing_model",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
     "pipecomm.lab.meanings",

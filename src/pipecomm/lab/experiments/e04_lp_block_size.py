@@ -113,7 +113,8 @@ def block_grid(
 
     Example::
 
-        block_grid(1024, 1 << 20, 2.0, 1)   # [(0.5, 512), (1.0, 1024), (2.0, 2048)]
+        >>> block_grid(1024, 1 << 20, 2.0, 1)
+        [(0.5, 512), (1.0, 1024), (2.0, 2048)]
     """
     jmax = int(math.floor(math.log2(block_range) * steps_per_octave + 1e-9))
     out: list[tuple[float, int]] = []
@@ -132,8 +133,8 @@ def optimum(op: str, nbytes: int, p: int, link: cost.LinkModel, host_block_s: fl
 
     Example::
 
-        optimum("broadcast", 4 << 20, 8, cost.LinkModel.from_bandwidth(2e-3, 50e6), 124e-6)
-        # 65536
+        >>> optimum("broadcast", 4 << 20, 8, cost.LinkModel.from_bandwidth(2e-3, 50e6), 124e-6)
+        65536
     """
     return int(cost.lp_overlapped_block_bytes(op, nbytes, p, link, host_block_s))
 
@@ -144,7 +145,8 @@ def host_block_s() -> float:
 
     Example::
 
-        host_block_s()   # 0.000124 with the reference E0
+        >>> 0 < host_block_s() < 1e-3   # 0.00016 with the reference E0
+        True
     """
     return float(cost.calibrated_link().alpha)
 
@@ -154,7 +156,9 @@ def plan(**params: Any) -> pd.DataFrame:
 
     Example::
 
-        plan(world_size=8, nbytes=4 << 20).model_s.sum()
+        >>> df = plan(world_size=8, nbytes=4 << 20)
+        >>> len(df), list(df.op.unique())                # model_s.sum(): the model's seconds
+        (13, ['broadcast'])
     """
     params = Params.make(**params)
     return _plan(params, cost.link_from_network(network(params)), host_block_s())
@@ -186,7 +190,8 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
     Example::
 
-        expected_runtime_s(world_size=8, nbytes=4 << 20)["total_s"]
+        >>> expected_runtime_s(world_size=8, nbytes=4 << 20)["total_s"] < 60
+        True
     """
     params = Params.make(**params)
     emulated = float(plan(**params.asdict()).model_s.sum()) * (params.warmup + params.iters)
@@ -291,7 +296,15 @@ def best_blocks(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        best_blocks(df).loc["broadcast", "measured_best_bytes"]
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> b = best_blocks(df).loc["broadcast"]
+        >>> bool(b["measured_best_bytes"] == b["optimal_block_bytes"])
+        True
     """
     rows = []
     for op, g in df.groupby("op"):
@@ -322,7 +335,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        summary(run())       # per op and block size
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> summary(df).columns.tolist()       # per op and block size; summary(run())
+        ['op', 'block KiB', 'x optimum', 'measured ms', 'model ms', 'measured / at optimum', 'model / model optimum']
     """
     rows = []
     for op, g in df.groupby("op"):
@@ -436,7 +456,14 @@ def predict_best_block(df: pd.DataFrame, op: str) -> str:
 
     Example::
 
-        predict_best_block(df, "broadcast")   # 'model optimum 256 KiB (k = 16); blocks 2x ...'
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_best_block(df, "broadcast")
+        'overlapped model optimum ... KiB (k = ...) for broadcast of 4 MiB at p = 8, 2 ms, 100 MB/s, ...'
     """
     b_opt, n, p, link, h = _run_model(df, op)
     worse = max(_model_ratio(op, n, p, link, h, b_opt, f) for f in (0.5, 2.0)) - 1
@@ -453,7 +480,14 @@ def predict_penalty(df: pd.DataFrame, op: str) -> str:
 
     Example::
 
-        predict_penalty(df, "broadcast")   # "model: 8x smaller 2.23x, 8x larger 2.21x the ..."
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_penalty(df, "broadcast")
+        "model: 8x smaller ...x, 8x larger ...x the optimum's time (broadcast of 4 MiB at p = 8, ...)"
     """
     b_opt, n, p, link, h = _run_model(df, op)
     small, large = (_model_ratio(op, n, p, link, h, b_opt, f) for f in (0.125, 8.0))
@@ -469,7 +503,14 @@ def check_best_block(df: pd.DataFrame, op: str, factor: float) -> claims.Verdict
 
     Example::
 
-        check_best_block(df, "broadcast", 2.0)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_best_block(df, "broadcast", 2.0).verdict
+        'PASS'
     """
     g = _block_samples(df, op)
     ci = [claims.interval(stats.repeats(c)) for c in g.times_s]
@@ -498,7 +539,14 @@ def check_penalty(df: pd.DataFrame, op: str, tolerance: float) -> claims.Verdict
 
     Example::
 
-        check_penalty(df, "broadcast", 0.25)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
+        ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_penalty(df, "broadcast", 0.25).verdict
+        'PASS'
     """
     g = _block_samples(df, op)
     at = {}
