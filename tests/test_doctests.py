@@ -26,6 +26,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.download",
     "pipecomm.lab.experiment",
     "pipecomm.lab.experiments.e01_lp_cost_model",
+    "pipecomm.lab.experiments.e02_collectives_vs_size",
     "pipecomm.lab.experiments.e03_collectives_vs_ranks",
     "pipecomm.lab.experiments.e04_lp_block_size",
     "pipecomm.lab.experiments.e06_pipesgd_timing_model",

@@ -176,7 +176,8 @@ def parse_cases(cases: Any) -> list[tuple[str, str, list[str]]]:
 
     Example::
 
-        parse_cases({"single/broadcast": ["lp", "be"]})   # [("single", "broadcast", ["lp", "be"])]
+        >>> parse_cases({"single/broadcast": ["lp", "be"]})
+        [('single', 'broadcast', ['lp', 'be'])]
     """
     if not isinstance(cases, dict):
         raise ValueError(
@@ -216,7 +217,9 @@ def plan(**params: Any) -> pd.DataFrame:
 
     Example::
 
-        plan(world_size=8, sizes_max=64 << 20).query("measure").model_s.sum()
+        >>> df = plan(world_size=8, sizes_max=64 << 20)
+        >>> len(df), bool(df.query("measure").model_s.sum() > 0)   # the model's seconds to measure
+        (70, True)
     """
     params = Params.make(**params)
     sizes = message_sizes(params.sizes_min, params.sizes_max, params.size_factor)
@@ -253,7 +256,8 @@ def expected_runtime_s(**params: Any) -> dict[str, float]:
 
     Example::
 
-        expected_runtime_s(world_size=8, sizes_max=64 << 20)["total_s"]
+        >>> sorted(expected_runtime_s(world_size=8, sizes_max=64 << 20))    # ["total_s"]: seconds
+        ['emulated_s', 'real_s', 'starts_s', 'total_s']
     """
     params = Params.make(**params)
     pl = plan(**params.asdict())
@@ -433,7 +437,8 @@ def host_block_s() -> float:
 
     Example::
 
-        host_block_s()   # 0.000124 with the reference E0
+        >>> 0 < host_block_s() < 1e-3   # 0.00016 with the reference E0
+        True
     """
     return float(cost.calibrated_link().alpha)
 
@@ -504,7 +509,15 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        summary(run())       # measured (and model) ms per algorithm
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> summary(df).columns.tolist()       # measured (and model) ms per algorithm; summary(run())
+        ['section', 'setting', 'op', 'MiB', 'metric', 'lp', 'mst', 'be', 'ring']
     """
     df = df.assign(**{c: np.nan for c in _EMULATED_COLUMNS if c not in df})
     rows = []
@@ -683,8 +696,15 @@ def predict_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[
 
     Example::
 
-        predict_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
-        # 'model at 64 MiB, p = 8: MST/LP 2.9, BE/LP 1.47, ring/LP 1.46'
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
+        'model at 64 MiB, p = 8: MST/LP ..., BE/LP ..., ring/LP ...'
     """
     d = _emulated(df, "broadcast", ports)
     n = int(d.nbytes.max())
@@ -701,7 +721,15 @@ def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
 
     Example::
 
-        predict_crossover(df, "single", "be")   # 'model crossover 4.1 MiB (2 ms, 50 MB/s, p = 8)'
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_crossover(df, "single", "be")
+        'model crossover ... MiB (3 ms, 100 MB/s, p = 8)'
     """
     d = _emulated(df, "broadcast", ports)
     sizes = sorted(set(d.nbytes))
@@ -722,7 +750,15 @@ def predict_allreduce_ports(df: pd.DataFrame) -> str:
 
     Example::
 
-        predict_allreduce_ports(df)   # 'model BE/LP: per-neighbor 1.33, single-port 0.77 ...'
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_allreduce_ports(df)
+        'model BE/LP: per-neighbor ..., single-port ... at 64 MiB, p = 8'
     """
     d = _emulated(df, "allreduce", "per-neighbor")
     n = int(d.nbytes.max())
@@ -742,7 +778,15 @@ def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str,
 
     Example::
 
-        check_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"])
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_lp_fastest_broadcast(df, "single", ["lp", "mst", "be", "ring"]).verdict
+        'PASS'
     """
     d = _emulated(df, "broadcast", ports)
     n = int(d.nbytes.max())
@@ -766,7 +810,15 @@ def predict_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str) ->
 
     Example::
 
-        predict_ratio_vs_model(df, "broadcast", "single", "be")   # 'model BE/LP 1.59 at 64 MiB ...'
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> predict_ratio_vs_model(df, "broadcast", "single", "be")
+        'model BE/LP ... at 64 MiB, p = 8'
     """
     d = _emulated(df, op, ports)
     n = int(d.nbytes.max())
@@ -783,7 +835,15 @@ def check_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str,
 
     Example::
 
-        check_ratio_vs_model(df, "broadcast", "single", "be", 0.15)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_ratio_vs_model(df, "broadcast", "single", "be", 0.15).verdict
+        'PASS'
     """
     d = _emulated(df, op, ports)
     n = int(d.nbytes.max())
@@ -805,7 +865,15 @@ def check_ratio_above(df: pd.DataFrame, op: str, ports: str, other: str,
 
     Example::
 
-        check_ratio_above(df, "broadcast", "single", "be", 1.0)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_ratio_above(df, "broadcast", "single", "be", 1.0).threshold
+        'BE/LP > 1'
     """
     measured, lo, hi = _ratio_at_largest(df, op, ports, other)
     return claims.Verdict(measured, f"{other.upper()}/LP > {min_ratio:g}",
@@ -820,7 +888,15 @@ def check_ratio_below(df: pd.DataFrame, op: str, ports: str, other: str,
 
     Example::
 
-        check_ratio_below(df, "allreduce", "single", "be", 1.0)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_ratio_below(df, "allreduce", "single", "be", 1.0).verdict
+        'PASS'
     """
     measured, lo, hi = _ratio_at_largest(df, op, ports, other)
     return claims.Verdict(measured, f"{other.upper()}/LP < {max_ratio:g}",
@@ -888,7 +964,15 @@ def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
 
     Example::
 
-        check_allreduce_ports(df, 1.0)
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_allreduce_ports(df, 1.0).verdict
+        'PASS'
     """
     d = _emulated(df, "allreduce", "per-neighbor")
     n = int(d.nbytes.max())
@@ -908,7 +992,15 @@ def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
 
     Example::
 
-        check_model_within(df, 1 << 20, 0.25, "binomial")
+        >>> import numpy as np
+        >>> from pipecomm.lab import stats
+        >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
+        >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
+        ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
+        ...                model_host_block_s=host_block_s(),
+        ...                times_s=[stats.join_repeats(s * np.linspace(0.99, 1.01, 10)) for s in df.model_s])
+        >>> check_model_within(df, 1 << 20, 0.25, "binomial").threshold
+        '|error| <= 25% at all but 4 of 40 points (95% interval)'
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "model_s", "times_s")
     d = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
