@@ -31,6 +31,8 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.experiments.e04_lp_block_size",
     "pipecomm.lab.experiments.e06_pipesgd_timing_model",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
+    "pipecomm.lab.experiments.e11_runtime_model",
+    "pipecomm.lab.experiments.e14_emulator_vs_shaped",
     "pipecomm.lab.meanings",
     "pipecomm.lab.models",
     "pipecomm.lab.network",

@@ -144,8 +144,8 @@ def cases(params: Params) -> list[dict[str, Any]]:
 
     Example::
 
-        [c["factor"] for c in cases(Params.make())]
-        # ['base', 'overlap', 'varying compute', 'links']
+        >>> [c["factor"] for c in cases(Params.make())]
+        ['base', 'overlap', 'varying compute', 'links']
     """
     base_net = params.networks[0]
     out = [{"factor": "base", "compute_scale": 1.0, "compute_cv": 0.0, "net": base_net}]
@@ -263,7 +263,19 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        points(df)[["method", "compute_scale", "measured_s", "predicted_s", "runs"]]
+        >>> import pandas as pd
+        >>> cells = [(0.5, "allreduce", 0.060), (0.5, "decentralized", 0.030),
+        ...          (2.0, "allreduce", 0.110), (2.0, "decentralized", 0.090)]   # model seconds
+        >>> df = pd.DataFrame([{"factor": "base", "network_name": "two-level", "compute_scale": s,
+        ...                     "compute_cv": 0.0, "method": k, "kind": k, "run": r, "times_s": "",
+        ...                     "measured_s": t * (1 + 0.01 * (r if k == "allreduce" else 4 - r)),
+        ...                     "predicted_s": t} for s, k, t in cells for r in range(5)])
+        >>> points(df)[["method", "compute_scale", "measured_s", "predicted_s", "runs"]]
+                  method  compute_scale  measured_s  predicted_s  runs
+        0      allreduce            0.5      0.0612         0.06     5
+        1  decentralized            0.5      0.0306         0.03     5
+        2      allreduce            2.0      0.1122         0.11     5
+        3  decentralized            2.0      0.0918         0.09     5
     """
     claims.require_columns(df, *CASE_KEYS, "measured_s", "predicted_s", "times_s")
     rows = []
@@ -382,7 +394,15 @@ def check_prediction_within(df: pd.DataFrame, tolerance: float, may_miss: str | 
 
     Example::
 
-        check_prediction_within(df, 0.2, "binomial")
+        >>> import pandas as pd
+        >>> cells = [(0.5, "allreduce", 0.060), (0.5, "decentralized", 0.030),
+        ...          (2.0, "allreduce", 0.110), (2.0, "decentralized", 0.090)]   # model seconds
+        >>> df = pd.DataFrame([{"factor": "base", "network_name": "two-level", "compute_scale": s,
+        ...                     "compute_cv": 0.0, "method": k, "kind": k, "run": r, "times_s": "",
+        ...                     "measured_s": t * (1 + 0.01 * (r if k == "allreduce" else 4 - r)),
+        ...                     "predicted_s": t} for s, k, t in cells for r in range(5)])
+        >>> check_prediction_within(df, 0.2, "binomial").threshold
+        '|error| <= 20% at all but 1 of 4 points (95% interval)'
     """
     t = points(df)
     if t.empty:
@@ -411,7 +431,16 @@ def speedups(df: pd.DataFrame, case: dict[str, Any], what: str = "case") -> dict
 
     Example::
 
-        speedups(df, {"network_name": "two-level", "compute_scale": 1.0, "compute_cv": 0.0})
+        >>> import pandas as pd
+        >>> cells = [(0.5, "allreduce", 0.060), (0.5, "decentralized", 0.030),
+        ...          (2.0, "allreduce", 0.110), (2.0, "decentralized", 0.090)]   # model seconds
+        >>> df = pd.DataFrame([{"factor": "base", "network_name": "two-level", "compute_scale": s,
+        ...                     "compute_cv": 0.0, "method": k, "kind": k, "run": r, "times_s": "",
+        ...                     "measured_s": t * (1 + 0.01 * (r if k == "allreduce" else 4 - r)),
+        ...                     "predicted_s": t} for s, k, t in cells for r in range(5)])
+        >>> s = speedups(df, {"network_name": "two-level", "compute_scale": 0.5, "compute_cv": 0.0})
+        >>> {run: round(x, 2) for run, x in s.items()}
+        {0: 1.92, 1: 1.96, 2: 2.0, 3: 2.04, 4: 2.08}
     """
     claims.require_columns(df, "run", "kind", "measured_s")
     sel = _select(df, case, what)
@@ -436,7 +465,15 @@ def predict_speedup_grows(df: pd.DataFrame, when: dict[str, Any], against: dict[
 
     Example::
 
-        predict_speedup_grows(df, {"compute_scale": 0.5}, {"compute_scale": 2.0})
+        >>> import pandas as pd
+        >>> cells = [(0.5, "allreduce", 0.060), (0.5, "decentralized", 0.030),
+        ...          (2.0, "allreduce", 0.110), (2.0, "decentralized", 0.090)]   # model seconds
+        >>> df = pd.DataFrame([{"factor": "base", "network_name": "two-level", "compute_scale": s,
+        ...                     "compute_cv": 0.0, "method": k, "kind": k, "run": r, "times_s": "",
+        ...                     "measured_s": t * (1 + 0.01 * (r if k == "allreduce" else 4 - r)),
+        ...                     "predicted_s": t} for s, k, t in cells for r in range(5)])
+        >>> predict_speedup_grows(df, {"compute_scale": 0.5}, {"compute_scale": 2.0})
+        'model speed-up 2.00x vs 1.22x: ratio 1.64'
     """
     a, b = _model_speedup(df, when, "when"), _model_speedup(df, against, "against")
     return f"model speed-up {a:.2f}x vs {b:.2f}x: ratio {a / b:.2f}"
@@ -452,7 +489,15 @@ def check_speedup_grows(df: pd.DataFrame, when: dict[str, Any], against: dict[st
 
     Example::
 
-        check_speedup_grows(df, {"compute_scale": 0.5}, {"compute_scale": 2.0}, 1.0)
+        >>> import pandas as pd
+        >>> cells = [(0.5, "allreduce", 0.060), (0.5, "decentralized", 0.030),
+        ...          (2.0, "allreduce", 0.110), (2.0, "decentralized", 0.090)]   # model seconds
+        >>> df = pd.DataFrame([{"factor": "base", "network_name": "two-level", "compute_scale": s,
+        ...                     "compute_cv": 0.0, "method": k, "kind": k, "run": r, "times_s": "",
+        ...                     "measured_s": t * (1 + 0.01 * (r if k == "allreduce" else 4 - r)),
+        ...                     "predicted_s": t} for s, k, t in cells for r in range(5)])
+        >>> check_speedup_grows(df, {"compute_scale": 0.5}, {"compute_scale": 2.0}, 1.0).verdict
+        'PASS'
     """
     a = list(speedups(df, when, "when").values())
     b = list(speedups(df, against, "against").values())

@@ -111,7 +111,8 @@ def plan(params: Params) -> list[dict[str, Any]]:
 
     Example::
 
-        len(plan(Params.make()))   # 14
+        >>> len(plan(Params.make()))
+        14
     """
     return [{"op": op, "algorithm": alg, "nbytes": n, "p": params.world_size,
              "warmup": params.warmup, "iters": params.iters, "first_warmup": True}
@@ -126,7 +127,8 @@ def with_blocks(points: list[dict[str, Any]], alpha_s: float, bandwidth_Bps: flo
 
     Example::
 
-        with_blocks(plan(Params.make()), 1e-4, 47e6, 256 << 10)[0]["block_bytes"]
+        >>> with_blocks(plan(Params.make()), 1e-4, 47e6, 256 << 10)[0]["block_bytes"]
+        262144
     """
     link = cost.LinkModel.from_bandwidth(alpha_s, bandwidth_Bps)
     return [dict(pt, block_bytes=cost.lp_optimal_block_bytes(
@@ -174,7 +176,8 @@ def size_text(nbytes: float) -> str:
 
     Example::
 
-        size_text(1 << 20)   # '1 MiB'
+        >>> size_text(1 << 20)
+        '1 MiB'
     """
     n = int(nbytes)
     return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:g} KiB"
@@ -186,7 +189,16 @@ def compare(df: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:
 
     Example::
 
-        compare(df)[["op", "algorithm", "nbytes", "error", "error_lo", "error_hi"]]
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("emulated", 0.0105), ("shaped", 0.0100)]      # one point, median seconds
+        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": "lp",
+        ...                     "nbytes": 1 << 20, "world_size": 4, "network_kind": k, "time_s": s,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.98, 1.02, 10))}
+        ...                    for k, s in rows])
+        >>> compare(df)[["op", "algorithm", "nbytes", "error", "error_lo", "error_hi"]].round(3)
+                  op algorithm   nbytes  error  error_lo  error_hi
+        0  broadcast        lp  1048576   0.05     0.032     0.069
     """
     col = df[(df.section == "collective") & (df.nbytes >= min_bytes)]
     keys = ["op", "algorithm", "nbytes", "world_size"]
@@ -272,7 +284,15 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
 
     Example::
 
-        check_emulator_matches_shaped(df, 1 << 20, 0.15, "binomial")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> rows = [("emulated", 0.0105), ("shaped", 0.0100)]      # one point, median seconds
+        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": "lp",
+        ...                     "nbytes": 1 << 20, "world_size": 4, "network_kind": k, "time_s": s,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.98, 1.02, 10))}
+        ...                    for k, s in rows])
+        >>> check_emulator_matches_shaped(df, 1 << 20, 0.15, "binomial")     # doctest: +ELLIPSIS
+        Verdict(measured='worst +5.0% [+3.2%, +6.9%] (broadcast lp, 1 MiB, p=4); ...', verdict='PASS')
     """
     claims.require_columns(df, "section", "network_kind", "op", "algorithm", "nbytes",
                            "world_size", "time_s", "times_s")
