@@ -271,7 +271,15 @@ def iteration_samples(df: pd.DataFrame) -> dict[tuple, list[float]]:
 
     Example::
 
-        iteration_samples(df)[(8, "mlp", "alternating-exp-ring")]   # one value per run
+        >>> import pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> iteration_samples(df)[(8, "mlp", "alternating-exp-ring")]   # one value per run
+        [0.021, 0.02121, 0.02142, 0.02163, 0.02184]
     """
     claims.require_columns(df, "world_size", "model", "topology", "times_s")
     out = {}
@@ -296,7 +304,15 @@ def check_within_model(df: pd.DataFrame, tolerance: float, may_miss: str | int
 
     Example::
 
-        check_within_model(df, 0.25, "binomial")
+        >>> import pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> check_within_model(df, 0.25, "binomial").threshold
+        '|error| <= 25% at all but 1 of 2 points (95% interval)'
     """
     t = per_iteration(df)
     if t.empty:
@@ -315,7 +331,15 @@ def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
 
     Example::
 
-        predict_aer_below_complete(df, 8)   # 'model AER/complete at p = 8: mlp 0.52'
+        >>> import pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> predict_aer_below_complete(df, 8)
+        'model AER/complete at p = 8: mlp 0.53'
     """
     t = per_iteration(df)
     t = t[t.world_size == world_size].set_index(["model", "topology"]).model_s
@@ -335,7 +359,15 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
 
     Example::
 
-        check_aer_below_complete(df, 8, 1.0)
+        >>> import pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> check_aer_below_complete(df, 8, 1.0)                   # doctest: +ELLIPSIS
+        Verdict(measured='p=8: mlp: AER/complete 0.525 [0.51, 0.541]', ..., verdict='PASS')
     """
     samples = iteration_samples(df)
     t = per_iteration(df)
