@@ -31,6 +31,8 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.experiments.e04_lp_block_size",
     "pipecomm.lab.experiments.e06_pipesgd_timing_model",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
+    "pipecomm.lab.experiments.e08_pipesgd_breakdown",
+    "pipecomm.lab.experiments.e09_layerwise_delayed",
     "pipecomm.lab.experiments.e10_topology_comm_time",
     "pipecomm.lab.experiments.e11_runtime_model",
     "pipecomm.lab.experiments.e12_dadam_scaling",

@@ -139,7 +139,17 @@ def breakdown(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        breakdown(df).set_index("method").loc[["sync", "pipe"], ["compute", "allreduce", "wait"]]
+        >>> import pandas as pd
+        >>> parts = {"sync": (0.020, 0.015, 0.037), "pipe": (0.020, 0.002, 0.024)}   # compute, comm, iteration s
+        >>> df = pd.DataFrame([{"kind": "iteration", "method": m, "run": r, "iteration": i, "skip": 1,
+        ...                     "compute_s": c, "launch_s": 0.0, "comm_s": w, "compress_s": 0.0,
+        ...                     "update_s": 0.002, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...                    for m, (c, w, t) in parts.items() for r in range(5) for i in range(3)])
+        >>> breakdown(df).set_index("method").loc[["sync", "pipe"], ["compute", "allreduce", "wait"]]
+                compute  allreduce   wait
+        method
+        sync       0.02      0.015  0.000
+        pipe       0.02      0.000  0.002
     """
     skip = int(df["skip"].iloc[0])
     st = steady(df, skip)
@@ -195,7 +205,17 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        summary(df).set_index("method").loc[["sync", "pipe"]]
+        >>> import pandas as pd
+        >>> parts = {"sync": (0.020, 0.015, 0.037), "pipe": (0.020, 0.002, 0.024)}   # compute, comm, iteration s
+        >>> df = pd.DataFrame([{"kind": "iteration", "method": m, "run": r, "iteration": i, "skip": 1,
+        ...                     "compute_s": c, "launch_s": 0.0, "comm_s": w, "compress_s": 0.0,
+        ...                     "update_s": 0.002, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...                    for m, (c, w, t) in parts.items() for r in range(5) for i in range(3)])
+        >>> summary(df).set_index("method").loc[["sync", "pipe"], ["compute_ms", "allreduce_ms", "median_iter_ms"]]
+                compute_ms  allreduce_ms  median_iter_ms
+        method
+        sync          20.0          15.0           37.74
+        pipe          20.0           0.0           24.48
     """
     b = breakdown(df)
     rm = run_medians(df, ["method"])
@@ -274,7 +294,14 @@ def check_overlap_bound(df: pd.DataFrame, tolerance: float, method: str) -> clai
 
     Example::
 
-        check_overlap_bound(df, 0.25, "pipe")
+        >>> import pandas as pd
+        >>> parts = {"sync": (0.020, 0.015, 0.037), "pipe": (0.020, 0.002, 0.024)}   # compute, comm, iteration s
+        >>> df = pd.DataFrame([{"kind": "iteration", "method": m, "run": r, "iteration": i, "skip": 1,
+        ...                     "compute_s": c, "launch_s": 0.0, "comm_s": w, "compress_s": 0.0,
+        ...                     "update_s": 0.002, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...                    for m, (c, w, t) in parts.items() for r in range(5) for i in range(3)])
+        >>> check_overlap_bound(df, 0.25, "pipe")              # doctest: +ELLIPSIS
+        Verdict(measured='pipe 24.5 [24, 25] ms (5 runs) vs bound 26.5 ms (C 22.7 ms, M 15.0 ms, sync 37.7 ms)', ..., verdict='PASS')
     """
     claims.require_columns(df, "kind", "method", "iteration", "iter_s", "comm_s", "skip", "run")
     ob = overlap_bound(df, method, tolerance)

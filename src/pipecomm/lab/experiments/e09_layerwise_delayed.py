@@ -358,7 +358,18 @@ def predict_delayed_faster(df: pd.DataFrame) -> str:
 
     Example::
 
-        predict_delayed_faster(df)   # 'model ratio 0.67 (1.50x faster) ...'
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> predict_delayed_faster(df)
+        "model ratio 0.67 (1.50x faster) from this run's calibrated compute and AllReduce"
     """
     r = _calibrated_model(df, "model_pipe_s")
     return f"model ratio {r:.2f} ({1 / r:.2f}x faster) from this run's calibrated compute and AllReduce"
@@ -370,7 +381,18 @@ def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
 
     Example::
 
-        predict_layerwise_not_slower(df)   # 'bucket-schedule model ratio 0.90 ...'
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> predict_layerwise_not_slower(df)                   # doctest: +ELLIPSIS
+        'bucket-schedule model ratio 0.89 (communication hidden behind the backward pass only), ...'
     """
     r = _calibrated_model(df, "model_layerwise_s")
     return (f"bucket-schedule model ratio {r:.2f} (communication hidden behind the backward pass "
@@ -389,7 +411,18 @@ def check_delayed_faster(df: pd.DataFrame, methods: list[str], max_ratio: float,
 
     Example::
 
-        check_delayed_faster(df, ["delayed-1", "delayed-2"], 1.0, "none")
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> check_delayed_faster(df, ["delayed-1", "delayed-2"], 1.0, "none").verdict
+        'PASS'
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
     sync = run_samples(df, "sync")
@@ -413,7 +446,18 @@ def predict_efficiency(df: pd.DataFrame, methods: list[str]) -> str:
 
     Example::
 
-        predict_efficiency(df, ["delayed-1"])   # 'model efficiency 0.50 (sync 0.33) ...'
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> predict_efficiency(df, ["delayed-1"])                # doctest: +ELLIPSIS
+        'model efficiency 0.83 for delayed-1 (sync 0.56) from ...'
     """
     e = _calibrated_model(df, "model_nocomm_s") / _calibrated_model(df, "model_pipe_s")
     s = _calibrated_model(df, "model_nocomm_s")
@@ -432,7 +476,18 @@ def check_efficiency(df: pd.DataFrame, methods: list[str], tolerance: float,
 
     Example::
 
-        check_efficiency(df, ["delayed-1", "delayed-2"], 0.25, "none")
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> check_efficiency(df, ["delayed-1", "delayed-2"], 0.25, "none").verdict
+        'PASS'
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
     model = _calibrated_model(df, "model_nocomm_s") / _calibrated_model(df, "model_pipe_s")
@@ -460,7 +515,18 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
 
     Example::
 
-        check_layerwise_not_slower(df, 1.0)
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> df = pd.DataFrame(rows + [cal])
+        >>> check_layerwise_not_slower(df, 1.0)                  # doctest: +ELLIPSIS
+        Verdict(measured='layerwise / sync 0.889 [0.863, 0.915]x (5 training runs (seeds))', ..., verdict='PASS')
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
     sync = run_samples(df, "sync")
