@@ -392,7 +392,7 @@ def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
         ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
         >>> df = pd.DataFrame(rows + [cal])
         >>> predict_layerwise_not_slower(df)                   # doctest: +ELLIPSIS
-        'bucket-schedule model ratio 0.89 (communication hidden behind the backward pass only), ...'
+        "bucket-schedule model ratio 0.89 (communication hidden behind the backward pass only), ..."
     """
     r = _calibrated_model(df, "model_layerwise_s")
     return (f"bucket-schedule model ratio {r:.2f} (communication hidden behind the backward pass "
@@ -456,8 +456,8 @@ def predict_efficiency(df: pd.DataFrame, methods: list[str]) -> str:
         >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
         ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
         >>> df = pd.DataFrame(rows + [cal])
-        >>> predict_efficiency(df, ["delayed-1"])                # doctest: +ELLIPSIS
-        'model efficiency 0.83 for delayed-1 (sync 0.56) from ...'
+        >>> predict_efficiency(df, ["delayed-1"])
+        "model efficiency 0.83 for delayed-1 (sync 0.56) from this run's calibrated compute and AllReduce"
     """
     e = _calibrated_model(df, "model_nocomm_s") / _calibrated_model(df, "model_pipe_s")
     s = _calibrated_model(df, "model_nocomm_s")
