@@ -29,6 +29,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.experiments.e02_collectives_vs_size",
     "pipecomm.lab.experiments.e03_collectives_vs_ranks",
     "pipecomm.lab.experiments.e04_lp_block_size",
+    "pipecomm.lab.experiments.e05_bsp_sgd",
     "pipecomm.lab.experiments.e06_pipesgd_timing_model",
     "pipecomm.lab.experiments.e07_pipesgd_convergence",
     "pipecomm.lab.experiments.e08_pipesgd_breakdown",

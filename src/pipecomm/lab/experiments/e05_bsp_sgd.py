@@ -184,7 +184,20 @@ def run_times(df: pd.DataFrame) -> pd.DataFrame:
 
     Example::
 
-        run_times(df).groupby(["ports", "algorithm"]).comm_s.median()
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> run_times(df).groupby(["ports", "algorithm"]).comm_s.median()
+        ports   algorithm
+        single  be           0.08160
+                lp           0.07344
+                mst          0.10200
+                ring         0.07956
+        Name: comm_s, dtype: float64
     """
     claims.require_columns(df, "kind", "algorithm", "iteration", "run", "comm_s",
                            "model_comm_s")
@@ -313,7 +326,15 @@ def comm_samples(df: pd.DataFrame) -> dict[tuple[str, str], list[float]]:
 
     Example::
 
-        comm_samples(df)["single", "lp"]   # one value per run
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> [round(t, 5) for t in comm_samples(df)["single", "lp"]]   # one value per run
+        [0.072, 0.07272, 0.07344, 0.07416, 0.07488]
     """
     rt = run_times(df)
     return {(port, alg): g["comm_s"].tolist()
@@ -332,7 +353,15 @@ def predict_comm(df: pd.DataFrame) -> str:
 
     Example::
 
-        predict_comm(df)   # 'model single: lp 72, mst 100, be 40, ring 42 ms; per-neighbor: ...'
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> predict_comm(df)
+        'model single: lp 72, mst 100, be 80, ring 78 ms per iteration'
     """
     model = _model(df)
     ports = list(dict.fromkeys(k[0] for k in model))
@@ -347,7 +376,15 @@ def predict_lp_below_mst(df: pd.DataFrame, ports: str) -> str:
 
     Example::
 
-        predict_lp_below_mst(df, "single")   # 'model mst/lp = 1.38 (single)'
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> predict_lp_below_mst(df, "single")
+        'model mst/lp = 1.39 (single)'
     """
     model = _model(df)
     return f"model mst/lp = {model[ports, 'mst'] / model[ports, 'lp']:.2f} ({ports})"
@@ -359,7 +396,15 @@ def predict_lp_fastest(df: pd.DataFrame, others: list[str], port_models: list[st
 
     Example::
 
-        predict_lp_fastest(df, ["mst", "be"], ["single"])   # 'model other/lp: single mst 1.38, ...'
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> predict_lp_fastest(df, ["mst", "be"], ["single"])
+        'model other/lp: single mst 1.39, be 1.11'
     """
     model = _model(df)
     return "model other/lp: " + "; ".join(
@@ -377,7 +422,15 @@ def check_comm_within_model(df: pd.DataFrame, tolerance: float,
 
     Example::
 
-        check_comm_within_model(df, 0.25, "binomial")
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> check_comm_within_model(df, 0.25, "binomial").threshold
+        '|error| <= 25% at all but 1 of 4 points (95% interval)'
     """
     samples = comm_samples(df)
     model = _model(df)
@@ -401,7 +454,15 @@ def check_lp_below_mst(df: pd.DataFrame, min_ratio: float, ports: str) -> claims
 
     Example::
 
-        check_lp_below_mst(df, 1.0, "single")
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> check_lp_below_mst(df, 1.0, "single")             # doctest: +ELLIPSIS
+        Verdict(measured='mst/lp 1.39 [1.35, 1.43] (model 1.39; lp 73.4 ms, mst 102.0 ms; single; 5 runs)', ..., verdict='PASS')
     """
     samples = comm_samples(df)
     r, lo, hi = _ratio(samples, ports, "mst")
@@ -426,7 +487,15 @@ def check_lp_fastest(df: pd.DataFrame, min_ratio: float, others: list[str],
 
     Example::
 
-        check_lp_fastest(df, 1.0, ["mst", "be", "ring"], ["single", "per-neighbor"], "none")
+        >>> import pandas as pd
+        >>> model = {"lp": 0.072, "mst": 0.100, "be": 0.080, "ring": 0.078}     # AllReduce s, single-port
+        >>> df = pd.DataFrame([{"kind": "iteration", "algorithm": a, "ports": "single", "run": r,
+        ...                     "iteration": i, "skip": 1, "comm_s": m * (1 + 0.01 * r),
+        ...                     "model_comm_s": m, "compute_s": 0.01, "update_s": 0.001,
+        ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
+        ...                    for a, m in model.items() for r in range(5) for i in range(3)])
+        >>> check_lp_fastest(df, 1.0, ["mst", "be", "ring"], ["single"], "none").verdict   # and "per-neighbor"
+        'PASS'
     """
     samples = comm_samples(df)
     model = _model(df)
