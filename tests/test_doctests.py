@@ -25,6 +25,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.data",
     "pipecomm.lab.download",
     "pipecomm.lab.experiment",
+    "pipecomm.lab.experiments.e00_calibrate",
     "pipecomm.lab.experiments.e01_lp_cost_model",
     "pipecomm.lab.experiments.e02_collectives_vs_size",
     "pipecomm.lab.experiments.e03_collectives_vs_ranks",

@@ -199,7 +199,12 @@ def host_links(df: pd.DataFrame) -> float | None:
 
     Example::
 
-        host_links(run(host_world_size=8))      # lone links' worth the host streams at once
+        >>> import pandas as pd
+        >>> df = pd.DataFrame({"section": ["real", "host", "host"], "nbytes": [1 << 20] * 3,
+        ...                    "time_s": [0.002, None, None], "flows": [1, 1, 7],
+        ...                    "bandwidth_Bps": [None, 500e6, 100e6]})   # run(host_world_size=8)
+        >>> round(host_links(df), 2)      # lone links' worth the host streams at once
+        1.34
     """
     host = df[df.section == "host"]
     if host.empty:
@@ -377,7 +382,15 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
 
     Example::
 
-        check_emulated_within(df, 65536, 0.1, 0.001, [2, 8], "binomial")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> points = [(p, pair, n) for p in (2, 8) for pair in range(p // 2) for n in (65536, 1 << 20)]
+        >>> df = pd.DataFrame([{"section": "emulated", "world_size": p, "pair": pair, "nbytes": n,
+        ...                     "emu_alpha_s": 1e-3, "emu_bandwidth_Bps": 50e6, "time_s": 1e-3 + n / 50e6,
+        ...                     "times_s": stats.join_repeats((1e-3 + n / 50e6) * np.linspace(0.99, 1.01, 10))}
+        ...                    for p, pair, n in points])          # measured = alpha + n / B
+        >>> check_emulated_within(df, 65536, 0.1, 0.001, [2, 8], "binomial").verdict
+        'PASS'
     """
     claims.require_columns(df, "section", "nbytes", "time_s", "times_s", "world_size",
                            "emu_alpha_s", "emu_bandwidth_Bps", "pair")
