@@ -17,11 +17,14 @@ The result carries every repeat and the median with a bootstrap 95% interval
 
 Example (inside a rank)::
 
-    from pipecomm import collectives
-    from pipecomm.lab import bench
-    t = torch.ones(1 << 20)
-    r = bench.time_fn(lambda: collectives.allreduce(t), warmup=2, repeats=10)
-    r["median_s"], r["ci_lo_s"], r["ci_hi_s"], len(r["times_s"])
+    >>> from pipecomm import collectives
+    >>> from pipecomm.lab import bench
+    >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+    >>> t = torch.ones(1 << 20)
+    >>> r = bench.time_fn(lambda: collectives.allreduce(t), warmup=2, repeats=10)
+    >>> r["ci_lo_s"] <= r["median_s"] <= r["ci_hi_s"], len(r["times_s"])
+    (True, 10)
+    >>> dist.destroy_process_group()
 """
 
 from __future__ import annotations

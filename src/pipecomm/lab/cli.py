@@ -154,7 +154,11 @@ def save(module: ModuleType, out_dir: Any, df: Any, fig: Any = None,
 
     Example (in a notebook)::
 
-        save(E, out_dir, df, fig, params)   # nothing is written when out_dir is None
+        >>> import pandas as pd
+        >>> from pipecomm.lab.experiments import e03_collectives_vs_ranks as E
+        >>> out_dir, df, fig, params = None, pd.DataFrame({"time_s": [0.1]}), None, E.DEFAULTS
+        >>> save(E, out_dir, df, fig, params) is None   # nothing is written when out_dir is None
+        True
     """
     return getattr(module, "save", results.save)(out_dir, df, fig, params, extra)
 

@@ -32,11 +32,12 @@ and delayed gradient descent (Daily et al. 2017), all through :class:`pipecomm.p
 
 Example::
 
-    @dataclass(frozen=True)
-    class Params(CalibratedPoolParams):
-        methods: list[str] = field(default_factory=lambda: ["sync", "pipe"])
-
-    cfg = config(Params.make(), seed=1, method="pipe+int8")
+    >>> @dataclass(frozen=True)
+    ... class Params(CalibratedPoolParams):
+    ...     methods: list[str] = field(default_factory=lambda: ["sync", "pipe"])
+    >>> cfg = config(Params.make(), seed=1, method="pipe+int8")
+    >>> cfg["method"], cfg["seed"], cfg["model"]
+    ('pipe+int8', 1, 'cnn')
 """
 
 from __future__ import annotations
@@ -153,7 +154,11 @@ def config(params: experiment.Params, **overrides: Any) -> dict[str, Any]:
 
     Example::
 
-        cfg = config(params, seed=1, method="pipe")
+        >>> from pipecomm.lab.experiments.e05_bsp_sgd import Params
+        >>> params = Params.make()
+        >>> cfg = config(params, seed=1, method="pipe")
+        >>> cfg["method"], cfg["seed"]
+        ('pipe', 1)
     """
     cfg = dict(DEFAULT_CONFIG)
     given = params.asdict()
@@ -168,7 +173,9 @@ def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
     Example::
 
-        cfg = check_config(dict(DEFAULT_CONFIG, method="pipe", iterations=5))
+        >>> cfg = check_config(dict(DEFAULT_CONFIG, method="pipe", iterations=5))
+        >>> cfg["iterations"]
+        5
     """
     unknown = sorted(set(cfg) - set(DEFAULT_CONFIG))
     if unknown:
@@ -222,7 +229,8 @@ def parse_methods(methods: list[str]) -> list[tuple[str, int | None, str | None]
 
     Example::
 
-        parse_methods(["sync", "pipe+int8"])   # [("sync", None, None), ("pipe", 1, "int8")]
+        >>> parse_methods(["sync", "pipe+int8"])
+        [('sync', None, None), ('pipe', 1, 'int8')]
     """
     out = []
     for m in methods:

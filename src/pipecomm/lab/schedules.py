@@ -8,10 +8,14 @@ with it. Call ``scheduler.step()`` once after every optimizer step.
 
 Example::
 
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = schedules.build(opt, "warmup-cosine", total_steps=1000, warmup_steps=50)
-    for step in range(1000):
-        ...; opt.step(); sched.step()
+    >>> from pipecomm.lab import schedules
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    >>> sched = schedules.build(opt, "warmup-cosine", total_steps=1000, warmup_steps=50)
+    >>> for step in range(1000):
+    ...     opt.step(); sched.step()
+    >>> round(opt.param_groups[0]["lr"], 6)        # decayed to min_ratio x lr
+    0.0
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ def build(
 
     Example::
 
-        sched = build(opt, "warmup-cosine", total_steps=1000, warmup_steps=50, min_ratio=0.1)
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        >>> sched = build(opt, "warmup-cosine", total_steps=1000, warmup_steps=50, min_ratio=0.1)
+        >>> opt.param_groups[0]["lr"]                  # warm-up starts at lr / warmup_steps
+        0.002
     """
     check(schedule, total_steps, warmup_steps, min_ratio)
     if schedule == "constant":
@@ -74,7 +81,12 @@ def step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
 
     Example::
 
-        schedules.step(sched)
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        >>> sched = build(opt, "warmup-cosine", total_steps=1000, warmup_steps=50, min_ratio=0.1)
+        >>> for _ in range(50):
+        ...     step(sched)                          # no optimizer.step() yet: no warning
+        >>> opt.param_groups[0]["lr"]
+        0.1
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
@@ -86,7 +98,10 @@ def check(schedule: str, total_steps: int, warmup_steps: int, min_ratio: float) 
 
     Example::
 
-        check("warmup-cosine", 1000, 50, 0.1)
+        >>> check("warmup-cosine", 1000, 50, 0.1)
+        >>> check("warmup-cosine", 10, 50, 0.1)
+        Traceback (most recent call last):
+        ValueError: warmup_steps=50 exceeds total_steps=10
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
