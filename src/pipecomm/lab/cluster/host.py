@@ -55,7 +55,8 @@ def run_prefix() -> str:
 
     Example::
 
-        run_prefix()   # 'pc4242-0'
+        >>> run_prefix()   # 'pc4242-0'
+        'pc...-...'
     """
     return f"pc{os.getpid()}-{next(_COUNTER)}"
 
@@ -90,7 +91,8 @@ def tbf_argv(ns: str, dev: str, bandwidth_Bps: float, burst_bytes: int) -> list[
 
     Example::
 
-        tbf_argv("pc1-0n0", "eth0", 15e6, 16384)
+        >>> tbf_argv("pc1-0n0", "eth0", 15e6, 16384)
+        ['tc', '-n', 'pc1-0n0', 'qdisc', 'add', 'dev', 'eth0', 'root', 'tbf', 'rate', '120000000bit', 'burst', '16384', 'latency', '100ms']
     """
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
             _rate(bandwidth_Bps), "burst", str(burst_bytes), "latency", "100ms"]
@@ -109,8 +111,10 @@ def tbf_max_rate(bandwidth_Bps: float, burst_bytes: int, nbytes: int,
 
     Example::
 
-        tbf_max_rate(80e6, 80_000, 1 << 20)           # 86.6e6: 8% above the rate at 1 MiB
-        tbf_max_rate(80e6, 80_000, 1 << 20, 2e-3)     # 104e6: a fit whose alpha is 2 ms
+        >>> round(tbf_max_rate(80e6, 80_000, 1 << 20) / 1e6, 1)           # 8% above the rate at 1 MiB
+        86.6
+        >>> round(tbf_max_rate(80e6, 80_000, 1 << 20, 2e-3) / 1e6, 1)     # a fit whose alpha is 2 ms
+        103.7
     """
     floor_s = max(0, nbytes - burst_bytes) / bandwidth_Bps - latency_s
     return nbytes / floor_s if floor_s > 0 else math.inf

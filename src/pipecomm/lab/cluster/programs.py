@@ -2,8 +2,9 @@
 
 Example::
 
-    from pipecomm.lab.cluster import programs
-    programs.program_args("gpu", "E13", "results/gpu/E13", world_size=8, ranks_per_node=4)
+    >>> from pipecomm.lab.cluster import programs
+    >>> programs.program_args("gpu", "E13", "results/gpu/E13", world_size=8, ranks_per_node=4)[:2]
+    ['-m', 'pipecomm.lab.experiments.e13_dadam_convergence']
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def experiment_module(experiment: str) -> str:
 
     Example::
 
-        cluster.experiment_module("E0")   # 'pipecomm.lab.experiments.e00_calibrate'
+        >>> experiment_module("E0")
+        'pipecomm.lab.experiments.e00_calibrate'
     """
     m = re.fullmatch(r"E(\d+)", str(experiment))
     found = sorted((Path(__file__).parents[1] / "experiments").glob(
@@ -35,7 +37,8 @@ def profile_args(profile: str, experiment: str) -> list[str]:
 
     Example::
 
-        cluster.profile_args("gpu", "E13")   # ['-p', 'backend=nccl', '-p', 'world_size=4', ...]
+        >>> profile_args("gpu", "E13")[:2]   # ['-p', 'backend=nccl', '-p', 'world_size=4', ...]
+        ['-p', 'backend=nccl']
     """
     import yaml
 
@@ -65,7 +68,9 @@ def program_args(
 
     Example::
 
-        cluster.program_args("gpu", "E13", "results/gpu/E13", world_size=8, ranks_per_node=4)
+        >>> argv = program_args("gpu", "E13", "results/gpu/E13", world_size=8, ranks_per_node=4)
+        >>> argv[:4], argv[-4:]
+        (['-m', 'pipecomm.lab.experiments.e13_dadam_convergence', '--out', 'results/gpu/E13'], ['-p', 'world_size=8', '-p', 'ranks_per_node=4'])
     """
     import importlib
 

@@ -140,7 +140,9 @@ class VirtualCluster:
 
         Example::
 
-            c.netns(0)   # 'pc4242-0n0'
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.netns(0)   # 'pc4242-0n0'
+            'pc...-...n0'
         """
         self._check_node(node)
         return f"{self.prefix}n{node}"
@@ -150,7 +152,9 @@ class VirtualCluster:
 
         Example::
 
-            c.addr(0)   # '10.77.0.1'
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.addr(0)
+            '10.77.0.1'
         """
         self._check_node(node)
         return f"{SUBNET}.{node + 1}"
@@ -160,7 +164,9 @@ class VirtualCluster:
 
         Example::
 
-            c.describe()   # 'shaped: Linux tc tbf, real TCP; 2 nodes x 1 rank, 50 MB/s per ...'
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.describe()
+            'shaped: Linux tc tbf, real TCP; 2 nodes x 1 rank, 50 MB/s per node link each way'
         """
         bw = "unshaped" if self.bandwidth_Bps is None else f"{self.bandwidth_Bps / 1e6:.4g} MB/s"
         per = "node link" if self.links == "bridge" else "link per node pair"
@@ -172,7 +178,10 @@ class VirtualCluster:
 
         Example::
 
-            json.dumps(c.to_dict())
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> import json
+            >>> json.dumps(c.to_dict())[:60]
+            '{"network": "shaped", "nodes": 2, "ranks_per_node": 1, "band'
         """
         return {"network": "shaped", "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
                 "bandwidth_Bps": self.bandwidth_Bps, "burst_bytes": self.burst_bytes,
@@ -308,7 +317,9 @@ class VirtualCluster:
 
         Example::
 
-            subprocess.run(c.exec_argv(0, ["ip", "addr"]), timeout=10)
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.exec_argv(0, ["ip", "addr"])      # subprocess.run(..., timeout=10) once started
+            ['ip', 'netns', 'exec', 'pc...n0', 'ip', 'addr']
         """
         return ["ip", "netns", "exec", self.netns(node), *argv]
 
@@ -318,7 +329,9 @@ class VirtualCluster:
 
         Example::
 
-            c.node_env(1)["GLOO_SOCKET_IFNAME"]   # 'eth0'
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.node_env(1)["GLOO_SOCKET_IFNAME"]
+            'eth0'
         """
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("TORCHELASTIC_", "MASTER_", "GROUP_", "ROLE_"))
@@ -346,7 +359,9 @@ class VirtualCluster:
 
         Example::
 
-            c.torchrun_argv(1, ["-m", "pipecomm.lab.experiments.e13_dadam_convergence", "--out", "o"])
+            >>> c = VirtualCluster(nodes=2, ranks_per_node=1, bandwidth_Bps=50e6)   # not started
+            >>> c.torchrun_argv(1, ["-m", "pipecomm.lab.experiments.e13_dadam_convergence", "--out", "o"])
+            [..., '-m', 'torch.distributed.run', '--nnodes', '2', '--nproc-per-node', '1', '--node-rank', '1', ..., '--out', 'o']
         """
         return [
             sys.executable, "-m", "torch.distributed.run",
