@@ -531,9 +531,15 @@ class OverlappedRing:
 
     Example::
 
-        ring = OverlappedRing(net, 2, 8, [[tuple(range(8))]], [1 << 20] * 2, "ring")
-        runtime_model.simulate("allreduce", ..., intra=ring.intra, inter=ring.inter,
-                               collective_time_fn=ring)
+        >>> from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+        >>> net = make_network(DEFAULT_NETWORK)
+        >>> ring = OverlappedRing(net, 2, 8, [[tuple(range(8))]], [1 << 20] * 2, "ring")
+        >>> out = runtime_model.simulate("allreduce", bucket_bytes=[1 << 20] * 2, fwd_s=0.005,
+        ...                              bwd_s=0.01, p=8, ranks_per_node=2, iterations=10,
+        ...                              intra=ring.intra, inter=ring.inter,
+        ...                              collective_time_fn=ring)
+        >>> round(out["mean_iteration_s"], 4)
+        0.1734
     """
 
     def __init__(self, net: netem.Network, ranks_per_node: int, world_size: int,
