@@ -1045,7 +1045,17 @@ def check_real_broadcast(df: pd.DataFrame, min_bytes: int, max_ratio: float,
 
     Example::
 
-        check_real_broadcast(df, 16 << 20, 1.0, "binomial")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [(op, a, base * f) for op, base in (("broadcast", 0.050), ("allreduce", 0.100))
+        ...          for a, f in (("lp", 0.9), ("ring", 1.05), ("torch", 1.0))]    # real section, p = 8
+        >>> df = pd.DataFrame([{"section": "real", "op": op, "algorithm": a, "nbytes": 16 << 20,
+        ...                     "world_size": 8, "time_s": s, "model_s": s, "block_bytes": 4 << 20,
+        ...                     "host_links": 1.4, "host_links_measured": True,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for op, a, s in cells])
+        >>> check_real_broadcast(df, 16 << 20, 1.0, "binomial")        # doctest: +ELLIPSIS
+        Verdict(measured='lp worst 0.9 [0.892, 0.908] (p=8, 16 MiB) x built-in; ...', verdict='PASS')
     """
     verdicts, parts = _real_ratio_verdicts(df, "broadcast", ["lp"], min_bytes, max_ratio)
     allowed = claims.allowance(len(verdicts), may_miss)
@@ -1063,7 +1073,17 @@ def check_real_allreduce(df: pd.DataFrame, min_bytes: int, max_ratio: dict[str, 
 
     Example::
 
-        check_real_allreduce(df, 16 << 20, {"lp": 1.3, "ring": 1.15}, "binomial")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [(op, a, base * f) for op, base in (("broadcast", 0.050), ("allreduce", 0.100))
+        ...          for a, f in (("lp", 0.9), ("ring", 1.05), ("torch", 1.0))]    # real section, p = 8
+        >>> df = pd.DataFrame([{"section": "real", "op": op, "algorithm": a, "nbytes": 16 << 20,
+        ...                     "world_size": 8, "time_s": s, "model_s": s, "block_bytes": 4 << 20,
+        ...                     "host_links": 1.4, "host_links_measured": True,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for op, a, s in cells])
+        >>> check_real_allreduce(df, 16 << 20, {"lp": 1.3, "ring": 1.15}, "binomial").verdict
+        'PASS'
     """
     verdicts, parts = [], []
     for alg, bound in max_ratio.items():
@@ -1085,7 +1105,17 @@ def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
 
     Example::
 
-        check_real_host_model(df, "broadcast", 8, 0.25)
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [(op, a, base * f) for op, base in (("broadcast", 0.050), ("allreduce", 0.100))
+        ...          for a, f in (("lp", 0.9), ("ring", 1.05), ("torch", 1.0))]    # real section, p = 8
+        >>> df = pd.DataFrame([{"section": "real", "op": op, "algorithm": a, "nbytes": 16 << 20,
+        ...                     "world_size": 8, "time_s": s, "model_s": s, "block_bytes": 4 << 20,
+        ...                     "host_links": 1.4, "host_links_measured": True,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for op, a, s in cells])
+        >>> check_real_host_model(df, "broadcast", 8, 0.25).verdict     # model_s = measured here
+        'PASS'
     """
     claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "times_s",
                            "model_s", "block_bytes")
