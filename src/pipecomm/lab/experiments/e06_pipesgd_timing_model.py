@@ -411,7 +411,15 @@ def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int,
 
     Example::
 
-        check_model_within(df, 0.25, 4, "none")
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab import stats
+        >>> cells = [("sync", 2, 0.030), ("pipe", 2, 0.021), ("sync", 4, 0.036), ("pipe", 4, 0.024)]
+        >>> df = pd.DataFrame([{"kind": "point", "mode": m, "world_size": p, "bandwidth_Bps": 60e6,
+        ...                     "batch_size": 32, "measured_s": s * 1.02, "predicted_s": s,
+        ...                     "times_s": stats.join_repeats(s * 1.02 * np.linspace(0.99, 1.01, 5))}
+        ...                    for m, p, s in cells])                   # 2% slower than the model
+        >>> check_model_within(df, 0.25, 4, "none")             # doctest: +ELLIPSIS
+        Verdict(measured='worst +2.0% [+1.0%, +3.0%] (sync, p=4, 60 MB/s, batch 32); ...', verdict='PASS')
     """
     claims.require_columns(df, "kind", "world_size", "measured_s", "predicted_s", "times_s")
     pts = points(df)
