@@ -21,6 +21,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.checks",
     "pipecomm.lab.cli",
     "pipecomm.lab.cluster.host",
+    "pipecomm.lab.cluster.job",
     "pipecomm.lab.cluster.programs",
     "pipecomm.lab.cluster.virtual",
     "pipecomm.lab.corpus",

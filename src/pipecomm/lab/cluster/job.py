@@ -164,7 +164,12 @@ def read_output(files: tuple) -> tuple[str, str]:
 
     Example::
 
-        out, err = read_output(files[0])
+        >>> import tempfile
+        >>> files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))]   # node 0's
+        >>> _ = files[0][0].write("rank 0 done\n")
+        >>> out, err = read_output(files[0])
+        >>> out, err
+        ('rank 0 done\n', '')
     """
     texts = []
     for f in files:
