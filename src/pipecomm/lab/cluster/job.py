@@ -166,10 +166,10 @@ def read_output(files: tuple) -> tuple[str, str]:
 
         >>> import tempfile
         >>> files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))]   # node 0's
-        >>> _ = files[0][0].write("rank 0 done\n")
+        >>> _ = files[0][0].write("rank 0 done")
         >>> out, err = read_output(files[0])
         >>> out, err
-        ('rank 0 done\n', '')
+        ('rank 0 done', '')
     """
     texts = []
     for f in files:
