@@ -14,7 +14,7 @@ usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p
                     [--runs N] [--list] [--tests [PYTEST ARGS...]] [--help]
 
   --profile P         parameter set: cpu (quick, <= 20 min), cpu-full (convergence protocols of
-                      E7, E9, E13, <= 2 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu),
+                      E7, E9, E13, <= 2.5 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu),
                       shaped (network experiments on a virtual cluster of network namespaces
                       with tc-shaped links; needs root)
   --only E...         run only these experiments

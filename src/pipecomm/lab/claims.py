@@ -40,7 +40,7 @@ import pandas as pd
 import yaml
 
 from pipecomm.lab import stats
-from pipecomm.lab.results import REPO_ROOT
+from pipecomm.lab.results import REPO_ROOT, load_csv
 
 CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
@@ -480,7 +480,7 @@ def evaluate(
             row["verdict"] = MODEL
         elif csv.exists():
             try:
-                df = pd.read_csv(csv)
+                df = load_csv(csv)
                 row["prediction"] = predict(entry, df)
                 row["network"] = network_kinds(df)
                 verdict = run_check(entry, df)

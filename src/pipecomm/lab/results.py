@@ -363,4 +363,4 @@ def load_csv(path: str | os.PathLike) -> pd.DataFrame:
         path = path / "data.csv" if (path / "data.csv").exists() else path / "data.csv.gz"
     if not path.exists():
         raise FileNotFoundError(f"no data.csv at {path}: run the experiment first")
-    return pd.read_csv(path)
+    return pd.read_csv(path, low_memory=False)  # whole-file dtypes: no mixed-type warning
