@@ -357,8 +357,10 @@ def calibrate_and_train(
             }
         )
         for r, method in rounds(t_methods, t_runs) if t_runs else []:
+            # a timing run times iterations: no evaluation, and a constant rate (a warm-up
+            # longer than the short run would be refused; the rate does not change the time)
             cfg = dict(config(params, seeds[0], method), iterations=t_iters, evaluate=False,
-                       eval_every=0)
+                       eval_every=0, schedule="constant", warmup_steps=0)
             res = runs({"timing": cfg, "network": ranks.text, "run": r}, ranks.run,
                        train_rank, cfg, timeout_s=params.timeout_s)
             rows += iteration_rows(res, kind="timing", method=method, seed=seeds[0], run=r)
