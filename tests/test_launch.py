@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import rankfns_launch as fns
 import torch
+from test_run import GLOO_EXIT_ABORT
 
 from pipecomm import launch
 from pipecomm.lab import bench
@@ -203,10 +204,14 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
         "dist.destroy_process_group()\n"
     )
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script)],
-        capture_output=True, text=True, timeout=120,
-    )
+    for _ in range(3):  # this torch build sometimes aborts a gloo job's rank at exit (test_run)
+        proc = subprocess.run(
+            [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script)],
+            capture_output=True, text=True, timeout=120,
+        )
+        if proc.returncode == 0 or not (GLOO_EXIT_ABORT in proc.stderr
+                                        or "exitcode: -6" in proc.stderr):
+            break
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
     assert lines == ["RESULT 0 2 gloo 2", "RESULT 1 2 gloo 2"]
