@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["check_grid", "select_rate", "sweep_gaps"]
+import numpy as np
+import pandas as pd
+
+__all__ = ["check_grid", "select_rate", "sweep_gaps", "sweep_table"]
 
 
 def check_grid(name: str, grid: Sequence[float]) -> list[float]:
@@ -99,3 +102,22 @@ def sweep_gaps(what: str, rates: Sequence[float], chosen: float, min_rates: int)
     if rates and chosen in (rates[0], rates[-1]):
         return [f"{what}: best rate {chosen:g} at the edge of the {len(rates)} rates swept"]
     return []
+
+
+def sweep_table(runs: pd.DataFrame, index: list[str], rate: str, score: str) -> pd.DataFrame:
+    """The selection as a table: one row per ``index`` group, one column per rate tried, each
+    cell the mean ``score`` over the selection seeds, ``*`` on the rate chosen (a run's boolean
+    ``selected``).
+
+    Example::
+
+        >>> runs = pd.DataFrame({"method": ["sync"] * 4, "lr": [0.01, 0.01, 0.02, 0.02],
+        ...                      "loss": [0.3, 0.5, 0.2, 0.2], "selected": [False, False, True, True]})
+        >>> sweep_table(runs, ["method"], "lr", "loss").loc["sync"].tolist()
+        ['0.4000', '0.2000 *']
+    """
+    g = runs.assign(selected=runs["selected"].astype(bool)).groupby(
+        [*index, rate], sort=False).agg(mean=(score, "mean"), chosen=("selected", "any"))
+    g = g.reset_index()
+    g["cell"] = g["mean"].map("{:.4f}".format) + np.where(g["chosen"], " *", "")
+    return g.pivot_table(index=index, columns=rate, values="cell", aggfunc="first", sort=False)

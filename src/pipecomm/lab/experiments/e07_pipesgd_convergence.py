@@ -284,11 +284,7 @@ def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
     sw = df[df["kind"] == "sweep"] if "kind" in df else df.iloc[:0]
     if sw.empty:
         return pd.DataFrame()
-    g = sw.groupby(["method", "lr_peak"], sort=False).agg(
-        loss=("val_loss", "mean"), chosen=("selected", "any")).reset_index()
-    g["cell"] = g["loss"].map("{:.4f}".format) + np.where(g["chosen"], " *", "")
-    return g.pivot_table(index="method", columns="lr_peak", values="cell", aggfunc="first",
-                         sort=False)
+    return tuning.sweep_table(sw, ["method"], "lr_peak", "val_loss")
 
 
 def paired_table(df: pd.DataFrame) -> pd.DataFrame:

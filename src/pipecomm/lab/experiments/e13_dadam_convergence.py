@@ -505,12 +505,7 @@ def sweep_table(df: pd.DataFrame) -> pd.DataFrame:
     if sw.empty:
         return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["task", "configuration"]))
     sw["configuration"] = [config_label(m, int(k)) for m, k in zip(sw.method, sw.accum_iter)]
-    sw["selected"] = sw.selected.astype(bool)
-    mean = sw.groupby(["task", "configuration", "lr"], sort=False).agg(
-        score=("val_loss", "mean"), chosen=("selected", "any")).reset_index()
-    mean["cell"] = mean.score.map("{:.4f}".format) + np.where(mean.chosen, " *", "")
-    return mean.pivot_table(index=["task", "configuration"], columns="lr", values="cell",
-                            aggfunc="first", sort=False)
+    return tuning.sweep_table(sw, ["task", "configuration"], "lr", "val_loss")
 
 
 def _metric(task: str, g: pd.DataFrame) -> pd.Series:
