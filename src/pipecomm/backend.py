@@ -6,31 +6,17 @@ Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"m
 ``DistributedDataParallel``, ``dist.all_reduce``, communication hooks.
 
 :class:`PipecommProcessGroup` is a Python subclass of ``torch.distributed.ProcessGroup``:
-
-* ``allreduce`` / ``broadcast`` / ``reduce`` run :func:`pipecomm.collectives.allreduce` /
-  ``broadcast`` / ``reduce`` with the group's algorithm (and codec for SUM/AVG AllReduce of
-  floating tensors), asynchronously on pipecomm's communication thread. ReduceOp SUM, AVG
-  (floating and complex tensors), MAX, MIN of float16/bfloat16/float32/float64/int32/int64 and
-  complex tensors (through ``view_as_real``; SUM and AVG only) take that path;
-* everything else runs on the group's *inner* backend — a gloo backend for CPU tensors (and NCCL
-  for CUDA tensors when CUDA is available) built on the same store, registered under the group
-  so that torch dispatches every operation this class does not define (gather, scatter,
-  all_gather_into_tensor, alltoall, ...) to it; the operations torch's trampoline forwards to
-  Python (allgather, barrier, reduce_scatter, all_to_all_single, send/recv and the coalesced
-  ones) are defined here and call the inner backend themselves (left to torch's default they
-  could deadlock, see "the inner backend's" section of the class). It raises that backend's
-  error for an operation it does not support: ReduceOp PRODUCT, BAND, BOR, BXOR and other dtypes
-  (bool, int8, uint8, ...) go there too, as does every operation under ``algorithm="torch"``
-  (AVG there is the inner SUM divided by the group size, since gloo has no AVG). AVG of an
-  integer tensor is refused before any communication;
-* the ``Work`` objects it returns complete when the communication thread has finished: their
-  ``get_future()`` is a ``torch.futures.Future`` resolved (with the list of result tensors) by
-  this module's completion thread as soon as pipecomm's handle is done, ``wait()`` blocks on it
-  (up to the group's timeout) and re-raises the collective's error.
+``allreduce`` / ``broadcast`` / ``reduce`` with ReduceOp SUM, AVG, MAX, MIN (SUM and AVG only for
+complex tensors) of float16/bfloat16/float32/float64/int32/int64 run
+:func:`pipecomm.collectives.allreduce` / ``broadcast`` / ``reduce`` with the group's algorithm
+(and codec) on pipecomm's communication thread; every other operation, op and dtype, and every
+operation under ``algorithm="torch"``, runs on the group's *inner* gloo backend (NCCL for CUDA
+tensors). The returned ``Work`` completes when the communication thread is done; ``wait()``
+re-raises the collective's error.
 
 Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
 
-* :func:`new_group` — called on every rank like ``dist.new_group``, on a job initialised with any
+* :func:`new_group` -- called on every rank like ``dist.new_group``, on a job initialised with any
   backend (gloo, NCCL);
 * ``import pipecomm.backend`` registers the backend name ``"pipecomm"``, so
   ``dist.init_process_group(backend="pipecomm")`` (under torchrun) and
@@ -38,27 +24,9 @@ Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
   ``PIPECOMM_ALGORITHM`` (default ``"lp"``), ``PIPECOMM_COMPRESSION`` (default none),
   ``PIPECOMM_BLOCK_BYTES`` (default: the cost model's optimum).
 
-Asynchronous pipecomm collectives travel on :func:`pipecomm.launch.comm_group`, a world-wide
-group that must be created on every rank: :func:`new_group` creates it; a world group made by
-``init_process_group(backend="pipecomm")`` creates it at its first pipecomm operation (every rank
-takes part in those); a subgroup made by ``dist.new_group`` before either carries its own
-messages on its own connections (every pipecomm operation of a pipecomm group runs on the
-communication thread) until that group exists.
-
-What torch 2.13 does and does not allow here (checked by the tests): a Python
-``ProcessGroup`` subclass may register real backends under itself (``_register_backend``), so
-operations it does not override reach gloo/NCCL without Python code; ``Backend.register_backend``
-with ``extended_api=True`` hands the creator the group's global ranks and ``pg_options`` (the
-:class:`Options` of :func:`new_group`), and a creator that returns a ``ProcessGroup`` subclass
-replaces torch's own group object. torch's ``_create_work_from_future`` was not used: its
-``wait()`` neither re-raises the future's error nor accepts a finite timeout, so ``Work`` here
-is a Python subclass. C++ code that calls ``reduce``, ``gather``, ``scatter`` or ``alltoall`` on
-the group (torch's trampoline forwards only allreduce, broadcast, allgather, barrier,
-reduce_scatter, all_to_all_single, send, recv and the coalesced allreduce / allgather /
-reduce-scatter to Python) reaches the inner backend directly; Python callers (``dist.reduce``)
-and the functional collectives reach this class. The trampoline holds the GIL while it runs
-torch's default for an operation the subclass does not define, so this class defines every
-forwarded operation (gloo's worker threads need the GIL to free tensors).
+What torch 2.13 allows here and where it stops (the inner backend, the trampoline and the GIL,
+the communication group, ``Work``): docs/algorithms.md, "What torch 2.13 allows
+`pipecomm.backend` to do, and where it stops".
 
 Example::
 

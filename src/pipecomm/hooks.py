@@ -4,37 +4,25 @@ A DDP communication hook (``model.register_comm_hook(state, hook)``) receives ea
 bucket, ``hook(state, bucket)``, and returns a ``torch.futures.Future`` of the tensor DDP writes
 back into the gradients, as torch's own ``allreduce_hook`` and PowerSGD do.
 
-* :func:`allreduce_hook` with :class:`CollectiveState` — the bucket averaged over the state's
+* :func:`allreduce_hook` with :class:`CollectiveState` -- the bucket averaged over the state's
   group with pipecomm's AllReduce: linear pipelining (``"lp"``, Wang et al., arXiv 1611.04255),
   ``"mst"``, ``"be"``, ``"ring"`` or the backend's ``"torch"``, optionally carrying Pipe-SGD's
   light compression (``"fp16"``, ``"bf16"``, ``"int8"``; ``"lp"``/``"ring"`` only).
-* :func:`pipelined_hook` with :class:`PipelinedState` — Pipe-SGD (Li, Yu, Li, Avestimehr, Kim,
+* :func:`pipelined_hook` with :class:`PipelinedState` -- Pipe-SGD (Li, Yu, Li, Avestimehr, Kim,
   Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for Distributed Deep Net
-  Training", NeurIPS 2018) with staleness k: the hook of iteration t launches the average of the
-  bucket's gradient at ``w_t`` and returns the average launched at iteration ``t - k``, so that
-  AllReduce overlaps the k iterations in between. With the optimizer stepping after every
-  backward this is the rule of :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``),
-  ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``.
-
-The first k iterations differ in one respect. PipeSGD does not step at all while the pipeline
-fills (``w_{t+1} = w_t`` for ``t < k``); a hook cannot stop the optimizer, so it returns zero
-gradients and the loop's ``optimizer.step()`` runs with them. That is a no-op for SGD without
-weight decay, with or without momentum (torch's momentum buffer starts at the zero gradient and
-next becomes ``0 * mu + g``, the same as starting at ``g``; dampening must be 0): the parameters
-equal PipeSGD's. It is *not* a no-op with weight decay (``w`` shrinks by ``lr * wd * w``), with
-Adam/AdamW (the step count advances, changing the bias correction; AdamW also decays ``w``), or
-with a learning-rate scheduler stepped per iteration (the schedule shifts by k). For those,
-skip the step while :attr:`PipelinedState.filling` is True — then the parameters equal PipeSGD's
-for every optimizer::
-
-    loss.backward()
-    if not state.filling:
-        opt.step()
+  Training", NeurIPS 2018) with staleness k: ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``,
+  the rule of :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``). While the pipeline fills
+  (``t < k``) the hook returns zero gradients; with any optimizer other than plain SGD without
+  weight decay, skip ``optimizer.step()`` while :attr:`PipelinedState.filling` is True.
+* ``error_feedback=True`` with a ``compression`` (either state) keeps per bucket the residual the
+  compression dropped and adds it to the next gradient (:func:`pipecomm.compress.error_feedback`).
 
 A state averages over ``process_group`` (``None``: the world), which must be the DDP model's
-group: :func:`register` checks that before registering, and a hook called on a rank outside the
-state's group raises an error naming it. Futures are resolved on :mod:`pipecomm.backend`'s
-completion thread as soon as pipecomm's communication thread has finished the AllReduce.
+group (:func:`register` checks it). Both states have ``state_dict()`` / ``load_state_dict()``;
+save every rank's state and register the state before loading into it.
+
+Rules, the filling phase, error feedback and checkpoints: docs/update_rules.md, "The same rules
+inside torch's DistributedDataParallel" and "Error feedback for compressed AllReduce".
 
 Example::
 
@@ -58,16 +46,6 @@ Example::
     ...     opt.step()
     >>> state.wait()                            # before destroying the process group
     >>> dist.destroy_process_group()
-
-Error feedback (``error_feedback=True`` with a ``compression``, either state): each rank adds to a
-bucket the residual its compression dropped last time, ``x = g_t + e_t``, averages ``x`` with the
-compressed AllReduce and keeps ``e_{t+1} = x - D(C(x))`` per bucket in the state (torch's PowerSGD
-hook, Karimireddy et al. ICML 2019; :func:`pipecomm.compress.error_feedback`).
-
-Checkpoints: both states have ``state_dict()`` / ``load_state_dict()`` (the residuals of error
-feedback, and :class:`PipelinedState`'s iteration and averages in flight), so that a resumed run
-continues exactly as an uninterrupted one. The residuals differ per rank: save every rank's
-state. Register the state (:func:`register`) before loading into it.
 
 The hooks' annotations are evaluated (no ``from __future__ import annotations``): DDP's
 ``register_comm_hook`` compares them with ``dist.GradBucket`` and ``Future[torch.Tensor]``.
@@ -299,7 +277,8 @@ class PipelinedState:
         iteration: synchronised backward passes so far (``no_sync`` passes do not count).
         filling: True after a backward whose hook returned zero gradients because the pipeline
             was still filling (``iteration <= staleness``): skip ``optimizer.step()`` then to
-            apply PipeSGD's ``w_{t+1} = w_t`` exactly (see the module docstring).
+            apply PipeSGD's ``w_{t+1} = w_t`` exactly (docs/update_rules.md, "The same rules
+            inside torch's DistributedDataParallel").
 
     :meth:`state_dict` holds the iteration, the k averages in flight and the residuals, so that
     a run resumed with :meth:`load_state_dict` applies the averages an uninterrupted run would
@@ -500,8 +479,9 @@ def pipelined_hook(
     Iteration t (counted in :attr:`PipelinedState.iteration`) launches the average of a copy of
     the bucket (pipecomm's AllReduce, ``op="avg"``, on the communication thread) and returns a
     future of the average launched at iteration ``t - k`` for the same parameters (also when DDP
-    rebuilt its buckets in between), or of zeros while ``t < k`` (see the module docstring for
-    what the optimizer does with them). The returned average is fresh memory, never written again.
+    rebuilt its buckets in between), or of zeros while ``t < k`` (what the optimizer does with
+    them: docs/update_rules.md, "The same rules inside torch's DistributedDataParallel"). The
+    returned average is fresh memory, never written again.
 
     Example::
 

@@ -1,67 +1,17 @@
 """DecentralizedDataParallel: gossip of parameters overlapped with the next iteration.
 
 DAdam paper (Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance
-Decentralized Training", ICLR 2025), adapt-while-combine as in the authors' implementation.
-Iterations ``k = 0, 1, 2, ...`` count synchronising backward passes. With ``x_i^k`` the
-parameters of rank ``i`` before iteration ``k`` and ``W_k = topology.mixing_matrix(k)``, rank
-``i`` mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` and takes its *local* optimizer's step from ``y_i^k``
-with the gradient computed at the un-mixed ``x_i^k`` (SGD: ``x_i^{k+1} = y_i^k - lr * g_i^k``);
-optimizer state (momentum, Adam's moments) stays local. When the backward of iteration ``k``
-returns, every rank holds ``x^{k+1}``. The rule is written out in ``docs/update_rules.md``.
+Decentralized Training", ICLR 2025), adapt-while-combine as in the authors' implementation: rank
+``i`` mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` (``W_k = topology.mixing_matrix(k)``) and takes its
+local optimizer's step from ``y_i^k`` with the gradient computed at ``x_i^k``. Each bucket of
+about ``bucket_mb`` MiB is updated inside backward as soon as its gradients are ready, and its
+next gossip (``collectives.allreduce(..., op="avg", async_op=True)`` on the rank's group) overlaps
+the rest of backward and the next forward. ``no_sync()``, ``max_grad_norm`` /
+``grad_norm_scope``, ``grad_scaler``, ``process_group``, ``global_average()`` and
+``averaged()`` work as in torch's DistributedDataParallel where one exists.
 
-How (one concept: per-bucket update inside backward):
-
-* Parameters are cut into buckets of about ``bucket_mb`` MiB (:func:`pipecomm.bucketing.
-  bucket_indices`, one dtype and device each) in the order their gradients become ready in the
-  first backward (rank 0's order is broadcast so that every rank has the same buckets). From
-  then on a bucket's parameters are views of one contiguous block (their ``.data`` is moved
-  there; the parameter objects stay), so the copies to and from the gossip buffer are one each.
-* In iteration ``k >= 1``, as soon as all gradients of a bucket are accumulated (a
-  post-accumulate-grad hook), the bucket waits for the gossip it launched in iteration ``k - 1``
-  (the average of ``x^k`` over the rank's group of step ``k``, i.e. ``y^k``), copies it into the
-  parameters, steps the optimizer on the bucket's parameters only (the optimizer's
-  ``param_groups`` temporarily hold the bucket's share of every group), clears the gradients,
-  copies the new ``x^{k+1}`` into its flat buffer and launches the next gossip asynchronously:
-  ``collectives.allreduce(buffer, op="avg", group=<its group at step k + 1>, async_op=True)``.
-  That communication overlaps the rest of backward and the next forward. Gossip is launched in
-  bucket order, so every rank issues the same operations in the same order.
-* The first backward steps every bucket at its end (the replicas are equal, so ``y^0 = x^0``)
-  and launches the first gossip. A wrapper that resumes from a checkpoint at iteration ``k > 0``
-  mixes ``W_k x^k`` there (synchronously), exactly as the uninterrupted run would have.
-* At the end of every backward (an autograd final callback) the buckets not yet updated (those
-  holding a parameter that got no gradient) are updated with a zero gradient for such parameters.
-* Groups of one rank do not communicate (mixing is the identity). Process groups are created
-  once per distinct group of the topology and reused.
-
-Training-loop features (as torch's DistributedDataParallel where one exists):
-
-* ``no_sync()`` / ``require_backward_grad_sync``: backward passes whose forward ran with the flag
-  off only accumulate gradients; the next synchronising backward mixes and steps with the sum.
-* One optimizer over all parameters, ``ddp.optimizer``: a ``torch.optim.lr_scheduler`` attaches
-  to it and every bucket's step reads its ``param_groups``; ``ddp.optimizer.state_dict()`` holds
-  the whole optimizer state and this wrapper's iteration count, so that model state + optimizer
-  state per rank resume the run exactly.
-* ``max_grad_norm``: gradient clipping by the 2-norm of this rank's local gradient. The default
-  ``grad_norm_scope="bucket"`` clips every bucket by its own norm, because the global norm is
-  known only after the last gradient of the backward: clipping by it would delay every bucket's
-  step and gossip launch to the end of backward and lose the overlap of communication with
-  backward (decent-dp, the DAdam authors' implementation, clips per bucket for the same reason).
-  ``grad_norm_scope="global"`` clips by the norm of the whole local gradient (as
-  ``torch.nn.utils.clip_grad_norm_``) and accepts that delay.
-* ``grad_scaler`` (``torch.amp.GradScaler``) for fp16: the wrapper unscales, skips the step of an
-  iteration with a non-finite gradient on this rank (the mix still happens, so
-  ``x_i^{k+1} = y_i^k``) and updates the scale; as torch's scaler decides on the whole gradient,
-  all buckets step at the end of backward. bf16 autocast needs nothing.
-* ``process_group``: train on the ranks of a group; ranks outside it do not take part.
-
-Gossip uses :mod:`pipecomm.collectives` on the subgroups, so the emulated network
-(:mod:`pipecomm.netem`) and the algorithm choice (``"lp"``, ``"mst"``, ``"be"``, ``"ring"``)
-apply; ``"torch"`` is the backend's built-in subgroup allreduce and is refused under emulation.
-
-``global_average()`` averages the parameters (and floating buffers) ``x^{k+1}`` held between
-iterations over all ranks and loads that average into the model (evaluate or save it); the next
-``forward`` puts each rank's own ``x_i^{k+1}`` back. ``global_average(inplace=True)`` keeps the
-average as the training state. ``averaged()`` swaps the average in for a ``with`` block.
+Update rule and how it is executed (buckets, iteration 0, resume, clipping scope, fp16):
+docs/update_rules.md, "Decentralized training" and "DecentralizedDataParallel: design notes".
 
 Example::
 
@@ -144,7 +94,7 @@ class DecentralizedDataParallel(nn.Module):
         max_grad_norm: clip this rank's gradient to this 2-norm (``None``: no clipping).
         grad_norm_scope: ``"bucket"`` (default: each bucket by its own norm, keeps the overlap
             with backward) or ``"global"`` (the whole local gradient; steps wait for the end
-            of backward). See the module docstring.
+            of backward). Why: docs/update_rules.md, "DecentralizedDataParallel: design notes".
         grad_scaler: a ``torch.amp.GradScaler`` for fp16 (the wrapper unscales, skips
             non-finite steps and updates it; call only ``grad_scaler.scale(loss).backward()``).
         init_sync: broadcast rank 0's parameters and buffers at construction (turn it off when

@@ -1,50 +1,16 @@
 """Runtime model of AllReduce vs decentralized (DAdam) training iterations.
 
 Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance Decentralized
-Training" (ICLR 2025) explain the per-iteration speed of decentralized training with three factors;
-this module is a small discrete-event simulation that has each of them as an input:
+Training" (ICLR 2025) explain the per-iteration speed of decentralized training with three
+factors: overlap of communication and computation, heterogeneous links, and varying compute
+times. :func:`simulate` is a small discrete-event simulation that has each of them as an input
+(the schedules of the two kinds of training; ``intra`` / ``inter`` links with a shared node
+uplink; a log-normal compute factor of coefficient of variation ``compute_cv``);
+:func:`group_allreduce_time` prices one group's allreduce on the two-level network and
+:func:`uplink_streams` counts the streams that share a node's uplink.
 
-1. **Overlap of communication and computation.** AllReduce training (PyTorch DDP style) launches a
-   bucket's allreduce when its gradients are ready in backward; it can hide only behind the rest
-   of that backward, and the step waits for the last bucket. Decentralized training (DAdam) launches
-   the gossip of a bucket's *new parameters* right after that bucket's step in backward of
-   iteration k and needs it only when the same bucket is mixed and stepped in backward of
-   iteration k+1: the rest of backward k, all of forward k+1 and backward k+1 up to that bucket hide
-   it.
-2. **Heterogeneous links.** Two-level network: ``intra`` for ranks on one node, ``inter`` for
-   messages between nodes, and the inter-node uplink of a node is shared by all streams that leave
-   it at once. Topologies such as AER cross nodes only every other step, and only half the nodes
-   at a time.
-3. **Varying compute times.** Each rank's compute time of each iteration is the nominal time times
-   an independent log-normal factor with mean 1 and coefficient of variation ``compute_cv``. With
-   AllReduce the slowest rank gates every rank every iteration; with gossip a rank waits only for
-   the members of its group, one iteration later.
-
-Conventions. Buckets are listed in forward (model) order; ``fwd_s[i]``/``bwd_s[i]`` are the times
-of bucket i's layers; backward runs the buckets in reverse. One communication stream per rank runs
-its operations in launch order. A collective over a group starts when every member has launched
-it and every member's stream is free, and lasts the closed-form time of
-:func:`group_allreduce_time`; a group of one costs nothing. The gossip launched in iteration k
-averages over ``topology.groups(k + 1)`` (it is mixed with ``W_{k+1}``, see
-``docs/update_rules.md``). The first ``warmup`` iterations are dropped; ``mean_iteration_s`` is the
-mean gap between the moments the last rank finishes consecutive iterations.
-
-Closed form of a group allreduce on the two-level network (``group_allreduce_time``), for a group
-of m ranks holding nbytes each:
-
-* all members on one node: ``f(algorithm, nbytes, m, intra)``;
-* members on several nodes: ``f(algorithm, nbytes, m, inter')`` where ``inter'`` is ``inter``
-  with its per-byte time ``beta`` multiplied by ``S``, the number of streams that leave the most
-  loaded node's uplink at the same time (this group's and the concurrent groups' of the same
-  step). Every step of ring and LP is synchronous, so its slowest link (the shared uplink) gates
-  it: exact for ring, an upper bound for algorithms with some intra-node-only steps.
-* ``S`` per node (``uplink_streams``): with ``sharing="algorithm"`` a ring over the sorted
-  members counts the ring edges that leave the node (1 for a group contiguous on each node), LP
-  (a bidirectional chain) the chain edges that leave it (1 or 2), any other algorithm (be, mst,
-  ...) every member on the node (they may all send across at once); with ``sharing="all"`` every
-  member on the node counts (``ranks_per_node_in_group`` streams share the uplink).
-
-``f`` is ``collective_time_fn`` (default :func:`pipecomm.cost.allreduce_time`).
+Model, conventions and the closed form of a group allreduce: docs/update_rules.md,
+"Iteration-time models" and "DAdam runtime model: conventions and closed form".
 
 Example::
 
@@ -139,7 +105,8 @@ def uplink_streams(
 ) -> dict[int, int]:
     """Streams leaving each node's uplink at once when all ``groups`` run their allreduce.
 
-    Only groups spanning several nodes count. See the module docstring for the rule.
+    Only groups spanning several nodes count. The rule: docs/update_rules.md, "DAdam runtime
+    model: conventions and closed form".
 
     Example::
 
@@ -309,7 +276,7 @@ def simulate(
     ``intra``/``inter`` link models (``pipecomm.cost.LinkModel``); ``algorithm`` the allreduce
     algorithm priced by ``collective_time_fn(algorithm, nbytes, p, link)`` (default
     ``pipecomm.cost.allreduce_time``); ``warmup`` dropped iterations (default ``max(1,
-    iterations // 10)``); ``sharing`` the uplink-sharing rule (module docstring).
+    iterations // 10)``); ``sharing`` the uplink-sharing rule (:func:`uplink_streams`).
 
     Returns a dict: ``mean_iteration_s``, ``iteration_s`` (per measured iteration),
     ``compute_s`` (nominal forward + backward + step), ``comm_s`` (mean busy time per iteration of
