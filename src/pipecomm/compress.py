@@ -3,31 +3,18 @@
 Pipe-SGD compresses every message of its AllReduce with cheap, element-wise codecs: truncation of
 the floating-point representation and scalar quantization. This module provides them as codecs
 that turn a 1-D floating tensor into a 1-D ``uint8`` payload (what travels on the wire) and back:
-
-* ``"fp16"`` - IEEE half precision (1 sign, 5 exponent, 10 mantissa bits). The conversion rounds
-  to nearest even, so the relative error of a value in half's normal range
-  (6.1e-5 <= |x| <= 65504) is at most 2^-11. Larger magnitudes overflow to +-inf, smaller ones
-  lose relative precision (subnormals) or flush to 0; inf and nan pass through unchanged.
-* ``"bf16"`` - bfloat16 (8 exponent bits, 7 mantissa bits): float32's range, relative error at
-  most 2^-8 (round to nearest even); inf and nan pass through.
-* ``"int8"`` - symmetric scalar quantization per chunk of ``chunk_size`` elements (256 by
-  default): ``scale = max|x| / 127`` (stored as float32), ``q = round(x / scale)`` in [-127, 127],
-  decoded as ``q * scale``; the error of every element is at most ``max|x over its chunk| / 254``
-  (plus float32 round-off). An all-zero chunk has scale 0 and decodes to zeros. A chunk that holds
-  inf or nan decodes to nan in all its elements (non-finite values propagate, as they would
-  through an uncompressed AllReduce, without a host synchronisation to detect them). Magnitudes
-  below about 1e-36 in a chunk whose max is that small decode to 0 (the scale underflows).
-  Payload layout: the float32 scales of all chunks, then the int8 values (no padding).
+``"fp16"`` (IEEE half, relative error at most 2^-11 in half's normal range), ``"bf16"``
+(bfloat16, at most 2^-8) and ``"int8"`` (symmetric quantization per chunk of ``chunk_size``
+elements, error at most ``max|x over its chunk| / 254``).
 
 Every codec has ``name``, ``encode(x) -> payload``, ``decode(payload, numel, dtype) -> tensor``,
-``payload_nbytes(numel)`` (the exact length of ``encode``'s output, so a receiver can allocate
-its buffer before the data arrive) and ``ratio(dtype)`` (uncompressed / compressed bytes for long
-messages). All work is vectorised torch on the input's device; nothing loops over chunks.
+``payload_nbytes(numel)`` (the exact length of ``encode``'s output) and ``ratio(dtype)``
+(uncompressed / compressed bytes for long messages). Error feedback (:func:`error_feedback`,
+:class:`ErrorFeedback`; Seide et al., Interspeech 2014; Karimireddy et al., ICML 2019) sends
+``x = g_t + e_t`` and keeps ``e_{t+1} = x - decode(encode(x))`` locally per rank.
 
-Error feedback (:func:`error_feedback`, :class:`ErrorFeedback`) keeps what compression dropped
-and adds it to the next message of the same bucket (Seide et al., "1-Bit Stochastic Gradient
-Descent", Interspeech 2014; Karimireddy et al., "Error Feedback Fixes SignSGD", ICML 2019; torch's
-PowerSGD hook): ``x = g_t + e_t`` is sent, ``e_{t+1} = x - decode(encode(x))``, locally per rank.
+Error bounds, non-finite values, the payload layout: docs/algorithms.md, "Compression codecs";
+error feedback: docs/update_rules.md, "Error feedback for compressed AllReduce".
 
 Example::
 

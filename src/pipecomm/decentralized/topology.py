@@ -2,46 +2,18 @@
 
 One concept: *which ranks average their parameters at iteration k*. A topology hands out, for
 every iteration ``step``, a partition of the ranks into groups; each group averages exactly (every
-member gets weight ``1/|g|``), so the mixing matrix ``W_k`` of the paper is block diagonal (after a
-permutation) with blocks ``J/|g|`` and is symmetric and doubly stochastic. Decentralized training
-mixes ``y_i^k = sum_j (W_k)_ij x_j^k`` (see ``docs/update_rules.md``, "Decentralized training").
+member gets weight ``1/|g|``), so the mixing matrix ``W_k`` of the paper is symmetric and doubly
+stochastic. Decentralized training mixes ``y_i^k = sum_j (W_k)_ij x_j^k``.
 
-Registered topologies (``available_topologies()``):
+Registered topologies (``available_topologies()``): ``complete`` (period 1, any world size),
+``ring`` (one-peer ring, its two perfect matchings, period 2, even world sizes), ``one-peer-exp``
+(``j`` with ``j XOR 2^r``, period ``log2 p``, powers of two), ``alternating-exp-ring`` / ``aer``
+(nodes pair exponentially, alternating intra- and inter-node steps; the schedule of the authors'
+Decent-DP library), ``random-matching`` (a fresh perfect matching every step, seeded so that
+every rank draws the same one). :meth:`Topology.spectral_gap` is ``1 - ||P - 11^T/p||_2`` for
+``P`` the product of the mixing matrices over one period.
 
-``complete``
-    One group of all ranks at every step (exact averaging; period 1). Any world size.
-``ring``
-    One-peer ring: the ring ``0-1-...-(p-1)-0`` split into its two perfect matchings,
-    even steps pair ``(2i, 2i+1)``, odd steps pair ``(2i+1, 2i+2 mod p)``. Period 2. Even world
-    sizes (and 1).
-``one-peer-exp``
-    One-peer exponential graph: round ``r = step mod log2(p)`` pairs ``j`` with ``j XOR 2^r``.
-    Period ``log2 p``; the product over one period is the exact average. Powers of two.
-``alternating-exp-ring`` (alias ``aer``)
-    Nodes of ``ranks_per_node`` consecutive ranks (node ``n`` = ranks ``n*rpn .. n*rpn+rpn-1``);
-    ``N`` nodes, a power of two. Exact schedule, with ``R = log2 N`` rounds of two phases each
-    (period ``2R``): at step ``s`` the round is ``r = (s // 2) mod R`` and the phase ``s mod 2``.
-    Round ``r`` pairs node ``a`` with node ``a XOR 2^r``; the pairs of a round, in increasing
-    order of their lower node, are numbered ``q = 0, 1, ...``. Pair ``q`` averages *inside each
-    of its two nodes* (intra-node step) in phase ``q mod 2`` and *over all ranks of both nodes*
-    (inter-node step) in the other phase. With ``N >= 4`` every round has an even number of pairs,
-    so in every step exactly half of the nodes use the inter-node network (staggering); with
-    ``N = 2`` the single pair alternates intra (even steps) and inter (odd steps). One node: intra-
-    node averaging only (period 1). The product over a period is the exact average.
-    This is the schedule of the authors' Decent-DP library, with XOR pairing (identical to their
-    ``(a + 2^r) mod N`` pairing for powers of two).
-``random-matching``
-    A fresh uniformly random perfect matching every step, drawn from
-    ``numpy.random.default_rng([seed, step])`` so that every rank computes the same one without
-    communication. Odd world sizes leave one rank alone (a group of size 1). ``period`` is
-    ``None``.
-
-Spectral gap: for ``T`` steps starting at step 0 (``T = period``; ``ceil(log2 p)`` steps for
-``random-matching``), with ``P = W_{T-1} ... W_1 W_0``, ``spectral_gap() = 1 - ||P - 11^T/p||_2``,
-i.e. one minus the second largest singular value of ``P`` (the factor by which one period
-contracts the distance to consensus in the worst case). It lies in ``[0, 1]``; 1 means one period
-averages exactly; 0 means some disagreement survives a period (the topology is not connected over
-it).
+Exact schedules and the spectral gap: docs/update_rules.md, "Topologies".
 
 Example::
 
@@ -439,7 +411,7 @@ class OnePeerExpTopology(Topology):
 class AlternatingExpRingTopology(Topology):
     """Alternating exponential ring (AER): nodes pair exponentially, alternating intra/inter steps.
 
-    See the module docstring for the exact schedule. ``world_size`` must be ``N *
+    The exact schedule: docs/update_rules.md, "Topologies". ``world_size`` must be ``N *
     ranks_per_node`` with ``N`` nodes a power of two.
 
     Example::

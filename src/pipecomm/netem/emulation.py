@@ -277,8 +277,9 @@ def emulator() -> _Emulator | None:
 
 def clock() -> float:
     """This rank's emulated time (seconds, ``CLOCK_MONOTONIC`` base): the monotonic clock minus
-    the wake-up lateness forgiven so far (see the module docstring); ``time.monotonic()`` when
-    nothing is emulated. Time an emulated measurement with it to exclude the host's oversleep.
+    the wake-up lateness forgiven so far (docs/network_model.md, "Per-rank virtual clock");
+    ``time.monotonic()`` when nothing is emulated. Time an emulated measurement with it to
+    exclude the host's oversleep.
 
     Example::
 

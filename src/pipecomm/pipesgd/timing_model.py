@@ -1,40 +1,19 @@
 """Iteration-time model of AllReduce SGD: synchronous, layer-wise and pipelined (Pipe-SGD).
 
-One concept: the steady-state time of one training iteration from compute time, update time,
-gradient size, cluster size, link (latency, bandwidth, reduction cost) and compression, after
+The steady-state time of one training iteration from compute time, update time, gradient size,
+cluster size, link and compression, after Li, Yu, Li, Avestimehr, Kim, Schwing, "Pipe-SGD: A
+Decentralized Pipelined SGD Framework for Distributed Deep Net Training", NeurIPS 2018 (arXiv
+1811.03619), and Daily, Vishnu, Siegel, "Leveraging Asynchronicity in Gradient Descent for
+Scalable Deep Learning" (ICLR 2017 submission; layer-wise GD, "AGD (1 comm)", "AGD (2 comm)").
 
-* Li, Yu, Li, Avestimehr, Kim, Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for
-  Distributed Deep Net Training", NeurIPS 2018 (arXiv 1811.03619): synchronous AllReduce SGD
-  costs ``compute + allreduce + update`` per iteration; pipelined SGD of width 2 overlaps the
-  AllReduce of iteration t-1 with the compute of iteration t and costs
-  ``max(compute + update, allreduce)``; light compression shrinks the bytes on the wire at a
-  per-byte encode/decode cost;
-* Daily, Vishnu, Siegel, "Leveraging Asynchronicity in Gradient Descent for Scalable Deep
-  Learning" (ICLR 2017 submission): layer-wise GD hides communication behind the rest of backprop
-  only; delayed GD with 1 or 2 iterations of delay ("AGD (1 comm)", "AGD (2 comm)").
+With ``C`` = ``compute_s``, ``U`` = ``update_s``, ``M`` the AllReduce of ``nbytes`` on the wire
+(:func:`pipecomm.cost.allreduce_time`, ``beta`` divided by the compression ratio), ``E`` the
+codec's encode/decode time and ``A = M + E``: ``"nocomm"`` ``T = C + U``; ``"sync"``
+``T = C + A + U``; ``"layerwise"`` (fluid limit) ``T = C + U + max(0, A - f C)``, ``f`` the
+backward fraction; ``"pipe"`` / ``"delayed"`` (``k >= 1``) ``T = max(C + U, A)``.
 
-Notation: ``C`` = ``compute_s`` (forward + backward), ``U`` = ``update_s`` (optimizer step),
-``M`` = AllReduce time of ``nbytes`` on the wire (:func:`pipecomm.cost.allreduce_time`, with
-``beta`` divided by the compression ratio), ``E`` = the encode/decode time compression adds to the
-AllReduce (``codec_s_per_byte`` per uncompressed byte at every hop that adds a block), ``A = M + E``
-(both run on the communication thread).
-
-Modes (steady state; the first ``k`` iterations of a pipeline are not modelled):
-
-* ``"nocomm"``: ``T = C + U`` (the no-communication bound of Daily et al.'s Figure 1);
-* ``"sync"``: ``T = C + A + U``;
-* ``"layerwise"``: backward is the fraction ``f = backward_fraction`` of ``C``. Gradients become
-  ready during backward and their AllReduce overlaps the rest of backward only; the update waits
-  for all of it. Fluid limit (``buckets=None``): ``T = C + U + max(0, A - f C)``. With ``m``
-  equal buckets ready at ``(1 - f) C + f C (i + 1)/m``, each taking ``a_i`` (its own AllReduce,
-  latency included) in order on one thread, ``T = U + finish time of the last bucket``
-  (``= (1 - f) C + max(f C / m + m a, f C + a)`` for equal ``a``);
-* ``"pipe"`` / ``"delayed"`` with staleness ``k >= 1``: ``T = max(C + U, A)``. The step of
-  iteration t launches the AllReduce of ``g_t`` and only then waits for ``g_{t-k}`` and updates,
-  so the update overlaps communication too (``overlap_update=True``). With ``overlap_update=False``
-  (update first, then launch) and ``k = 1``, ``T = U + max(C, A)``; for ``k >= 2`` the extra
-  iteration in flight hides the update again. A larger ``k`` does not change the steady state, it
-  only absorbs jitter. ``k = 0`` is synchronous.
+Derivation (bucketed layer-wise, ``overlap_update=False``, why ``k`` does not change the steady
+state): docs/update_rules.md, "Iteration-time models" and "Pipe-SGD timing model: derivation".
 
 Example::
 
@@ -157,7 +136,9 @@ def breakdown(
     chunk: int | None = 256,
     overlap_update: bool = True,
 ) -> dict[str, float]:
-    """Per-iteration time split into what lies on the critical path (see the module docstring).
+    """Per-iteration time split into what lies on the critical path.
+
+    Model: docs/update_rules.md, "Iteration-time models".
 
     Returns ``compute``, ``communication`` and ``compression`` (the parts of ``M`` and ``E`` not
     hidden behind computation, split in proportion ``M : E``), ``update``, ``total`` (their sum)
@@ -255,7 +236,7 @@ def iteration_time(
     chunk: int | None = 256,
     overlap_update: bool = True,
 ) -> float:
-    """Steady-state seconds per iteration of ``mode`` (formulas in the module docstring).
+    """Steady-state seconds per iteration of ``mode`` (the formulas of the module docstring).
 
     Example::
 

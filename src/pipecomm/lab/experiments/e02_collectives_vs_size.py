@@ -5,53 +5,16 @@ Networks" (arXiv 1611.04255): linear pipelining (LP) is faster than minimum-span
 and bidirectional-exchange (BE) collectives for the large messages of data-parallel training, "up
 to 2x" the bandwidth of BE; its allreduce uses both directions of every link of the chain.
 
-Two sections, one tidy table (column ``section``):
+Two sections, one tidy table (column ``section``): ``emulated`` -- lp, mst, be and ring on
+``world_size`` ranks over the emulated network (:mod:`pipecomm.netem`; ``emu_cases`` maps
+``"ports/op"`` to the algorithms), every point with the alpha-beta-gamma model beside it
+(``model_s``, ``model_lockstep_s``), or with ``network="shaped"`` on a virtual cluster of
+tc-shaped links (section ``shaped``); ``real`` -- no emulation (loopback gloo, or NCCL on the
+gpu profile), lp, mst, be, ring and the built-in ``torch``, time, busbw and the ratio to the
+built-in. Claims C2.* in artifact/claims.yaml.
 
-* ``emulated``: pipecomm's lp, mst, be and ring on ``world_size`` gloo ranks whose point-to-point
-  transfers pass through the emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s`` latency,
-  ``emu_bandwidth_Bps`` per link, one or the other port model). ``emu_cases`` maps
-  ``"ports/op"`` to the algorithms measured (one pool of ranks per port model). Every point has
-  the alpha-beta-gamma model beside it (``model_s``: :func:`pipecomm.cost.overlapped_time` with
-  :func:`pipecomm.cost.link_from_network` -- gamma from E0's calibration when the orchestrator
-  has one -- and the LP block size the collective really used, the lock-step model's optimum:
-  LP by the overlapped model of the progress engine, with :func:`host_block_s` per block, the
-  others by their lock-step models; ``model_lockstep_s`` holds the paper's lock-step model). A point
-  whose modelled time exceeds ``max_point_s`` is not measured (its model line still shows).
-  Broadcast schedules move at most one message in and one out of a rank per step, so their
-  modelled time is the same under both port models; the profile measures broadcast with single
-  ports and allreduce (where LP's two streams share or do not share a port) with both.
-  With ``network="shaped"`` the same cases run on a real network instead (section ``shaped``:
-  a virtual cluster of single-port nodes, Linux tc tbf links of ``emu_bandwidth_Bps``, real TCP;
-  :func:`pipecomm.lab.network.ranks_on`): latency cannot be added there, so
-  ``emu_alpha_s`` does not apply and the model uses the cluster's calibrated link (alpha and
-  bandwidth as measured), recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``.
-* ``real``: no emulation (loopback gloo on the cpu profile, NCCL on the gpu profile): lp, mst,
-  be, ring and the backend's built-in ``torch`` at ``real_sizes_*`` for every p of
-  ``real_world_sizes`` (subgroups of ranks 0..p-1 of one pool of max(p) ranks), time and busbw
-  (nccl-tests conventions, :mod:`pipecomm.lab.bench`) and the ratio to the built-in. The algorithms
-  of one size are timed round-robin (``measure_points(..., interleave=True)``), so a passing
-  disturbance of the host does not bias whichever algorithm is timed first; the LP rows carry
-  the host model's prediction (``model_s``, :func:`pipecomm.cost.lp_time_on_host`).
-
-Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median over iterations). Under
-emulation the first untimed call of every algorithm runs at the smallest size; messages of
-``large_bytes`` or more get ``iters_large`` timed calls and no warm-up (each call costs seconds and
-is deterministic to a few percent under the emulator; a warm-up would only repeat the page faults
-of the freshly allocated transfer buffers, which every call pays anyway). The real section times
-every size ``real_iters`` times after ``real_warmup`` calls (its calls cost milliseconds).
-
-Claims (artifact/claims.yaml C2.*, with their thresholds, the model's predictions and the
-reasons; emulated: 2 ms, 50 MB/s, p = 8, largest message 64 MiB): LP is the fastest broadcast at
-the largest message (paper), BE/LP above 1 (paper, against its "up to 2x") and against the
-model's ratio (method); the size where LP overtakes BE against the overlapped model's crossover;
-LP allreduce against BE at the largest message, faster with per-neighbor links and slower with a
-single port (paper); the model's signed error for large messages.
-Real backend (implementation targets, not paper claims): LP broadcast, and LP and ring
-allreduce, against the built-in at large messages.
-
-Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
-each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
-``env.json``.
+Sections, timing protocol and claims in detail: docs/experiments.md, "E2 -- collectives vs
+message size". Expected running time: :func:`expected_runtime_s`.
 
 Run::
 

@@ -7,49 +7,15 @@ convergence, and light compression (16-bit truncation, 8-bit scalar quantization
 AllReduce does not hurt it either; wall-clock gains "up to 5.4x" on four nodes (overlap alone
 gives at most 2x; the rest came from compression and baselines we do not reproduce).
 
-How it is measured: p ranks of gloo on an emulated network (``netem``: ``alpha_s``, single
-port), ``PipeSGD`` with a ring AllReduce, methods ``sync``, ``pipe``, ``pipe+fp16``,
-``pipe+int8``, each trained from the same seed on the same shards (paired seeds). The network's
-bandwidth is chosen **before measuring** from the timing model: a separate compute-timing run
-(no network) gives C + U, and :func:`pipecomm.lab.network.network_for` picks the
-bandwidth at which the cost model's AllReduce takes ``comm_ratio`` x (C + U) (or give
-``bandwidth_Bps``). The ratio is reported as chosen (model) and as measured in the sync runs.
-Per-iteration time: per step the max over ranks of PipeSGD's ``iter_s``, median over the steady
-steps of a run; the speed claims take one repeat per independent run: ``timing_runs`` rounds of
-separate short runs (``timing_iterations`` steps, no evaluation) of ``timing_methods``,
-interleaved and each after a barrier, in the same pool before the training runs (rows
-``kind="timing"``; with ``timing_runs=0`` the seeds' training runs are the repeats, which needs
->= 5 seeds to decide); wall time: the cumulative ``iter_s`` at each parameter snapshot; accuracy: rank 0
-evaluates the snapshots on the "test" half of the held-out split after training (the last one
-after ``finish()``). The learning rate follows ``schedule`` (constant by default;
-``warmup-cosine`` in the cpu-full profile, :mod:`pipecomm.lab.schedules`); data.csv records the
-rate at every evaluation.
+Measures ``sync``, ``pipe``, ``pipe+fp16`` and ``pipe+int8`` (``PipeSGD`` with a ring AllReduce
+on p gloo ranks over the emulated network, bandwidth chosen before measuring so that the
+AllReduce takes ``comm_ratio`` x compute + update), trained over paired seeds, each at its own
+selected learning rate; per-iteration time from separate timing runs; accuracy against
+iterations and wall time; ``sync@4x`` / ``pipe@4x`` as the negative control. Claims C7.1-C7.5
+(artifact/claims.yaml).
 
-Learning rates: with a grid ``lrs`` of >= 2 rates every method gets its own peak rate, chosen
-on ``selection_seeds`` (never evaluation seeds) by the final loss on the held-out split's "val"
-half (:func:`select_rates`, :mod:`pipecomm.lab.tuning`: the grid is extended while the best is at
-an edge); a control ``m@4x`` trains at 4x the rate chosen for ``m``, from the first
-``control_seeds`` seeds. Without a grid every method trains at ``lr``.
-
-The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
-default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
-communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``trainers.gil_switch_interval``).
-
-Claims (artifact/claims.yaml, with thresholds and the model's predictions): C7.1 pipe's speedup
-per iteration over sync (at comm_ratio 1 the model predicts 2x, less by what waking the
-communication thread costs per iteration); C7.4 and C7.5 the same for pipe+fp16 and pipe+int8
-(the paper's headline combines pipelining and compression; on this link the model predicts 2x
-for each too, the compressed AllReduce being hidden already); C7.2 pipe, pipe+fp16
-and pipe+int8 end close to sync's accuracy (paired seeds), decided only when sync has levelled
-off; C7.3, the negative control: at 4x the learning rate (methods ``"sync@4x"``,
-``"pipe@4x"``) the stale gradient costs accuracy -- the configuration where staleness is known
-to hurt, so the figure shows that the comparison can fail. The quick configuration (constant
-rate, short runs) cannot decide C7.2 and C7.3 (INCONCLUSIVE); the ``cpu-full`` profile trains
-with momentum 0.9 and a warm-up + cosine schedule to near convergence.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Protocol in detail (network choice, timing repeats, learning rates, GIL switch interval, what
+each claim predicts): docs/experiments.md, "E7: protocol in detail".
 
 Run::
 

@@ -9,49 +9,14 @@ no-communication bound; the best asynchronous method is "up to 1.7x faster than 
 approach", layer-wise "did not perform as well as expected". Table 1: iterations to reach a
 fixed (early) accuracy grow with the delay (sync < 2000, AGD-1 < 3000, AGD-2 5000).
 
-How it is measured: p ranks of gloo on an emulated network (``netem``, single port) with a
-ring AllReduce (the paper used MPI's); an AlexNet-like net (``conv_channels`` 64, 256; two fully
-connected layers of 1024) whose fully connected layers hold most parameters (9.0 MB of
-gradients) while the convolutions hold most of the compute, so layer-wise overlap has something
-to hide behind, as in AlexNet. The bandwidth is chosen *before measuring* from a separate
-compute-timing run and the cost model so that the AllReduce takes ``comm_ratio`` (2) x the
-compute -- communication-heavy, as in the paper. Methods, side by side in one pool: ``nocomm``
-(each rank steps alone: the bound), ``sync``, ``layerwise`` (buckets of ``bucket_mb`` = 4 MiB in
-backward order: the last two FC layers, the first FC layer, the convolutions), ``delayed-1``,
-``delayed-2`` (``PipeSGD(mode="pipe", staleness=1|2)``). Time per batch: per step the max over
-ranks of ``iter_s``, per run the median over its steady steps; the timed claims take one repeat
-per independent run: ``timing_runs`` rounds of separate short runs (``timing_iterations``
-steps, no evaluation) of every method, interleaved and each after a barrier, in the same pool
-before the training runs (rows ``kind="timing"``; the training runs then leave ``nocomm`` out;
-with ``timing_runs=0`` the seeds' training runs are the repeats, which needs >= 5 seeds).
-Iterations to ``target_acc``: rank 0 evaluates parameter snapshots every ``eval_every``
-iterations on the held-out split after training. Parallel efficiency (Daily et al.'s abstract):
-the no-communication time per batch over the method's.
+Measures ``nocomm``, ``sync``, ``layerwise``, ``delayed-1`` and ``delayed-2`` on p gloo ranks
+over the emulated network (ring AllReduce, bandwidth chosen before measuring so that the
+AllReduce takes ``comm_ratio`` x the compute) with an AlexNet-like net: time per batch from
+separate timing runs, parallel efficiency against the no-communication bound, and iterations to
+``target_acc``. Claims C9.1-C9.4 (artifact/claims.yaml).
 
-The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
-default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
-communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``trainers.gil_switch_interval``).
-
-Parameters chosen from the model before measuring: with backward hooks timed on one core, a
-simulation of the bucket schedule (the layers' gradient-ready times, the ring cost model per
-bucket) predicts layer-wise faster than sync at comm_ratio 2 with 4 MiB buckets, and less so
-with 1 MiB buckets, whose extra latencies eat the overlap; the CPU work of the communication
-thread during backward, which the model ignores, costs a few percent more. Delayed / sync:
-(C + U) + A over A = 1.5x.
-
-Claims (artifact/claims.yaml, with thresholds and the model's predictions): C9.1 delayed-1 and
-delayed-2 are faster per batch than sync (the model predicts 1.5x at comm_ratio 2); C9.4 their
-parallel efficiency against the no-communication bound (the model predicts 0.50 at comm_ratio 2;
-the paper reports up to 82%); C9.2
-layer-wise is no slower than sync (the bucket-schedule model predicts it faster); C9.3 the paper's
-Table 1 in a fixed step budget: delayed-2 ends more than 1 accuracy point below sync over paired
-seeds, decided only when sync has levelled off (the ``cpu-full`` profile trains to near
-convergence with momentum 0.9 and a warm-up + cosine schedule; the quick configuration's short
-runs give INCONCLUSIVE).
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Protocol in detail (the net, the buckets, timing repeats, GIL switch interval, the parameters
+chosen from the model): docs/experiments.md, "E9: protocol in detail".
 
 Run::
 

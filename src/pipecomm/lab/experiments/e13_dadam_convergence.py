@@ -10,46 +10,13 @@ artifact/claims.yaml): C13.1, AccumAdam is not worse than AllReduce Adam beyond 
 C13.2, AccumAdam improves on DAdam -- each over paired evaluation seeds, in the paper's metrics
 (accuracy for digits, loss for the LM), after a fair protocol.
 
-The protocol, the paper's scaled down (docs/experiments.md, "E13"):
+Measures ``allreduce-adam``, ``dadam-complete`` / ``dadam-aer`` and ``accumadam-complete`` /
+``accumadam-aer`` (every K of ``accum_iters``) on a digits MLP and a character-level LM, p = 4
+ranks, 2 per node, with the paper's warm-up + cosine schedule and a learning rate selected per
+configuration on selection seeds; data.csv holds every run's curve and final metrics.
 
-* methods (betas (0.9, 0.999), no weight decay): ``allreduce-adam`` (gradients averaged over all
-  ranks every iteration -- ``pipecomm.pipesgd.PipeSGD`` in layer-wise mode -- then torch Adam);
-  ``dadam-complete`` / ``dadam-aer`` (``DecentralizedDataParallel`` with torch Adam, i.e.
-  AccumAdam with K = 1, on the complete / alternating-exp-ring topology);
-  ``accumadam-complete`` / ``accumadam-aer`` with every K of ``accum_iters`` (the paper's K/p is
-  1/4 to 1/2; at p = 4 that is K = 1 or 2);
-* the paper's schedule for every method: linear warm-up over ``warmup_fraction`` of the steps,
-  then cosine decay to ``min_lr_ratio`` x the peak (:mod:`pipecomm.lab.schedules`);
-* learning rates chosen fairly, each configuration (method, K) its own: the rate of the task's
-  geometric grid (``digits_lrs``, ``lm_lrs``) with the lowest final validation loss of the
-  averaged model, mean over ``selection_seeds``, the grid extended past an edge that holds the
-  best up to ``max_extend`` times (:func:`pipecomm.lab.tuning.select_rate`); then every
-  evaluation seed of the task (``digits_seeds``, ``lm_seeds``, disjoint from the selection
-  seeds) at that rate. The paper scales AccumAdam's rate (1.5x for ResNet-50); the selection
-  tests that rule: the summary reports each configuration's chosen rate over AllReduce's;
-* metrics on two disjoint halves of the held-out data: ``val`` (selection) and ``test`` (the
-  claim): for digits the held-out 20% of scikit-learn's 8x8 digits, for the LM the validation
-  10% of CPython's pydoc text, every non-overlapping window of ``seq_len`` characters.
-
-Tasks: ``digits``, an MLP 64-64-10 (4.8 K parameters), ``digits_batch`` images per rank per
-iteration (disjoint shards per epoch); ``lm``, a character-level transformer (2 layers, 4 heads,
-48 wide, context 32; 68 K parameters), ``lm_batch`` random windows per rank. The summary states
-the data each run saw in samples (tokens) and epochs. p = 4 ranks, 2 per node (AER alternates an
-intra- and an inter-node average). A seed fixes the initialisation and the data order, the same
-for every method. data.csv holds every run's curve every ``eval_every`` steps (mean training
-loss of the window, validation loss of the ranks' local models, learning rate, wall time) and its
-final metrics (the parameters averaged over the ranks), with the seed, rate, K and schedule.
-
-Network: by default the real gloo backend (no emulation, ``algorithm="torch"``): the losses do not
-depend on the network, and the wall-clock axis shows loopback on a 2-core machine, not the
-paper's cluster (E12 covers per-iteration time on the emulated network). ``emulated=True`` runs on
-the two-level emulated network with pipecomm's ``ring`` instead. ``backend="nccl"`` (gpu profile)
-trains on one GPU per rank over NCCL (emulation refused); every timed iteration then ends with a
-device synchronisation.
-
-The quick configuration (the notebook's defaults, the cpu profile) trains one learning rate for
-a few hundred steps: C13.1 and C13.2 are then INCONCLUSIVE by construction (no sweep); the ``cpu-full``
-profile carries the full protocol. Runs are resumable one by one (``pipecomm.lab.results.Runs``).
+The protocol, the paper's scaled down (methods, tasks, rates, metrics, network, profiles):
+docs/experiments.md, "E13 -- DAdam convergence" and "E13: protocol in detail".
 
 Run::
 
