@@ -5,42 +5,14 @@ timing model of AllReduce SGD from network latency, bandwidth, cluster size and 
 synchronous SGD costs ``C + A + U`` per iteration (compute, AllReduce, update) and the pipeline of
 width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.pipesgd.timing_model`).
 
-How it is measured: for each (world size p, emulated bandwidth) pair in ``pools`` one pool of p
-ranks on a ``netem`` network (``alpha_s``, single port by default; gloo underneath). In it, for
-each batch size, first a separate **compute-timing run** (``calibration.rank_calibrate_step``:
-forward + backward + packing = C, optimizer step = U, on all ranks at once, no communication),
-then the **training runs** of ``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` with
-``algorithm`` (ring, as Pipe-SGD's AllReduce): ``runs`` rounds of short runs, every (batch size,
-mode) once per round in rotating order (``pipesgd_training.rounds``), each after a barrier. The
-model's inputs are C and U of the compute-timing run, the emulated link
-(``cost.link_from_network``; gamma from E0's calibration) and the gradient bytes -- never the
-training run it predicts. Measured: per iteration the max over ranks of PipeSGD's ``iter_s``,
-per run the median over its steady iterations -- one independent repeat per run (``times_s``
-of a point holds one value per run; iteration rows carry ``run``).
+Measures, for each (world size p, emulated bandwidth) pair in ``pools`` and each batch size,
+``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` iteration times over ``runs`` independent
+short runs, beside the model's prediction from a separate compute-timing run (C, U), the
+emulated link and the gradient bytes. Claim C6.1 (artifact/claims.yaml): the model's signed error
+at every measured iteration time.
 
-The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
-default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
-communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``trainers.gil_switch_interval``).
-
-Claim (artifact/claims.yaml, with its threshold): C6.1 the model's signed error at every
-measured iteration time.
-
-Parameters were chosen from the model before measuring so that the points cover
-communication-bound, balanced and compute-bound pipelines (the compute times C and U of each
-batch size and the model's predictions are columns of the result's data.csv). Slow links keep
-every ring step at several ms, well above the per-wake-up cost of the emulation and of thread
-scheduling.
-
-Known limit: at p = 4 on a 2-core machine four ranks and their communication threads share two
-cores; the model assumes the AllReduce progresses in parallel with compute, but a
-communication thread that needs the GIL waits while its process's compute thread is
-descheduled, so pipelined points at p = 4 measure above the model (the reference run's errors
-are in artifact/ARTIFACT.md). The gpu profile's host (16 cores) measures p = 4 and 8 without
-oversubscription.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Protocol in detail (compute-timing run, rounds, GIL switch interval, parameter choice, the known
+limit at p = 4 on 2 cores): docs/experiments.md, "E6: protocol in detail".
 
 Run::
 
