@@ -13,33 +13,12 @@ training iterations, sweeping each factor:
 * varying compute: every rank's compute of every iteration times a log-normal factor (mean 1,
   coefficient of variation ``compute_cvs``), drawn per rank per iteration.
 
-Measured: AllReduce training (``pipecomm.pipesgd.PipeSGD`` in layer-wise mode: gradient buckets
-all-reduced with pipecomm's ``ring`` as soon as backward produces them, then Adam -- the best
-overlapped AllReduce this library has, see E12) and DAdam (``DecentralizedDataParallel`` + Adam on
-the AER topology, ``ring`` gossip), on E11/E12's timing workload: two bias-free 512 x 512 linear
-layers (one 1 MiB bucket each) on synthetic inputs, each followed by an emulated compute of 10 ms
-forward / 20 ms backward (sleeps, scaled by the factor; eight ranks on two cores cannot compute in
-parallel, so compute is emulated like the network). ``runs`` independent short training runs per
-configuration and method (a fresh trainer each, in rounds whose order rotates, so the runs of all
-configurations interleave; column ``run``); a run's iteration time = median over its blocks of
-``block_iters`` iterations (``bench.time_fn``: barrier, max over ranks) / ``block_iters``: one
-repeat. Run ``r`` draws its compute factors with seed ``seed + r``.
+Measures AllReduce training (layer-wise ``PipeSGD``) and DAdam (AER, ``ring`` gossip) on the
+emulated two-level network, ``runs`` independent short runs per configuration, beside the
+model's prediction from a separate compute-only run. Claims C11.1-C11.4 (artifact/claims.yaml).
 
-Predicted: ``runtime_model.simulate`` with each group allreduce timed by the overlapped model
-(``dadam_timing.OverlappedRing``; the lock-step closed form beside it, column ``lockstep_s``) and
-inputs from calibration, never from the run it predicts:
-per-bucket forward, backward and update times from a *separate* compute-only run of the same
-workload on the same ranks (no communication), the emulated network's configured alpha and
-bandwidth (intra and inter), gamma from E0 (or its fallback), the topology, and the same
-log-normal factors the measured run injects (same seed), summarised the same way.
-
-Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
-50 MB/s, single port; gloo underneath. Claims (thresholds: artifact/claims.yaml): C11.1 the
-model's signed error in every configuration; C11.2-C11.4 the paper's three factors, each as the
-direction of DAdam's speed-up over AllReduce across its sweep (per-run speed-ups).
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Workload, timing, the model's inputs and the network: docs/experiments.md, "E11: protocol in
+detail".
 
 Run::
 
