@@ -57,7 +57,7 @@ Usage::
 On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
 cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network namespace per node, every node
 link shaped to RATE bytes/s each way by tc tbf; ``--ranks-per-node 2`` for two-level nodes) and
-adds each point's link limit (:func:`link_limit_s`; CSV ``link_s``); ``--shaped-goals CSV``
+adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``link_s``); ``--shaped-goals CSV``
 decides :data:`SHAPED_GOALS` on such a run. ``--check-cost`` times the ranks' agreement check
 alone beside each call (rows ``check``; ``--check-summary CSV``). ``--parity CSV``: LP broadcast
 at parity with the built-in, its interval inside the built-in's A/A interval.
@@ -146,24 +146,6 @@ def parse_size(text: str) -> int:
     if value <= 0 or value % 4:
         raise argparse.ArgumentTypeError(f"size must be a positive multiple of 4 bytes: {text!r}")
     return value
-
-
-def link_limit_s(op: str, n: int, p: int, bandwidth_Bps: float, ranks_per_node: int = 1) -> float:
-    """The least time ``op`` of ``n`` bytes can take on nodes with one link of
-    ``bandwidth_Bps`` each way (single-port): every byte must cross some node's link once for a
-    broadcast or reduce (``n / B``); an allreduce over ``N = p / ranks_per_node`` nodes must
-    send and receive ``2 (N - 1) / N * n`` bytes per node (the reduce-scatter + allgather bound).
-    Ranks of one node share its link and talk to each other for free.
-
-    Example::
-
-        link_limit_s("allreduce", 16 << 20, 8, 15e6)   # 1.96 s
-    """
-    nodes = max(1, p // ranks_per_node)
-    if nodes == 1:
-        return 0.0
-    share = 2 * (nodes - 1) / nodes if op == "allreduce" else 1.0
-    return share * n / bandwidth_Bps
 
 
 # --------------------------------------------------------------------------- on the ranks
@@ -280,7 +262,7 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any, shaped: tuple | None
         "cpu_ratio_lo": float("nan"),
         "cpu_ratio_hi": float("nan"),
         "cpu_times_s": r["cpu_times_s"],
-        "link_s": link_limit_s(op, n, p, *shaped) if shaped else float("nan"),
+        "link_s": bench.link_limit_s(op, n, p, *shaped) if shaped else float("nan"),
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:
@@ -488,7 +470,7 @@ def shaped_goals(csv_path: Path) -> str:
     """The verdicts of :data:`SHAPED_GOALS` on a CSV of a ``--cluster`` run: each goal at every
     point of its p (``None``: every p) and messages of at least its size; ``ratio`` bounds the
     ratio to the built-in's median (bootstrap 95% interval), ``link`` the median time over the
-    link limit (the median's interval over :func:`link_limit_s`).
+    link limit (the median's interval over :func:`pipecomm.lab.bench.link_limit_s`).
 
     Example::
 

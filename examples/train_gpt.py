@@ -6,7 +6,8 @@ CharCorpus`, offline), AdamW, gradient accumulation, linear warm-up + cosine lea
 every step, gradient clipping, checkpoint and resume, launched with torchrun. ``--strategy``
 picks how the replicas stay in sync; every other line is the same:
 
-* ``ddp`` - torch's ``DistributedDataParallel`` on gloo (CPU) or NCCL (CUDA): the baseline.
+* ``ddp`` - torch's ``DistributedDataParallel`` on gloo (CPU) or NCCL (CUDA): the baseline
+  (``--compression fp16``: with torch's own ``fp16_compress_hook``).
 * ``ddp-pipecomm`` - the same DDP over ``pipecomm.backend.new_group(algorithm=...)``: its
   bucketed AllReduce is linear pipelining (Wang et al., arXiv 1611.04255) or mst / be / ring.
   With ``--error-feedback``: DDP with ``pipecomm.hooks.allreduce_hook`` and
@@ -71,9 +72,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipecomm import backend, hooks, observe, vocab
+from pipecomm import backend, hooks, launch, observe, vocab
 from pipecomm.decentralized import DecentralizedDataParallel
 from pipecomm.lab import data, models
 from pipecomm.pipesgd import PipeSGD
@@ -87,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
     p.add_argument("--algorithm", choices=vocab.ALGORITHMS, default=vocab.DEFAULT_ALGORITHM,
                    help="pipecomm's AllReduce (not used by --strategy ddp)")  # fmt: skip
-    p.add_argument("--compression", choices=vocab.CODECS, default=None, help="lp / ring only")
+    p.add_argument("--compression", choices=vocab.CODECS, default=None, help="pipecomm's codec (lp / ring); with --strategy ddp, fp16 is torch's own hook")
     p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")
     p.add_argument("--error-feedback", action="store_true",
                    help="feed each bucket's compression error into its next gradient")  # fmt: skip
@@ -124,8 +126,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("max_iters", "grad_accum", "batch_size", "lr_decay_iters"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.compression is not None and args.strategy in ("ddp", "decentralized"):
-        p.error("--compression applies to ddp-pipecomm, ddp-pipelined-hook and pipesgd")
+    if args.compression is not None and args.strategy == "decentralized":
+        p.error("--compression applies to ddp-pipecomm, ddp-pipelined-hook and pipesgd (and "
+                "fp16 to ddp: torch's own fp16_compress_hook)")
+    if args.strategy == "ddp" and args.compression not in (None, "fp16"):
+        p.error(f"--strategy ddp has torch's built-in fp16 hook only, got --compression "
+                f"{args.compression}")
+    if args.strategy == "ddp" and args.error_feedback:
+        p.error("--error-feedback is pipecomm's (ddp-pipecomm, ddp-pipelined-hook, pipesgd)")
     if args.error_feedback and args.compression is None:
         p.error("--error-feedback needs --compression (nothing is lost to feed back without it)")
     return args
@@ -169,6 +177,10 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
     differ from a torch DDP script."""
     opt = make_optimizer(model, args)
     clip = args.grad_clip
+    if args.strategy == "ddp" and args.compression == "fp16":  # torch's own fp16 hook
+        ddp = DDP(model)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp, opt, None
     if args.strategy == "ddp":
         return DDP(model), opt, None
     if args.strategy == "ddp-pipecomm" and args.error_feedback:
@@ -301,9 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    else:  # the cores shared by the ranks on this machine
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    else:  # the cores shared by the ranks on this machine (every node of a virtual cluster)
+        launch.set_threads(launch.local_world_size())
     master = rank == 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
 

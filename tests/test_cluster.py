@@ -351,9 +351,11 @@ def test_training_benchmark_strategies_and_summary(tmp_path):
     stock DDP and the loss spread over seeds, and bad arguments refused before any cluster."""
     import csv as csvmod
 
+    from pipecomm.lab import shaped_training
+
     bt = _bench_training()
-    assert bt.strategy_args("ddp") == ["--strategy", "ddp"]
-    assert bt.strategy_args("ddp-pipecomm:lp+int8") == [
+    assert shaped_training.strategy_args("ddp") == ["--strategy", "ddp"]
+    assert shaped_training.strategy_args("ddp-pipecomm:lp+int8") == [
         "--strategy", "ddp-pipecomm", "--algorithm", "lp", "--compression", "int8"]
     path = tmp_path / "t.csv"
     with path.open("w", newline="") as f:

@@ -1141,13 +1141,15 @@ def test_shaped_goals_link_limits_and_parity(tmp_path):
     refused; --parity on A/A rows; --cluster's argument checks."""
     import csv as csvmod
 
+    from pipecomm.lab import bench
+
     bc = _benchmark("bench_collectives")
     n = 16 << 20
-    assert bc.link_limit_s("broadcast", n, 8, 15e6) == n / 15e6
-    assert bc.link_limit_s("allreduce", n, 8, 15e6) == pytest.approx(1.75 * n / 15e6)
-    assert bc.link_limit_s("allreduce", n, 8, 15e6, ranks_per_node=2) == pytest.approx(
+    assert bench.link_limit_s("broadcast", n, 8, 15e6) == n / 15e6
+    assert bench.link_limit_s("allreduce", n, 8, 15e6) == pytest.approx(1.75 * n / 15e6)
+    assert bench.link_limit_s("allreduce", n, 8, 15e6, ranks_per_node=2) == pytest.approx(
         1.5 * n / 15e6)
-    assert bc.link_limit_s("reduce", n, 2, 15e6, ranks_per_node=2) == 0.0
+    assert bench.link_limit_s("reduce", n, 2, 15e6, ranks_per_node=2) == 0.0
     assert bc.parse_rate("15M") == 15e6 and bc.parse_rate("2.5e6") == 2.5e6
     for bad in ("fast", "-1M", "0"):
         with pytest.raises(Exception, match="rate"):

@@ -54,6 +54,25 @@ def busbw_factor(op: str, p: int) -> float:
     return BUSBW_FACTOR[op](p)
 
 
+def link_limit_s(op: str, n: int, p: int, bandwidth_Bps: float, ranks_per_node: int = 1) -> float:
+    """The least time ``op`` of ``n`` bytes can take on nodes with one link of
+    ``bandwidth_Bps`` each way (single-port): every byte must cross some node's link once for a
+    broadcast or reduce (``n / B``); an allreduce over ``N = p / ranks_per_node`` nodes must
+    send and receive ``2 (N - 1) / N * n`` bytes per node (the reduce-scatter + allgather bound).
+    Ranks of one node share its link and talk to each other for free.
+
+    Example::
+
+        >>> round(link_limit_s("allreduce", 16 << 20, 8, 15e6), 2)
+        1.96
+    """
+    nodes = max(1, p // ranks_per_node)
+    if nodes == 1:
+        return 0.0
+    share = 2 * (nodes - 1) / nodes if op == "allreduce" else 1.0
+    return share * n / bandwidth_Bps
+
+
 def algbw(nbytes: int, seconds: float) -> float:
     """Algorithm bandwidth in bytes/s: message size over time."""
     return nbytes / seconds if seconds > 0 else float("nan")

@@ -160,6 +160,21 @@ OWN: dict[str, str] = {
     "E14.link_sizes": "message sizes of the link calibration (bytes)",
     "E14.link_iters": "repeats of the link calibration",
     "E14.min_block_bytes": "smallest LP block (bytes)",
+    # E15 against the built-in
+    "E15.bandwidth_Bps": "rate of each shaped node link (B/s)",
+    "E15.world_sizes": "numbers of single-port nodes (p) of the collectives",
+    "E15.sizes": "message sizes of the collectives (bytes)",
+    "E15.cases": "collectives and algorithms (torch: gloo's built-in)",
+    "E15.link_sizes": "message sizes of the link calibration (bytes)",
+    "E15.link_iters": "repeats of the link calibration",
+    "E15.train_nodes": "single-port nodes of the training runs",
+    "E15.train_batch": "training configurations: name -> sequences per rank per step",
+    "E15.train_strategies": "training configurations: name -> strategies NAME[:ALG][+CODEC]",
+    "E15.steps": "training steps per run",
+    "E15.warmup_steps": "steps left out of a run's median step time",
+    "E15.n_layer": "transformer blocks of the GPT",
+    "E15.n_embd": "width of the GPT",
+    "E15.block_size": "characters per sequence",
 }
 
 

@@ -56,6 +56,7 @@ from pipecomm.launch.rank import (
     local_world_size,
     ranks_per_node,
     reverse_transport,
+    set_threads,
     synchronize,
     to_cpu,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "local_world_size",
     "pool",
     "ranks_per_node",
+    "set_threads",
     "spawn",
     "under_torchrun",
 ]

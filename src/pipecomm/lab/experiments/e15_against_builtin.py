@@ -1,0 +1,408 @@
+"""E15 — pipecomm against the backend's built-in on a real shaped network: collectives and
+whole training steps.
+
+Everything runs on :class:`pipecomm.lab.cluster.VirtualCluster` s of single-port nodes (one rank
+per Linux network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by ``tc
+tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this host's cores.
+
+1. **Collectives** (``section="collective"``): every op of ``cases`` with pipecomm's algorithm
+   and gloo's own (``"torch"``: ``dist.broadcast`` / ``reduce`` / ``all_reduce`` on a gloo group),
+   at each p of ``world_sizes`` (ranks 0..p-1 of one cluster of max(p) nodes) and each size of
+   ``sizes``; the algorithms of a point are timed round-robin (:func:`pipecomm.lab.sweep.
+   measure_points` with ``interleave``), each repeat a separate call from a common start, so
+   repeat i of two algorithms is a pair. Beside each point its link limit
+   (:func:`pipecomm.lab.bench.link_limit_s`: ``n / B`` for broadcast and reduce, ``2 (p - 1) / p
+   * n / B`` for allreduce).
+2. **Training steps** (``section="training"``): ``examples/train_gpt.py`` (:mod:`pipecomm.lab.
+   shaped_training`) on a cluster of ``train_nodes`` nodes for each configuration of
+   ``train_batch`` (name -> sequences per rank per step; the model is fixed: ``n_layer`` x
+   ``n_embd``) and each of its ``train_strategies``, every strategy once per seed, the order
+   rotated from seed to seed. A run's step time is rank 0's median after ``warmup_steps``; the
+   seeds are the independent repeats.
+
+Claims: C15.1-C15.3 on the collectives, C15.4-C15.5 on the training steps (artifact/claims.yaml).
+Needs root, iproute2 and tc tbf (:func:`pipecomm.lab.cluster.available`); profile ``shaped``.
+
+Run::
+
+    python -m pipecomm.lab.experiments.e15_against_builtin --out results/manual/E15
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipecomm import netem
+from pipecomm.lab import bench, claims, cluster, experiment, shaped_training, stats, sweep
+from pipecomm.lab.cli import main
+from pipecomm.lab.network import ranks_on
+
+ID = "E15"
+NOTEBOOK = "15_against_builtin"
+OPS = ("broadcast", "reduce", "allreduce")
+ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
+
+
+@dataclass(frozen=True)
+class Params(experiment.Params):
+    """E15's parameters with their quick defaults (the notebook's parameters cell); the
+    ``shaped`` profile in artifact/profiles/ overrides them."""
+
+    bandwidth_Bps: float = 20e6
+    world_sizes: list[int] = field(default_factory=lambda: [2])
+    sizes: list[int] = field(default_factory=lambda: [1 << 20])
+    cases: dict[str, list[str]] = field(default_factory=lambda: {
+        "broadcast": ["lp", "torch"], "allreduce": ["ring", "torch"]})
+    iters: int = 3
+    warmup: int = 1
+    link_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
+    link_iters: int = 5
+    train_nodes: int = 2
+    train_batch: dict[str, int] = field(default_factory=lambda: {"comm-bound": 8})
+    train_strategies: dict[str, list[str]] = field(default_factory=lambda: {
+        "comm-bound": ["ddp", "ddp-pipecomm:ring"]})
+    seeds: list[int] = field(default_factory=lambda: [0])
+    steps: int = 6
+    warmup_steps: int = 2
+    n_layer: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        if not 1e5 <= self.bandwidth_Bps <= 1e10:
+            raise ValueError(f"parameter bandwidth_Bps must be in [1e5, 1e10] B/s, got "
+                             f"{self.bandwidth_Bps!r}")
+        if not self.world_sizes or any(not 2 <= q <= cluster.MAX_NODES for q in self.world_sizes):
+            raise ValueError(f"parameter world_sizes must list p in [2, {cluster.MAX_NODES}] "
+                             f"(one node per rank), got {self.world_sizes!r}")
+        for name in ("sizes", "link_sizes"):
+            vals = getattr(self, name)
+            if not vals or any(n < 1024 or n % 4 for n in vals):
+                raise ValueError(f"parameter {name} must list message sizes >= 1024 bytes, "
+                                 f"multiples of 4 (float32), got {vals!r}")
+        if len(self.link_sizes) < 2:
+            raise ValueError(f"parameter link_sizes needs >= 2 sizes to fit alpha and beta, got "
+                             f"{self.link_sizes!r}")
+        if any(op not in OPS for op in self.cases) or any(
+                not algs or any(a not in ALGORITHMS for a in algs) for algs in self.cases.values()):
+            raise ValueError(f"parameter cases must map ops from {OPS} to algorithms from "
+                             f"{ALGORITHMS}, got {self.cases!r}")
+        if not 2 <= self.train_nodes <= cluster.MAX_NODES:
+            raise ValueError(f"parameter train_nodes must be in [2, {cluster.MAX_NODES}], got "
+                             f"{self.train_nodes!r}")
+        if set(self.train_batch) != set(self.train_strategies):
+            raise ValueError(f"parameters train_batch and train_strategies must name the same "
+                             f"configurations, got {sorted(self.train_batch)} and "
+                             f"{sorted(self.train_strategies)}")
+        if any(b < 1 for b in self.train_batch.values()):
+            raise ValueError(f"parameter train_batch must map configurations to batch sizes "
+                             f">= 1, got {self.train_batch!r}")
+        for specs in self.train_strategies.values():
+            for spec in specs:
+                try:
+                    shaped_training.check_strategy(spec)
+                except ValueError as exc:
+                    raise ValueError(f"parameter train_strategies: {exc}") from None
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"parameter seeds must list distinct seeds, got {self.seeds!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"parameter steps ({self.steps!r}) must exceed warmup_steps "
+                             f"({self.warmup_steps!r}) >= 0")
+        for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1), ("n_layer", 1),
+                              ("n_embd", 4), ("block_size", 1)):
+            if getattr(self, name) < minimum:
+                raise ValueError(f"parameter {name} must be >= {minimum}, got "
+                                 f"{getattr(self, name)!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+
+
+DEFAULTS = Params.defaults()
+
+
+def plan(params: Params) -> list[dict[str, Any]]:
+    """The timed collective points: per p, op and size, every algorithm of ``cases`` (the
+    algorithms of one comparison consecutive, so that they are timed round-robin).
+
+    Example::
+
+        >>> [(pt["op"], pt["algorithm"], pt["p"]) for pt in plan(Params.make())]
+        [('broadcast', 'lp', 2), ('broadcast', 'torch', 2), ('allreduce', 'ring', 2), ('allreduce', 'torch', 2)]
+    """
+    return [{"op": op, "algorithm": alg, "nbytes": n, "p": q, "warmup": params.warmup,
+             "iters": params.iters, "first_warmup": True}
+            for q in sorted(params.world_sizes) for op, algs in params.cases.items()
+            for n in params.sizes for alg in algs]
+
+
+def run(**params: Any) -> pd.DataFrame:
+    """Time the collectives, then the training steps, on shaped clusters (module docstring)."""
+    params = Params.make(**params)
+    ok, why = cluster.available()
+    if not ok:
+        raise RuntimeError(f"E15 needs the virtual cluster (root, iproute2, tc tbf): {why}")
+    nodes = max(params.world_sizes)
+    with ranks_on("shaped", nodes, netem.Network(0.0, params.bandwidth_Bps), None,
+                  timeout_s=params.timeout_s, calibration_sizes=params.link_sizes,
+                  calibration_iters=params.link_iters) as ranks:
+        rows = ranks.run(sweep.measure_points, plan(params), None, True,  # interleaved
+                         timeout_s=params.timeout_s)[0]
+        where = ranks.text
+    coll = pd.DataFrame(rows).assign(section="collective", network=where)
+    coll["link_s"] = [bench.link_limit_s(r.op, int(r.nbytes), int(r.world_size),
+                                         params.bandwidth_Bps) for r in coll.itertuples()]
+    train = []
+    net = cluster.VirtualCluster(params.train_nodes, 1, params.bandwidth_Bps,
+                                 timeout_s=params.timeout_s)
+    with net:
+        for name, specs in params.train_strategies.items():
+            config = {"steps": params.steps, "warmup_steps": params.warmup_steps,
+                      "n_layer": params.n_layer, "n_embd": params.n_embd,
+                      "batch_size": params.train_batch[name], "block_size": params.block_size,
+                      "timeout_s": params.timeout_s}
+            runs = shaped_training.run_rounds(net, specs, params.seeds, config)
+            train.append(pd.DataFrame(runs).assign(config=name, batch_size=config["batch_size"],
+                                                   network=net.describe()))
+    frames = [coll, *(t.assign(section="training") for t in train)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
+    """Per collective point of pipecomm's algorithms: median time, ratio to the built-in of the
+    same (op, size, p) -- the median of the paired ratios of the repeats with its bootstrap 95%
+    interval (:func:`pipecomm.lab.stats.paired_ratio_ci`) -- and time over the link limit with
+    its interval (the median's).
+
+    Example::
+
+        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": a,
+        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "ci_lo_s": t,
+        ...                     "ci_hi_s": t, "link_s": 1.1,
+        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
+        ...                    for a, t in (("lp", 2.0), ("torch", 6.0))])
+        >>> versus_builtin(df)[["op", "algorithm", "ratio", "over_limit"]].round(3)
+                  op algorithm  ratio  over_limit
+        0  broadcast        lp  0.333       1.818
+    """
+    col = df[df.section == "collective"]
+    keys = ["op", "nbytes", "world_size"]
+    cols = [*keys, "algorithm", "time_s", "builtin_s", "ratio", "ratio_lo", "ratio_hi", "link_s",
+            "over_limit", "over_limit_lo", "over_limit_hi"]
+    out = []
+    for key, g in (col.groupby(keys, sort=True) if len(col) else ()):
+        base = g[g.algorithm == "torch"]
+        for r in g[g.algorithm != "torch"].itertuples():
+            ratio = (float("nan"),) * 3
+            if len(base):
+                ratio = stats.paired_ratio_ci(stats.repeats(r.times_s),
+                                              stats.repeats(base.times_s.iloc[0]))
+            out.append({**dict(zip(keys, key)), "algorithm": r.algorithm, "time_s": r.time_s,
+                        "builtin_s": base.time_s.iloc[0] if len(base) else float("nan"),
+                        "ratio": ratio[0], "ratio_lo": ratio[1], "ratio_hi": ratio[2],
+                        "link_s": r.link_s, "over_limit": r.time_s / r.link_s,
+                        "over_limit_lo": r.ci_lo_s / r.link_s,
+                        "over_limit_hi": r.ci_hi_s / r.link_s})
+    return pd.DataFrame(out, columns=cols)
+
+
+def step_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per training configuration: :func:`pipecomm.lab.shaped_training.step_table` (ratios to
+    stock DDP, ``ddp``)."""
+    tr = df[df.section == "training"]
+    return {name: shaped_training.step_table(g) for name, g in tr.groupby("config", sort=False)}
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per collective point (time, ratio to the built-in, time over the link limit)
+    and per training strategy (ms per step, ratio to stock DDP, MB per rank per step, losses);
+    failed training runs are listed with their error."""
+    lines = []
+    for r in versus_builtin(df).itertuples():
+        lines.append({"what": f"{r.op} {r.algorithm}, {r.nbytes / (1 << 20):g} MiB, "
+                              f"p={int(r.world_size)}",
+                      "value": f"{r.time_s * 1e3:.0f} ms; vs built-in "
+                               f"{claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.2f')}x "
+                               f"({r.builtin_s * 1e3:.0f} ms); "
+                               f"{r.over_limit:.2f}x the link limit"})
+    for name, t in step_tables(df).items():
+        for r in t.itertuples():
+            lines.append({"what": f"{name}: {r.strategy}",
+                          "value": f"{r.step_ms:.0f} [{r.step_lo:.0f}, {r.step_hi:.0f}] ms/step; "
+                                   f"vs ddp {claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.2f')}"
+                                   f"x; {r.MB_per_rank_step:.2f} MB/rank/step; loss {r.loss:.4f} "
+                                   f"(spread {r.loss_spread:.4f}), val {r.val_loss:.4f}"})
+    tr = df[df.section == "training"]
+    if "error" in tr:
+        for r in tr[tr.error.fillna("").ne("")].itertuples():
+            lines.append({"what": f"{r.config}: {r.strategy} seed {int(r.seed)}",
+                          "value": f"FAILED: {r.error[-200:]}"})
+    return pd.DataFrame(lines, columns=["what", "value"])
+
+
+def plot(df: pd.DataFrame, **params: Any):
+    """Left, one panel per op: time against message size per algorithm at the largest p, with
+    the link limit. Right, one panel per training configuration: ms per step per strategy, the
+    median over seeds with its 95% interval."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    col = df[df.section == "collective"]
+    ops = [op for op in OPS if op in set(col.op)]
+    tables = step_tables(df)
+    ncols = len(ops) + len(tables)
+    fig, axes = plt.subplots(1, ncols, figsize=(4.4 * ncols, 4), squeeze=False)
+    q = int(col.world_size.max()) if len(col) else 0
+    for ax, op in zip(axes[0], ops):
+        g = col[(col.op == op) & (col.world_size == q)]
+        for alg, h in g.groupby("algorithm"):
+            h = h.sort_values("nbytes")
+            err = np.vstack([h.time_s - h.ci_lo_s, h.ci_hi_s - h.time_s])
+            label = "built-in (gloo)" if alg == "torch" else f"pipecomm {alg}"
+            ax.errorbar(h.nbytes, h.time_s, yerr=err, fmt="-o", ms=4, capsize=2,
+                        color=sweep.ALG_COLORS.get(alg, "k"), label=label)
+        lim = g.drop_duplicates("nbytes").sort_values("nbytes")
+        ax.plot(lim.nbytes, lim.link_s, "k--", marker="_", ms=14, label="link limit")
+        ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (s)",
+               title=f"{op}, p={q} single-port nodes")
+        ax.legend(fontsize=7)
+    for ax, (name, t) in zip(axes[0, len(ops):], tables.items()):
+        y = np.arange(len(t))
+        ax.barh(y, t.step_ms, xerr=np.vstack([t.step_ms - t.step_lo, t.step_hi - t.step_ms]),
+                color=["0.5" if s.startswith("ddp") and ":" not in s else "C0"
+                       for s in t.strategy], capsize=2)
+        ax.set_yticks(y, t.strategy, fontsize=7)
+        ax.invert_yaxis()
+        tr = df[(df.section == "training") & (df.config == name)]
+        ax.set(xlabel="ms per training step (median over seeds, 95%)",
+               title=f"{name}: batch {int(tr.batch_size.iloc[0])}, {tr.seed.nunique()} seeds")
+    where = df.network.dropna().iloc[0] if "network" in df and len(df) else ""
+    fig.suptitle(f"E15 — pipecomm against gloo's built-in; {where}", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- claims
+
+
+@claims.check("e15_collective_vs_builtin")
+def check_collective_vs_builtin(df: pd.DataFrame, op: str, algorithm: str,
+                                world_sizes: list[int], min_bytes: int, at_most: float,
+                                may_miss: str | int) -> claims.Verdict:
+    """pipecomm's ``algorithm`` for ``op`` takes at most ``at_most`` times the built-in's time at
+    every p of ``world_sizes`` and every size of at least ``min_bytes``, decided on the 95%
+    interval of the paired ratio (PASS: every interval at or below; FAIL: one wholly above),
+    except for the allowance of ``may_miss`` points (:func:`pipecomm.lab.claims.allowance`).
+
+    Example::
+
+        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": a,
+        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "ci_lo_s": t,
+        ...                     "ci_hi_s": t, "link_s": 1.1,
+        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
+        ...                    for a, t in (("lp", 2.0), ("torch", 6.0))])
+        >>> check_collective_vs_builtin(df, "broadcast", "lp", [8], 1 << 24, 0.4, "none").verdict
+        'PASS'
+    """
+    return _bound(df, op, algorithm, world_sizes, min_bytes, at_most, may_miss, "ratio",
+                  f"{algorithm} {op} / built-in {op}")
+
+
+@claims.check("e15_collective_vs_link")
+def check_collective_vs_link(df: pd.DataFrame, op: str, algorithm: str, world_sizes: list[int],
+                             min_bytes: int, at_most: float,
+                             may_miss: str | int) -> claims.Verdict:
+    """pipecomm's ``algorithm`` for ``op`` takes at most ``at_most`` times the link limit
+    (:func:`pipecomm.lab.bench.link_limit_s`) at every p of ``world_sizes`` and every size of at
+    least ``min_bytes``, decided on the 95% interval of the median time, except for the
+    allowance of ``may_miss`` points.
+
+    Example::
+
+        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": a,
+        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "ci_lo_s": t,
+        ...                     "ci_hi_s": t, "link_s": 1.1,
+        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
+        ...                    for a, t in (("lp", 2.0), ("torch", 6.0))])
+        >>> check_collective_vs_link(df, "broadcast", "lp", [8], 1 << 24, 1.25, "none").verdict
+        'FAIL'
+    """
+    return _bound(df, op, algorithm, world_sizes, min_bytes, at_most, may_miss, "over_limit",
+                  f"{algorithm} {op} / link limit")
+
+
+def _bound(df: pd.DataFrame, op: str, algorithm: str, world_sizes: list[int], min_bytes: int,
+           at_most: float, may_miss: str | int, col: str, what: str) -> claims.Verdict:
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "time_s",
+                           "times_s", "ci_lo_s", "ci_hi_s", "link_s")
+    vs = versus_builtin(df)
+    vs = vs[(vs.op == op) & (vs.algorithm == algorithm) & vs.world_size.isin(world_sizes)
+            & (vs.nbytes >= min_bytes)].dropna(subset=[col])
+    if vs.empty:
+        raise ValueError(f"no {algorithm} {op} point of >= {min_bytes} bytes at p in "
+                         f"{world_sizes} with its comparison")
+    verdicts = [claims.at_most(lo, hi, at_most)
+                for lo, hi in zip(vs[f"{col}_lo"], vs[f"{col}_hi"])]
+    measured = "; ".join(f"p={int(r.world_size)}, {r.nbytes / (1 << 20):g} MiB: "
+                         + claims.fmt_ci(getattr(r, col), getattr(r, f"{col}_lo"),
+                                         getattr(r, f"{col}_hi"), ".2f") + "x"
+                         for r in vs.itertuples())
+    allowed = claims.allowance(len(verdicts), may_miss)
+    where = "at every point" if not allowed else f"at all but {allowed} of {len(verdicts)} points"
+    if allowed:
+        measured += f"; {claims.missed(verdicts, allowed)}"
+    return claims.Verdict(measured, f"{what} <= {at_most:g} {where} (95% interval)",
+                          claims.combine(verdicts, allowed))
+
+
+@claims.check("e15_step_ratio")
+def check_step_ratio(df: pd.DataFrame, config: str, strategy: str, baseline: str,
+                     at_most: float, loss_within_spread: bool) -> claims.Verdict:
+    """In training configuration ``config``, ``strategy``'s step time is at most ``at_most``
+    times ``baseline``'s, decided on the 95% bootstrap interval of the per-seed paired ratio;
+    with ``loss_within_spread``, its mean final loss must also lie within the baseline's seed
+    spread (max - min) of the baseline's mean, else FAIL.
+
+    Example::
+
+        >>> df = pd.DataFrame({"section": "training", "config": "c", "seed": [0, 1, 2] * 2,
+        ...                    "strategy": ["a"] * 3 + ["b"] * 3,
+        ...                    "step_ms": [400.0, 410.0, 420.0, 240.0, 250.0, 255.0],
+        ...                    "loss": [2.0, 2.1, 2.2, 2.05, 2.1, 2.2], "val_loss": 2.5,
+        ...                    "tx_bytes_per_rank_step": 5e6, "error": ""})
+        >>> check_step_ratio(df, "c", "b", "a", 0.625, True).verdict
+        'PASS'
+    """
+    claims.require_columns(df, "section", "config", "strategy", "seed", "step_ms", "loss")
+    tr = df[(df.section == "training") & (df.config == config)]
+    t = shaped_training.step_table(tr, base=baseline).set_index("strategy")
+    if strategy not in t.index or baseline not in t.index:
+        raise ValueError(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
+    r = t.loc[strategy]
+    if r.seeds < 2:
+        raise ValueError(f"{strategy!r} in {config!r} has {r.seeds} seed(s): a ratio's interval "
+                         "needs >= 2 independent runs")
+    verdict = claims.at_most(r.ratio_lo, r.ratio_hi, at_most)
+    measured = (f"{strategy} / {baseline} = {claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.3f')}"
+                f" ({r.step_ms:.0f} vs {t.loc[baseline].step_ms:.0f} ms/step, {int(r.seeds)} "
+                f"seeds)")
+    criterion = f"step-time ratio <= {at_most:g} (95% interval over seeds)"
+    if loss_within_spread:
+        base = t.loc[baseline]
+        gap = abs(r.loss - base.loss)
+        measured += (f"; final loss {r.loss:.4f} vs {base.loss:.4f} (gap {gap:.4f}, baseline "
+                     f"spread {base.loss_spread:.4f})")
+        criterion += " and final loss within the baseline's seed spread"
+        if gap > base.loss_spread:
+            verdict = "FAIL"
+    return claims.Verdict(measured, criterion, verdict)
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])
