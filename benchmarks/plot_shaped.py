@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,8 +28,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 
-from pipecomm.lab import results, stats  # noqa: E402
+from pipecomm.lab import results, shaped_training  # noqa: E402
 
 ORDER = ("torch", "lp", "ring", "mst", "be")
 
@@ -103,39 +103,32 @@ def collectives_figure(path: Path, out: Path, network: str) -> Path:
 def training_figure(path: Path, out: Path, network: str) -> Path:
     """Time per training step per strategy, with the interval over seeds and the ratio to
     stock DDP."""
-    rows = _rows(path)
-    by: dict[str, dict[int, dict[str, str]]] = {}
-    for r in rows:
-        by.setdefault(r["strategy"], {})[int(r["seed"])] = r
-    if "ddp" not in by:
+    rows = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if "ddp" not in set(rows.get("strategy", ())):
         raise ValueError(f"{path}: no stock DDP rows (strategy 'ddp') to compare with")
-    names = ["ddp", *[s for s in by if s != "ddp"]]
-    mids, los, his, labels = [], [], [], []
-    base = by["ddp"]
-    for s in names:
-        ms = [float(r["step_ms"]) for r in by[s].values()]
-        m, lo, hi = stats.median_ci(ms)
-        mids.append(m)
-        los.append(m - lo)
-        his.append(hi - m)
-        sent = statistics.mean(float(r["tx_bytes_per_rank_step"]) for r in by[s].values()) / 1e6
-        text = f"sent {sent:.1f} MB per rank per step"
-        common = sorted(set(by[s]) & set(base))
-        if s != "ddp" and common:  # paired by seed, as bench_training.py --summary
-            r = stats.paired_ratio_ci([float(by[s][k]["step_ms"]) for k in common],
-                                      [float(base[k]["step_ms"]) for k in common])[0]
-            text = f"{r:.2f}x stock DDP, {text}"
-        labels.append(text)
+    missing = {"seed", "step_ms", "loss", "val_loss", "tx_bytes_per_rank_step"} - set(rows)
+    if missing:
+        raise ValueError(f"{path}: not a bench_training.py CSV (no {sorted(missing)})")
+    t = shaped_training.step_table(rows.assign(error=rows.get("error", "").fillna("")))
+    t = pd.concat([t[t.strategy == "ddp"], t[t.strategy != "ddp"]], ignore_index=True)
+    names = t.strategy.tolist()
+    mids, los, his = t.step_ms.tolist(), (t.step_ms - t.step_lo).tolist(), \
+        (t.step_hi - t.step_ms).tolist()
+    labels = [f"sent {r.MB_per_rank_step:.1f} MB per rank per step" if r.strategy == "ddp" else
+              f"{r.ratio:.2f}x stock DDP, sent {r.MB_per_rank_step:.1f} MB per rank per step"
+              for r in t.itertuples()]  # ratios paired by seed (step_table)
     fig, ax = plt.subplots(figsize=(8, 4.2))
     y = range(len(names))
     ax.barh(y, mids, xerr=[los, his], capsize=3,
-            color=["0.55" if s == "ddp" else "C0" for s in names])
-    ax.set_yticks(list(y), ["stock DDP (gloo)" if s == "ddp" else s for s in names])
+            color=["0.55" if s.partition("+")[0] == "ddp" else "C0" for s in names])  # torch's
+    ax.set_yticks(list(y), ["stock DDP (gloo)" if s == "ddp" else
+                            "stock DDP + torch's fp16 hook" if s == "ddp+fp16" else s
+                            for s in names])
     ax.invert_yaxis()
     for i, (m, h, text) in enumerate(zip(mids, his, labels)):
         ax.annotate(text, (m + h, i), xytext=(5, 0), textcoords="offset points", va="center",
                     fontsize=8)
-    seeds = len(next(iter(by.values())))
+    seeds = int(t.seeds.max())
     ax.set_xlabel(f"ms per training step (median over {seeds} seeds, 95% interval)")
     ax.set_title(f"GPT training step (examples/train_gpt.py)\n{network}", fontsize=9)
     ax.set_xlim(0, max(m + h for m, h in zip(mids, his)) * 1.6)
