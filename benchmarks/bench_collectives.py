@@ -57,14 +57,13 @@ Usage::
 On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
 cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network namespace per node, every node
 link shaped to RATE bytes/s each way by tc tbf; ``--ranks-per-node 2`` for two-level nodes) and
-adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``link_s``); ``--shaped-goals CSV``
-decides :data:`SHAPED_GOALS` on such a run. ``--check-cost`` times the ranks' agreement check
+adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``link_s``); the goals on
+such a network are claims C15.1-C15.3 of E15 (profile ``shaped``). ``--check-cost`` times the ranks' agreement check
 alone beside each call (rows ``check``; ``--check-summary CSV``). ``--parity CSV``: LP broadcast
 at parity with the built-in, its interval inside the built-in's A/A interval.
 
     .venv/bin/python benchmarks/bench_collectives.py --cluster 15M --p 8 --sizes 16M \
         --algorithms lp ring torch --ops broadcast allreduce --repeats 10 --csv shaped.csv
-    .venv/bin/python benchmarks/bench_collectives.py --shaped-goals shaped.csv
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --ops allreduce \
         --p 2 4 8 --sizes 4K 1M 64M --check-cost --csv check.csv
 
@@ -262,7 +261,9 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any, shaped: tuple | None
         "cpu_ratio_lo": float("nan"),
         "cpu_ratio_hi": float("nan"),
         "cpu_times_s": r["cpu_times_s"],
-        "link_s": bench.link_limit_s(op, n, p, *shaped) if shaped else float("nan"),
+        # the single-port limit; a per-neighbor network (shaped[2]) has none of that form
+        "link_s": bench.link_limit_s(op, n, p, *shaped[:2]) if shaped and
+        shaped[2:] in ((), ("bridge",)) else float("nan"),
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:
@@ -445,61 +446,6 @@ def check_cost(csv_path: Path) -> str:
     return "\n".join(out)
 
 
-#: The goals on a shaped network, stated before any run (thresholds of the issue that asked for
-#: them): (name, algorithm, op, p, min_bytes, what is bounded, bound).
-SHAPED_GOALS = (
-    ("LP broadcast >= 2.5x faster than the built-in", "lp", "broadcast", 8, 16 << 20,
-     "ratio", 1 / 2.5),
-    ("LP broadcast within 1.25x of the link limit", "lp", "broadcast", 8, 16 << 20,
-     "link", 1.25),
-    ("ring allreduce within 1.05x of the built-in", "ring", "allreduce", None, 16 << 20,
-     "ratio", 1.05),
-)
-
-
-def _bound_verdict(points: list[tuple[float, float, float]], bound: float) -> str:
-    """PASS when every point's interval lies at or below ``bound``, FAIL when some point's lies
-    wholly above it (the goal holds at every point), else INCONCLUSIVE (an interval straddles
-    the bound). With the goals' one or two points no allowance for misses is made."""
-    if all(hi <= bound for _, _, hi in points):
-        return "PASS"
-    return "FAIL" if any(lo > bound for _, lo, _ in points) else "INCONCLUSIVE"
-
-
-def shaped_goals(csv_path: Path) -> str:
-    """The verdicts of :data:`SHAPED_GOALS` on a CSV of a ``--cluster`` run: each goal at every
-    point of its p (``None``: every p) and messages of at least its size; ``ratio`` bounds the
-    ratio to the built-in's median (bootstrap 95% interval), ``link`` the median time over the
-    link limit (the median's interval over :func:`pipecomm.lab.bench.link_limit_s`).
-
-    Example::
-
-        print(shaped_goals(Path("artifact/reference/bench/shaped_collectives.csv")))
-    """
-    rows = _rows(csv_path)
-    if not rows or "link_s" not in rows[0] or not any(
-            r["link_s"] not in ("", "nan") for r in rows):
-        raise ValueError(f"{csv_path}: no link limits (a run without --cluster)")
-    out = []
-    for name, alg, op, p, min_bytes, what, bound in SHAPED_GOALS:
-        pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op
-               and int(r["nbytes"]) >= min_bytes and (p is None or int(r["p"]) == p)]
-        if not pts:
-            out.append(f"{name}: NOT RUN (no {alg} {op} rows of {_fmt_size(min_bytes)} or more"
-                       + (f" at p = {p})" if p else ")"))
-            continue
-        if what == "ratio":
-            vals = [(float(r["ratio"]), float(r["ratio_lo"]), float(r["ratio_hi"])) for r in pts]
-        else:
-            vals = [tuple(float(r[k]) / float(r["link_s"]) for k in ("time_s", "ci_lo_s",
-                                                                     "ci_hi_s")) for r in pts]
-        shown = "; ".join(f"p={r['p']} {_fmt_size(int(r['nbytes']))} {v:.2f}x [{lo:.2f}, {hi:.2f}]"
-                          for r, (v, lo, hi) in zip(pts, vals))
-        out.append(f"{name} (bound {bound:.2f}x at every point): "
-                   f"{_bound_verdict(vals, bound)}: {shown}")
-    return "\n".join(out)
-
-
 def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
            min_bytes: int = 16 << 20) -> str:
     """Whether ``alg``'s ``op`` is at parity with the built-in in a loopback CSV with A/A rows
@@ -668,11 +614,12 @@ def main(argv: list[str] | None = None) -> int:
                          "node links move RATE bytes/s each way, e.g. 15M")
     ap.add_argument("--ranks-per-node", type=int, default=1,
                     help="with --cluster: ranks sharing a node's link (two-level; default 1)")
+    ap.add_argument("--links", choices=cluster.LINKS, default="bridge",
+                    help="with --cluster: one link per node to a bridge (single-port, default) "
+                         "or one shaped link per pair of nodes (per-neighbor)")
     ap.add_argument("--parity", type=Path, default=None, metavar="CSV",
                     help="LP broadcast at parity with the built-in (its interval inside the "
                          "A/A interval) on a loopback CSV with torch-aa rows, and exit")
-    ap.add_argument("--shaped-goals", type=Path, default=None, metavar="CSV",
-                    help="decide the shaped-network goals on a --cluster run's CSV and exit")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -702,7 +649,6 @@ def main(argv: list[str] | None = None) -> int:
                               ("--cpu-summary", args.cpu_summary,
                                lambda c: cpu_summary(c, args.min_size)),
                               ("--check-summary", args.check_summary, check_cost),
-                              ("--shaped-goals", args.shaped_goals, shaped_goals),
                               ("--parity", args.parity, parity)):
         if path is not None:
             try:
@@ -721,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     rpn = args.ranks_per_node
     if rpn < 1 or (args.cluster is None and rpn != 1):
         ap.error("--ranks-per-node must be >= 1 and goes with --cluster")
+    if args.links != "bridge" and args.cluster is None:
+        ap.error("--links goes with --cluster")
     if args.cluster is not None:
         if any(q % rpn for q in args.p) or max(args.p) // rpn < 2:
             ap.error(f"--p values must be multiples of --ranks-per-node {rpn}, on >= 2 nodes")
@@ -734,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict] = []
     if args.cluster is not None:
-        net = cluster.VirtualCluster(max(args.p) // rpn, rpn, args.cluster)
+        net = cluster.VirtualCluster(max(args.p) // rpn, rpn, args.cluster, links=args.links)
         print(f"# {net.describe()}; each p runs on the ranks 0..p-1", flush=True)
         pool = _cluster_ranks(net)
     else:
@@ -753,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                 "aa": args.aa,
                 "lp_blocks": args.lp_blocks,
                 "check": args.check_cost,
-                "shaped": None if args.cluster is None else (args.cluster, rpn),
+                "shaped": None if args.cluster is None else (args.cluster, rpn, args.links),
             }
             out = ranks.run(me.rank_bench, cfg, timeout_s=args.timeout_s)[0]
             for r in out:

@@ -13,7 +13,7 @@ labelled as such) and writes two PNGs:
   ratio to stock DDP and the bytes each rank sent per step.
 
     .venv/bin/python benchmarks/plot_shaped.py \\
-        --collectives artifact/reference/shaped-bench/collectives_15M.csv \\
+        --collectives artifact/reference/shaped-bench/collectives_sweep_15M.csv \\
         --training artifact/reference/shaped-bench/training_15M.csv --out artifact/reference/shaped-bench
 """
 

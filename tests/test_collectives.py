@@ -1134,11 +1134,10 @@ def test_mismatched_calls_raise_on_every_rank(pool):
     _check(pool(8).run(fns.mismatched_calls, timeout_s=200))
 
 
-def test_shaped_goals_link_limits_and_parity(tmp_path):
-    """bench_collectives.py's shaped-network reading: the link limits (n / B for a broadcast,
-    2 (N - 1) / N * n / B for an allreduce over N nodes), the goals decided on their intervals
-    with the allowance for many points (PASS, FAIL and INCONCLUSIVE cases), a loopback CSV
-    refused; --parity on A/A rows; --cluster's argument checks."""
+def test_link_limits_and_parity(tmp_path):
+    """The link limits of a shaped network (n / B for a broadcast, 2 (N - 1) / N * n / B for an
+    allreduce over N nodes; the goals on them are E15's claims); bench_collectives.py's --parity
+    on A/A rows and --cluster's argument checks."""
     import csv as csvmod
 
     from pipecomm.lab import bench
@@ -1167,21 +1166,6 @@ def test_shaped_goals_link_limits_and_parity(tmp_path):
                 "ratio_lo": lo, "ratio_hi": hi, "time_s": time_s, "ci_lo_s": 0.9 * time_s,
                 "ci_hi_s": 1.1 * time_s, "link_s": link_s}
 
-    good = write(tmp_path / "good.csv", [
-        row("lp", "broadcast", 8, 0.3, 0.28, 0.33, time_s=1.1),
-        row("ring", "allreduce", 4, 1.0, 0.98, 1.03), row("ring", "allreduce", 8, 1.0, 0.97, 1.04),
-    ])
-    out = bc.shaped_goals(good).splitlines()
-    assert all(": PASS:" in line for line in out), out
-    bad = write(tmp_path / "bad.csv", [
-        row("lp", "broadcast", 8, 0.5, 0.45, 0.55, time_s=1.6),
-        row("ring", "allreduce", 8, 1.04, 1.0, 1.08),
-    ])
-    out = bc.shaped_goals(bad).splitlines()
-    assert ": FAIL:" in out[0] and ": FAIL:" in out[1] and ": INCONCLUSIVE:" in out[2], out
-    loop = write(tmp_path / "loop.csv", [row("lp", "broadcast", 8, 1, 1, 1, link_s="nan")])
-    with pytest.raises(ValueError, match="without --cluster"):
-        bc.shaped_goals(loop)
     par = write(tmp_path / "par.csv", [
         row("lp", "broadcast", 8, 1.0, 0.97, 1.02), row("torch-aa", "broadcast", 8, 1.0, 0.95, 1.05),
         row("lp", "broadcast", 4, 1.0, 0.90, 1.02), row("torch-aa", "broadcast", 4, 1.0, 0.95, 1.05),

@@ -18,7 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_figures_from_the_reference_csvs(tmp_path):
-    proc = _run("--collectives", str(BENCH / "collectives_15M.csv"), "--training",
+    proc = _run("--collectives", str(BENCH / "collectives_sweep_15M.csv"), "--training",
                 str(BENCH / "training_15M.csv"), "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     for name in ("collectives.png", "training.png"):

@@ -29,8 +29,8 @@ import pandas as pd
 
 from pipecomm.lab import cluster, results, stats, sweep
 
-__all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "run_once", "run_rounds",
-           "step_table", "strategy_args"]
+__all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "run_once", "run_or_error",
+           "run_rounds", "step_table", "strategy_args"]
 
 SCRIPT = results.REPO_ROOT / "examples" / "train_gpt.py"
 NAMES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
@@ -124,13 +124,24 @@ def run_once(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str
     raise AssertionError("unreachable")
 
 
+def run_or_error(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run_once`, or the row of its failure (``strategy``, ``seed`` and ``error``: the end
+    of the failing node's output) when the cluster or the time limit stops it."""
+    try:
+        return run_once(net, spec, seed, config)
+    except (cluster.ClusterError, TimeoutError) as exc:
+        return {"strategy": spec, "seed": seed, "error": " ".join(str(exc).split())}
+
+
 def run_rounds(net: Any, specs: Sequence[str], seeds: Sequence[int], config: dict[str, Any],
                done: Collection[tuple[str, int]] = (),
-               on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+               on_row: Callable[[dict[str, Any]], None] | None = None,
+               runs: Any = None) -> list[dict[str, Any]]:
     """Every strategy of ``specs`` once per seed on the started cluster ``net``, the order
     rotated from seed to seed (:func:`pipecomm.lab.sweep.rotated`); ``done``: (strategy, seed)
-    pairs to skip; ``on_row`` sees each row as it comes. A failed run is a row with its
-    ``error`` (the end of the failing node's output); the others go on.
+    pairs to skip; ``on_row`` sees each row as it comes; ``runs``: a
+    :class:`pipecomm.lab.results.Runs` that keeps each finished run (an interrupted sweep
+    resumes) and shows the progress. A failed run is a row with its ``error``; the others go on.
 
     Example::
 
@@ -141,10 +152,13 @@ def run_rounds(net: Any, specs: Sequence[str], seeds: Sequence[int], config: dic
         for spec in sweep.rotated(list(specs), i):
             if (spec, seed) in done:
                 continue
-            try:
-                row = run_once(net, spec, seed, config)
-            except (cluster.ClusterError, TimeoutError) as exc:
-                row = {"strategy": spec, "seed": seed, "error": " ".join(str(exc).split())}
+            if runs is None:
+                row = run_or_error(net, spec, seed, config)
+            else:
+                key = {"strategy": spec, "seed": seed, "nodes": net.nodes,
+                       "ranks_per_node": net.ranks_per_node,
+                       "bandwidth_Bps": net.bandwidth_Bps, **config}
+                row = runs(key, run_or_error, net, spec, seed, config)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -167,7 +181,7 @@ def step_table(rows: pd.DataFrame, base: str = "ddp") -> pd.DataFrame:
         0      ddp    410.0  1.000       1.0     1.000
         1        x    210.0  0.512       0.5     0.524
     """
-    ok = rows[rows.get("error", pd.Series("", index=rows.index)).fillna("").eq("")]
+    ok = rows[rows.get("error", pd.Series("", index=rows.index)).astype(object).fillna("").eq("")]
     base_ms = ok[ok.strategy == base].set_index("seed").step_ms
     out = []
     for spec, g in ok.groupby("strategy", sort=False):

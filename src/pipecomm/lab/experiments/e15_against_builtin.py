@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import netem
-from pipecomm.lab import bench, claims, cluster, experiment, shaped_training, stats, sweep
+from pipecomm.lab import bench, claims, cluster, experiment, results, shaped_training, stats, sweep
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import ranks_on
 
@@ -160,15 +160,18 @@ def run(**params: Any) -> pd.DataFrame:
     train = []
     net = cluster.VirtualCluster(params.train_nodes, 1, params.bandwidth_Bps,
                                  timeout_s=params.timeout_s)
+    total = len(params.seeds) * sum(map(len, params.train_strategies.values()))
+    runs = results.Runs(total=total, desc="E15 training runs")
     with net:
         for name, specs in params.train_strategies.items():
             config = {"steps": params.steps, "warmup_steps": params.warmup_steps,
                       "n_layer": params.n_layer, "n_embd": params.n_embd,
                       "batch_size": params.train_batch[name], "block_size": params.block_size,
                       "timeout_s": params.timeout_s}
-            runs = shaped_training.run_rounds(net, specs, params.seeds, config)
-            train.append(pd.DataFrame(runs).assign(config=name, batch_size=config["batch_size"],
+            rows = shaped_training.run_rounds(net, specs, params.seeds, config, runs=runs)
+            train.append(pd.DataFrame(rows).assign(config=name, batch_size=config["batch_size"],
                                                    network=net.describe()))
+    runs.close()
     frames = [coll, *(t.assign(section="training") for t in train)]
     return pd.concat(frames, ignore_index=True)
 
@@ -239,16 +242,16 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                                    f"(spread {r.loss_spread:.4f}), val {r.val_loss:.4f}"})
     tr = df[df.section == "training"]
     if "error" in tr:
-        for r in tr[tr.error.fillna("").ne("")].itertuples():
+        for r in tr[tr.error.astype(object).fillna("").ne("")].itertuples():
             lines.append({"what": f"{r.config}: {r.strategy} seed {int(r.seed)}",
                           "value": f"FAILED: {r.error[-200:]}"})
     return pd.DataFrame(lines, columns=["what", "value"])
 
 
 def plot(df: pd.DataFrame, **params: Any):
-    """Left, one panel per op: time against message size per algorithm at the largest p, with
-    the link limit. Right, one panel per training configuration: ms per step per strategy, the
-    median over seeds with its 95% interval."""
+    """Top, one panel per op: time against message size per algorithm at the largest p, with
+    the link limit. Bottom, one panel per training configuration: ms per step per strategy, the
+    median over seeds with its 95% interval (stock DDP and torch's own hook in grey)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -256,10 +259,14 @@ def plot(df: pd.DataFrame, **params: Any):
     col = df[df.section == "collective"]
     ops = [op for op in OPS if op in set(col.op)]
     tables = step_tables(df)
-    ncols = len(ops) + len(tables)
-    fig, axes = plt.subplots(1, ncols, figsize=(4.4 * ncols, 4), squeeze=False)
+    ncols = max(len(ops), len(tables), 1)
+    nrows = int(bool(ops)) + int(bool(tables)) or 1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 4 * nrows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
     q = int(col.world_size.max()) if len(col) else 0
     for ax, op in zip(axes[0], ops):
+        ax.set_visible(True)
         g = col[(col.op == op) & (col.world_size == q)]
         for alg, h in g.groupby("algorithm"):
             h = h.sort_values("nbytes")
@@ -272,7 +279,8 @@ def plot(df: pd.DataFrame, **params: Any):
         ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (s)",
                title=f"{op}, p={q} single-port nodes")
         ax.legend(fontsize=7)
-    for ax, (name, t) in zip(axes[0, len(ops):], tables.items()):
+    for ax, (name, t) in zip(axes[-1], tables.items()):
+        ax.set_visible(True)
         y = np.arange(len(t))
         ax.barh(y, t.step_ms, xerr=np.vstack([t.step_ms - t.step_lo, t.step_hi - t.step_ms]),
                 color=["0.5" if s.startswith("ddp") and ":" not in s else "C0"
