@@ -2,37 +2,16 @@
 
 The alpha-beta(-gamma) model (Hockney; Thakur, Rabenseifner & Gropp 2005) that every cost model
 of the LP paper uses: a message of n bytes costs ``alpha + n * beta``; reducing n bytes costs
-``n * gamma``. Ping-pong between two ranks over message sizes gives the one-way time (half the
-round trip, median over repeats); ``cost.fit_alpha_beta`` fits alpha and beta; ``gamma`` is the
-time of an in-place float32 add per byte on a rank with the threads it has in a pool. The fit
-uses sizes >= ``fit_min_bytes`` (64 KiB): loopback transports switch protocol for small messages,
-and the cost models are applied to blocks of that size and larger; the small-message latency is
-reported beside it.
+``n * gamma``. Ping-pong between two ranks over message sizes gives the one-way time,
+``cost.fit_alpha_beta`` fits alpha and beta, and ``gamma`` is the time of an in-place float32
+add per byte. A host section measures ``host_links`` (how many lone loopback links' worth of
+bytes the host moves at once) for the real backend's LP model. With an emulated network
+(``pipecomm.netem``) the same ping-pong measures the emulated alpha and bandwidth: claim C0.2
+(artifact/claims.yaml). ``network="shaped"`` runs that section on a shaped real network,
+``backend="nccl"`` (gpu profile) the ping-pong between two GPUs.
 
-The host: a local pool of ``host_world_size`` ranks (the largest real pool the artifact runs)
-times ``host_bytes`` once over one link alone, and a stream of ``host_messages`` messages of
-``host_bytes`` over every hop of a chain of all its ranks at once, every receive posted before
-the first send, as LP's progress engine streams its blocks
-(:func:`pipecomm.lab.cluster.link_bandwidth`, :func:`pipecomm.lab.cluster.chain_bandwidth`, median of
-``iters``); ``host_links`` (how many lone links' worth of bytes the host moves at once,
-``(p - 1) x chain rate per link / lone rate``, the lone rate being the ping-pong table's at its
-largest size, :attr:`pipecomm.cost.HostLink.rate_Bps`) goes to calibration.json beside the
-per-size table, for the real backend's LP model (:class:`pipecomm.cost.HostLink`): ranks on one
-host share its cores and memory system, so p - 1 loopback links are not p - 1 times one.
-
-With an emulated network (``pipecomm.netem``) the same ping-pong measures the *emulated* alpha and
-bandwidth, with 2 ranks and with 8 ranks ping-ponging in 4 concurrent pairs; claim C0.2
-compares every message with the configured values (threshold: artifact/claims.yaml).
-With ``network="shaped"`` that section runs on a real network instead (section ``shaped``: a
-virtual cluster of single-port nodes whose links Linux tc tbf shapes to ``emu_bandwidth_Bps``,
-real TCP; :func:`pipecomm.lab.network.ranks_on`): latency cannot be added there, so the
-reference line is the cluster's own link calibration (node 0 -> 1, alpha and bandwidth fitted;
-recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``), and C0.2 then asks whether 4 concurrent
-pairs at p = 8 still see that link.
-
-``backend="nccl"`` (gpu profile) ping-pongs between two GPUs over NCCL and times gamma on the GPU
-(every timed interval ends with a device synchronisation); its calibration.json then feeds the
-cost models of the NCCL experiments. Emulation is refused with NCCL.
+Fit range, host section, the shaped and NCCL variants: docs/experiments.md, "E0: protocol in
+detail".
 
 Run::
 
