@@ -6,31 +6,14 @@ Networks" (arXiv 1611.04255): "the cost of LP is invariant to P", while minimum-
 ``(p + k - 2)(alpha + b beta)`` -- with the optimal block count ``k* = sqrt((p-2) n beta / alpha)``
 only the short pipeline fill grows with p -- and MST ``ceil(log2 p)(alpha + n beta)``.
 
-Measured: pipecomm's collectives (``algorithms``, op ``op``) of one ``nbytes`` message on an
-emulated network (:mod:`pipecomm.netem`, ``emu_alpha_s`` and ``emu_bandwidth_Bps`` per link,
-``ports``) for every p in ``world_sizes``. One pool of max(p) gloo ranks measures every p on the
-subgroup of global ranks 0..p-1 (``dist.new_group`` on all ranks; the emulator works on global
-ranks, so a subgroup's transfers use exactly its members' ports and the idle ranks add nothing).
-Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median of ``iters``) after one
-untimed call of each algorithm on a small message; no warm-up at the large size (a call costs
-seconds and is deterministic to a few percent under the emulator). Each point carries the model
-time (``model_s``, :func:`pipecomm.cost.overlapped_time` on
-:func:`pipecomm.cost.link_from_network`, LP with the block size it used, by the overlapped model of
-the progress engine with E0's per-message latency as its host cost per block; the paper's
-lock-step model in ``model_lockstep_s``). With
-``network="shaped"`` the pool is a virtual cluster of single-port nodes on Linux tc tbf links
-of ``emu_bandwidth_Bps`` (real TCP; :func:`pipecomm.lab.network.ranks_on`): latency
-cannot be added there, and the model uses the cluster's calibrated link instead of
-``emu_alpha_s`` (recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
+Measures pipecomm's collectives (``algorithms``, op ``op``) of one ``nbytes`` message on an
+emulated network for every p in ``world_sizes``, each point with the model's time beside it.
+Claims (artifact/claims.yaml C3.*): LP's broadcast time barely grows from the smallest to the
+largest p (the paper's "invariant to P"); MST's grows like ceil(log2 p); the growth of both
+against the model's growth (a method claim).
 
-Claims (artifact/claims.yaml C3.*, with thresholds and the model's predictions; cpu profile:
-2 ms, 50 MB/s, single-port, 64 MiB, p = 2, 4, 8, 16): LP's broadcast time barely grows from the
-smallest to the largest p (the paper's "invariant to P"); MST's grows like ceil(log2 p); the
-growth of both against the model's growth (a method claim).
-
-Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
-each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
-``env.json``.
+Subgroups, timing, the model and the shaped variant: docs/experiments.md, "E3: protocol in
+detail".
 
 Run::
 
