@@ -11,27 +11,13 @@ per-message latency): the optimum is ``k* = sqrt((p - 2) n beta / h)``
 The grid is centred on that optimum; ``model_s`` is the overlapped model, ``model_lockstep_s``
 and ``lockstep_block_bytes`` the paper's.
 
-Measured: pipecomm's LP ``ops`` of one ``nbytes`` message on ``world_size`` gloo ranks over an
-emulated network (:mod:`pipecomm.netem`: ``emu_alpha_s``, ``emu_bandwidth_Bps``, ``ports``), with
-explicit ``block_bytes`` on a geometric grid around the modelled optimum b*: ``b* * 2**(j /
-steps_per_octave)`` for ``|j| <= steps_per_octave * log2(block_range)`` (rounded to 8 bytes and
-capped at the message; the grid contains b*/8, b* and 8 b* exactly when block_range >= 8).
-Timing: :func:`pipecomm.lab.bench.time_fn` (barrier, max over ranks, median of ``iters`` after
-``warmup``). Each point carries the model time (``model_s``). With ``network="shaped"`` the
-ranks are a virtual cluster of single-port nodes on Linux tc tbf links of ``emu_bandwidth_Bps``
-(real TCP; :func:`pipecomm.lab.network.ranks_on`); latency cannot be added there, so
-the optimum b*, the grid around it and the model come from the cluster's calibrated link
-(recorded in ``emu_alpha_s`` / ``emu_bandwidth_Bps``).
+Measures pipecomm's LP ``ops`` of one ``nbytes`` message on ``world_size`` ranks over an
+emulated network with explicit ``block_bytes`` on a geometric grid around the modelled optimum.
+Claims (artifact/claims.yaml C4.*): the measured best block size against the modelled optimum;
+the cost of blocks 8x smaller and 8x larger than the optimum against the model's penalty.
 
-Claims (artifact/claims.yaml C4.*, with thresholds and the model's predictions; cpu profile:
-p = 8, 2 ms, 50 MB/s, single-port, 4 MiB, where the overlapped model puts b* near 64 KiB, k = 64,
-and the lock-step model at 256 KiB, k = 16): the
-measured best block size against the modelled optimum; the cost of blocks 8x smaller and 8x
-larger than the optimum against the model's penalty.
-
-Expected running time: :func:`expected_runtime_s` (from the cost model). The time budget of
-each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time is in its
-``env.json``.
+The grid, timing, the shaped variant and the cpu profile's optimum: docs/experiments.md, "E4:
+protocol in detail".
 
 Run::
 
