@@ -4,41 +4,15 @@ Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 18
 reviewers asked where an iteration's time goes; the paper's model says the pipeline of width 2
 hides the AllReduce behind compute (``max(C + U, A)`` instead of ``C + A + U``).
 
-How it is measured: p ranks of gloo on an emulated network (``netem``, single port) whose
-bandwidth is chosen *before measuring* from a separate compute-timing run and the cost model
-(AllReduce = ``comm_ratio`` x (C + U); :func:`pipecomm.lab.network.network_for`), then
-``runs`` rounds of short training runs, one per method per round in rotating order
-(``pipesgd_training.rounds``), each after a barrier -- ``sync``, ``sync+fp16``, ``sync+int8``,
-``layerwise``, ``pipe``, ``pipe+fp16``, ``pipe+int8`` (ring AllReduce) -- in the same pool.
-PipeSGD records per iteration: compute (forward + backward, from the end of the previous step),
-launch (packing the gradients), communication (time blocked on the AllReduce), compression
-(codec encode/decode on any thread) and update. The breakdown (:func:`breakdown`, the table the
-reviewers asked for) is the mean over steady iterations, ranks and runs (means add up to the
-iteration time; the rest is "other"): compute, the **AllReduce** on the critical path (sync and
-layer-wise: the blocking AllReduce, minus the codec time inside it), the **wait** (pipelined:
-time blocked on the AllReduce in flight, which itself runs on the communication thread),
-compression, update. In the sync runs the codec runs inside the blocking AllReduce (so it is on
-the critical path); in the pipelined runs it runs on the communication thread, overlapped.
+Measures ``sync``, ``sync+fp16``, ``sync+int8``, ``layerwise``, ``pipe``, ``pipe+fp16`` and
+``pipe+int8`` (ring AllReduce) in ``runs`` interleaved short runs each on an emulated network
+whose bandwidth makes the AllReduce ``comm_ratio`` x (C + U); :func:`breakdown` is the table the
+reviewers asked for (compute, AllReduce or wait, compression, update). Claim C8.1
+(artifact/claims.yaml): overlap is real -- pipe's iteration time against the bound
+``max(C, M) + f min(C, M)`` from the sync run of the same pool.
 
-The ranks run with Python's GIL switch interval set to ``switch_interval_s`` (0.1 ms; Python's
-default of 5 ms lets the compute thread hold the GIL for up to 5 ms each time the
-communication thread wakes, which delays the overlapped AllReduce by several ms per iteration;
-see ``trainers.gil_switch_interval``).
-
-Claim (artifact/claims.yaml, with its threshold): C8.1 overlap is real -- pipe's iteration time
-against the bound ``max(C, M) + f min(C, M)``, where, in the sync run of the same pool, C is
-the compute thread's time per iteration (everything but the AllReduce) and M the AllReduce on
-the critical path (per step: C = max over ranks of ``iter_s - comm_s``, M = max over ranks of
-``iter_s`` - C; per run the median over steady steps, then the median over the runs). Without
-overlap pipe would take C + M. Pipe's time is decided on the interval of its median over the
-independent runs (one repeat per run, the ``run`` column).
-
-The batch (192 per rank) is chosen so that the slack ``f min(C, M)`` is well above what waking
-the communication thread costs per iteration, so the claim tests overlap, not that overhead;
-at batch 64 the two are comparable.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Runs, the breakdown's columns, the GIL interval, C and M of the claim and the batch size:
+docs/experiments.md, "E8: protocol in detail".
 
 Run::
 
