@@ -6,30 +6,15 @@ table's numbers could not be recovered; docs/papers.md). This experiment measure
 in use in this artifact -- E11/E12's timing workload (two 1 MiB buckets), E13's digits MLP and E13's
 character-level transformer (one bucket each) -- and compares it with the cost model.
 
-How it is measured. For every step of one period of a topology (complete, ring, one-peer-exp,
-alternating-exp-ring = AER), every rank all-reduces (``op="avg"``, pipecomm's ``ring`` algorithm)
-each bucket of the model over its group of that step, all groups at once, launched back to back
-on the communication thread as DecentralizedDataParallel launches its gossip; ``bench.time_fn``
-times each call from a common start (max over ranks). ``runs`` independent runs: in each run every
-(model, topology) is measured once, in an order rotated from run to run (interleaved), each step
-``iters`` calls; a run's median per step is one repeat (column ``run``). The communication time
-per iteration of a run is the mean over the steps of a period. "complete" is also what AllReduce
-training moves per iteration (one allreduce of every bucket over all ranks).
+For every step of one period of each topology (complete, ring, one-peer-exp, AER) every rank
+all-reduces each bucket over its group, all groups at once, on the two-level emulated network;
+``runs`` interleaved runs, one repeat each. The model (column ``model_s``) is
+``dadam_timing.replay_ring_allreduces``, the lock-step closed form beside it (``lockstep_s``).
+Claims (artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2
+AER's time against complete's.
 
-The model (column ``model_s``, the overlapped model of docs/experiments.md, E10):
-``dadam_timing.replay_ring_allreduces`` -- every group's ring allreduce of every bucket, message by
-message, on the emulator's own port arithmetic (latency in flight, queues at shared ports). The
-lock-step closed form ``runtime_model.step_comm_times`` (every ring step at the slowest link, beta
-times the streams sharing the busiest node uplink) is kept beside it (column ``lockstep_s``); alpha
-and beta are the emulated network's configured values, gamma E0's calibration (or its fallback).
-
-Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
-50 MB/s, single port (docs/network_model.md); gloo underneath. Claims (thresholds in
-artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2 AER's time
-against complete's.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Timing, the models' inputs and the network: docs/experiments.md, "E10: protocol in detail"; the
+overlapped model: docs/experiments.md, E10.
 
 Run::
 
