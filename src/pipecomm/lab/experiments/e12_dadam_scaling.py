@@ -7,32 +7,14 @@ decentralized training on AER, over the number of GPUs; on four-GPU nodes with 2
 1.2x. The claim reproduced: with several nodes on a slow inter-node network, AER is faster per
 iteration than AllReduce.
 
-Measured, on the same emulated network and the same workload for every method:
+Measures, on the same emulated two-level network and E11's timing workload, AllReduce training
+(layer-wise ``PipeSGD``, ``ring``) and DAdam (``DecentralizedDataParallel`` + Adam, ``ring``
+gossip) on complete, ring, one-peer-exp and AER, ``runs`` independent short runs per method,
+beside the runtime model's prediction. Claims: C12.1 (the paper's) at p = 8 (4 nodes) AER is
+faster per iteration than AllReduce; C12.2 (method) the speed-up agrees with the runtime model's.
+The quick defaults use nodes of one rank (p = 2, 4).
 
-* AllReduce: ``pipecomm.pipesgd.PipeSGD`` in layer-wise mode -- gradient buckets (1 MiB, as
-  DecentralizedDataParallel's) all-reduced with pipecomm's ``ring`` algorithm asynchronously as
-  soon as backward produces them, then Adam. This is the best overlapped AllReduce of this
-  library: it overlaps with backward like PyTorch DDP, and the runtime model prices ring below lp,
-  be and mst for these buckets on this network.
-* DAdam (``DecentralizedDataParallel`` + Adam, ``ring`` gossip) on complete, ring, one-peer-exp and
-  AER.
-
-Workload (E11's): two bias-free 512 x 512 linear layers, one 1 MiB bucket each, synthetic inputs,
-emulated compute of 10 ms forward / 20 ms backward per layer (sleeps: eight ranks on two cores
-cannot compute in parallel). ``runs`` independent short training runs per method (a fresh trainer
-each, in rounds whose order rotates; column ``run``); a run's iteration time = median over its
-blocks of ``block_iters`` iterations (``bench.time_fn``: barrier, max over ranks) /
-``block_iters``: one repeat. Dashed lines: the runtime model (``runtime_model.simulate`` with each
-group allreduce timed by the overlapped model, ``dadam_timing.OverlappedRing``; the lock-step form
-in column ``lockstep_s``) from a separate compute-only calibration and the configured links.
-
-Emulated network (cpu profile): 2 ranks per node, intra-node 3 ms / 400 MB/s, inter-node 5 ms /
-50 MB/s, single port; gloo underneath. The model's prediction for every method and world size is
-a column of the result's data.csv. Claims: C12.1 (the paper's) at p = 8 (4 nodes) AER is faster
-per iteration than AllReduce; C12.2 (method) the speed-up agrees with the runtime model's.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``. The quick defaults use nodes of one rank (p = 2, 4).
+The methods, workload, timing, model and network: docs/experiments.md, "E12: protocol in detail".
 
 Run::
 
