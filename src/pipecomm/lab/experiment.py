@@ -16,13 +16,9 @@ An experiment module defines, in this order:
   artifact/claims.yaml only);
 * ``if __name__ == "__main__": main(sys.modules[__name__])`` (the command line).
 
-Experiments never import each other: what two experiments share is a lab module of one
-concept (in ``pipecomm.lab``: ``sweep`` the timed sweeps, ``workloads`` models, tasks and
-batch streams, ``calibration`` compute calibration, ``network`` the emulated network and its
-label, ``trainers`` the trainer interface, ``checks`` parameter checks; the Pipe-SGD family's
-``pipesgd_config`` (its shared ``Params`` bases), ``pipesgd_training`` and
-``pipesgd_analysis``; the DAdam family's ``dadam_timing``). :func:`check_module` verifies the
-shape (tests run it on every module).
+Experiments never import each other: what two share is a lab module of one concept
+(docs/experiments.md, "The shape of an experiment", lists them). :func:`check_module` verifies
+the shape (tests run it on every module).
 
 Example::
 

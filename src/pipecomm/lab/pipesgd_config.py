@@ -5,19 +5,10 @@ Papers: BSP-SGD of the LP paper (Wang, Wu, Bosilca, Vuduc, Xu, arXiv 1611.04255)
 Mao, Ding, Zhang, NeurIPS 2018: ``T_sync = C + M + U``, ``T_pipe = max(C + U, M)``), layer-wise
 and delayed gradient descent (Daily et al. 2017), all through :class:`pipecomm.pipesgd.PipeSGD`.
 
-* **Parameters.** E5-E9's ``Params`` subclass one of the dataclasses below, which hold the fields
-  they share, with their checks written once (each experiment keeps only its own fields and the
-  defaults in which it differs):
-
-  - :class:`TrainingParams` (E5-E9): the model, learning rate, iterations, the emulated link's
-    latency and port model, the time limit;
-  - :class:`CalibratedParams` (E6-E9): a compute-timing run (``calib_iters``) first, the
-    AllReduce algorithm, the GIL switch interval;
-  - :class:`PoolParams` (E5, E7-E9): one pool of ``world_size`` ranks, gloo (emulated network) or
-    NCCL (one GPU per rank), the dataset;
-  - :class:`CalibratedPoolParams` (E7-E9): both, with the bandwidth chosen from ``comm_ratio``;
-  - :class:`ConvergenceParams` (E7, E9): several seeds, held-out evaluations, the learning-rate
-    schedule.
+* **Parameters.** E5-E9's ``Params`` subclass :class:`TrainingParams`, :class:`CalibratedParams`,
+  :class:`PoolParams`, :class:`CalibratedPoolParams` or :class:`ConvergenceParams`, which hold
+  the fields they share with their checks (which experiment uses which: docs/experiments.md,
+  "pipesgd_config and pipesgd_training: the Pipe-SGD family in detail").
 
 * **Configuration.** :func:`config` turns an experiment's parameters into the dict a rank trains
   from (:data:`DEFAULT_CONFIG`'s keys), :func:`check_config` validates one.

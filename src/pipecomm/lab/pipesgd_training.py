@@ -15,27 +15,14 @@ image-classification workload (:mod:`pipecomm.lab.workloads`) and measures
   (:func:`pipecomm.lab.network.network_for`), then every (seed, method) training run, and
   optionally separate short **timing runs** (rows of ``kind="timing"``).
 
-**Independent repeats.** The unit of a timed claim is one training run, not one iteration
-(consecutive iterations of one run are correlated): every configuration is trained in several
-separate runs in the same rank pool (:func:`rounds`: interleaved across the configurations, the
-order rotated each round, so that the host's drift hits all alike), each starting after a barrier
-(:func:`train_rank`); the ``run`` column numbers them, and a run's median over its steady
-iterations is one repeat (:func:`pipecomm.lab.pipesgd_analysis.run_samples`).
-
-This loop is PipeSGD's own, not the :class:`~pipecomm.lab.trainers.Trainer` loop of the
-DAdam experiments: its update rule has staleness (the gradient applied at step ``t`` is that of
-step ``t - s``), and it records PipeSGD's per-iteration timings.
-
-Devices: every rank trains on :func:`pipecomm.launch.device` -- the CPU under gloo, its own GPU
-under NCCL (``backend="nccl"`` of E5 and E7-E9, gpu profile: no emulated network, the real
-interconnect; the cost model then uses E0's calibrated link). With CUDA every timing point first
-synchronises the device (:func:`pipecomm.launch.synchronize`), so timings are GPU work, not kernel
-launches. The NCCL path has not been run on a GPU yet (artifact/ARTIFACT.md, "GPU").
+Every configuration is trained in several separate runs (:func:`rounds`), one repeat each.
+Independent repeats, why the loop is PipeSGD's own and devices: docs/experiments.md,
+"pipesgd_config and pipesgd_training: the Pipe-SGD family in detail".
 
 Example (inside ``launch.Ranks(2)``)::
 
     cfg = dict(DEFAULT_CONFIG, method="pipe+int8", iterations=20)
-    per_rank = ranks.run(_pipesgd_training.train_rank, cfg, timeout_s=120)
+    per_rank = ranks.run(pipesgd_training.train_rank, cfg, timeout_s=120)
 """
 
 from __future__ import annotations
