@@ -6,27 +6,14 @@ converges unchanged when its collective is LP, and LP relieves BSP-SGD's communi
 bottleneck: faster than the minimum-spanning-tree (MST) and bidirectional-exchange (BE)
 collectives.
 
-How it is measured: for each port model of ``port_models`` (single-port, per-neighbor) one pool
-of ``world_size`` ranks on an emulated network (``netem``: ``alpha_s``, ``bandwidth_Bps``; gloo
-underneath). In it, ``runs`` rounds of short training runs: every algorithm (lp, mst, be, ring)
-once per round, the order rotated each round (``pipesgd_training.rounds``), each run training the
-same model from the same seed on the same shards with ``PipeSGD(mode="sync")`` for
-``iterations`` steps after a barrier. A barrier before every ``step()`` aligns the ranks so that
-PipeSGD's ``comm_s`` is the AllReduce itself; per iteration the max over ranks, per run the
-median over its steady iterations: **one repeat per run** (the ``run`` column), never one per
-iteration. The cost model's prediction is ``cost.allreduce_time(algorithm, gradient bytes, p,
-link)`` on the emulated link (reduction cost ``gamma`` from E0's calibration; LP with the
-model's optimal block, which is what the ranks use).
+Trains the same model from the same seed with ``PipeSGD(mode="sync")`` over lp, mst, be and ring
+on an emulated network, per port model of ``port_models``, in ``runs`` interleaved short runs (one
+repeat each), beside the cost model's AllReduce time. Claims (artifact/claims.yaml): C5.2 each
+algorithm's measured communication time per iteration against the model; C5.3 LP's AllReduce
+faster than MST's (single-port); C5.4 the paper's statement, LP faster than each of MST, BE and
+ring on both port models. That the loss curves agree to float32 round-off is checked by the tests.
 
-Claims (artifact/claims.yaml, with thresholds and the model's predictions): C5.2 each
-algorithm's measured communication time per iteration against the model (signed error, both
-port models); C5.3 LP's AllReduce takes less time than MST's (single-port); C5.4 the paper's
-statement, LP faster than each of MST, BE and ring on both port models (the model expects it to
-fail against BE and ring at this message size; reported whatever the outcome). That the loss
-curves of all algorithms agree to float32 round-off is checked by the tests.
-
-The time budget of each profile is in ``artifact/profiles/<profile>.yaml``; a run's wall time
-is in its ``env.json``.
+Runs, timing and the model's inputs: docs/experiments.md, "E5: protocol in detail".
 
 Run::
 
