@@ -3,29 +3,18 @@
 Every network-dependent result of the cpu profile runs on :mod:`pipecomm.netem`, pipecomm's own
 model of the network (per-message deadlines ``alpha + n / B`` on single-port ranks). This
 experiment carries the same bytes over a network pipecomm does not model itself -- the kernel's
-TCP stack and its token-bucket shaper -- and compares:
+TCP stack and its token-bucket shaper -- and compares the same collective points on
+``shaped``, a :class:`pipecomm.lab.cluster.VirtualCluster` of ``world_size`` single-port nodes
+whose link is calibrated first, and ``emulated``, a local pool of the same p on
+:class:`pipecomm.netem.Network` configured with that link's *fitted* alpha and bandwidth.
 
-1. **shaped**: a :class:`pipecomm.lab.cluster.VirtualCluster` of ``world_size`` single-port nodes
-   (one rank per network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by
-   ``tc tbf``), one torchrun agent per node. First the link is calibrated (node 0 -> node 1,
-   :func:`pipecomm.lab.cluster.link_bandwidth`: achieved vs configured rate per size) and fitted with
-   the alpha-beta model (:func:`pipecomm.lab.cluster.calibrate`, through
-   :func:`pipecomm.lab.network.ranks_on`); the host must carry every link at once
-   (:func:`pipecomm.lab.cluster.chain_bandwidth`, all nodes sending: at least 90% of one link's
-   rate, else the run is refused: the kernel's work for p concurrent flows shares the host's
-   cores, and a network the host cannot carry measures the host); then every collective point is timed (:func:`pipecomm.lab.sweep.measure_points`, common
-   start instant, every repeat kept).
-2. **emulated**: a local pool of the same p on :class:`pipecomm.netem.Network` configured with
-   the *fitted* alpha and bandwidth of that link (what a user of the emulator does: calibrate the
-   link, then emulate it), opened by :func:`pipecomm.lab.network.emulated_pool` (the host must deliver it). The
-   same points with the same LP block sizes (the alpha-beta optimum on the fitted link,
-   :func:`pipecomm.cost.lp_optimal_block_bytes`, no smaller than ``min_block_bytes``).
+Claim C14.1 (artifact/claims.yaml) compares every bandwidth-dominated point (at least
+``min_bytes``): signed error ``emulated / shaped - 1`` on its interval. Needs root, iproute2 and
+the tbf qdisc (:func:`pipecomm.lab.cluster.available`); without them it stops with that reason.
+Its profile is ``shaped`` (``./run_all.sh --profile shaped``), not the quick cpu run.
 
-Claim C14.1 compares every point of at least ``min_bytes`` (bandwidth-dominated: latency cannot
-be added to the shaped links, the kernel here has no ``netem`` qdisc): signed error
-``emulated / shaped - 1`` with its 95% interval. Needs root, iproute2 and the tbf qdisc
-(:func:`pipecomm.lab.cluster.available`); without them it stops with that reason. Its profile is
-``shaped`` (``./run_all.sh --profile shaped``), not the quick cpu run.
+The two networks, the link calibration and the host check: docs/experiments.md, "E14: protocol
+in detail".
 
 Run::
 
