@@ -19,15 +19,15 @@ communication with computation, the network's links, varying compute times
 Example::
 
     from pipecomm import launch
-    from pipecomm.lab import calibration, _dadam_timing, _network, _workloads
-    net = _network.make_network(_network.DEFAULT_NETWORK)
-    spec = _workloads.timing_spec(p=8)
+    from pipecomm.lab import calibration, dadam_timing, network, workloads
+    net = network.make_network(network.DEFAULT_NETWORK)
+    spec = workloads.timing_spec(p=8)
     with launch.Ranks(8, network=net, ranks_per_node=2) as ranks:
-        calib = _calibration.summarize_buckets(
-            ranks.run(_calibration.rank_calibrate_buckets, spec, timeout_s=120))
+        calib = calibration.summarize_buckets(
+            ranks.run(calibration.rank_calibrate_buckets, spec, timeout_s=120))
         spec["kind"], spec["topology"] = "decentralized", "alternating-exp-ring"
-        measured = ranks.run(_dadam_timing.rank_time_training, spec, timeout_s=300)[0]
-    predicted = _dadam_timing.predict_training(spec, calib, net)["iteration_s"]
+        measured = ranks.run(dadam_timing.rank_time_training, spec, timeout_s=300)[0]
+    predicted = dadam_timing.predict_training(spec, calib, net)["iteration_s"]
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class PoolParams(TrainingParams):
     backend: str = "gloo"
     dataset: str = "digits"
     data_root: str | None = None
-    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on; gloo only)
+    network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on; gloo only)
 
     def validate(self) -> None:
         check_network_kind(self.network)

@@ -61,7 +61,7 @@ class Params(experiment.Params):
     iters: int = 2
     warmup: int = 1
     timeout_s: float = 600.0
-    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
+    network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on)
 
     def validate(self) -> None:
         check_network_kind(self.network)

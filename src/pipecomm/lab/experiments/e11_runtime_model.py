@@ -83,7 +83,7 @@ class Params(experiment.Params):
     runs: int = 5
     seed: int = 0
     timeout_s: float = 300.0
-    network: str = "emulated"  # "emulated" or "shaped" (_network.ranks_on)
+    network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on)
     inter_bandwidth_Bps: float | None = None  # None: each network's own inter-node bandwidth
 
     def validate(self) -> None:
