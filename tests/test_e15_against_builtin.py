@@ -168,3 +168,43 @@ CLAIM_CASES = {
     "e15_step_ratio": (lambda: _both_configs(0.5), lambda: _both_configs(0.8),
                        lambda: _both_configs(0.63, spread=0.1)),
 }
+
+
+class _FakeNet:
+    """A started cluster as run_once sees it: call k of torchrun writes rank 0's log of
+    ``plan[k][0]`` steps (the validation loss after all 4) and raises what a gloo abort looks
+    like when ``plan[k][1]``."""
+
+    nodes, ranks_per_node, bandwidth_Bps = 2, 1, 15e6
+
+    def __init__(self, plan):
+        self.plan, self.calls = plan, 0
+
+    def exec_argv(self, node, argv):
+        return ["echo", str(1000 * self.calls)]  # the interface's tx counter
+
+    def torchrun(self, argv, timeout_s, cwd):
+        import json
+        from pathlib import Path
+
+        from pipecomm.lab import cluster
+
+        steps, abort = self.plan[self.calls]
+        self.calls += 1
+        out = Path(argv[argv.index("--out") + 1])
+        lines = [{"step": i, "loss": 3.0, "dt_ms": 100.0 + i} for i in range(steps)]
+        lines += [{"val_loss": 2.9}] if steps == 4 else []
+        out.joinpath("log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        if abort:
+            raise cluster.ClusterError("node 1: rank : 1 exitcode : -6 (pid: 7) (SIGABRT)")
+
+
+def test_a_run_gloo_aborts_is_kept_when_finished_else_run_again():
+    config = {"steps": 4, "warmup_steps": 1, "n_layer": 1, "n_embd": 8, "batch_size": 2,
+              "block_size": 8, "timeout_s": 60.0}
+    row = shaped_training.run_once(_FakeNet([(4, True)]), "ddp", 0, config)  # aborted at exit
+    assert row["exit_abort"] and row["attempts"] == 1 and row["step_ms"] == 102.0
+    row = shaped_training.run_once(_FakeNet([(2, True), (4, False)]), "ddp", 0, config)
+    assert not row["exit_abort"] and row["attempts"] == 2  # died mid-run: started again
+    row = shaped_training.run_or_error(_FakeNet([(2, True), (1, True)]), "ddp", 0, config)
+    assert "exitcode : -6" in row["error"] and "step_ms" not in row

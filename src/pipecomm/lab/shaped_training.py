@@ -35,7 +35,8 @@ __all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "run_once", "run_or_e
 SCRIPT = results.REPO_ROOT / "examples" / "train_gpt.py"
 NAMES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
 COLUMNS = ("strategy", "seed", "nodes", "ranks_per_node", "bandwidth_Bps", "steps", "step_ms",
-           "step_times_ms", "loss", "val_loss", "tx_bytes_per_rank_step", "attempts", "error")
+           "step_times_ms", "loss", "val_loss", "tx_bytes_per_rank_step", "attempts",
+           "exit_abort", "error")
 _ABORT = "exitcode : -6"  # this torch build's gloo sometimes aborts a rank at exit: run again
 
 
@@ -88,8 +89,9 @@ def run_once(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str
     """One training run of ``spec`` at ``seed`` on the started cluster ``net``: its row.
 
     ``config``: ``steps``, ``warmup_steps``, ``n_layer``, ``n_embd``, ``batch_size``,
-    ``block_size``, ``timeout_s``. A run that this torch build's gloo aborts at exit (signal 6)
-    is started again once (``attempts``). Raises :class:`pipecomm.lab.cluster.ClusterError` or
+    ``block_size``, ``timeout_s``. This torch build's gloo sometimes aborts a rank (signal 6):
+    after rank 0 logged every step and the validation loss the run is kept (``exit_abort``),
+    before that it is started again once (``attempts``). Raises :class:`pipecomm.lab.cluster.ClusterError` or
     TimeoutError when it fails.
     """
     if not SCRIPT.exists():
@@ -103,12 +105,17 @@ def run_once(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str
                     "--n-embd", str(config["n_embd"]), "--batch-size", str(config["batch_size"]),
                     "--block-size", str(config["block_size"]), "--eval-iters", "2",
                     "--timeout", str(config["timeout_s"])]
+            aborted = False
             try:
                 net.torchrun(argv, timeout_s=config["timeout_s"], cwd=str(results.REPO_ROOT))
             except cluster.ClusterError as exc:
-                if attempt == 1 and _ABORT in " ".join(str(exc).split()):
-                    continue
-                raise
+                if _ABORT not in " ".join(str(exc).split()):
+                    raise
+                aborted = _finished(Path(out) / "log.jsonl", config["steps"])
+                if not aborted:  # died before its last record: start it again, once
+                    if attempt == 1:
+                        continue
+                    raise
             sent = [b - a for a, b in zip(before, _tx_bytes(net))]
             log = [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
         steps = [r for r in log if "dt_ms" in r]
@@ -120,8 +127,17 @@ def run_once(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str
                 "step_times_ms": ";".join(f"{t:.2f}" for t in timed), "loss": steps[-1]["loss"],
                 "val_loss": val[-1] if val else float("nan"),
                 "tx_bytes_per_rank_step": statistics.mean(sent) / net.ranks_per_node / len(steps),
-                "attempts": attempt, "error": ""}
+                "attempts": attempt, "exit_abort": aborted, "error": ""}
     raise AssertionError("unreachable")
+
+
+def _finished(log_path: Path, steps: int) -> bool:
+    """Whether rank 0's log holds every step and the final validation loss: a run that gloo
+    aborted after that (at exit) measured everything."""
+    if not log_path.exists():
+        return False
+    log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    return sum("dt_ms" in r for r in log) == steps and any("val_loss" in r for r in log)
 
 
 def run_or_error(net: Any, spec: str, seed: int, config: dict[str, Any]) -> dict[str, Any]:
