@@ -23,10 +23,10 @@ smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
 per-repeat ratios to the built-in with its bootstrap interval over the repeats
 (:func:`pipecomm.lab.stats.paired_ratio_ci`; repeat ``i`` of every algorithm runs in one round, in
 an order rotated from round to round), which a drift of the host between rounds does not widen.
-It is reported beside the unpaired ratio; ``--targets`` decides with the unpaired one, the
-claims' stated rule; ``--targets CSV --paired`` adds the same bounds on the paired ratios as a
-secondary reading, once the paired A/A rows pass their check (no more of their intervals
-excluding 1 than :func:`pipecomm.lab.stats.misses_allowed` allows for their number).
+It is reported beside the unpaired ratio; ``--targets`` decides with the unpaired one;
+``--targets CSV --paired`` adds the same targets on the paired ratios as a secondary reading,
+once the paired A/A rows pass their check (no more of their intervals excluding 1 than
+:func:`pipecomm.lab.stats.misses_allowed` allows for their number).
 
 Every repeat also records the call's CPU time on every rank (``time.process_time``: all threads,
 the backend's included), summed over the ranks (CSV ``cpu_s``, the median, ``cpu_times_s``
@@ -51,7 +51,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
     .venv/bin/python benchmarks/bench_collectives.py --cpu-summary out.csv # wall vs CPU ratios
-    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # C2.5 / C2.6 decided
+    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # issue 13's targets
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
 On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
@@ -72,9 +72,12 @@ rounded up to whole elements) next to LP's default block (rows ``lp``): how far 
 choice (:func:`pipecomm.collectives.lp.default_block_bytes`) is from the best block count measured
 in the same rounds.
 
-``--targets`` decides issue 13's targets on a CSV with the checks and thresholds of claims C2.5
-and C2.6 (``artifact/claims.yaml``, the same code that decides them in experiment E2), and, when
-the CSV has ``torch-aa`` rows, applies the same checks to the built-in against itself.
+``--targets`` decides issue 13's loopback targets on a CSV this script wrote, from its own ratio
+columns (benchmark rows of ARTIFACT.md, not claims of a profile): ring allreduce and LP allreduce
+at most :data:`TARGET_BOUNDS` times the built-in at every p and message >= 16 MiB, decided on each
+point's 95% interval (PASS when every point's interval lies at or below its bound, FAIL when one
+lies wholly above, else INCONCLUSIVE), and LP broadcast at parity with the built-in (``--parity``:
+its interval inside the A/A interval of the same run at every point; needs ``--aa`` rows).
 """
 
 from __future__ import annotations
@@ -400,11 +403,6 @@ def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
                   lambda r: f"{float(r['cpu_s']) * 1e3:.1f} ({float(r['busy']):.2f})")
 
 
-#: The claims whose checks decide issue 13's targets (artifact/claims.yaml), and their op.
-TARGET_CLAIMS = ("C2.5", "C2.6")
-TARGET_OPS = {"C2.5": "broadcast", "C2.6": "allreduce"}
-
-
 def check_cost(csv_path: Path) -> str:
     """The markdown table of the agreement check's cost in a CSV of a ``--check-cost`` run: per
     p and size, the check's median time alone, and per algorithm what the check adds to its
@@ -446,6 +444,40 @@ def check_cost(csv_path: Path) -> str:
     return "\n".join(out)
 
 
+#: Issue 13's loopback targets against the built-in (benchmark rows, not claims; ``--targets``):
+#: per op and algorithm, the largest time / built-in time allowed at every p and message of at
+#: least :data:`TARGET_MIN_BYTES`, decided on the ratio's 95% interval ...
+TARGET_BOUNDS = {("allreduce", "ring"): 1.15, ("allreduce", "lp"): 1.3}
+#: ... and the point at parity with the built-in: its ratio interval inside the A/A interval.
+TARGET_PARITY = ("broadcast", "lp")
+TARGET_MIN_BYTES = 16 << 20
+
+
+def _parity(csv_path: Path, alg: str, op: str, min_bytes: int,
+            key: str = "ratio") -> tuple[int, int, str]:
+    """How many points of ``alg``'s ``op`` (messages of at least ``min_bytes``) have their
+    ``key`` interval (``ratio``; ``pratio``: the paired one) inside the A/A rows' interval of
+    the same run: ``(met, points, text per point)``."""
+    rows = _rows(csv_path, min_bytes)
+    aa = {(r["op"], r["p"], r["nbytes"]): r for r in rows if r["algorithm"] == AA}
+    pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op]
+    if not pts or not aa:
+        raise ValueError(f"{csv_path}: needs {alg} {op} rows and {AA} rows (--aa) of "
+                         f"{_fmt_size(min_bytes)} or more")
+    out, met = [], 0
+    for r in pts:
+        a = aa.get((r["op"], r["p"], r["nbytes"]))
+        if a is None:
+            raise ValueError(f"{csv_path}: no {AA} row for {op} p={r['p']} "
+                             f"{_fmt_size(int(r['nbytes']))}")
+        inside = (float(a[key + "_lo"]) <= float(r[key + "_lo"])
+                  and float(r[key + "_hi"]) <= float(a[key + "_hi"]))
+        met += inside
+        out.append(f"p={r['p']} {_fmt_size(int(r['nbytes']))}: {_ci(r, key)} inside A/A "
+                   f"{_ci(a, key)}: {'yes' if inside else 'no'}")
+    return met, len(pts), "; ".join(out)
+
+
 def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
            min_bytes: int = 16 << 20) -> str:
     """Whether ``alg``'s ``op`` is at parity with the built-in in a loopback CSV with A/A rows
@@ -456,63 +488,63 @@ def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
 
         print(parity(Path("artifact/reference/bench/targets60_sixth_cpu.csv")))
     """
-    rows = _rows(csv_path, min_bytes)
-    aa = {(r["op"], r["p"], r["nbytes"]): r for r in rows if r["algorithm"] == AA}
-    pts = [r for r in rows if r["algorithm"] == alg and r["op"] == op]
-    if not pts or not aa:
-        raise ValueError(f"{csv_path}: needs {alg} {op} rows and {AA} rows (--aa) of "
-                         f"{_fmt_size(min_bytes)} or more")
-    out, met = [], 0
-    for r in pts:
-        a = aa[(r["op"], r["p"], r["nbytes"])]
-        inside = (float(a["ratio_lo"]) <= float(r["ratio_lo"])
-                  and float(r["ratio_hi"]) <= float(a["ratio_hi"]))
-        met += inside
-        out.append(f"p={r['p']} {_fmt_size(int(r['nbytes']))}: {_ci(r, 'ratio')} inside A/A "
-                   f"{_ci(a, 'ratio')}: {'yes' if inside else 'no'}")
+    met, n, text = _parity(csv_path, alg, op, min_bytes)
     return (f"{alg} {op} at parity with the built-in (inside the A/A interval) at {met} of "
-            f"{len(pts)} points: " + "; ".join(out))
+            f"{n} points: " + text)
+
+
+def _bound_verdict(csv_path: Path, op: str, alg: str, bound: float, key: str) -> str:
+    """One bound of :data:`TARGET_BOUNDS` on the ``key`` intervals (``ratio`` or ``pratio``) of
+    a CSV: the verdict, the points at or below and wholly above, the worst point."""
+    from pipecomm.lab import claims
+
+    rows = [r for r in _rows(csv_path, TARGET_MIN_BYTES) if r["algorithm"] == alg
+            and r["op"] == op and r.get(key, "") not in ("", None)
+            and float(r[key]) == float(r[key])]  # a number: the row had a built-in to compare
+    if not rows:
+        raise ValueError(f"{csv_path}: no {alg} {op} rows with a {key} to the built-in of "
+                         f"{_fmt_size(TARGET_MIN_BYTES)} or more")
+    verdicts = [claims.at_most(float(r[key + "_lo"]), float(r[key + "_hi"]), bound)
+                for r in rows]
+    w = max(rows, key=lambda r: float(r[key]))
+    return (f"{claims.combine(verdicts)}: {verdicts.count(claims.PASS)} of {len(rows)} points "
+            f"at or below, {verdicts.count(claims.FAIL)} wholly above; worst {_ci(w, key)} "
+            f"(p={w['p']}, {_fmt_size(int(w['nbytes']))})")
 
 
 def targets(csv_path: Path) -> str:
-    """The verdicts of :data:`TARGET_CLAIMS` on a CSV this script wrote, by the claims' own checks
-    and thresholds; with ``torch-aa`` rows, also each check applied to the built-in against itself
-    (the A/A rows standing in for every algorithm the claim names).
+    """Issue 13's loopback targets on a CSV this script wrote (benchmark rows, not claims), from
+    its own ratio columns: every bound of :data:`TARGET_BOUNDS` at every p and message of at
+    least :data:`TARGET_MIN_BYTES` (PASS when every point's 95% interval lies at or below it,
+    FAIL when one lies wholly above, else INCONCLUSIVE), then :data:`TARGET_PARITY` by
+    :func:`parity` (met when every point is inside the A/A interval; not decided without
+    ``torch-aa`` rows).
 
     Example::
 
-        print(targets(Path("artifact/reference/bench/targets60_cpu.csv")))
+        print(targets(Path("artifact/reference/bench/targets60_seventh_cpu.csv")))
     """
-    import pandas as pd
-
-    from pipecomm.lab import claims
-
-    df = pd.read_csv(csv_path).rename(columns={"p": "world_size"}).assign(section="real")
-    entries = {e["id"]: e for e in claims.load_claims()}
-    out = []
-    for cid in TARGET_CLAIMS:
-        entry = entries[cid]
-        v = claims.run_check(entry, df)
-        out.append(f"{cid} {v.verdict}: {v.measured} (threshold: {v.threshold})")
-        if (df.algorithm == AA).any():
-            bound = entry["args"]["max_ratio"]
-            algs = list(bound) if isinstance(bound, dict) else ["lp"]
-            base, aa = df[df.algorithm == "torch"], df[df.algorithm == AA]
-            as_algs = pd.concat([base, *(aa.assign(algorithm=a) for a in algs)])
-            v = claims.run_check(entry, as_algs)
-            out.append(f"{cid} on the A/A rows (the built-in as {' and '.join(algs)}): "
-                       f"{v.verdict}: {v.measured}")
-    return "\n".join(out)
+    out = [f"{alg} {op} <= {bound:g}x the built-in (every p, messages >= "
+           f"{_fmt_size(TARGET_MIN_BYTES)}, 95% interval): "
+           + _bound_verdict(csv_path, op, alg, bound, "ratio")
+           for (op, alg), bound in TARGET_BOUNDS.items()]
+    op, alg = TARGET_PARITY
+    head = f"{alg} {op} at parity with the built-in (inside the A/A interval, every p, " \
+           f"messages >= {_fmt_size(TARGET_MIN_BYTES)}): "
+    if not any(r["algorithm"] == AA for r in _rows(csv_path, TARGET_MIN_BYTES)):
+        return "\n".join([*out, head + f"not decided: no {AA} rows (run with --aa)"])
+    met, n, text = _parity(csv_path, alg, op, TARGET_MIN_BYTES)
+    return "\n".join([*out, head + f"{'MET' if met == n else 'NOT MET'} at {met} of {n} "
+                       f"points: {text}"])
 
 
 def paired_targets(csv_path: Path) -> str:
-    """A secondary reading of :data:`TARGET_CLAIMS` on the paired ratios (CSV columns ``pratio*``):
-    the claims' bounds and rule (PASS when a point's interval lies at or below its bound, FAIL
-    when above, every point of messages >= the claim's ``min_bytes``), applied to the median of
-    the per-round ratios. First the method's own check on the ``torch-aa`` rows: it passes when
-    no more of their paired intervals exclude 1 than :func:`pipecomm.lab.stats.misses_allowed`
-    allows; when it fails, the paired verdicts are printed as not usable. The claims themselves
-    decide with :func:`targets`.
+    """A secondary reading of :func:`targets` on the paired ratios (CSV columns ``pratio*``):
+    the same bounds and rule, and parity against the A/A rows' paired intervals, applied to the
+    median of the per-round ratios. First the method's own check on the ``torch-aa`` rows: it
+    passes when no more of their paired intervals exclude 1 than
+    :func:`pipecomm.lab.stats.misses_allowed` allows; when it fails, the paired verdicts are
+    printed as not usable. The targets themselves are decided by :func:`targets`.
 
     Example::
 
@@ -520,17 +552,13 @@ def paired_targets(csv_path: Path) -> str:
     """
     import pandas as pd
 
-    from pipecomm.lab import claims
-
     df = pd.read_csv(csv_path)
     if "pratio" not in df.columns:
         raise ValueError(f"{csv_path}: no paired ratios (columns pratio*; a CSV written before "
                          "they were added)")
-    entries = {e["id"]: e for e in claims.load_claims()}
-    smallest = min(entries[cid]["args"]["min_bytes"] for cid in TARGET_CLAIMS)
-    aa = df[(df.algorithm == AA) & (df.nbytes >= smallest)]  # the A/A rows of the targets' points
+    aa = df[(df.algorithm == AA) & (df.nbytes >= TARGET_MIN_BYTES)]  # the targets' A/A rows
     if aa.empty:
-        raise ValueError(f"{csv_path}: no {AA} rows of {_fmt_size(smallest)} or more "
+        raise ValueError(f"{csv_path}: no {AA} rows of {_fmt_size(TARGET_MIN_BYTES)} or more "
                          "(run with --aa)")
     misses = aa[(aa.pratio_lo > 1) | (aa.pratio_hi < 1)]
     allowed = stats.misses_allowed(len(aa))
@@ -539,21 +567,14 @@ def paired_targets(csv_path: Path) -> str:
                       f"{r.pratio_hi:.3f}]" for r in misses.itertuples())
     out = [f"paired A/A check {'PASS' if usable else 'FAIL'}: {len(misses)} of {len(aa)} "
            f"intervals exclude 1 (at most {allowed} allowed){': ' + where if where else ''}"]
-    for cid in TARGET_CLAIMS:
-        args, op = entries[cid]["args"], TARGET_OPS[cid]
-        bounds = args["max_ratio"] if isinstance(args["max_ratio"], dict) else {"lp": args["max_ratio"]}
-        verdicts, parts = [], []
-        for alg, bound in bounds.items():
-            d = df[(df.algorithm == alg) & (df.op == op) & (df.nbytes >= args["min_bytes"])]
-            if d.empty:
-                raise ValueError(f"{csv_path}: no {alg} {op} rows of "
-                                 f"{_fmt_size(args['min_bytes'])} or more")
-            verdicts += [claims.at_most(r.pratio_lo, r.pratio_hi, bound) for r in d.itertuples()]
-            w = d.loc[d.pratio.idxmax()]
-            parts.append(f"{alg} worst {claims.fmt_ci(w['pratio'], w['pratio_lo'], w['pratio_hi'])}"
-                         f" (p={w['p']}, {_fmt_size(int(w['nbytes']))}) (bound {bound:g})")
-        verdict = claims.combine(verdicts) if usable else "not usable"
-        out.append(f"{cid} paired {verdict}: {'; '.join(parts)} x built-in")
+    for (op, alg), bound in TARGET_BOUNDS.items():
+        text = _bound_verdict(csv_path, op, alg, bound, "pratio")
+        out.append(f"{alg} {op} <= {bound:g}x paired "
+                   + (text if usable else "not usable: " + text.split(": ", 1)[1]))
+    op, alg = TARGET_PARITY
+    met, n, text = _parity(csv_path, alg, op, TARGET_MIN_BYTES, key="pratio")
+    verdict = ("MET" if met == n else "NOT MET") if usable else "not usable:"
+    out.append(f"{alg} {op} at parity paired {verdict} at {met} of {n} points: {text}")
     return "\n".join(out)
 
 
@@ -629,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-size", type=parse_size, default=16 << 20,
                     help="smallest message in the --summary / --cpu-summary table (default 16M)")
     ap.add_argument("--targets", type=Path, default=None, metavar="CSV",
-                    help="decide claims C2.5 / C2.6 (issue 13's targets) on a CSV and exit")
+                    help="decide issue 13's loopback targets against the built-in (ring / LP "
+                         "allreduce bounds, LP broadcast parity) on a CSV and exit")
     ap.add_argument("--paired", action="store_true",
                     help="with --targets: also the secondary reading on the paired ratios, "
                          "after the paired A/A check (needs the CSV's torch-aa rows)")

@@ -675,15 +675,15 @@ def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path)
 
 def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):
     """The cpu table has no row for E14 (profile shaped); the shaped table has its experiments'
-    claims except those limited to other profiles (the real-backend targets, accuracy)."""
+    claims except those limited to other profiles (the real-backend host model, accuracy)."""
     monkeypatch.setattr(artifact, "RESULTS", tmp_path)
     cpu = artifact.claims_table("cpu", write=False)
     shaped = artifact.claims_table("shaped", write=False)
     assert "E14" not in set(cpu.experiment) and {"E0", "E13"} <= set(cpu.experiment)
-    assert {"C2.5", "C2.6", "C7.2"} <= set(cpu.claim)
+    assert {"C2.7", "C7.2"} <= set(cpu.claim)
     assert set(shaped.experiment) == set(artifact.profile_runs("shaped")) - {"E1"}
     assert {"C14.1", "C2.1", "C10.1"} <= set(shaped.claim)
-    assert not {"C2.5", "C2.6", "C7.2", "C7.3", "C9.3"} & set(shaped.claim)
+    assert not {"C2.7", "C7.2", "C7.3", "C9.3"} & set(shaped.claim)
     assert set(shaped.verdict) <= {"NOT RUN", "MODEL (no verdict)"} and "network" in shaped.columns
 
 

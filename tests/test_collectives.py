@@ -987,46 +987,73 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
     assert proc.returncode == 2 and "--lp-blocks" in proc.stderr
 
 
-def test_collectives_benchmark_targets_use_the_claims_checks(tmp_path):
-    """bench_collectives.py --targets decides C2.5 / C2.6 with claims.yaml's checks and bounds: LP
-    broadcast at twice the built-in's time FAILs C2.5, allreduces at the built-in's time PASS C2.6,
-    and the built-in against itself (A/A rows) is INCONCLUSIVE against "<= 1.0x", never PASS; a
-    CSV without messages of 16 MiB is refused."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_collectives_benchmark_targets_from_the_csv_ratios(tmp_path, capsys):
+    """bench_collectives.py --targets decides issue 13's loopback targets (benchmark rows, not
+    claims) from the CSV's own ratio columns and the script's TARGET_BOUNDS (ring allreduce at
+    most 1.15x, LP allreduce at most 1.3x the built-in, every p, messages >= 16 MiB): PASS when
+    every point's 95% interval lies at or below the bound, FAIL when one lies wholly above, else
+    INCONCLUSIVE; LP broadcast MET when its interval lies inside the A/A interval at every point,
+    NOT MET otherwise, not decided without A/A rows; a CSV without 16 MiB messages is refused."""
+    import csv as csvmod
 
-    script = str(Path(__file__).resolve().parents[1] / "benchmarks/bench_collectives.py")
-    base = [0.010 + 0.0004 * ((7 * i) % 11) for i in range(20)]  # 10.0-14.0 ms, spread out
-    rows = ["algorithm,op,p,nbytes,times_s"]
-    for q in (2, 4):
-        for op, algs in (("broadcast", {"lp": 2.0}), ("allreduce", {"lp": 1.0, "ring": 1.0})):
-            for alg, factor in {"torch": 1.0, "torch-aa": 1.0, **algs}.items():
-                ts = base if alg == "torch" else base[3:] + base[:3]  # same values, other order
-                rows.append(f"{alg},{op},{q},{16 << 20},{';'.join(str(t * factor) for t in ts)}")
-    path = tmp_path / "t.csv"
-    path.write_text("\n".join(rows) + "\n")
-    proc = subprocess.run([sys.executable, script, "--targets", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("C2.5 FAIL: lp worst 2")
-    assert lines[1].startswith("C2.5 on the A/A rows (the built-in as lp): INCONCLUSIVE")
-    assert lines[2].startswith("C2.6 PASS")
-    assert lines[3].startswith("C2.6 on the A/A rows (the built-in as lp and ring): PASS")
-    small = tmp_path / "s.csv"
-    small.write_text("\n".join(r.replace(str(16 << 20), "1048576") for r in rows) + "\n")
-    proc = subprocess.run([sys.executable, script, "--targets", str(small)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no real broadcast measurements" in proc.stderr
+    bc = _benchmark("bench_collectives")
+    assert bc.TARGET_BOUNDS == {("allreduce", "ring"): 1.15, ("allreduce", "lp"): 1.3}
+
+    def write(name, ring, lp_ar, lp_bc, aa=True, nbytes=16 << 20):
+        """One row per algorithm, op and p (2, 4); ring / lp_ar / lp_bc: (ratio, lo, hi) per p."""
+        rows = []
+        for i, q in enumerate((2, 4)):
+            cells = [("ring", "allreduce", ring[i]), ("lp", "allreduce", lp_ar[i]),
+                     ("lp", "broadcast", lp_bc[i]), ("torch", "allreduce", (1.0, 1.0, 1.0)),
+                     ("torch", "broadcast", (1.0, 1.0, 1.0))]
+            if aa:
+                cells += [(bc.AA, op, (1.0, 0.95, 1.05)) for op in ("allreduce", "broadcast")]
+            rows += [{"algorithm": alg, "op": op, "p": q, "nbytes": nbytes, "ratio": r,
+                      "ratio_lo": lo, "ratio_hi": hi} for alg, op, (r, lo, hi) in cells]
+        path = tmp_path / name
+        with path.open("w", newline="") as f:
+            w = csvmod.DictWriter(f, fieldnames=bc.COLUMNS, restval="")
+            w.writeheader()
+            w.writerows(rows)
+        return path
+
+    good = write("good.csv", [(1.05, 1.0, 1.1)] * 2, [(1.2, 1.1, 1.25)] * 2,
+                 [(1.0, 0.97, 1.03)] * 2)
+    assert bc.main(["--targets", str(good)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ring allreduce <= 1.15x the built-in (every p, messages >= 16M, "
+                               "95% interval): PASS: 2 of 2 points at or below, 0 wholly above; "
+                               "worst 1.05 [1.00, 1.10] (p=2, 16M)")
+    assert lines[1].startswith("lp allreduce <= 1.3x the built-in") and ": PASS: " in lines[1]
+    assert lines[2].startswith("lp broadcast at parity with the built-in") \
+        and "MET at 2 of 2 points" in lines[2] and "NOT MET" not in lines[2]
+    bad = write("bad.csv", [(1.05, 1.0, 1.1), (1.25, 1.2, 1.3)],  # p = 4 wholly above 1.15
+                [(1.3, 1.2, 1.4), (1.2, 1.1, 1.25)],  # p = 2 straddles 1.3
+                [(1.0, 0.9, 1.03), (1.0, 0.97, 1.03)])  # p = 2 wider than the A/A interval
+    lines = bc.targets(bad).splitlines()
+    assert ": FAIL: 1 of 2 points at or below, 1 wholly above; worst 1.25 [1.20, 1.30] (p=4" \
+        in lines[0]
+    assert ": INCONCLUSIVE: 1 of 2 points at or below, 0 wholly above" in lines[1]
+    assert "NOT MET at 1 of 2 points" in lines[2] and "0.90, 1.03] inside A/A" in lines[2]
+    no_aa = write("noaa.csv", [(1.05, 1.0, 1.1)] * 2, [(1.2, 1.1, 1.25)] * 2,
+                  [(1.0, 0.97, 1.03)] * 2, aa=False)
+    lines = bc.targets(no_aa).splitlines()
+    assert ": PASS: " in lines[0] and lines[2].endswith("not decided: no torch-aa rows "
+                                                        "(run with --aa)")
+    small = write("small.csv", [(1.05, 1.0, 1.1)] * 2, [(1.2, 1.1, 1.25)] * 2,
+                  [(1.0, 0.97, 1.03)] * 2, nbytes=1 << 20)
+    with pytest.raises(SystemExit) as exc:
+        bc.main(["--targets", str(small)])
+    assert exc.value.code == 2 and "no ring allreduce rows" in capsys.readouterr().err
 
 
 def test_collectives_benchmark_paired_targets_after_their_aa_check(tmp_path, capsys):
     """--targets CSV --paired: the paired A/A check counts the torch-aa intervals that exclude 1
-    against stats.misses_allowed (12 intervals: 2 allowed) and only then decides the claims'
-    bounds on the paired ratios (LP broadcast 1.04 [1.01, 1.08] FAILs "<= 1.0"; allreduce within
-    its bounds PASSes); with 3 misses the paired verdicts are "not usable"; a CSV without paired
-    columns, and --paired without --targets, are refused (in this process: no rank starts)."""
+    against stats.misses_allowed (12 intervals: 2 allowed) and only then decides the same targets
+    on the paired ratios (allreduces within their bounds PASS; LP broadcast 1.04 [1.01, 1.08] is
+    NOT MET: not inside the A/A interval); with 3 misses the paired verdicts are "not usable"; a
+    CSV without paired columns, and --paired without --targets, are refused (in this process: no
+    rank starts)."""
     bench = _benchmark("bench_collectives")
 
     def csv_with(aa_misses: int):
@@ -1045,14 +1072,17 @@ def test_collectives_benchmark_paired_targets_after_their_aa_check(tmp_path, cap
 
     lines = bench.paired_targets(csv_with(2)).splitlines()
     assert lines[0].startswith("paired A/A check PASS: 2 of 12 intervals exclude 1 (at most 2")
-    assert lines[1].startswith("C2.5 paired FAIL: lp worst 1.04 [1.01, 1.08]")
-    assert lines[2].startswith("C2.6 paired PASS")
+    assert lines[1].startswith("ring allreduce <= 1.15x paired PASS: 6 of 6 points")
+    assert lines[2].startswith("lp allreduce <= 1.3x paired PASS")
+    assert lines[3].startswith("lp broadcast at parity paired NOT MET at 0 of 6 points: p=2 16M: "
+                               "1.04 [1.01, 1.08] inside A/A")
     lines = bench.paired_targets(csv_with(3)).splitlines()
     assert lines[0].startswith("paired A/A check FAIL: 3 of 12")
-    assert lines[1].startswith("C2.5 paired not usable") and "C2.6 paired not usable" in lines[2]
+    assert lines[1].startswith("ring allreduce <= 1.15x paired not usable: 6 of 6 points")
+    assert lines[3].startswith("lp broadcast at parity paired not usable: at 0 of 6")
     old = tmp_path / "old.csv"
-    old.write_text("algorithm,op,p,nbytes,times_s\n" + "".join(
-        f"{a},{op},2,{16 << 20},0.010;0.011;0.012\n"
+    old.write_text("algorithm,op,p,nbytes,ratio,ratio_lo,ratio_hi\n" + "".join(
+        f"{a},{op},2,{16 << 20},1.0,0.95,1.05\n"
         for op, algs in (("broadcast", ("torch", "lp")), ("allreduce", ("torch", "lp", "ring")))
         for a in algs))  # the unpaired verdicts print, then the paired reading is refused
     for argv, message in ((["--targets", str(old), "--paired"], "no paired ratios"),

@@ -34,10 +34,6 @@ CLAIM_ARGS = {
     "e2_crossover_vs_model": {"ports": "single", "other": "be", "factor": 2.0},
     "e2_allreduce_port_model": {"min_ratio": 1.0},
     "e2_model_within": {"min_bytes": 1 << 20, "tolerance": 0.25, "may_miss": "binomial"},
-    "e2_real_lp_broadcast_vs_builtin": {"min_bytes": 16 << 20, "max_ratio": 1.0,
-                                        "may_miss": "binomial"},
-    "e2_real_allreduce_vs_builtin": {"min_bytes": 16 << 20, "max_ratio": {"lp": 1.3, "ring": 1.15},
-                                     "may_miss": "binomial"},
     "e2_real_host_model": {"op": "broadcast", "world_size": 8, "tolerance": 0.25},
 }
 GAMMA = 1e-9
@@ -46,7 +42,7 @@ HOST = 124e-6  # host seconds per LP block (the reference E0's per-message laten
 
 def _synthetic(
     lp_bcast=1.0, lp_bcast_top=1.0, pn_lp=1.0, sp_lp=1.0, one_off=1.0, all_off=1.0,
-    real_lp_bcast=0.8, real_ring_ar=1.0, spread=0.01, real_host_err=1.05,
+    spread=0.01, real_host_err=1.05,
 ) -> pd.DataFrame:
     """The model (LP overlapped) as 'measurement' (x 1.05), with factors applied to chosen
     points; every point has 10 repeats within ``+- spread`` of its median."""
@@ -91,8 +87,7 @@ def _synthetic(
             }
         )
     factor = {
-        ("broadcast", "lp"): real_lp_bcast,
-        ("allreduce", "ring"): real_ring_ar,
+        ("broadcast", "lp"): 0.8,
         ("allreduce", "lp"): 1.1,
     }
     for q in (2, 4, 8):
@@ -135,10 +130,6 @@ CLAIM_CASES = {
     # 39 points, 4 may miss: every point off fails; every point on the edge cannot decide
     "e2_model_within": (_synthetic, lambda: _synthetic(all_off=1.6),
                         lambda: _synthetic(all_off=1.25 / 1.05, spread=0.1)),
-    "e2_real_lp_broadcast_vs_builtin": (_synthetic, lambda: _synthetic(real_lp_bcast=1.3),
-                                        lambda: _synthetic(real_lp_bcast=1.0, spread=0.1)),
-    "e2_real_allreduce_vs_builtin": (_synthetic, lambda: _synthetic(real_ring_ar=2.0),
-                                     lambda: _synthetic(real_ring_ar=1.15, spread=0.1)),
     "e2_real_host_model": (_synthetic, lambda: _synthetic(real_host_err=1.6),
                            lambda: _synthetic(real_host_err=1.25, spread=0.1)),
 }
@@ -188,9 +179,6 @@ def test_claims_need_their_data():
     with pytest.raises(ValueError, match="per-neighbor"):
         e2.check_allreduce_ports(df[df.ports != "per-neighbor"],
                                  **CLAIM_ARGS["e2_allreduce_port_model"])
-    with pytest.raises(ValueError, match="built-in"):
-        e2.check_real_broadcast(df[df.algorithm != "torch"],
-                                **CLAIM_ARGS["e2_real_lp_broadcast_vs_builtin"])
     with pytest.raises(ValueError, match="host model"):
         e2.check_real_host_model(df.assign(model_s=float("nan")),
                                  **CLAIM_ARGS["e2_real_host_model"])

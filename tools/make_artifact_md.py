@@ -28,6 +28,9 @@ REFERENCE_PROFILES = ("cpu", "shaped", "cpu-full")  # the profiles with a refere
 
 
 def _reference(profile: str):
+    """The reference run's claims table of ``profile``: the rows of its own experiments and of
+    the claims claims.yaml still states (a claim removed from claims.yaml is no claim of the
+    artifact any more, whatever an older reference run decided about it)."""
     import pandas as pd
 
     path = ROOT / "artifact" / "reference" / profile / "claims.csv"
@@ -35,7 +38,9 @@ def _reference(profile: str):
         return None
     table = pd.read_csv(path, dtype=str).fillna("")
     ran = {d.name for d in path.parent.iterdir() if d.is_dir()}
-    return table[table["experiment"].isin(ran)]  # cpu-full keeps only its own experiments
+    stated = {c["id"] for c in yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())}
+    # cpu-full keeps only its own experiments
+    return table[table["experiment"].isin(ran) & table["claim"].isin(stated)]
 
 
 def _meaning(profile: str, row) -> str:
