@@ -333,11 +333,10 @@ def check_collective_vs_link(df: pd.DataFrame, op: str, algorithm: str, world_si
 
     Example::
 
-        >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": a,
-        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "ci_lo_s": t,
-        ...                     "ci_hi_s": t, "link_s": 1.1,
-        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
-        ...                    for a, t in (("lp", 2.0), ("torch", 6.0))])
+        >>> row = {"section": "collective", "op": "broadcast", "nbytes": 1 << 24,
+        ...        "world_size": 8, "link_s": 1.1, "times_s": "1.96;2.0;2.04"}
+        >>> df = pd.DataFrame([dict(row, algorithm="lp", time_s=2.0, ci_lo_s=1.96, ci_hi_s=2.04),
+        ...                    dict(row, algorithm="torch", time_s=2.0, ci_lo_s=1.96, ci_hi_s=2.04)])
         >>> check_collective_vs_link(df, "broadcast", "lp", [8], 1 << 24, 1.25, "none").verdict
         'FAIL'
     """
