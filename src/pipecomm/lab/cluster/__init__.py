@@ -3,34 +3,13 @@
 The network of the DAdam paper's runtime model (Wang, Zhang, Wu, Johansson, ICLR 2025: the ranks
 of a node share one inter-node link; intra-node traffic is fast) and, with one rank per node, the
 single-port model of the LP paper (Wang et al., arXiv 1611.04255: one full-duplex port per rank),
-carried by the kernel's own TCP stack and traffic shaper instead of pipecomm's emulator:
-
-* node ``i`` is a network namespace with a loopback and one interface ``eth0`` (address
-  ``10.77.0.<i+1>/24``, a subnet that exists only inside the namespaces of the run);
-* a bridge ``br0`` in a namespace of its own joins the nodes: node ``i``'s ``eth0`` is one end of
-  a veth pair whose other end ``v<i>`` is a port of the bridge;
-* each node's link is shaped in both directions to ``bandwidth_Bps`` by a token-bucket filter
-  (``tc qdisc ... tbf``) on both ends of its veth: ``eth0`` shapes what the node sends,
-  ``v<i>`` what it receives. The ranks of a node share its namespace, so they talk to each other
-  over its loopback (unshaped) and share its link to the others (two-level network).
-
-Nothing is configured in the host's own namespace: the veth ends are created inside the
-namespaces (``ip -n``). Every listener (the rendezvous store, gloo) binds inside a node's
-namespace. Names carry a per-run prefix ``pc<pid>-``; :class:`VirtualCluster` removes its
-namespaces, links and processes on success, on a failing rank, on SIGINT / SIGTERM and at exit,
-and :func:`cleanup_stale` (run by every new cluster) removes what a killed run left behind.
-Latency cannot be added (the kernel here may lack the ``netem`` qdisc); links are bandwidth-shaped
-only.
-
-``links="per-neighbor"`` builds the per-neighbor port model instead (the LP paper's model with
-one link per pair of ranks): no bridge; every pair of nodes ``i < j`` has its own veth pair
-(``p<j>`` in node ``i``, ``p<i>`` in node ``j``), shaped both ways, and a host route to the
-peer's address through it; a node's address sits on its ``eth0`` (a veth whose other end stays
-in the node), so gloo still binds to ``eth0``.
-
-Programs run through the multi-node path of the README: one ``torchrun`` agent per node, started
-inside its namespace with ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint
-<node 0>:<port>``, and ``GLOO_SOCKET_IFNAME=eth0``.
+carried by the kernel's own TCP stack and traffic shaper (``tc tbf``, both directions of every
+node link) instead of pipecomm's emulator; ``links="per-neighbor"`` gives one shaped link per pair
+of nodes. Programs run through the multi-node path of the README: one ``torchrun`` agent
+per node, inside its namespace. Nothing is configured in the host's own namespace, and everything
+a run builds is removed afterwards (also on a failing rank, SIGINT / SIGTERM, and by the next run
+after a kill). How the nodes are built (addresses, bridge, veth pairs, names, clean-up):
+docs/network_model.md, "How the virtual cluster is built".
 
 Modules: :mod:`.host` (the ``ip`` / ``tc`` commands, :func:`available`, clean-up),
 :mod:`.virtual` (:class:`VirtualCluster`), :mod:`.job` (:class:`ClusterJob`: calls on the ranks
