@@ -221,7 +221,7 @@ def rank_bench(cfg: dict) -> list[dict]:
     dist.barrier()
     if dist.get_rank() != 0:
         return []
-    shaped = cfg.get("shaped")  # (bandwidth_Bps, ranks_per_node) of a virtual cluster
+    shaped = cfg.get("shaped")  # (bandwidth_Bps, ranks_per_node, links) of a virtual cluster
     link = cost.host_link() if netem.current() is None and not shaped else None  # read once
     for r, pt in zip(timed, points):  # rank 0's rows come in point order
         r["algorithm"] = pt["label"]
@@ -264,9 +264,9 @@ def _row(r: dict, wrong: int, timed: list[dict], link: Any, shaped: tuple | None
         "cpu_ratio_lo": float("nan"),
         "cpu_ratio_hi": float("nan"),
         "cpu_times_s": r["cpu_times_s"],
-        # the single-port limit; a per-neighbor network (shaped[2]) has none of that form
-        "link_s": bench.link_limit_s(op, n, p, *shaped[:2]) if shaped and
-        shaped[2:] in ((), ("bridge",)) else float("nan"),
+        # the single-port limit; a per-neighbor network has none of that form
+        "link_s": bench.link_limit_s(op, n, p, *shaped[:2]) if shaped and shaped[2] == "bridge"
+        else float("nan"),
     }
     base = [b for b in timed if b["algorithm"] == "torch" and b["op"] == op and b["nbytes"] == n]
     if base:

@@ -109,7 +109,7 @@ def training_figure(path: Path, out: Path, network: str) -> Path:
     missing = {"seed", "step_ms", "loss", "val_loss", "tx_bytes_per_rank_step"} - set(rows)
     if missing:
         raise ValueError(f"{path}: not a bench_training.py CSV (no {sorted(missing)})")
-    t = shaped_training.step_table(rows.assign(error=rows.get("error", "").fillna("")))
+    t = shaped_training.step_table(rows)
     t = pd.concat([t[t.strategy == "ddp"], t[t.strategy != "ddp"]], ignore_index=True)
     names = t.strategy.tolist()
     mids, los, his = t.step_ms.tolist(), (t.step_ms - t.step_lo).tolist(), \
@@ -120,7 +120,7 @@ def training_figure(path: Path, out: Path, network: str) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.2))
     y = range(len(names))
     ax.barh(y, mids, xerr=[los, his], capsize=3,
-            color=["0.55" if s.partition("+")[0] == "ddp" else "C0" for s in names])  # torch's
+            color=["0.55" if shaped_training.is_stock(s) else "C0" for s in names])
     ax.set_yticks(list(y), ["stock DDP (gloo)" if s == "ddp" else
                             "stock DDP + torch's fp16 hook" if s == "ddp+fp16" else s
                             for s in names])

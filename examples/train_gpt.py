@@ -177,12 +177,11 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
     differ from a torch DDP script."""
     opt = make_optimizer(model, args)
     clip = args.grad_clip
-    if args.strategy == "ddp" and args.compression == "fp16":  # torch's own fp16 hook
-        ddp = DDP(model)
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return ddp, opt, None
     if args.strategy == "ddp":
-        return DDP(model), opt, None
+        ddp = DDP(model)
+        if args.compression == "fp16":  # torch's own fp16 hook
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp, opt, None
     if args.strategy == "ddp-pipecomm" and args.error_feedback:
         ddp = DDP(model)
         state = hooks.CollectiveState(args.algorithm, args.compression, error_feedback=True)

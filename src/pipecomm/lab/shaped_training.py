@@ -29,8 +29,8 @@ import pandas as pd
 
 from pipecomm.lab import cluster, results, stats, sweep
 
-__all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "run_once", "run_or_error",
-           "run_rounds", "step_table", "strategy_args"]
+__all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "is_stock", "run_once",
+           "run_or_error", "run_rounds", "step_table", "strategy_args"]
 
 SCRIPT = results.REPO_ROOT / "examples" / "train_gpt.py"
 NAMES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
@@ -56,6 +56,18 @@ def strategy_args(spec: str) -> list[str]:
     if codec:
         out += ["--compression", codec]
     return out
+
+
+def is_stock(spec: str) -> bool:
+    """Whether ``spec`` is torch's own DDP (``ddp``, ``ddp+fp16`` with torch's fp16 hook): the
+    baselines, drawn apart from pipecomm's strategies.
+
+    Example::
+
+        >>> [is_stock(s) for s in ("ddp", "ddp+fp16", "ddp-pipecomm:ring")]
+        [True, True, False]
+    """
+    return spec.partition("+")[0] == "ddp"
 
 
 def check_strategy(spec: str) -> None:

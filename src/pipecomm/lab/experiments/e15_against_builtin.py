@@ -283,7 +283,7 @@ def plot(df: pd.DataFrame, **params: Any):
         ax.set_visible(True)
         y = np.arange(len(t))
         ax.barh(y, t.step_ms, xerr=np.vstack([t.step_ms - t.step_lo, t.step_hi - t.step_ms]),
-                color=["0.5" if s.startswith("ddp") and ":" not in s else "C0"
+                color=["0.5" if shaped_training.is_stock(s) else "C0"
                        for s in t.strategy], capsize=2)
         ax.set_yticks(y, t.strategy, fontsize=7)
         ax.invert_yaxis()
