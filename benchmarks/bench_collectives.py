@@ -59,7 +59,9 @@ cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network namespace per
 link shaped to RATE bytes/s each way by tc tbf; ``--ranks-per-node 2`` for two-level nodes) and
 adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``link_s``); the goals on
 such a network are claims C15.1-C15.3 of E15 (profile ``shaped``). ``--check-cost`` times the ranks' agreement check
-alone beside each call (rows ``check``; ``--check-summary CSV``). ``--parity CSV``: LP broadcast
+alone beside each call (rows ``check``; ``--check-summary CSV``), each call without it (rows
+``unchecked:ALG``) and, with ``torch`` among the algorithms, the built-in behind torch's own
+check (rows ``torch:detail``, a group made with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). ``--parity CSV``: LP broadcast
 at parity with the built-in, its interval inside the built-in's A/A interval.
 
     .venv/bin/python benchmarks/bench_collectives.py --cluster 15M --p 8 --sizes 16M \
@@ -199,7 +201,8 @@ def rank_bench(cfg: dict) -> list[dict]:
     p = cfg["p"]
     labels = [*cfg["algorithms"], *(f"lp/{k}" for k in cfg.get("lp_blocks", ())),
               *([AA] if cfg.get("aa") else []), *([CHECK] if cfg.get("check") else []),
-              *(f"{UNCHECKED}{a}" for a in cfg["algorithms"] if cfg.get("check") and a != "torch")]
+              *(f"{UNCHECKED}{a}" for a in cfg["algorithms"] if cfg.get("check") and a != "torch"),
+              *([sweep.TORCH_DETAIL] if cfg.get("check") and "torch" in cfg["algorithms"] else [])]
 
     def point(op: str, n: int, label: str) -> dict:
         alg = "torch" if label == AA else label if label.startswith(UNCHECKED) else label.split("/")[0]
@@ -216,7 +219,7 @@ def rank_bench(cfg: dict) -> list[dict]:
     if dist.get_rank() < p:
         wrong = {_what(pt): _wrong(pt["algorithm"], pt["op"], pt["nbytes"] // 4, group, p,
                                    pt.get("block_bytes"))
-                 for pt in points if pt["label"] not in (AA, CHECK)
+                 for pt in points if pt["label"] not in (AA, CHECK, sweep.TORCH_DETAIL)
                  and not pt["label"].startswith(UNCHECKED)}  # no call of their own
     dist.barrier()
     if dist.get_rank() != 0:
@@ -408,7 +411,8 @@ def check_cost(csv_path: Path) -> str:
     p and size, the check's median time alone, and per algorithm what the check adds to its
     call (the call's median over the same call without the check, minus 1) and the check's
     time alone as a share of the call, with bootstrap 95% intervals over the repeats of the
-    same run.
+    same run; where the CSV has ``torch:detail`` rows, also what torch's own check
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) adds to the built-in's call.
 
     Example::
 
@@ -419,26 +423,32 @@ def check_cost(csv_path: Path) -> str:
     if not checks:
         raise ValueError(f"{csv_path} has no '{CHECK}' rows (run with --check-cost)")
     algs = [a for a in ALGORITHMS if a != "torch" and any(r["algorithm"] == a for r in rows)]
+    detail = any(r["algorithm"] == sweep.TORCH_DETAIL for r in rows)
     cell = {(r["algorithm"], r["op"], r["p"], r["nbytes"]): r for r in rows}
     out = ["| p | size | check alone (ms) | "
-           + " | ".join(f"{a}: added by the check | {a}: check alone / call" for a in algs) + " |",
-           "|---|---|---|" + "---|---|" * len(algs)]
+           + " | ".join(f"{a}: added by the check | {a}: check alone / call" for a in algs)
+           + (" | torch: added by its own check (DETAIL)" if detail else "") + " |",
+           "|---|---|---|" + "---|---|" * len(algs) + ("---|" if detail else "")]
+
+    def added(call: dict | None, bare: dict | None) -> str:
+        if call is None or bare is None:
+            return ""
+        v, lo, hi = stats.ratio_ci(stats.repeats(call["times_s"]), stats.repeats(bare["times_s"]))
+        return f"{v - 1:+.1%} [{lo - 1:+.1%}, {hi - 1:+.1%}]"
+
     for c in checks:
         cells = []
         key = (c["op"], c["p"], c["nbytes"])
         for a in algs:
-            call, bare = cell.get((a, *key)), cell.get((f"{UNCHECKED}{a}", *key))
+            call = cell.get((a, *key))
+            cells.append(added(call, cell.get((f"{UNCHECKED}{a}", *key))))
             if call is None:
-                cells += ["", ""]
-                continue
-            times = stats.repeats(call["times_s"])
-            if bare is None:
                 cells.append("")
-            else:
-                v, lo, hi = stats.ratio_ci(times, stats.repeats(bare["times_s"]))
-                cells.append(f"{v - 1:+.1%} [{lo - 1:+.1%}, {hi - 1:+.1%}]")
-            v, lo, hi = stats.ratio_ci(stats.repeats(c["times_s"]), times)
+                continue
+            v, lo, hi = stats.ratio_ci(stats.repeats(c["times_s"]), stats.repeats(call["times_s"]))
             cells.append(f"{v:.1%} [{lo:.1%}, {hi:.1%}]")
+        if detail:
+            cells.append(added(cell.get((sweep.TORCH_DETAIL, *key)), cell.get(("torch", *key))))
         out.append(f"| {c['p']} | {_fmt_size(int(c['nbytes']))} {c['op']} | "
                    f"{float(c['time_s']) * 1e3:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(out)

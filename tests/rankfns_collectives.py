@@ -841,6 +841,20 @@ def mismatched_calls() -> list[str]:
     return failures
 
 
+def torch_detail_mismatch() -> list[str]:
+    """On a group of ``sweep.detail_group`` (torch's own agreement check) rank r's allreduce of
+    ``10 + r`` elements raises on every member, before any of them returns."""
+    from pipecomm.lab import sweep
+
+    g = sweep.detail_group(list(range(dist.get_world_size())))
+    me = dist.get_rank()
+    try:
+        dist.all_reduce(torch.ones(10 + me), group=g)
+        return [f"rank {me}: torch's check let a size mismatch through"]
+    except RuntimeError as e:
+        return [] if "mismatch" in str(e).lower() else [f"rank {me}: another error: {e}"]
+
+
 def agreement_allgather() -> list[str]:
     """The check's allgather in one round and in Bruck's rounds (DIRECT_MAX forced to 1) over
     groups of 2, 3 and 5: every member gets every member's row in group order; a call inside

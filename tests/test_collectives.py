@@ -934,10 +934,12 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = list(csvmod.DictReader(out.open()))
-    # algorithms (+ lp/3, + A/A, + the check alone, + lp and ring without it) x ops x sizes
-    assert len(rows) == 8 * 2 * 2
+    # algorithms (+ lp/3, + A/A, + the check alone, + lp and ring without it, + the built-in
+    # behind torch's own check) x ops x sizes
+    assert len(rows) == 9 * 2 * 2
     assert ("| p | size | check alone (ms) | lp: added by the check | lp: check alone / call | "
-            "ring: added by the check |") in proc.stdout
+            "ring: added by the check | ring: check alone / call | torch: added by its own check "
+            "(DETAIL) |") in proc.stdout
     assert all(r["wrong"] == "0" for r in rows)
     for r in rows:  # LP in 3 blocks: ceil(n / 3) bytes, rounded up to whole float32 elements
         if r["algorithm"] == "lp/3":
@@ -1162,6 +1164,14 @@ def test_mismatched_calls_raise_on_every_rank(pool):
     """Size, dtype, root, op, empty and LP-block disagreements at p = 2, 3, 5, each algorithm,
     synchronous and asynchronous: every member raises, naming both sides; nothing changed."""
     _check(pool(8).run(fns.mismatched_calls, timeout_s=200))
+
+
+@pytest.mark.timeout(120)
+def test_torch_detail_group_raises_on_every_rank(pool):
+    """What the benchmark compares pipecomm's check with is torch's own: on a group of
+    ``sweep.detail_group`` a size disagreement raises on every member (the p = 1 case is the
+    doctest)."""
+    _check(pool(3).run(fns.torch_detail_mismatch, timeout_s=60))
 
 
 def test_link_limits_and_parity(tmp_path):

@@ -37,8 +37,10 @@ T = TypeVar("T")
 
 __all__ = [
     "ALG_COLORS",
+    "TORCH_DETAIL",
     "check_link_params",
     "collective_call",
+    "detail_group",
     "measure_points",
     "measured_crossover_bytes",
     "message_sizes",
@@ -111,6 +113,34 @@ def network(params: Params, ports: str | None = None):
         bandwidth_Bps=params.emu_bandwidth_Bps,
         ports=ports if ports is not None else params.ports,
     )
+
+
+#: A sweep point's algorithm for the built-in behind torch's own agreement check: the group is
+#: made with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch wraps it in a ``ProcessGroupWrapper``
+#: that compares every rank's call before each collective and raises on every rank where they
+#: differ): the check pipecomm's own is compared with (``bench_collectives.py --check-cost``).
+TORCH_DETAIL = "torch:detail"
+
+
+def detail_group(ranks: list[int]) -> dist.ProcessGroup:
+    """A new group of global ``ranks`` whose collectives go through torch's own agreement check
+    (debug level DETAIL while it is made, restored after); collective like ``dist.new_group``.
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> g = detail_group([0])
+        >>> dist.all_reduce(torch.ones(2), group=g)
+        >>> dist.get_debug_level() == dist.DebugLevel.DETAIL
+        False
+        >>> dist.destroy_process_group()
+    """
+    before = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        return dist.new_group(ranks)
+    finally:
+        dist.set_debug_level(before)
 
 
 def collective_call(op: str, alg: str, t: torch.Tensor, group: Any = None,
@@ -188,7 +218,8 @@ def measure_points(
     cpu: bool = False,
 ) -> list[dict]:
     """On every rank: time each point ``{op, algorithm, nbytes, p, warmup, iters}``, with an
-    optional ``block_bytes`` for LP (default: ``lp.default_block_bytes``).
+    optional ``block_bytes`` for LP (default: ``lp.default_block_bytes``). Algorithm
+    :data:`TORCH_DETAIL`: the built-in on a :func:`detail_group` of the same ranks.
 
     Points run in the given order; a point with ``p`` < world size runs on the subgroup of global
     ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
@@ -220,6 +251,8 @@ def measure_points(
     sync = dev if dev.type == "cuda" else None
     sizes_p = sorted({pt["p"] for pt in points})
     groups = {q: (None if q == world else dist.new_group(list(range(q)))) for q in sizes_p}
+    detail = ({q: detail_group(list(range(q))) for q in sizes_p}
+              if any(pt["algorithm"] == TORCH_DETAIL for pt in points) else {})
     rows: list[dict] = []
     warmed: set = set()
     buf: dict = {}
@@ -243,11 +276,12 @@ def measure_points(
         for pt in run:
             alg = pt["algorithm"]
             block = pt.get("block_bytes") if alg == "lp" else None
+            on = (detail[q], "torch") if alg == TORCH_DETAIL else (g, alg)  # group, algorithm
             if (q, op, alg) not in warmed and pt.get("first_warmup", False):
                 small = torch.zeros(1024, dtype=torch.float32, device=dev)
-                collective_call(op, alg, small, g)()
+                collective_call(op, on[1], small, on[0])()
             warmed.add((q, op, alg))
-            calls.append(collective_call(op, alg, t, g, block))
+            calls.append(collective_call(op, on[1], t, on[0], block))
         if len(run) == 1:
             results = [bench.time_fn(calls[0], warmup=run[0]["warmup"], repeats=run[0]["iters"],
                                      group=g, device=sync, cpu=cpu)]
