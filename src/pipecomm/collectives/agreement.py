@@ -8,9 +8,12 @@ member's :class:`Call` -- an allgather of a few integers: in one round (every me
 its call to every other) up to :data:`DIRECT_MAX` members, where one round of scheduling costs
 more than the extra messages, else in ``ceil(log2 p)`` rounds (Bruck's dissemination: in round
 ``r`` rank ``i`` sends what it knows to ``i - 2^r`` and receives from ``i + 2^r``) -- and all of
-them raise the same :class:`MismatchError`, naming each rank's call, if any differs. The messages go straight to the backend under a tag of their own, never through
-the emulated network (they are not part of the schedule the cost model prices). Their cost is
-measured by ``benchmarks/bench_collectives.py --check-cost``.
+them raise the same :class:`MismatchError`, naming each rank's call, if any differs. The
+messages go straight to the backend under a tag of their own, never through the emulated network
+(they are not part of the schedule the cost model prices). What it costs, beside what torch's own
+check (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) adds to the built-in, is measured by
+``benchmarks/bench_collectives.py --check-cost``; why one round before any data is its floor:
+docs/algorithms.md, "Ranks that disagree".
 
 Example::
 
