@@ -546,6 +546,29 @@ def test_executed_notebooks_record_repository_relative_paths(tmp_path):
     assert "/work/wt" not in path.read_text()
 
 
+def test_relocated_notebook_names_a_linked_venv_relative(tmp_path, monkeypatch):
+    """A checkout whose .venv links to another checkout's (a worktree sharing one): a warning's
+    file under the linked venv is shown as .venv/..., not by the other checkout's path."""
+    import nbformat
+
+    root, other = tmp_path / "wt", tmp_path / "main"
+    (other / ".venv" / "lib").mkdir(parents=True)
+    (root / "notebooks").mkdir(parents=True)
+    (root / ".venv").symlink_to(other / ".venv")
+    monkeypatch.setattr(artifact, "ROOT", root)
+    monkeypatch.setattr(artifact, "NOTEBOOKS", root / "notebooks")
+    book = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("import x")
+    cell.outputs = [nbformat.v4.new_output(
+        "stream", name="stderr", text=f"{other.resolve()}/.venv/lib/tqdm/auto.py:21: Warning\n")]
+    book.cells = [cell]
+    path = tmp_path / "notebook.ipynb"
+    nbformat.write(book, path)
+    artifact.relocate_notebook(path, root / "results" / "cpu" / "E7")
+    text = nbformat.read(path, as_version=4).cells[0].outputs[0]["text"]
+    assert text == ".venv/lib/tqdm/auto.py:21: Warning\n"
+
+
 def test_a_run_prints_only_its_experiments_claims():
     table = pd.DataFrame({"claim": ["C0.2", "C1.1", "C4.1", "C4.2"],
                           "experiment": ["E0", "E1", "E4", "E4"],

@@ -477,6 +477,9 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
                                  cell.source)
     swaps = [(ran_in, out_dir)] if isinstance(ran_in, str) and ran_in else []
     swaps.append((f"{ROOT}/", ""))  # a warning's source file: relative to the repository
+    venv = (ROOT / ".venv").resolve()  # where a linked .venv lives (a worktree sharing one)
+    if venv != ROOT / ".venv":
+        swaps.append((f"{venv}/", ".venv/"))
 
     def relative(text: str) -> str:
         for old, new in swaps:
