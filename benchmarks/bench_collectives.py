@@ -61,8 +61,9 @@ adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``lin
 such a network are claims C15.1-C15.3 of E15 (profile ``shaped``). ``--check-cost`` times the ranks' agreement check
 alone beside each call (rows ``check``; ``--check-summary CSV``), each call without it (rows
 ``unchecked:ALG``) and, with ``torch`` among the algorithms, the built-in behind torch's own
-check (rows ``torch:detail``, a group made with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``). ``--parity CSV``: LP broadcast
-at parity with the built-in, its interval inside the built-in's A/A interval.
+check (rows ``torch:detail``, a group made with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``).
+``--parity CSV``: LP broadcast at parity with the built-in, its interval inside the built-in's
+A/A interval.
 
     .venv/bin/python benchmarks/bench_collectives.py --cluster 15M --p 8 --sizes 16M \
         --algorithms lp ring torch --ops broadcast allreduce --repeats 10 --csv shaped.csv
