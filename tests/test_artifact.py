@@ -9,7 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, claims, cli, results
+from pipecomm.lab import artifact, claims, cli, results, reuse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -312,21 +312,23 @@ def test_replace_dir(tmp_path):
 def test_reuse_requires_same_code_and_params(tmp_path):
     out = tmp_path / "E0"
     out.mkdir()
-    for name in ("data.csv", "notebook.ipynb"):
-        (out / name).write_text("x")
+    (out / "data.csv").write_text("a\n1\n")
+    (out / "notebook.ipynb").write_text("x")
     results.write_json(out / "params.json", {"a": [1, 2]})
     results.write_json(out / "env.json", {"git_commit": "other", "code_hash": "abc"})
-    assert artifact.is_reusable(out, {"a": (1, 2)}, "abc")  # another commit, the same code
-    assert not artifact.is_reusable(out, {"a": (1, 3)}, "abc")
-    assert not artifact.is_reusable(out, {"a": (1, 2)}, "def")
+    reuse.write_manifest(out, {})
+    assert reuse.stale_reason(out, {"a": (1, 2)}, "abc", {}) is None  # another commit, same code
+    assert "other parameters (a)" in reuse.stale_reason(out, {"a": (1, 3)}, "abc", {})
+    assert "other code" in reuse.stale_reason(out, {"a": (1, 2)}, "def", {})
+    assert "calibration" in reuse.stale_reason(out, {"a": (1, 2)}, "abc", {"calibration": "f0"})
     (out / "notebook.ipynb").unlink()
-    assert not artifact.is_reusable(out, {"a": (1, 2)}, "abc")
+    assert reuse.stale_reason(out, {"a": (1, 2)}, "abc", {}) == "notebook.ipynb is missing"
 
 
 def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     """E1's key covers its notebook and the pipecomm modules it imports, not docs, not E4."""
     exps = artifact.discover()
-    files = {p.relative_to(ROOT).as_posix() for p in artifact.code_files(exps["E1"])}
+    files = {p.relative_to(ROOT).as_posix() for p in reuse.code_files(exps["E1"].notebook)}
     assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
             "src/pipecomm/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
     assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
@@ -367,10 +369,12 @@ def test_list_says_which_results_are_current(tmp_path, monkeypatch):
         (out / name).write_text("x")
     results.write_json(out / "params.json", artifact.run_params(exp))
     results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    reuse.write_manifest(out, {})
     assert artifact.result_state(exp, "cpu") == "current"
     results.write_json(out / "env.json", {"code_hash": "0" * 16})
-    assert artifact.result_state(exp, "cpu") == "stale"
-    assert "result: stale" in artifact.list_table([exp], "cpu")
+    assert artifact.result_state(exp, "cpu") == "stale: env.json changed since it was written " \
+        "(sha256 differs)"
+    assert "result: stale: env.json changed" in artifact.list_table([exp], "cpu")
 
 
 def _failing_notebook(path: Path) -> None:
@@ -398,29 +402,37 @@ def test_interrupted_run_leaves_no_result(tmp_path):
 
 def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
     """results.Runs inside a notebook keeps each finished run under results/<profile>/.runs/
-    while the experiment is unfinished; re-running skips them; success removes them."""
+    while the experiment is unfinished; re-running with the same parameters skips them (other
+    parameters start afresh); success removes them."""
     artifact.ensure_kernel()
     nb = tmp_path / "98_runs.ipynb"
     book = nbformat.v4.new_notebook()
     book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
-    cell = nbformat.v4.new_code_cell("out_dir = None\nfail = True\ncounter = ''")
+    cell = nbformat.v4.new_code_cell("out_dir = None\nflag = ''\ncounter = ''")
     cell.metadata["tags"] = ["parameters"]
     book.cells = [cell, nbformat.v4.new_code_cell(
         "import pathlib\nfrom pipecomm.lab import results\nruns = results.Runs(2)\n"
         "def work(i):\n    with open(counter, 'a') as f:\n        f.write('x')\n    return i * 10\n"
         "a = runs({'i': 0}, work, 0)\n"
-        "if fail:\n    raise RuntimeError('interrupted on purpose')\n"
+        "if pathlib.Path(flag).exists():\n    raise RuntimeError('interrupted on purpose')\n"
         "b = runs({'i': 1}, work, 1)\n"
         "(pathlib.Path(out_dir) / 'data.csv').write_text(f'a,b\\n{a},{b}\\n')")]
     nbformat.write(book, nb)
     exp = artifact.Experiment("E98", nb, {}, budget_s=30)
-    out, counter = tmp_path / "results" / "E98", tmp_path / "calls.txt"
+    out, counter, flag = tmp_path / "results" / "E98", tmp_path / "calls.txt", tmp_path / "fail"
+    params = {"flag": str(flag), "counter": str(counter)}
+    flag.write_text("")
     with pytest.raises(Exception, match="interrupted on purpose"):
-        artifact.run_experiment(exp, "cpu", {"fail": True, "counter": str(counter)}, out)
+        artifact.run_experiment(exp, "cpu", params, out)
     kept = list((tmp_path / "results" / ".runs").glob("E98-*/*.pkl"))
     assert not out.exists() and len(kept) == 1 and counter.read_text() == "x"
-    artifact.run_experiment(exp, "cpu", {"fail": False, "counter": str(counter)}, out)
-    assert counter.read_text() == "xx"  # run 0 came from the run directory, only run 1 ran
+    kept[0].write_bytes(b"\x80\x04garbage")  # a damaged run is run again, never reused
+    with pytest.raises(Exception, match="interrupted on purpose"):
+        artifact.run_experiment(exp, "cpu", params, out)
+    assert counter.read_text() == "xx"
+    flag.unlink()
+    artifact.run_experiment(exp, "cpu", params, out)
+    assert counter.read_text() == "xxx"  # run 0 came from the run directory, only run 1 ran
     assert (out / "data.csv").read_text() == "a,b\n0,10\n"
     assert not (tmp_path / "results" / ".runs").exists()
 
@@ -608,6 +620,7 @@ def test_a_run_with_a_current_result_reuses_it_and_says_where_it_is(tmp_path, ca
         (out / name).write_text("a\n1\n")
     results.write_json(out / "params.json", artifact.run_params(exp))
     results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    reuse.write_manifest(out, {})
     assert artifact.run("cpu", [exp], {}) == 0
     text = capsys.readouterr().out
     assert f"E1: current, reused: figure {out / 'figure.png'}, data {out / 'data.csv'}" in text

@@ -153,8 +153,9 @@ def test_kind_and_source_are_required(tmp_path):
             "args": {"min_bytes": 1, "tolerance": 0.1, "abs_tolerance_s": 0.0,
                      "world_sizes": [2], "may_miss": "none"}}
     path = tmp_path / "claims.yaml"
-    for entry, match in ((base, "kind must be one of"), (dict(base, kind="claim"), "kind"),
-                         (dict(base, kind="paper"), "source")):
+    for entry, match in ((base, "claim X: 'kind' is required"),
+                         (dict(base, kind="claim"), "claim X.kind: 'claim' is not allowed"),
+                         (dict(base, kind="paper"), "claim X: 'source' is required")):
         path.write_text(yaml.safe_dump([entry]))
         with pytest.raises(ValueError, match=match):
             claims.load_claims(path)

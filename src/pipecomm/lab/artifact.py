@@ -26,6 +26,7 @@ import ast
 import contextlib
 import hashlib
 import importlib
+import json
 import math
 import os
 import re
@@ -39,15 +40,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
-from pipecomm.lab import claims, results
+from pipecomm.lab import claims, guard, results, reuse, schema
 from pipecomm.lab.cli import parse_value
 
 ROOT = results.REPO_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ROOT / "artifact" / "profiles"
-PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
+PROFILE_NAMES = schema.PROFILE_NAMES
 RESULTS = ROOT / "results"
 REFERENCE = ROOT / "artifact" / "reference"
 KERNEL = "pipecomm"
@@ -122,12 +121,12 @@ def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Exp
     if not path.exists():
         choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
         raise UsageError(f"unknown profile {name!r}; choose from {choices}")
-    spec = yaml.safe_load(path.read_text()) or {}
-    entries = dict(spec.get("experiments") or {})
+    spec = read_profile(name)
+    entries = {eid: entry or {} for eid, entry in spec["experiments"].items()}
     if spec.get("extends"):  # a profile that changes some experiments of another one
-        parent = yaml.safe_load((PROFILES / f"{spec['extends']}.yaml").read_text()) or {}
-        for eid, entry in (parent.get("experiments") or {}).items():
-            own = entries.get(eid) or {}
+        parent = read_profile(spec["extends"])
+        for eid, entry in parent["experiments"].items():
+            entry, own = entry or {}, entries.get(eid) or {}
             entries[eid] = {**entry, **own,
                             "params": {**(entry.get("params") or {}), **(own.get("params") or {})}}
     for eid, entry in entries.items():
@@ -138,7 +137,9 @@ def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Exp
         params = entry.get("params") or {}
         unknown = sorted(set(params) - set(exp.defaults))
         if unknown:
-            raise ValueError(f"{path}: {eid} sets unknown parameter(s) {unknown}")
+            raise schema.ConfigError(f"{_shown_path(path)}: experiments.{eid}.params: unknown "
+                                     f"parameter(s) {unknown} (allowed: the parameters of "
+                                     f"{exp.notebook.name}; ./run_all.sh --list shows them)")
         exp.profile_params = params
     return {eid: exp for eid, exp in experiments.items() if eid in entries}
 
@@ -168,8 +169,23 @@ def profile_runs(name: str) -> list[str] | None:
 def own_experiments(name: str) -> list[str] | None:
     """The experiments a profile that ``extends`` another sets itself (``cpu-full``: E7, E9,
     E13); None for a self-contained profile (all of them)."""
-    spec = yaml.safe_load((PROFILES / f"{name}.yaml").read_text()) or {}
-    return list(spec.get("experiments") or {}) if spec.get("extends") else None
+    spec = read_profile(name)
+    return list(spec["experiments"]) if spec.get("extends") else None
+
+
+def read_profile(name: str) -> dict[str, Any]:
+    """``artifact/profiles/<name>.yaml``, checked against :data:`pipecomm.lab.schema.PROFILE`
+    (its ``profile:`` must name the file).
+
+    Raises:
+        pipecomm.lab.schema.ConfigError: one line naming the file, the key and what is allowed.
+    """
+    path = PROFILES / f"{name}.yaml"
+    spec = schema.load(path, schema.PROFILE)
+    if spec["profile"] != name:
+        raise schema.ConfigError(f"{_shown_path(path)}: profile: {spec['profile']!r} is not "
+                                 f"allowed ({name!r}, the file's name)")
+    return spec
 
 
 def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
@@ -292,16 +308,17 @@ def ensure_kernel() -> None:
 
 
 def _ipc_kernel_manager():
-    """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports."""
-    import tempfile
-
+    """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports; its
+    sockets and connection file share one private directory (:func:`guard.kernel_dir`)."""
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            private = guard.kernel_dir()
             self.transport = "ipc"  # sockets are files in a private temporary directory
-            self.ip = str(Path(tempfile.mkdtemp(prefix="pipecomm-kernel-")) / "kernel")
+            self.ip = str(private / "kernel")
+            self.connection_file = str(private / "connection.json")
 
         async def _async_start_kernel(self, **kw: Any) -> None:
             await super()._async_start_kernel(**kw)
@@ -344,100 +361,40 @@ def execute_notebook(path: Path, output: Path, parameters: dict[str, Any] | None
     )
 
 
-SRC = ROOT / "src"
-#: Packages whose modules count whole when one of them is imported (they load their submodules
-#: lazily, by name); pipecomm itself and pipecomm.lab.experiments count module by module.
-_WHOLE_PACKAGES = ("pipecomm.collectives", "pipecomm.decentralized", "pipecomm.pipesgd")
-
-
-def _module_file(name: str) -> Path | None:
-    base = SRC.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def code_files(exp: Experiment) -> list[Path]:
-    """The files a result of ``exp`` depends on: its notebook and every pipecomm module its
-    experiment module imports, directly or through other pipecomm modules (imports anywhere in
-    a module, read from the source; a package of :data:`_WHOLE_PACKAGES` counts whole).
-
-    Example::
-
-        [p.name for p in code_files(discover()["E1"])][:2]   # ['01_lp_cost_model.ipynb', ...]
-    """
-    files = {exp.notebook}
-    todo = [f"pipecomm.lab.experiments.e{exp.notebook.stem}"]
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run too
-        whole = next((w for w in _WHOLE_PACKAGES if name == w or name.startswith(w + ".")), None)
-        if whole is not None and whole not in seen:
-            todo += [f"{whole}.{p.stem}" for p in _module_file(whole).parent.glob("*.py")
-                     if p.stem != "__init__"]
-        path = _module_file(name)
-        if path is None:
-            continue
-        files.add(path)
-        package = name if path.name == "__init__.py" else ".".join(parts[:-1])
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names if a.name.split(".")[0] == "pipecomm"]
-            elif isinstance(node, ast.ImportFrom):
-                mod = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    mod = ".".join([*up, mod] if mod else up)
-                if mod.split(".")[0] == "pipecomm":
-                    todo += [mod, *(f"{mod}.{a.name}" for a in node.names)]
-    return sorted(files)
-
-
 def code_hash(exp: Experiment) -> str:
-    """A hash of the contents of :func:`code_files` (paths relative to the repository): a result
-    is current while it matches; a commit that touches only docs or other experiments keeps it.
+    """The hash of the code a result of ``exp`` ran (:func:`pipecomm.lab.reuse.code_hash`)."""
+    return reuse.code_hash(exp.notebook)
+
+
+def calibration_of(base: Path) -> Path | None:
+    """E0's calibration in the run directory ``base``, which every later experiment reads."""
+    path = base / "E0" / "calibration.json"
+    return path if path.is_file() else None
+
+
+def stale_reason(exp: Experiment, out: Path, params: dict[str, Any]) -> str | None:
+    """Why ``out`` cannot stand in for a run of ``exp`` with ``params`` (one line), or None when
+    it is current: :func:`pipecomm.lab.reuse.stale_reason` with today's code and inputs (E0's
+    calibration beside ``out``)."""
+    inputs = reuse.inputs(exp.id, params, calibration_of(out.parent))
+    return reuse.stale_reason(out, params, code_hash(exp), inputs)
+
+
+def result_state(exp: Experiment, profile: str, out: Path | None = None,
+                 params: dict[str, Any] | None = None) -> str:
+    """``current`` (reusable with the profile's parameters, today's code and inputs, its files as
+    written), ``stale: <why>`` (there, but not reusable) or ``none`` -- of ``out`` (default
+    ``results/<profile>/<E>/``).
 
     Example::
 
-        code_hash(discover()["E1"])   # '3f2a...' (16 hex digits)
+        result_state(discover()["E1"], "cpu")   # 'stale: figure.png is missing'
     """
-    digest = hashlib.sha256()
-    for path in code_files(exp):
-        digest.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode())
-        digest.update(b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:16]
-
-
-def is_reusable(out: Path, params: dict[str, Any], code: str) -> bool:
-    """A finished result with the same parameters and the same :func:`code_hash`.
-
-    Example::
-
-        is_reusable(RESULTS / "cpu" / "E1", run_params(exp), code_hash(exp))
-    """
-    try:
-        env = results.read_json(out / "env.json")
-        old = results.read_json(out / "params.json")
-    except (OSError, ValueError):
-        return False
-    done = (out / "data.csv").exists() and (out / "notebook.ipynb").exists()
-    same = results.json_roundtrip(params) == old
-    return done and same and env.get("code_hash") == code
-
-
-def result_state(exp: Experiment, profile: str) -> str:
-    """``current`` (reusable with the profile's parameters and today's code), ``stale`` (there,
-    but made with other parameters or code) or ``none`` -- of ``results/<profile>/<E>/``."""
-    out = RESULTS / profile / exp.id
-    if not (out / "data.csv").exists():
+    out = RESULTS / profile / exp.id if out is None else out
+    if not out.is_dir() or not any(out.iterdir()):
         return "none"
-    return "current" if is_reusable(out, run_params(exp), code_hash(exp)) else "stale"
+    reason = stale_reason(exp, out, run_params(exp) if params is None else params)
+    return "current" if reason is None else f"stale: {reason}"
 
 
 def _shown_path(path: Path, start: Path = ROOT) -> str:
@@ -461,8 +418,6 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 
         relocate_notebook(RESULTS / "cpu/E4/notebook.ipynb", RESULTS / "cpu/E4")
     """
-    import json
-
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
@@ -508,7 +463,8 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
                    timeout_factor: float = 3.0, code: str | None = None) -> float:
-    """Execute the notebook into a temporary directory, then rename it to ``out``.
+    """Execute the notebook into a temporary directory, record what it consists of
+    (:func:`pipecomm.lab.reuse.write_manifest`), then rename it to ``out``.
 
     Args:
         exp: the experiment (its notebook and budget).
@@ -521,12 +477,16 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
     Returns the wall time in seconds.
     """
     code = code if code is not None else code_hash(exp)
+    inputs = reuse.inputs(exp.id, params, calibration_of(out.parent))
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     limit = max(120.0, exp.budget_s * timeout_factor)
     # finished training runs survive an interruption here (results.Runs): re-running resumes
-    runs_dir = out.parent / ".runs" / f"{out.name}-{code[:12]}"
+    # them while the code, the parameters and the inputs are the same
+    key = hashlib.sha256(json.dumps([code, results.json_roundtrip(params), inputs],
+                                    sort_keys=True).encode()).hexdigest()
+    runs_dir = out.parent / ".runs" / f"{out.name}-{key[:12]}"
     os.environ[results.RUNS_ENV] = str(runs_dir)
     start = time.perf_counter()
     try:
@@ -543,6 +503,9 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
                 "code_hash": code}
         results.write_json(tmp / "env.json", env)
         relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
+        if not (tmp / "params.json").exists():  # the key of its reuse, whatever the notebook wrote
+            results.write_json(tmp / "params.json", params)
+        reuse.write_manifest(tmp, inputs)
         results.replace_dir(tmp, out)
         shutil.rmtree(runs_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -619,17 +582,30 @@ def profile_claims(profile: str) -> list[dict[str, Any]]:
 
 
 def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True,
-                 runs: int = 1):
+                 runs: int = 1, states: list[dict[str, str]] | None = None):
     """Evaluate every claim of the profile's experiments (:func:`profile_claims`) on
     ``results/<profile>`` and write claims.md and claims.csv there. With ``runs`` > 1 every
     run's directory (:func:`run_dir`) is evaluated too, each run k >= 2 gets its own table in
     its directory, and ``results/<profile>/claims.md`` is the table over all runs
     (:func:`pipecomm.lab.claims.combine_runs`: a ``runs`` column, UNSTABLE where they disagree).
+
+    The ``result`` column says how the result each claim was decided on stands: ``states[k]``
+    gives it for the experiments a run just ran or reused (``current``, ``old result: its
+    re-run failed``); the others are looked up (:func:`result_state`: ``stale: <why>`` where
+    the profile's parameters, the code or an input changed since).
     """
     entries = profile_claims(profile)
     reference = reference_values(profile)
-    tables = [claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
-                              reference=reference) for k in range(1, runs + 1)]
+    experiments = load_profile(profile, discover())
+    tables = []
+    for k in range(1, runs + 1):
+        known = states[k - 1] if states and k <= len(states) else {}
+        own = {}
+        for eid, exp in experiments.items():
+            out = dirs[eid] if dirs and k == 1 and eid in dirs else run_dir(profile, k) / eid
+            own[eid] = known.get(eid) or result_state(exp, profile, out)
+        tables.append(claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
+                                      reference=reference, states=own))
     table = tables[0] if runs == 1 else claims.combine_runs(tables)
     if write:
         for k, own in enumerate(tables[1:], start=2):
@@ -826,6 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     profile = args.profile or auto_profile()
     try:
+        claims.load_claims()  # a broken claims.yaml is one line now, not after hours of runs
         experiments = load_profile(profile, discover())
         selected = select(experiments, args.only, profile)
         if args.list:
@@ -841,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_profile_host(profile)
         check_params(selected, overrides)
-    except UsageError as exc:  # one line: the value is wrong, not the command's syntax
+    except (UsageError, schema.ConfigError) as exc:  # one line: a value is wrong, not the syntax
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
                timeout_factor=args.timeout_factor, runs=args.runs)
@@ -931,33 +908,43 @@ def stop_kernels() -> bool:
 
 
 class _Interrupt:
-    """SIGINT while experiments run: with a kernel running, kill it (the notebook then fails
-    quietly and :func:`run` reports); otherwise raise KeyboardInterrupt."""
+    """SIGINT (Ctrl-C) or SIGTERM (what SLURM and Kubernetes send) while experiments run: with
+    a kernel running, kill it (the notebook then fails quietly and :func:`run` reports);
+    otherwise raise KeyboardInterrupt. ``signum`` says which came (the exit status is 128 +
+    it: 130, 143)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.interrupted = False
+        self.signum: int | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signum is not None
 
     def __call__(self, signum: int, frame: Any) -> None:
         import logging
 
-        self.interrupted = True
+        self.signum = signum
         logging.disable(logging.CRITICAL)  # the notebook's failure is ours: no tracebacks
         if not stop_kernels():
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
     def installed(self):
-        """This handler for SIGINT inside the block (in the main thread; elsewhere unchanged)."""
+        """This handler for :data:`SIGNALS` inside the block (in the main thread; elsewhere
+        unchanged)."""
         import threading
 
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        old = signal.signal(signal.SIGINT, self)
+        old = {sig: signal.signal(sig, self) for sig in self.SIGNALS}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -978,8 +965,8 @@ def _quiet():
         logging.disable(old_level)
 
 
-def interrupted_line(current: str | None, finished: list[str]) -> str:
-    """What a Ctrl-C prints (one line).
+def interrupted_line(current: str | None, finished: list[str], word: str = "interrupted") -> str:
+    """What a Ctrl-C (``word`` "interrupted") or a SIGTERM ("terminated") prints (one line).
 
     Example::
 
@@ -988,8 +975,8 @@ def interrupted_line(current: str | None, finished: list[str]) -> str:
     kept = f"{', '.join(finished)} finished and kept" if finished else ""
     if current is None:
         where = f"after {kept}" if finished else "before the first experiment; nothing was written"
-        return f"interrupted: {where}; re-run to resume"
-    return f"interrupted: {current}; nothing was written{' for it (' + kept + ')' if kept else ''}" \
+        return f"{word}: {where}; re-run to resume"
+    return f"{word}: {current}; nothing was written{' for it (' + kept + ')' if kept else ''}" \
            "; re-run to resume"
 
 
@@ -1023,15 +1010,35 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
         force: bool = False, timeout_factor: float = 3.0, runs: int = 1) -> int:
     """Run ``selected`` (reusing current results) ``runs`` times, independently (run k in
     :func:`run_dir`), print where each result is and the claims of the experiments run;
-    returns the exit status (1: an experiment failed, 130: Ctrl-C)."""
+    returns the exit status (1: an experiment failed, 2: the results directory is in use or
+    cannot be written, 130: Ctrl-C, 143: SIGTERM).
+
+    Holds ``results/<profile>/.lock`` throughout (:func:`pipecomm.lab.guard.locked`) and first
+    removes what killed runs left there; a result that is not current says why in one line
+    before it runs again."""
+    base = RESULTS / profile
+    try:
+        guard.check_writable(base)
+        with guard.locked(base):
+            guard.remove_debris(base)
+            guard.remove_dead_kernel_dirs()
+            return _run_locked(profile, selected, overrides, force, timeout_factor, runs)
+    except (guard.Busy, OSError) as exc:
+        print(f"{Path(sys.argv[0]).name or 'pipecomm'}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
+                force: bool, timeout_factor: float, runs: int) -> int:
     from tqdm.auto import tqdm
 
     failures, dirs, finished = [], {}, []
+    states: list[dict[str, str]] = [{} for _ in range(runs)]  # how each result stands, per run
     current: str | None = None
-    guard = _Interrupt()
+    guard_ = _Interrupt()
     bar = None
     try:
-        with guard.installed():
+        with guard_.installed():
             ensure_kernel()
             total = sum(e.budget_s for e in selected) * runs
             times = f" x {runs} independent runs" if runs > 1 else ""
@@ -1039,11 +1046,10 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                   f"{total / 60:.1f} min", flush=True)
             for k in range(1, runs + 1):
                 base = run_dir(profile, k)
-                calibration = base / "E0" / "calibration.json"
                 label = f"run {k}/{runs} " if runs > 1 else ""
                 bar = tqdm(selected, desc=f"{label}experiments", unit="exp", file=sys.stdout)
                 for exp in bar:
-                    if guard.interrupted:  # Ctrl-C as a notebook finished: it was kept
+                    if guard_.interrupted:  # Ctrl-C as a notebook finished: it was kept
                         raise KeyboardInterrupt
                     current = f"{label}{exp.id}"
                     bar.set_postfix_str(exp.id)
@@ -1052,45 +1058,51 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
                     out = base / override_dirname(exp.id, own)
                     if k == 1:
                         dirs[exp.id] = out
-                    if calibration.exists():
+                    calibration = calibration_of(base)
+                    if calibration is not None:
                         os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
-                    code = code_hash(exp)
-                    if not force and is_reusable(out, params, code):
+                    state = result_state(exp, profile, out, params)
+                    if not force and state == "current":
+                        states[k - 1][exp.id] = "current"
                         tqdm.write(f"{label}{exp.id}: current, reused: {where_result(out)}")
                         continue
+                    if state.startswith("stale"):
+                        tqdm.write(f"{label}{exp.id}: {state}; running it again")
                     try:
-                        wall = run_experiment(exp, profile, params, out, timeout_factor,
-                                              code=code)
+                        wall = run_experiment(exp, profile, params, out, timeout_factor)
                     except Exception as exc:
-                        if guard.interrupted:
+                        if guard_.interrupted:
                             raise KeyboardInterrupt from None
                         failures.append(f"{label}{exp.id}")
+                        states[k - 1][exp.id] = "old result: its re-run failed"
                         tqdm.write(f"{label}{exp.id}: FAILED: "
                                    f"{failure_message(exp, exc, own, profile)}")
                         continue
+                    states[k - 1][exp.id] = "current"
                     finished.append(f"{label}{exp.id}")
                     current = None
-                    note = "" if wall <= exp.budget_s else f" (OVER BUDGET {exp.budget_s:.0f} s)"
-                    tqdm.write(f"{label}{exp.id}: done in {wall:.1f} s{note}: "
+                    tqdm.write(f"{label}{exp.id}: done in {wall:.1f} s{budget_note(exp, wall)}: "
                                f"{where_result(out)}")
-                if guard.interrupted:
+                if guard_.interrupted:
                     raise KeyboardInterrupt
                 bar.close()
             current = "the claims table"  # written atomically: the old one or the new one
-            table = claims_table(profile, write=True, runs=runs)  # claims.md: default results
+            table = claims_table(profile, write=True, runs=runs, states=states)
     except KeyboardInterrupt:
         with _quiet():
             stop_kernels()
             if bar is not None:
                 bar.close()
-        print(f"\n{interrupted_line(current, finished)}", flush=True)
-        return 130
+        term = guard_.signum == signal.SIGTERM
+        print(f"\n{interrupted_line(current, finished, 'terminated' if term else 'interrupted')}",
+              flush=True)
+        return 128 + (guard_.signum or signal.SIGINT)
     base = RESULTS / profile
     extra = {k: v for k, v in dirs.items() if v.name != k}
     if extra:  # the runs with overrides are judged on their own directories
         import pandas as pd
 
-        sub = claims_table(profile, dirs=extra, write=False)
+        sub = claims_table(profile, dirs=extra, write=False, states=states[:1])
         table = pd.concat([table[~table.experiment.isin(list(extra))],
                            sub[sub.experiment.isin(list(extra))]])
         print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides:")
@@ -1100,9 +1112,26 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
     print(f"(all claims of profile {profile}, default parameters{over}: "
           f"{_shown_path(base / 'claims.md')})")
     if failures:
-        print(f"experiments that failed: {failures}", file=sys.stderr)
+        print(f"experiments that failed: {', '.join(failures)} (their claims above are "
+              "decided on the old result, where there is one: see the result column)",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def budget_note(exp: Experiment, wall: float) -> str:
+    """A calm note when a run took longer than its budget, with the host's load.
+
+    Example::
+
+        budget_note(exp, 40.0)   # ' (over its 35 s budget; load average 1.9 per core)'
+    """
+    if wall <= exp.budget_s:
+        return ""
+    load = ""
+    with contextlib.suppress(OSError, AttributeError):
+        load = f"; load average {os.getloadavg()[0] / (os.cpu_count() or 1):.1f} per core"
+    return f" (over its {exp.budget_s:.0f} s budget{load})"
 
 
 if __name__ == "__main__":

@@ -37,9 +37,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from pipecomm.lab import stats
+from pipecomm.lab import schema, stats
 from pipecomm.lab.results import REPO_ROOT, load_csv
 
 CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
@@ -52,8 +51,8 @@ MIN_REPEATS = 5  # fewer repeats than this cannot decide a timed claim
 #: paper's terms with its source; a check of pipecomm's own models (emulator against its link,
 #: model against measurement, emulator against a shaped network, implementation targets); an
 #: analytic model statement shown without a verdict.
-PAPER, METHOD, ILLUSTRATION = "paper", "method", "illustration"
-KINDS = (PAPER, METHOD, ILLUSTRATION)
+PAPER, METHOD, ILLUSTRATION = schema.KINDS
+KINDS = tuple(schema.KINDS)
 
 
 @dataclass(frozen=True)
@@ -383,56 +382,48 @@ def _check_signature(entry: dict[str, Any], fn: CheckFn, path: Any) -> None:
     params = list(inspect.signature(fn).parameters.values())[1:]
     with_default = [q.name for q in params if q.default is not inspect.Parameter.empty]
     if with_default:
-        raise ValueError(f"claim check {entry['check']!r} has defaults for {with_default}: "
-                         f"thresholds and arguments belong in {path} only")
+        raise schema.ConfigError(f"{path}: claim {entry['id']}: check {entry['check']!r} has "
+                                 f"defaults for {with_default}: thresholds and arguments belong "
+                                 "in claims.yaml only")
     names = {q.name for q in params}
     missing, unknown = sorted(names - set(entry["args"])), sorted(set(entry["args"]) - names)
     if missing or unknown:
-        raise ValueError(f"claim {entry['id']} in {path}: args lack {missing} / have unknown "
-                         f"{unknown} for check {entry['check']!r}")
+        raise schema.ConfigError(f"{path}: claim {entry['id']}: args lack {missing} / have "
+                                 f"unknown {unknown} for check {entry['check']!r}")
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
-    """Read artifact/claims.yaml and validate each entry: ids unique; a checked claim names a
-    known check, gives every argument of it, and states its ``prediction`` and the
-    ``threshold_reason`` (why this threshold, chosen before the run); an entry with
-    ``kind: illustration`` is an analytic statement shown without a verdict. An optional
-    ``profiles`` list limits the profiles whose claims table lists the claim (for example the
-    real-backend targets, which the ``shaped`` profile's network runs do not measure).
+    """Read artifact/claims.yaml, checked against :data:`pipecomm.lab.schema.CLAIMS` (the keys
+    each kind states: a checked claim its ``check``, ``prediction`` and ``threshold_reason`` --
+    why this threshold, chosen before the run --, a paper claim its ``source``; an entry with
+    ``kind: illustration`` is an analytic statement shown without a verdict), then: ids unique,
+    each check known and given every argument of it. An optional ``profiles`` list limits the
+    profiles whose claims table lists the claim (for example the real-backend targets, which
+    the ``shaped`` profile's network runs do not measure).
+
+    Raises:
+        pipecomm.lab.schema.ConfigError: one line naming the file, the claim and the key.
 
     Example::
 
         [e["id"] for e in load_claims()]
     """
-    entries = yaml.safe_load(Path(path).read_text()) or []
+    entries = schema.load(path, schema.CLAIMS)
     checks = load_checks()
     seen = set()
     for entry in entries:
-        kind = entry.get("kind")
-        if kind not in KINDS:
-            raise ValueError(f"claim {entry.get('id', '?')} in {path}: kind must be one of "
-                             f"{', '.join(KINDS)}, got {kind!r}")
-        required = {"id", "paper", "experiment", "statement"}
-        if kind != ILLUSTRATION:
-            required |= {"check", "prediction", "threshold_reason"}
-        if kind == PAPER:
-            required |= {"source"}
-        missing = required - set(entry)
-        if missing:
-            raise ValueError(f"claim {entry.get('id', '?')} in {path} lacks {sorted(missing)}")
         if entry["id"] in seen:
-            raise ValueError(f"claim id {entry['id']} appears twice in {path}")
+            raise schema.ConfigError(f"{path}: claim {entry['id']} appears twice")
         seen.add(entry["id"])
-        entry.setdefault("args", {})
-        profiles = entry.setdefault("profiles", None)
-        if profiles is not None and (not isinstance(profiles, list) or not profiles):
-            raise ValueError(f"claim {entry['id']}: profiles must be a non-empty list, got "
-                             f"{profiles!r}")
+        if entry.get("args") is None:
+            entry["args"] = {}
+        entry.setdefault("profiles", None)
         entry.setdefault("paper_value", "")
         entry.setdefault("prediction", "")
-        if kind != ILLUSTRATION:
+        if entry["kind"] != ILLUSTRATION:
             if entry["check"] not in checks:
-                raise ValueError(f"claim {entry['id']}: unknown check {entry['check']!r}")
+                raise schema.ConfigError(f"{path}: claim {entry['id']}: unknown check "
+                                         f"{entry['check']!r}")
             _check_signature(entry, checks[entry["check"]], path)
     return entries
 
@@ -447,12 +438,15 @@ def evaluate(
     results_dir: str | Path,
     dirs: dict[str, Path] | None = None,
     reference: dict[str, str] | None = None,
+    states: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """Evaluate every claim whose experiment has a data.csv under ``results_dir/<E>/``.
 
     ``dirs`` overrides the directory per experiment id; ``reference`` maps claim id to the
-    measured value of the reference run (shown beside the new value). Illustrations get the
-    verdict :data:`MODEL` without running anything.
+    measured value of the reference run (shown beside the new value); ``states`` maps an
+    experiment id to how its result stands (``current``, ``stale: <why>``, ``old result: its
+    re-run failed``), shown in a ``result`` column beside each verdict decided on it.
+    Illustrations get the verdict :data:`MODEL` without running anything.
 
     Example::
 
@@ -490,6 +484,9 @@ def evaluate(
                 row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
         if reference is not None:
             row["reference"] = reference.get(entry["id"], "")
+        if states is not None:
+            decided = row["verdict"] not in (NOT_RUN, MODEL)
+            row["result"] = states.get(exp, "") if decided else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -591,7 +588,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         print(to_markdown(evaluate(load_claims(), "results/cpu")))
     """
     cols = ["claim", "experiment", "statement", "source", "paper_value", "prediction",
-            "network", "measured", "runs", "reference", "threshold", "verdict"]
+            "network", "measured", "runs", "reference", "threshold", "verdict", "result"]
     cols = [c for c in cols if c in table.columns]
     if "kind" not in table.columns:
         parts = [_md_rows(table, cols)]
@@ -621,7 +618,12 @@ def count_line(table: pd.DataFrame) -> str:
         count_line(table)   # '13 PASS, 6 FAIL, 7 INCONCLUSIVE, 1 UNSTABLE, 0 ERROR, ...'
     """
     counts = table["verdict"].value_counts().to_dict()
-    return ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
+    line = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
+    if "result" in table.columns:
+        old = int((~table["result"].isin(["", "current"])).sum())
+        if old:
+            line += f" ({old} decided on results that are not current: see the result column)"
+    return line
 
 
 def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
@@ -671,7 +673,17 @@ def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
     out["runs"] = runs_col
     out["verdict"] = verdicts
     out["measured"] = measured
+    if all("result" in t.columns for t in tables):
+        out["result"] = [_runs_result([str(t["result"].iloc[k]) for t in tables])
+                         for k in range(len(out))]
     return out
+
+
+def _runs_result(states: list[str]) -> str:
+    """The ``result`` cell over independent runs: ``current`` when every decided run's result
+    is, else the runs whose result is not."""
+    odd = [f"run {i + 1}: {s}" for i, s in enumerate(states) if s not in ("", "current")]
+    return "; ".join(odd) if odd else ("current" if "current" in states else "")
 
 
 # --------------------------------------------------------------------------- generic helpers

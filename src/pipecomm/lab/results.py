@@ -83,6 +83,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc  # the error names the file
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -201,10 +205,14 @@ class Runs:
             digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode())
             path = self.dir / f"{digest.hexdigest()[:20]}.pkl"
             if path.exists():
-                with open(path, "rb") as f:
-                    value = pickle.load(f)
-                self._advance(0.0)
-                return value
+                try:
+                    with open(path, "rb") as f:
+                        value = pickle.load(f)
+                except Exception:  # damaged (cut, overwritten): never reused, run again
+                    path.unlink(missing_ok=True)
+                else:
+                    self._advance(0.0)
+                    return value
         t0 = time.perf_counter()
         value = fn(*args, **kwargs)
         if path is not None:
