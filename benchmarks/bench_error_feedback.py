@@ -66,7 +66,7 @@ def drive(spec: dict) -> None:
 
 def params(out: Path) -> torch.Tensor:
     name = "ckpt.pt" if (out / "ckpt.pt").exists() else "ckpt_rank0.pt"
-    sd = torch.load(out / name, weights_only=False)["model"]
+    sd = torch.load(out / name, weights_only=True)["model"]  # tensors and plain containers
     return torch.cat([v.reshape(-1).double() for v in sd.values() if v.is_floating_point()])
 
 

@@ -53,7 +53,15 @@ Rank 0 writes ``OUT/log.jsonl`` (one JSON object per step: step, loss, lr, dt_ms
 validation loss and this rank's pipecomm counters, ``pipecomm.observe.counters()``) and
 ``OUT/ckpt.pt`` (``decentralized``, and ``pipesgd`` with error feedback: ``OUT/ckpt_rank{r}.pt``,
 the replicas or residuals differ); the DDP hook strategies add ``OUT/hook_rank{r}.pt``, every
-rank's hook state (averages in flight, residuals).
+rank's hook state (averages in flight, residuals) with its step. Every file holds only tensors
+and plain containers: it loads with ``torch.load(..., weights_only=True)``.
+
+``--resume`` first checks, on every rank, that every rank's checkpoint files (its own, or rank
+0's ``ckpt.pt``, and its hook state) are there, readable and at the same step; otherwise every
+rank exits with one line naming the stale or missing files, before any training collective.
+It then keeps the lines of ``OUT/log.jsonl`` before the checkpoint's step (dropping those of the
+steps after it, which the run repeats, the earlier run's summary lines, and a line cut
+mid-write) and appends the resumed steps.
 """
 
 from __future__ import annotations
@@ -231,6 +239,13 @@ def hook_path(args: argparse.Namespace, rank: int) -> Path:
     return Path(args.out) / f"hook_rank{rank}.pt"
 
 
+def hooked(args: argparse.Namespace) -> bool:
+    """The strategies whose DDP hook state is checkpointed (``wrap`` returns it as ``pipe``)."""
+    return args.strategy == "ddp-pipelined-hook" or (
+        args.strategy == "ddp-pipecomm" and args.error_feedback
+    )
+
+
 def _save(obj: Any, path: Path) -> None:
     torch.save(obj, path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
@@ -244,7 +259,98 @@ def save_checkpoint(
     if rank == 0 or per_rank(args):
         _save(ckpt, ckpt_path(args, rank))
     if pipe is not None:  # the hook's averages in flight and residuals: every rank
-        _save(pipe.state_dict(), hook_path(args, rank))
+        _save({"step": step, "state": pipe.state_dict()}, hook_path(args, rank))
+
+
+MISSING, UNREADABLE = -1, -2  # a file's step in the resume check when there is none
+
+
+def _load(path: Path, keys: tuple[str, ...], device: torch.device) -> tuple[int, dict | None]:
+    """``(step, contents)`` of a checkpoint file holding ``keys`` (``weights_only``: tensors and
+    plain containers, nothing else is unpickled), or ``(MISSING | UNREADABLE, None)``."""
+    if not path.exists():
+        return MISSING, None
+    try:
+        obj = torch.load(path, map_location=device, weights_only=True)
+    except Exception:  # cut mid-write, not a checkpoint, or holds something besides tensors
+        return UNREADABLE, None
+    if not isinstance(obj, dict) or not {"step", *keys} <= obj.keys():
+        return UNREADABLE, None
+    if type(obj["step"]) is not int or obj["step"] < 0:
+        return UNREADABLE, None
+    return obj["step"], obj
+
+
+def resume_refusal(args: argparse.Namespace, steps: list[list[int]]) -> str | None:
+    """The one line refusing a resume from the files whose steps (per rank: checkpoint, then
+    hook state) are ``steps``, or None when all are at one step and it is not past the end."""
+    flat = [s for rank in steps for s in rank]
+    if min(flat) >= 0 and len(set(flat)) == 1:
+        if flat[0] <= args.max_iters:
+            return None
+        return (f"resume: the checkpoint in {args.out} is at step {flat[0]}, past --max-iters "
+                f"{args.max_iters}")  # fmt: skip
+    best = max(flat)
+
+    def state(s: int) -> str:
+        return f"at {s}" if s >= 0 else "missing" if s == MISSING else "unreadable"
+
+    parts = []  # per rank: "rank 1 at 7 (OUT/ckpt_rank1.pt)", naming the files not at `best`
+    for r, codes in enumerate(steps):
+        paths = [ckpt_path(args, r), *([hook_path(args, r)] if hooked(args) else [])]
+        if len(set(codes)) == 1:  # the rank's files agree
+            stale = ", ".join(str(p) for p, s in zip(paths, codes) if s != best or s < 0)
+            parts.append(f"rank {r} {state(codes[0])}" + (f" ({stale})" if stale else ""))
+        else:  # its hook state and its checkpoint disagree
+            files = " and ".join(f"{state(s)} ({p})" for p, s in zip(paths, codes))
+            parts.append(f"rank {r} {files}")
+    if best < 0:
+        return f"resume: no checkpoint to resume from: {', '.join(parts)}; run without --resume"
+    return (f"resume: ranks disagree on the checkpoint's step: {', '.join(parts)}; remove "
+            f"{args.out} or the stale file")  # fmt: skip
+
+
+def load_resume(args: argparse.Namespace, rank: int, device: torch.device) -> tuple[dict, Any]:
+    """This rank's checkpoint and hook state (or None), once every rank has found its files at
+    the same step (an all_gather of the steps, before any training collective); else every
+    rank raises SystemExit with the same line."""
+    step, ckpt = _load(ckpt_path(args, rank), ("model", "optimizer"), device)
+    codes = [step]
+    hook = None
+    if hooked(args):
+        hook_step, hook = _load(hook_path(args, rank), ("state",), device)
+        codes.append(hook_step)
+    mine = torch.tensor(codes, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    refusal = resume_refusal(args, [t.tolist() for t in gathered])
+    if refusal is not None:
+        raise SystemExit(refusal)
+    return ckpt, (hook["state"] if hook is not None else None)
+
+
+def start_log(args: argparse.Namespace, step: int) -> None:
+    """Rewrite ``OUT/log.jsonl`` (atomically) with its step lines before ``step`` (the resumed
+    checkpoint's; 0: empty), the run appends its own from ``step`` on. A step that comes again
+    (an earlier resume) replaces the lines from it on; summary lines and damaged (cut mid-write)
+    lines are dropped."""
+    path = Path(args.out) / "log.jsonl"
+    kept: list[tuple[int, str]] = []
+    text = path.read_text(errors="replace") if path.exists() else ""
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # cut mid-write
+            continue
+        s = record.get("step") if isinstance(record, dict) else None
+        if type(s) is not int or s >= step:
+            continue
+        while kept and kept[-1][0] >= s:
+            kept.pop()
+        kept.append((s, line))
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for _, line in kept))
+    os.replace(tmp, path)
 
 
 def make_profiler(args: argparse.Namespace, steps: int, cuda: bool, rank: int) -> Any:
@@ -323,22 +429,26 @@ def main(argv: list[str] | None = None) -> None:
         corpus.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd, args.dropout
     ).to(device)
 
-    start, ckpt = 0, None
+    start, ckpt, hook = 0, None, None
     if args.resume:
-        ckpt = torch.load(ckpt_path(args, rank), map_location=device, weights_only=False)
+        try:
+            ckpt, hook = load_resume(args, rank, device)  # every rank at one step, or exit
+        except SystemExit:
+            if owns_group:
+                dist.destroy_process_group()
+            raise
         model.load_state_dict(ckpt["model"])
         start = ckpt["step"]
     fwd, opt, pipe = wrap(model, args)
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
         if pipe is not None:  # continues as the uninterrupted run (no pipeline refill)
-            saved = torch.load(hook_path(args, rank), map_location=device, weights_only=False)
-            pipe.load_state_dict(saved)
+            pipe.load_state_dict(hook)
     if master:
         n = models.count_parameters(model)
         print(f"{args.strategy}: {n} parameters, {world} ranks, steps {start}..{args.max_iters}")
-    if master and not args.resume:
-        (Path(args.out) / "log.jsonl").write_text("")
+    if master:
+        start_log(args, start)
 
     step_ms = []
     observe.reset()

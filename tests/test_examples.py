@@ -1,5 +1,6 @@
 """examples/train_gpt.py: every strategy trains for a few steps on 2 CPU ranks under torchrun,
-and a checkpoint resumed at step 2 continues exactly as the uninterrupted run.
+and a checkpoint resumed at step 2 continues exactly as the uninterrupted run; a resume from
+files that are stale (ranks at different steps), missing or unsafe to unpickle is refused.
 
 Starting torchrun and importing torch in every rank costs many seconds on a loaded machine, so
 one torchrun job (this file run as a script) calls the example's ``main`` for every
@@ -12,8 +13,12 @@ import datetime
 import importlib.util
 import json
 import math
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -39,12 +44,52 @@ def load_script() -> ModuleType:
     return module
 
 
+class Payload:
+    """Unpickling it calls ``os.makedirs(path)``: what ``torch.load(weights_only=False)`` runs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return os.makedirs, (self.path, 0o777, True)
+
+
+def damage(out: Path) -> None:
+    """Copies of finished runs with a file stale, missing, or carrying a pickled call."""
+    # decentralized, interrupted after step 3 (cut mid-line) with its checkpoints at step 2
+    shutil.copytree(out / "decentralized-resumed", out / "interrupted")
+    for rank in (0, 1):
+        name = f"ckpt_rank{rank}.pt"
+        shutil.copy(out / "step2" / name, out / "interrupted" / name)
+    with open(out / "interrupted" / "log.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')
+    shutil.copytree(out / "decentralized-resumed", out / "stale")  # rank 0 at step 4, rank 1 at 2
+    shutil.copy(out / "step2" / "ckpt_rank1.pt", out / "stale" / "ckpt_rank1.pt")
+    shutil.copytree(out / "decentralized-resumed", out / "missing")
+    (out / "missing" / "ckpt_rank1.pt").unlink()
+    for name, file in (("unsafe-ckpt", "ckpt.pt"), ("unsafe-hook", "hook_rank1.pt")):
+        shutil.copytree(out / "ddp-pipelined-hook-resumed", out / name)
+        obj = torch.load(out / name / file, weights_only=True)
+        obj["note"] = Payload(str(out / name / "payload-ran"))
+        torch.save(obj, out / name / file)
+
+
+def refused(train: ModuleType, argv: list[str], out: Path, rank: int) -> None:
+    """``train.main(argv)``; its refusal (SystemExit) goes to ``out/refused_rank{rank}.txt``."""
+    try:
+        train.main(argv)
+    except SystemExit as e:
+        (out / f"refused_rank{rank}.txt").write_text(str(e.code))
+
+
 def drive(out: Path) -> None:
-    """Run on every rank under torchrun: each strategy, then save at step 2 and resume."""
+    """Run on every rank under torchrun: each strategy, then save at step 2 and resume; then
+    resume after an interruption and from damaged copies."""
     import torch.distributed as dist
 
     train = load_script()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
     for strategy in train.STRATEGIES:
         trace = ["--trace", str(out / "trace")] if strategy == "ddp-pipelined-hook" else []
         train.main([*COMMON, "--strategy", strategy, "--out", str(out / strategy), *trace])
@@ -52,11 +97,52 @@ def drive(out: Path) -> None:
     for strategy in EXACT_RESUME:
         run = [*COMMON, "--strategy", strategy, "--out", str(out / f"{strategy}-resumed")]
         train.main([*run, "--max-iters", "2"])  # stops (and checkpoints) after step 2 of 4
+        if strategy == "decentralized":  # each rank keeps its step-2 checkpoint for damage()
+            (out / "step2").mkdir(exist_ok=True)
+            shutil.copy(out / f"{strategy}-resumed" / f"ckpt_rank{rank}.pt", out / "step2")
         train.main([*run, "--resume"])
     run = [*COMMON, *EF, "--out", str(out / "pipesgd-ef-resumed")]
     train.main([*run, "--max-iters", "2"])
     train.main([*run, "--resume"])
+    dist.barrier()
+    if rank == 0:
+        damage(out)
+    dist.barrier()
+    train.main([*COMMON, "--strategy", "decentralized", "--resume", "--out", str(out / "interrupted")])
+    for name in ("unsafe-ckpt", "unsafe-hook"):
+        argv = [*COMMON, "--strategy", "ddp-pipelined-hook", "--resume", "--out", str(out / name)]
+        refused(train, argv, out / name, rank)
     dist.destroy_process_group()
+
+
+def launch_ranks(argv: list[str], timeout_s: float, world: int = 2) -> list[tuple[int, str]]:
+    """``examples/train_gpt.py argv`` as ``world`` processes (torchrun's environment, without
+    its agent: each rank's exit status and stderr on its own); ``(returncode, stderr)`` each."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=ROOT, text=True,
+                         env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        for r in range(world)
+    ]
+    deadline = time.monotonic() + timeout_s
+    try:
+        out = []
+        for p in procs:
+            _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            out.append((p.returncode, err))
+        return out
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the ranks did not exit in {timeout_s} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def read_log(path: Path) -> tuple[list[dict], dict]:
@@ -95,7 +181,7 @@ def test_strategy_trains_and_checkpoints(runs: Path, strategy: str) -> None:
     assert lrs[0] < lrs[1] and lrs[-1] < lrs[1]  # warm-up, then cosine decay
     names = ["ckpt_rank0.pt", "ckpt_rank1.pt"] if strategy == "decentralized" else ["ckpt.pt"]
     for name in names:
-        ckpt = torch.load(runs / strategy / name, weights_only=False)
+        ckpt = torch.load(runs / strategy / name, weights_only=True)
         assert ckpt["step"] == STEPS and ckpt["args"]["strategy"] == strategy
 
 
@@ -119,13 +205,65 @@ def test_resume_continues_exactly(runs: Path, strategy: str) -> None:
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
 
 
+def test_resume_after_interruption_logs_each_step_once(runs: Path) -> None:
+    """Checkpoints at step 2, the log at step 3 with a last line cut mid-write: the resumed log
+    holds steps 0..3 once each (the run's, exact), and no damaged line."""
+    lines = (runs / "interrupted" / "log.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # the cut line is gone
+    steps = [r["step"] for r in records if "step" in r]
+    assert steps == list(range(STEPS)), steps
+    whole, _ = read_log(runs / "decentralized")
+    assert [r["loss"] for r in records if "step" in r] == [r["loss"] for r in whole]
+    assert [k for r in records if "step" not in r for k in r] == [
+        "val_loss", "median_step_ms", "steps_timed", "comm"]  # the resumed run's only
+
+
+@pytest.mark.parametrize("case, rank1", [("stale", "at 2"), ("missing", "missing")])
+def test_resume_refuses_ranks_at_different_steps(runs: Path, case: str, rank1: str) -> None:
+    """Rank 0's checkpoint at step 4, rank 1's at step 2 (stale) or none (missing): every rank
+    exits non-zero with the one line, before training (well within --timeout), the log
+    untouched."""
+    out = runs / case
+    log = (out / "log.jsonl").read_text()
+    argv = [*COMMON, "--strategy", "decentralized", "--out", str(out), "--resume",
+            "--timeout", "60"]  # fmt: skip
+    t0 = time.monotonic()
+    results = launch_ranks(argv, timeout_s=90)
+    elapsed = time.monotonic() - t0
+    line = (f"resume: ranks disagree on the checkpoint's step: rank 0 at 4, rank 1 {rank1} "
+            f"({out / 'ckpt_rank1.pt'}); remove {out} or the stale file")  # fmt: skip
+    for rank, (code, err) in enumerate(results):
+        assert code != 0, (rank, err)
+        assert err.strip().splitlines()[-1] == line, (rank, err[-2000:])
+        assert "Traceback" not in err and err.count("resume:") == 1, (rank, err[-2000:])
+    assert elapsed < 60, elapsed  # refused, not timed out
+    assert (out / "log.jsonl").read_text() == log
+
+
+def test_checkpoints_load_with_weights_only(runs: Path) -> None:
+    """Every file train_gpt writes holds only tensors and plain containers; --resume loads them
+    with weights_only=True, so a checkpoint or hook state carrying a pickled call is refused
+    (unreadable) on every rank without running it."""
+    files = [f for f in runs.rglob("*.pt") if not f.parent.name.startswith("unsafe")]
+    assert {f.name for f in files} >= {"ckpt.pt", "ckpt_rank0.pt", "ckpt_rank1.pt",
+                                       "hook_rank0.pt", "hook_rank1.pt"}  # fmt: skip
+    for f in files:
+        torch.load(f, weights_only=True)
+    for name, file in (("unsafe-ckpt", "ckpt.pt"), ("unsafe-hook", "hook_rank1.pt")):
+        out = runs / name
+        assert not (out / "payload-ran").exists(), f"resume unpickled {out / file}'s call"
+        for rank in (0, 1):
+            text = (out / f"refused_rank{rank}.txt").read_text()
+            assert text.startswith("resume: ranks disagree") and f"unreadable ({out / file})" in text
+
+
 def test_error_feedback_trains_and_checkpoints_every_rank(runs: Path) -> None:
     steps, rest = read_log(runs / "pipesgd-ef")
     assert [r["step"] for r in steps] == list(range(STEPS)) and math.isfinite(rest["val_loss"])
     plain, _ = read_log(runs / "pipesgd")
     assert [r["loss"] for r in steps] != [r["loss"] for r in plain]  # int8 changed the updates
     for rank in (0, 1):
-        ckpt = torch.load(runs / "pipesgd-ef" / f"ckpt_rank{rank}.pt", weights_only=False)
+        ckpt = torch.load(runs / "pipesgd-ef" / f"ckpt_rank{rank}.pt", weights_only=True)
         assert ckpt["optimizer"]["rank"] == rank and ckpt["optimizer"]["residuals"]
 
 
@@ -152,7 +290,10 @@ def test_bad_arguments_are_refused_before_training() -> None:
         train.parse_args(["--strategy", "decentralized", "--compression", "fp16"])
     with pytest.raises(SystemExit):
         train.parse_args(["--strategy", "pipesgd", "--error-feedback"])
-    args = train.parse_args(["--max-iters", "50"])
+    args = train.parse_args(["--max-iters", "50", "--strategy", "decentralized"])
+    assert train.resume_refusal(args, [[50], [50]]) is None
+    assert "past --max-iters 50" in train.resume_refusal(args, [[60], [60]])
+    assert "no checkpoint" in train.resume_refusal(args, [[train.MISSING], [train.MISSING]])
     assert args.lr_decay_iters == 50
     assert train.get_lr(0, args) < train.get_lr(args.warmup_iters, args) == pytest.approx(args.lr)
     assert train.get_lr(args.max_iters, args) == args.min_lr

@@ -323,6 +323,9 @@ def _ipc_kernel_manager():
         async def _async_start_kernel(self, **kw: Any) -> None:
             await super()._async_start_kernel(**kw)
             _LIVE_KERNELS.add(self)  # Ctrl-C stops it (stop_kernels)
+            pid = getattr(getattr(self.provisioner, "process", None), "pid", None)
+            if pid:  # after a kill -9 of this process the next run stops its session
+                (Path(self.ip).parent / "kernel.pid").write_text(str(pid))
 
         start_kernel = _async_start_kernel
 

@@ -392,7 +392,7 @@ def _check_signature(entry: dict[str, Any], fn: CheckFn, path: Any) -> None:
                                  f"unknown {unknown} for check {entry['check']!r}")
 
 
-def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
+def load_claims(path: str | Path | None = None) -> list[dict[str, Any]]:
     """Read artifact/claims.yaml, checked against :data:`pipecomm.lab.schema.CLAIMS` (the keys
     each kind states: a checked claim its ``check``, ``prediction`` and ``threshold_reason`` --
     why this threshold, chosen before the run --, a paper claim its ``source``; an entry with
@@ -408,6 +408,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict[str, Any]]:
 
         [e["id"] for e in load_claims()]
     """
+    path = CLAIMS_FILE if path is None else path
     entries = schema.load(path, schema.CLAIMS)
     checks = load_checks()
     seen = set()

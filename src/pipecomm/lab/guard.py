@@ -8,7 +8,8 @@
   run (under the lock, so nothing of a live run is touched).
 * :func:`kernel_dir` / :func:`remove_dead_kernel_dirs`: each notebook kernel's sockets and
   connection file live in one private ``pipecomm-kernel-<pid>-*`` directory of the system's
-  temporary directory, removed when the kernel ends, or by the next run once ``<pid>`` is dead.
+  temporary directory, removed when the kernel ends, or by the next run once ``<pid>`` is dead
+  (which first stops whatever that kernel's session left running).
 * :func:`check_writable`: the results directory takes a file before the first experiment runs.
 
 Example::
@@ -28,6 +29,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,12 +110,41 @@ def kernel_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_KERNEL_PREFIX}{os.getpid()}-"))
 
 
+def session_of(pid: str) -> int | None:
+    """The session id of process ``pid`` (from /proc), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[3])
+
+
+def kill_session(sid: int) -> int:
+    """SIGKILL every process of session ``sid`` (a kernel leads its own: what it started,
+    ranks and their helpers, went with it); returns how many there were."""
+    members = [int(p.name) for p in Path("/proc").iterdir()
+               if p.name.isdigit() and int(p.name) != os.getpid() and session_of(p.name) == sid]
+    for pid in members:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return len(members)
+
+
+def kernel_dirs() -> list[Path]:
+    """Every kernel directory (:func:`kernel_dir`) in the system's temporary directory."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"{_KERNEL_PREFIX}*"))
+
+
 def remove_dead_kernel_dirs() -> list[str]:
-    """Remove the kernel directories (:func:`kernel_dir`) of processes that no longer run."""
+    """Remove the kernel directories (:func:`kernel_dir`) of runs that no longer run, first
+    stopping what their kernel left running (the ``kernel.pid`` recorded there names its
+    session)."""
     removed = []
-    for entry in Path(tempfile.gettempdir()).glob(f"{_KERNEL_PREFIX}*"):
+    for entry in kernel_dirs():
         found = re.match(rf"{_KERNEL_PREFIX}(\d+)-", entry.name)
         if found and not _alive(int(found.group(1))):
+            with contextlib.suppress(OSError, ValueError):
+                kill_session(int((entry / "kernel.pid").read_text()))
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)
     return removed

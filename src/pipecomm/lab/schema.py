@@ -130,7 +130,11 @@ def _message(error: jsonschema.ValidationError, doc: Any) -> str:
 
 def _first(errors: list[jsonschema.ValidationError]) -> jsonschema.ValidationError:
     """The error a reader fixes first: the earliest place in the file, the deepest cause."""
-    return min(errors, key=lambda e: (list(map(str, e.absolute_path)), -len(e.absolute_path)))
+    def place(error: jsonschema.ValidationError) -> tuple[list[str], int]:
+        path = [f"{p:09d}" if isinstance(p, int) else str(p) for p in error.absolute_path]
+        return path, -len(path)
+
+    return min(errors, key=place)
 
 
 def load(path: str | Path, schema: dict[str, Any]) -> Any:
