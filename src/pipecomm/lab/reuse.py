@@ -184,9 +184,10 @@ def _file_reason(out: Path, rel: str, want: Any) -> str | None:
         return f"{MANIFEST} is damaged (entry of {rel})"
     if not path.is_file():
         return f"{rel} is missing"
-    size = path.stat().st_size
-    if size != want.get("bytes"):
-        return f"{rel} has {size:,} bytes, {want.get('bytes')!r} when it was written"
+    size, was = path.stat().st_size, want.get("bytes")
+    if size != was:
+        was = f"{was:,}" if isinstance(was, int) else repr(was)
+        return f"{rel} has {size:,} bytes, {was} when it was written"
     if sha256(path) != want.get("sha256"):
         return f"{rel} changed since it was written (sha256 differs)"
     return None
