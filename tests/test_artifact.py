@@ -678,12 +678,18 @@ def test_artifact_appendix_is_in_sync_with_claims_and_profiles():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _fake_results(src, eids):
-    """A results directory with a minimal run of each experiment in ``eids`` and a claims table."""
+def _fake_results(src, eids, profile="cpu-full"):
+    """A results directory with a minimal, current run of each experiment in ``eids`` (of
+    ``profile``) and a claims table."""
+    experiments = artifact.load_profile(profile, artifact.discover())
     for eid in eids:
+        exp = experiments.get(eid) or artifact.discover()[eid]
         (src / eid).mkdir(parents=True)
         (src / eid / "data.csv").write_text("a\n1\n")
         nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
+        results.write_json(src / eid / "params.json", artifact.run_params(exp))
+        results.write_json(src / eid / "env.json", {"code_hash": artifact.code_hash(exp)})
+        reuse.write_manifest(src / eid, {})
     for name in ("claims.md", "claims.csv"):
         (src / name).write_text("x")
     return src
@@ -704,9 +710,12 @@ def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path)
     """shaped runs the network experiments and E14: its reference keeps those, nothing else."""
     runs = artifact.profile_runs("shaped")
     assert "E14" in runs and "E13" not in runs and "E1" not in runs
-    src = _fake_results(tmp_path / "results", [*runs, "E13"])  # E13: another profile's, not kept
+    src = _fake_results(tmp_path / "results", [*runs, "E13"], "shaped")  # E13: not kept
     dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == sorted(runs)
+    (src / runs[-1] / "figure.png").write_text("a figure the run never made")
+    with pytest.raises(artifact.UsageError, match=f"{runs[-1]}: stale: figure.png"):
+        artifact.save_reference("shaped", source=src, dest=tmp_path / "ref2")
 
 
 def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):

@@ -629,6 +629,7 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
     data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
     beside it), params.json, env.json, and the claims table (claims.md, claims.csv); the
     independent repeats of ``--runs`` (``run-<k>/``) keep their data, params, env and claims.
+    Refuses a result that is not current (:func:`result_state`).
 
     Example::
 
@@ -653,6 +654,12 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
         lacking = [e for e in wanted if not (d / e / "data.csv").exists()]
         if lacking:
             raise UsageError(f"{d} lacks results for {lacking}: finish the run (--runs) first")
+    experiments = load_profile(profile, discover()) if runs is not None else discover()
+    for d in [source, *repeats]:  # a reference is made of current results only
+        for eid in wanted:
+            state = result_state(experiments[eid], profile, d / eid)
+            if state != "current":
+                raise UsageError(f"{_shown_path(d / eid)}: {state}: run it again first")
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in repeats:  # independent repeats: their data and claims, no notebooks or figures

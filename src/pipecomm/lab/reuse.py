@@ -162,13 +162,19 @@ def write_manifest(out: Path, inputs_used: dict[str, str]) -> None:
 
         write_manifest(tmp, inputs("E4", params, calibration))   # before the rename into place
     """
-    files = {}
-    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST):
-        rel = path.relative_to(out).as_posix()
-        files[rel] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+    files = {rel: {"bytes": (out / rel).stat().st_size, "sha256": sha256(out / rel)}
+             for rel in _own_files(out)}
     manifest = {"files": files, "rows": {"data.csv": csv_rows(out / "data.csv")},
                 "inputs": inputs_used}
     results.write_json(out / MANIFEST, manifest)
+
+
+def _own_files(out: Path) -> list[str]:
+    """The files of a result, relative to it: all but the manifest and hidden ones (a reader's
+    ``.ipynb_checkpoints/``)."""
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()
+                  and p.name != MANIFEST
+                  and not any(part.startswith(".") for part in p.relative_to(out).parts))
 
 
 def _read(path: Path) -> Any:
@@ -224,6 +230,9 @@ def stale_reason(out: Path, params: dict[str, Any], code: str,
         reason = _file_reason(out, str(rel), want)
         if reason:
             return reason
+    extra = [rel for rel in _own_files(out) if rel not in files]
+    if extra:
+        return f"{extra[0]} is not part of the result as it was written"
     rows = (manifest.get("rows") or {}).get("data.csv") if isinstance(manifest.get("rows"),
                                                                       dict) else None
     try:
