@@ -437,54 +437,6 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
     assert not (tmp_path / "results" / ".runs").exists()
 
 
-_INTERRUPT_SCRIPT = """
-import pathlib, sys
-from pipecomm.lab import artifact
-artifact.RESULTS = pathlib.Path(sys.argv[1])
-exp = artifact.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
-sys.exit(artifact.run("cpu", [exp], {}))
-"""
-
-
-def test_ctrl_c_is_one_line_exit_130_and_nothing_left_running(tmp_path):
-    """Ctrl-C while a notebook runs: the kernel and what it started stop, nothing is written,
-    one line says so, exit status 130 (no tracebacks)."""
-    import os
-    import signal
-    import sys
-    import time
-
-    artifact.ensure_kernel()
-    marker = tmp_path / "started"
-    book = nbformat.v4.new_notebook()
-    book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
-    cell = nbformat.v4.new_code_cell("out_dir = None")
-    cell.metadata["tags"] = ["parameters"]
-    book.cells = [cell, nbformat.v4.new_code_cell(
-        "import pathlib, subprocess, time\nchild = subprocess.Popen(['sleep', '300'])\n"
-        f"pathlib.Path({str(marker)!r}).write_text(str(child.pid))\ntime.sleep(300)")]
-    nb = tmp_path / "98_sleep.ipynb"
-    nbformat.write(book, nb)
-    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPT_SCRIPT, str(tmp_path / "results"),
-                             str(nb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert marker.exists(), "the notebook did not start"
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out + err
-    assert out.rstrip().splitlines()[-1] == "interrupted: E98; nothing was written; re-run to resume"
-    assert "Traceback" not in out + err and "ERROR" not in out + err, out + err
-    assert not err.strip(), err
-    time.sleep(1)
-    with pytest.raises(ProcessLookupError):  # the kernel's own child went with it
-        os.kill(int(marker.read_text()), 0)
-    assert not (tmp_path / "results" / "cpu" / "E98").exists()
-    assert not list((tmp_path / "results" / "cpu").glob(".E98*"))
-
-
 def test_a_successful_run_logs_no_error_and_records_relative_paths(tmp_path, capfd):
     """No "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" when nothing failed (the
     kernel is not sent SIGINT before its shutdown request)."""

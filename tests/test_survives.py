@@ -312,18 +312,22 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
     return False
 
 
-def test_sigterm_is_one_line_exit_143_and_nothing_left(tmp_path):
-    """What SLURM and Kubernetes send behaves like Ctrl-C: one line, exit 143, the kernel and
-    what it started stopped, no result, no kernel directory in the temporary directory."""
+@pytest.mark.parametrize(("signum", "status", "word"), [
+    (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_is_one_line_and_nothing_is_left(tmp_path, signum, status, word):
+    """Ctrl-C (SIGINT) and what SLURM and Kubernetes send (SIGTERM): one line, exit 128 + the
+    signal, no traceback or ERROR; the kernel and what it started stopped; no result, no kernel
+    directory in the temporary directory."""
     proc, marker = _start_sleeping_run(tmp_path)
     kernel_dirs = [p for p in guard.kernel_dirs() if p.name.startswith(
         f"pipecomm-kernel-{proc.pid}-")]
     assert len(kernel_dirs) == 1 and (kernel_dirs[0] / "connection.json").exists()
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)  # Ctrl-C in a terminal signals the whole process group
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, out + err
-    assert out.rstrip().splitlines()[-1] == "terminated: E98; nothing was written; re-run to resume"
-    assert "Traceback" not in out + err and not err.strip(), out + err
+    assert proc.returncode == status, out + err
+    assert out.rstrip().splitlines()[-1] == f"{word}: E98; nothing was written; re-run to resume"
+    assert "Traceback" not in out + err and "ERROR" not in out + err, out + err
+    assert not err.strip(), err
     assert _gone(int(marker.read_text()))
     assert not kernel_dirs[0].exists()
     cpu = tmp_path / "results" / "cpu"

@@ -42,7 +42,8 @@ class Busy(RuntimeError):
     """Another run holds the results directory."""
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this host)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -142,7 +143,7 @@ def remove_dead_kernel_dirs() -> list[str]:
     removed = []
     for entry in kernel_dirs():
         found = re.match(rf"{_KERNEL_PREFIX}(\d+)-", entry.name)
-        if found and not _alive(int(found.group(1))):
+        if found and not alive(int(found.group(1))):
             with contextlib.suppress(OSError, ValueError):
                 kill_session(int((entry / "kernel.pid").read_text()))
             shutil.rmtree(entry, ignore_errors=True)

@@ -27,6 +27,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from pipecomm.lab import guard
+
 __all__ = [
     "ClusterError",
     "available",
@@ -120,16 +122,6 @@ def tbf_max_rate(bandwidth_Bps: float, burst_bytes: int, nbytes: int,
     return nbytes / floor_s if floor_s > 0 else math.inf
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def namespaces() -> list[str]:
     """Names of this host's network namespaces (``ip netns list``).
 
@@ -172,7 +164,7 @@ def cleanup_stale() -> list[str]:
     removed = []
     for ns in namespaces():
         m = _PREFIX_RE.match(ns)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not guard.alive(int(m.group(1))):
             kill_namespace(ns)
             removed.append(ns)
     return removed
