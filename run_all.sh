@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 usage() {
   cat <<'USAGE'
 usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p NAME=VALUE ...] [--force]
-                    [--runs N] [--list] [--tests [PYTEST ARGS...]] [--help]
+                    [--runs N] [--list] [--report [--reference]] [--tests [PYTEST ARGS...]] [--help]
 
   --profile P         parameter set: cpu (quick, <= 20 min), cpu-full (convergence protocols of
                       E7, E9, E13, <= 2.5 h), gpu (default: gpu if >= 2 GPUs are visible, else cpu),
@@ -24,6 +24,9 @@ usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p
   --runs N            run the profile N times, independently (run k >= 2 in results/<profile>/run-<k>/);
                       the claims table gets a runs column, UNSTABLE where the runs disagree
   --list              list experiments: budget, parameters, whether the result is current
+  --report            write results/<profile>/report/index.html (claims, figures, rendered
+                      notebooks) from the results there, running nothing (a full run writes it
+                      too); with --reference: artifact/reference/<profile>/report/
   --tests             set up, then `ruff check` and `pytest` (arguments after it go to pytest;
                       no run options with it)
   --help              this text
@@ -50,7 +53,7 @@ done
 if [ "$mode" = tests ]; then
   for a in "${args[@]+"${args[@]}"}"; do
     case "$a" in
-      --only|--only=*|--profile|--profile=*|--force|--list|--runs|--runs=*|--save-reference|--timeout-factor|--timeout-factor=*)
+      --only|--only=*|--profile|--profile=*|--force|--list|--runs|--runs=*|--save-reference|--report|--reference|--timeout-factor|--timeout-factor=*)
         echo "run_all.sh: $a is a run option; --tests passes its arguments to pytest: run them separately (./run_all.sh $a ...)" >&2
         exit 2 ;;
     esac

@@ -38,10 +38,10 @@ decentralized          ``no_sync()``       local gradient (``"global"``     one 
 
 Usage (CPU, 2 ranks; each rank prints nothing but rank 0's log)::
 
-    torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy ddp-pipecomm
-    torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy pipesgd \\
+    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy ddp-pipecomm
+    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/train_gpt.py --strategy pipesgd \\
         --max-iters 200 --grad-accum 2 --out out-gpt
-    torchrun ... examples/train_gpt.py --strategy pipesgd --max-iters 400 --out out-gpt --resume
+    .venv/bin/torchrun ... examples/train_gpt.py --strategy pipesgd --max-iters 400 --out out-gpt --resume
 
 ``--compression int8 --error-feedback`` adds each bucket's last compression error to its next
 gradient (``pipecomm.compress.error_feedback``). ``--trace DIR`` writes a Chrome trace of a few
@@ -91,9 +91,18 @@ from pipecomm.pipesgd import PipeSGD
 STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default, also of an option without a help text."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        if action.help is None and action.option_strings and action.default is not argparse.SUPPRESS:
+            action.help = "(default: %(default)s)"
+        super().add_argument(action)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (tiny defaults: a few seconds on two CPU ranks)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=_DefaultsHelp)
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
     p.add_argument("--algorithm", choices=vocab.ALGORITHMS, default=vocab.DEFAULT_ALGORITHM,
                    help="pipecomm's AllReduce (not used by --strategy ddp)")  # fmt: skip

@@ -1,6 +1,7 @@
 """Orchestrator: option and parameter parsing, atomic results, reuse and resume."""
 
 import importlib
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -578,8 +579,14 @@ def test_a_run_with_a_current_result_reuses_it_and_says_where_it_is(tmp_path, ca
     assert f"E1: current, reused: figure {out / 'figure.png'}, data {out / 'data.csv'}" in text
     rows = [line for line in text.splitlines() if line.startswith("| C")]
     assert rows and all(line.split(" | ")[1] == "E1" for line in rows)
+    assert "experiments:" not in text  # not a terminal: no progress bar, one line per experiment
+    assert "|---|" not in text and "## " not in text  # plain text, not markdown
     assert "claims of other experiments are not shown" in text
     assert (tmp_path / "cpu" / "claims.md").exists()
+    assert artifact.run("cpu", [exp], {}, report_after=True) == 0  # a full run: its report too
+    assert "report: " in capsys.readouterr().out
+    page = (tmp_path / "cpu" / "report" / "E1.html").read_text()
+    assert "notebook.ipynb cannot be rendered" in page  # this fake one is no notebook
 
 
 def test_interrupted_line():
@@ -733,3 +740,74 @@ def test_runs_without_overrides_is_accepted(capsys):
     """--runs N without -p is not an override: it lists (and would run) the profile N times."""
     assert artifact.main(["--profile", "cpu", "--runs", "2", "--list", "--only", "E1"]) == 0
     assert "E1" in capsys.readouterr().out
+
+
+def test_save_reference_keeps_the_figure_inline_and_small(tmp_path):
+    """The reference notebook shows its figure (a compact PNG in its plot cell), not a pointer;
+    its text outputs are those of the run."""
+    import base64
+
+    from PIL import Image
+
+    src = _fake_results(tmp_path / "results", ["E7", "E9", "E13"])
+    Image.new("RGB", (1200, 600), (10, 120, 200)).save(src / "E7" / "figure.png", dpi=(120, 120))
+    book = nbformat.v4.new_notebook()
+    big = base64.b64encode((src / "E7" / "figure.png").read_bytes()).decode()
+    book.cells = [nbformat.v4.new_code_cell("fig = E.plot(df, **params)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="\rruns: 0/2\rruns: 2/2\n"),
+        nbformat.v4.new_output("display_data", data={"image/png": big, "text/plain": "<Fig>"})])]
+    nbformat.write(book, src / "E7" / "notebook.ipynb")
+    reuse.write_manifest(src / "E7", {})
+    dest = artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref")
+    cell = nbformat.read(dest / "E7" / "notebook.ipynb", as_version=4).cells[0]
+    assert [o.output_type for o in cell.outputs] == ["stream", "display_data"]
+    assert cell.outputs[0].text == "runs: 2/2\n"  # the progress bar's last line
+    png = base64.b64decode(cell.outputs[1].data["image/png"])
+    assert Image.open(io.BytesIO(png)).size == (800, 400)  # 80 dpi
+    assert (dest / "E7" / "figure.png").read_bytes() == (src / "E7" / "figure.png").read_bytes()
+
+
+def test_report_option_writes_the_reference_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(artifact, "REFERENCE", tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        artifact.main(["--profile", "cpu", "--report", "--reference"])
+    assert exc.value.code == 2 and "no claims table at" in capsys.readouterr().err
+    (tmp_path / "cpu").mkdir()
+    pd.DataFrame({"claim": ["C4.1"], "kind": ["method"], "experiment": ["E4"],
+                  "measured": ["m"], "threshold": ["t"], "verdict": ["PASS"]}).to_csv(
+        tmp_path / "cpu" / "claims.csv", index=False)
+    assert artifact.main(["--profile", "cpu", "--report", "--reference"]) == 0
+    assert (tmp_path / "cpu" / "report" / "index.html").exists()
+    with pytest.raises(SystemExit) as exc:
+        artifact.main(["--profile", "cpu", "--reference"])
+    assert exc.value.code == 2 and "--reference goes with --report" in capsys.readouterr().err
+
+
+def test_data_csv_is_read_relative_to_the_notebook(tmp_path, monkeypatch):
+    """A relative data_csv is read from notebooks/ (where the notebook is), whatever the
+    working directory; a wrong path says "no such file", not "run the experiment first"."""
+    from pipecomm.lab import notebook as nb
+    from pipecomm.lab.experiments import e03_collectives_vs_ranks as e3
+
+    monkeypatch.chdir(tmp_path)
+    assert len(nb.load_or_run(e3, e3.DEFAULTS, "../artifact/reference/cpu/E3")) > 0
+    with pytest.raises(FileNotFoundError, match=r"^no such file: .*/nothere\.csv$"):
+        nb.load_or_run(e3, e3.DEFAULTS, "../nothere.csv")
+    with pytest.raises(FileNotFoundError, match="no data.csv in .*: run the experiment first"):
+        results.load_csv(tmp_path)
+
+
+def test_every_saved_figure_has_its_experiments_title():
+    import matplotlib.pyplot as plt
+
+    from pipecomm.lab import notebook as nb
+    from pipecomm.lab.experiments import e12_dadam_scaling as e12
+
+    fig = plt.figure()
+    fig.add_subplot().plot([1, 2])
+    assert nb.save(e12, None, pd.DataFrame(), fig, {}) is None
+    assert fig.get_suptitle().startswith("E12 — per-iteration time vs world size")
+    titled = plt.figure()
+    titled.suptitle("E4 — its own")
+    assert nb.titled(titled, e12).get_suptitle() == "E4 — its own"
+    plt.close("all")

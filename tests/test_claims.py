@@ -52,6 +52,7 @@ def test_every_claim_can_pass_fail_and_be_undecided(entry):
     assert len(makers) == 3, f"{entry['check']}: no synthetic INCONCLUSIVE case"
     unsure = claims.run_check(entry, makers[2]())
     assert unsure.verdict == claims.INCONCLUSIVE, f"{entry['id']}: {unsure}"
+    assert unsure.reason and good.reason and bad.reason, f"{entry['id']}: a verdict without why"
 
 
 def test_markdown_table_counts_verdicts(tmp_path):
@@ -223,3 +224,59 @@ def test_a_single_point_claim_can_still_fail():
     """One point at 95% may not miss: the allowance never makes a claim unfalsifiable."""
     assert claims.allowance(1, "binomial") == 0
     assert claims.combine([claims.FAIL], claims.allowance(1, "binomial")) == claims.FAIL
+
+
+def test_an_undecided_interval_says_which_rule_did_not_decide():
+    d = claims.at_most(0.8, 1.3, 1.2)
+    assert d == claims.INCONCLUSIVE and d.reason == \
+        "95% interval [0.8, 1.3] straddles the threshold 1.2"
+    assert "below the threshold 1.2" in claims.at_least(1.0, 1.1, 1.2).reason
+    assert "outside +-0.25" in claims.within(0.3, 0.4, 0.25).reason
+    assert "unbounded: fewer than 5 repeats" in claims.at_least(0.0, math.inf, 1.2).reason
+    v = claims.Verdict("x", "t", claims.combine([claims.PASS, claims.at_most(0.8, 1.3, 1.2)]))
+    assert v.verdict == "INCONCLUSIVE" and type(v.verdict) is str
+    assert v.reason.startswith("1 of 2 points not decided PASS (0 may miss); first undecided: "
+                               "95% interval [0.8, 1.3] straddles")
+    gated = claims.Verdict("x", "t", claims.gate(claims.PASS, ["sync not converged"]))
+    assert gated.reason == "protocol gate closed: sync not converged"
+
+
+def test_too_few_repeats_say_the_quick_configuration_cannot_decide():
+    """The notebooks' quick defaults (iters=2) give unbounded intervals: the reason says so,
+    whatever the check's own rule is (run_check counts the points with too few repeats)."""
+    entry = next(e for e in CHECKED if e["id"] == "C4.1")
+    fast = CASES[entry["check"]][0]()
+    fast["times_s"] = [";".join(t.split(";")[:2]) for t in fast["times_s"]]
+    v = claims.run_check(entry, fast)
+    assert v.verdict == claims.INCONCLUSIVE
+    assert v.reason.startswith("fewer than 5 repeats at ") and "quick configuration" in v.reason
+
+
+def test_every_table_has_a_why_for_unstable_and_error():
+    def run(verdicts, whys):
+        return pd.DataFrame({"claim": ["A", "B"], "measured": ["m", "m"], "verdict": verdicts,
+                             "why": whys})
+
+    out = claims.combine_runs([run([claims.PASS, claims.PASS], ["ok", "ok"]),
+                               run([claims.INCONCLUSIVE, claims.ERROR], ["straddles", "boom"])])
+    out = out.set_index("claim")
+    assert out.loc["A", "why"] == "independent runs disagree: run 1 PASS (ok); run 2 " \
+        "INCONCLUSIVE (straddles)"
+    assert out.loc["B", "verdict"] == claims.ERROR and out.loc["B", "why"] == "run 2: boom"
+    assert "| why |" in claims.to_markdown(out.reset_index()).replace(" why ", " why ")
+    # a table written before reasons were recorded (a reference's claims.csv) is explained
+    assert claims.explain_row({"verdict": "UNSTABLE", "runs": "PASS, FAIL"}) == \
+        "independent runs disagree: PASS, FAIL"
+    assert "fewer than 5 repeats" in claims.explain_row(
+        {"verdict": "INCONCLUSIVE", "measured": "x 1 [0, inf]", "threshold": "x >= 1"})
+
+
+def test_the_terminal_table_is_plain_text():
+    table = pd.DataFrame({"claim": ["C7.2"], "kind": ["paper"], "experiment": ["E7"],
+                          "statement": ["s"], "measured": ["+0.2 [-0.6,\n +1.0]"],
+                          "threshold": ["|difference| <= 1 point"], "verdict": ["PASS"],
+                          "why": ["inside +-1"]})
+    text = claims.to_text(table)
+    assert "| C7.2 | E7 | +0.2 [-0.6, +1.0] | |difference| <= 1 point | PASS | inside +-1 |" in text
+    assert "\\|" not in text and "|---|" not in text and "## " not in text
+    assert text.startswith("The papers' claims:\n")

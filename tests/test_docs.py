@@ -201,5 +201,5 @@ def test_readme_jupyter_command_runs_as_root():
     assert argv[:2] == [".venv/bin/jupyter", "lab"]
     app = LabApp()
     app.parse_command_line(argv[2:])
-    assert app.extra_args == ["notebooks/"]
+    assert app.extra_args == [] and app.config.ServerApp.root_dir == "."
     assert ServerApp(config=app.config).allow_root is True

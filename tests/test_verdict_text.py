@@ -38,7 +38,7 @@ def test_prediction_is_the_runs_not_the_profiles():
     assert f"model's {int(df.optimal_block_bytes.iloc[0]) >> 10} KiB" in row.measured
     # C4.2 cannot be checked on this grid: ERROR with its reason, and still the run's prediction
     c42 = table.set_index("claim").loc["C4.2"]
-    assert c42.verdict == claims.ERROR and REASON in c42.measured
+    assert c42.verdict == claims.ERROR and REASON in c42.why
     assert "optimum 128 KiB" in c42.prediction and "1.43x" not in c42.prediction
 
 
@@ -115,3 +115,14 @@ def test_a_run_without_the_claims_world_size_says_the_prediction_is_the_profiles
     assert claims.predict(entry, df).startswith("model AER/complete at p = 8: ")
     text = claims.predict(entry, df[df.world_size == 4])
     assert text.startswith("for the profile's configuration: ") and "no AER and complete" in text
+
+
+def test_a_closed_gate_is_said_once_in_why():
+    """The notebook's verdict table: the gate's reasons in why, not again in measured."""
+    table = claims.VerdictTable({
+        "claim": ["C7.2"], "prediction": ["p"], "threshold": ["t"], "verdict": ["INCONCLUSIVE"],
+        "measured": ["pipe +0.19 [-0.61, +0.98] -- cannot decide: sync: 0 rates swept"],
+        "why": ["protocol gate closed: sync: 0 rates swept"]})
+    for out in (repr(table), table._repr_html_()):
+        assert out.count("0 rates swept") == 1 and "pipe +0.19 [-0.61, +0.98]" in out
+    assert "cannot decide" in table.measured.iloc[0]  # the data keeps it

@@ -17,6 +17,8 @@ Usage::
     python -m pipecomm.lab.artifact                   # every experiment, automatic profile
     python -m pipecomm.lab.artifact --only E0 E3 -p sizes_max=1048576
     python -m pipecomm.lab.artifact --list
+    python -m pipecomm.lab.artifact --report          # results/<profile>/report/index.html
+    python -m pipecomm.lab.artifact --profile cpu --report --reference   # the reference's
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipecomm.lab import claims, guard, results, reuse, schema
+from pipecomm.lab import claims, guard, report, results, reuse, schema
 from pipecomm.lab.cli import parse_value
 
 ROOT = results.REPO_ROOT
@@ -525,7 +527,7 @@ def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
     the ``progress.json`` that :class:`pipecomm.lab.results.Runs` writes inside the notebook."""
     import threading
 
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     stop = threading.Event()
 
@@ -538,7 +540,7 @@ def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
                 continue
             if bar is None:
                 bar = tqdm(total=prog["total"], desc=f"{eid} runs", unit="run", file=sys.stdout,
-                           leave=False)
+                           leave=False, disable=not _is_terminal())
             bar.n = prog["done"]
             bar.set_postfix_str(f"~{prog['remaining_s'] / 60:.1f} min left")
         if bar is not None:
@@ -626,8 +628,9 @@ def _write_claims(folder: Path, title: str, table: Any) -> None:
 def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
     """Copy a complete run of ``profile`` into ``artifact/reference/<profile>/``, compactly (a
     profile that extends another keeps only the experiments it changes, :func:`own_experiments`):
-    data.csv gzipped, figure.png, the executed notebook without its image outputs (the PNG is
-    beside it), params.json, env.json, and the claims table (claims.md, claims.csv); the
+    data.csv gzipped, figure.png, the executed notebook with its figure as one compact PNG
+    (:func:`pipecomm.lab.report.inline_figure`), params.json, env.json, and the claims table
+    (claims.md, claims.csv); the
     independent repeats of ``--runs`` (``run-<k>/``) keep their data, params, env and claims.
     Refuses a result that is not current (:func:`result_state`).
 
@@ -681,11 +684,9 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
             if (src / name).exists():
                 shutil.copy2(src / name, out / name)
         nb = nbformat.read(src / "notebook.ipynb", as_version=4)
-        for cell in nb.cells:
-            for output in cell.get("outputs", []):
-                data = output.get("data", {})
-                if "image/png" in data or "application/pdf" in data:
-                    output["data"] = {"text/plain": "[figure: see figure.png beside this notebook]"}
+        if (src / "figure.png").exists():  # its figure inline, small: figure.png is beside it
+            report.inline_figure(nb, src / "figure.png")
+        report.tidy_streams(nb)  # a progress bar's redraws: its last line
         nbformat.write(nb, out / "notebook.ipynb")
         relocate_notebook(out / "notebook.ipynb", source / eid)  # no machine's paths
     for name in ("claims.md", "claims.csv"):
@@ -751,6 +752,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list experiments: budget, parameters, whether the result is current")
     p.add_argument("--save-reference", action="store_true",
                    help="copy results/<profile> to artifact/reference/<profile> (maintainers)")
+    p.add_argument("--report", action="store_true",
+                   help="write results/<profile>/report/index.html (claims, figures, rendered "
+                   "notebooks) from the results there, running nothing; a full run writes it too")
+    p.add_argument("--reference", action="store_true",
+                   help="with --report: the report of the committed reference run, "
+                   "artifact/reference/<profile>/report/")
     p.add_argument("--timeout-factor", type=float, default=3.0,
                    help="hard limit per experiment = factor x budget (min 120 s)")
     return p
@@ -823,15 +830,43 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_overrides(args.param, selected)
         if args.runs > 1 and args.param:
             raise UsageError("--runs repeats the profile's own parameters; it takes no -p")
-        if args.save_reference:
+        if args.reference and not args.report:
+            raise UsageError("--reference goes with --report (the reference run's report)")
+        if args.report:
+            if args.param or args.only:
+                raise UsageError("--report shows a whole profile; it takes no --only or -p")
+            print(f"wrote {_shown_path(write_report(profile, reference=args.reference))}")
+            return 0
+        if args.save_reference:  # then its report, which the copy replaced
             print(f"wrote {save_reference(profile).relative_to(ROOT)}")
+            print(f"wrote {_shown_path(write_report(profile, reference=True))}")
             return 0
         check_profile_host(profile)
         check_params(selected, overrides)
     except (UsageError, schema.ConfigError) as exc:  # one line: a value is wrong, not the syntax
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
-               timeout_factor=args.timeout_factor, runs=args.runs)
+               timeout_factor=args.timeout_factor, runs=args.runs,
+               report_after=not args.only and not args.param)
+
+
+def write_report(profile: str, reference: bool = False) -> Path:
+    """The report of ``results/<profile>`` (or of ``artifact/reference/<profile>``) in its
+    ``report/`` folder (:func:`pipecomm.lab.report.build`); returns its index.html.
+
+    Raises:
+        UsageError: there is no claims table to report (run the profile first).
+
+    Example::
+
+        write_report("cpu", reference=True)   # artifact/reference/cpu/report/index.html
+    """
+    base = (REFERENCE if reference else RESULTS) / profile
+    title = f"{'reference run, ' if reference else ''}profile {profile}"
+    try:
+        return report.build(base, title=title)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 # --------------------------------------------------------------------------- failures, Ctrl-C
@@ -996,7 +1031,7 @@ def claims_report(table: Any, selected: list[str]) -> str:
     from pipecomm.lab import claims as claims_mod
 
     mine = table[table.experiment.isin(selected)]
-    text = claims_mod.to_markdown(mine) if len(mine) else "(these experiments have no claims)\n"
+    text = claims_mod.to_text(mine) if len(mine) else "(these experiments have no claims)\n"
     others = table[~table.experiment.isin(selected)]
     if len(others):
         not_run = int((others.verdict == claims_mod.NOT_RUN).sum())
@@ -1017,10 +1052,11 @@ def where_result(out: Path) -> str:
 
 
 def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
-        force: bool = False, timeout_factor: float = 3.0, runs: int = 1) -> int:
+        force: bool = False, timeout_factor: float = 3.0, runs: int = 1,
+        report_after: bool = False) -> int:
     """Run ``selected`` (reusing current results) ``runs`` times, independently (run k in
-    :func:`run_dir`), print where each result is and the claims of the experiments run;
-    returns the exit status (1: an experiment failed, 2: the results directory is in use or
+    :func:`run_dir`), print where each result is and the claims of the experiments run (and,
+    with ``report_after``, write the report, :func:`write_report`); returns the exit status (1: an experiment failed, 2: the results directory is in use or
     cannot be written, 130: Ctrl-C, 143: SIGTERM).
 
     Holds ``results/<profile>/.lock`` throughout (:func:`pipecomm.lab.guard.locked`) and first
@@ -1032,15 +1068,21 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
         with guard.locked(base):
             guard.remove_debris(base)
             guard.remove_dead_kernel_dirs()
-            return _run_locked(profile, selected, overrides, force, timeout_factor, runs)
+            status = _run_locked(profile, selected, overrides, force, timeout_factor, runs)
     except (guard.Busy, OSError) as exc:
         print(f"{Path(sys.argv[0]).name or 'pipecomm'}: {exc}", file=sys.stderr)
         return 2
+    if report_after and status in (0, 1):
+        try:
+            print(f"report: {_shown_path(write_report(profile))}")
+        except (UsageError, OSError) as exc:
+            print(f"report not written: {exc}", file=sys.stderr)
+    return status
 
 
 def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
                 force: bool, timeout_factor: float, runs: int) -> int:
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     failures, dirs, finished = [], {}, []
     states: list[dict[str, str]] = [{} for _ in range(runs)]  # how each result stands, per run
@@ -1057,7 +1099,8 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
             for k in range(1, runs + 1):
                 base = run_dir(profile, k)
                 label = f"run {k}/{runs} " if runs > 1 else ""
-                bar = tqdm(selected, desc=f"{label}experiments", unit="exp", file=sys.stdout)
+                bar = tqdm(selected, desc=f"{label}experiments", unit="exp", file=sys.stdout,
+                           disable=not _is_terminal())
                 for exp in bar:
                     if guard_.interrupted:  # Ctrl-C as a notebook finished: it was kept
                         raise KeyboardInterrupt
@@ -1127,6 +1170,15 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
               file=sys.stderr)
         return 1
     return 0
+
+
+def _is_terminal() -> bool:
+    """Whether stdout is a terminal: progress bars only there (a log gets one line per
+    experiment, the lines :func:`run` prints)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def budget_note(exp: Experiment, wall: float) -> str:

@@ -55,67 +55,127 @@ PAPER, METHOD, ILLUSTRATION = schema.KINDS
 KINDS = tuple(schema.KINDS)
 
 
+class Decision(str):
+    """A verdict (PASS, FAIL or INCONCLUSIVE) with the reason its rule gave: it compares, counts
+    and prints as the plain verdict, and :class:`Verdict` picks its ``reason`` up.
+
+    Example::
+
+        d = at_most(0.8, 1.3, 1.2)
+        d == INCONCLUSIVE, d.reason   # (True, '95% interval [0.8, 1.3] straddles the threshold 1.2')
+    """
+
+    reason: str
+
+    def __new__(cls, verdict: str, reason: str = "") -> Decision:
+        obj = super().__new__(cls, verdict)
+        obj.reason = reason
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Decision, (str(self), self.reason)
+
+
+def reason_of(verdict: Any) -> str:
+    """The reason a :class:`Decision` carries ("" for a plain verdict string or a bool).
+
+    Example::
+
+        reason_of(at_least(1.0, 1.1, 1.2))   # '95% interval [1, 1.1] below the threshold 1.2'
+    """
+    return getattr(verdict, "reason", "") or ""
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of one check: what was measured (with its interval), against what, and the
-    verdict (PASS, FAIL or INCONCLUSIVE; a bool is read as PASS / FAIL)."""
+    """Outcome of one check: what was measured (with its interval), against what, the verdict
+    (PASS, FAIL or INCONCLUSIVE; a bool is read as PASS / FAIL) and why (``reason``: the rule
+    that decided or did not decide; taken from a :class:`Decision` verdict when not given)."""
 
     measured: str
     threshold: str
     verdict: str | bool
+    reason: str = ""
 
     def __post_init__(self) -> None:
         v = self.verdict
+        if not self.reason:
+            object.__setattr__(self, "reason", reason_of(v))
         if isinstance(v, (bool, np.bool_)):
             object.__setattr__(self, "verdict", PASS if v else FAIL)
         elif v not in (PASS, FAIL, INCONCLUSIVE):
             raise ValueError(f"verdict must be PASS, FAIL, INCONCLUSIVE or a bool, got {v!r}")
+        else:
+            object.__setattr__(self, "verdict", str(v))
 
     @property
     def passed(self) -> bool:
         return self.verdict == PASS
 
 
-def at_most(lo: float, hi: float, threshold: float) -> str:
-    """Decide "x <= threshold" from x's interval ``[lo, hi]``.
+def _span(lo: float, hi: float) -> str:
+    return f"[{lo:.3g}, {hi:.3g}]"
+
+
+def _undecided(lo: float, hi: float, bound: str) -> str:
+    """Why an interval did not decide: unbounded (too few repeats) or straddling ``bound``."""
+    if math.isinf(lo) or math.isinf(hi):
+        return (f"95% interval {_span(lo, hi)} is unbounded: fewer than {MIN_REPEATS} repeats "
+                f"(a quick configuration cannot decide; the profile's run can)")
+    return f"95% interval {_span(lo, hi)} straddles the threshold {bound}"
+
+
+def at_most(lo: float, hi: float, threshold: float) -> Decision:
+    """Decide "x <= threshold" from x's interval ``[lo, hi]`` (with the reason).
 
     Example::
 
         at_most(0.93, 0.98, 1.0)   # PASS;  at_most(0.97, 1.04, 1.0) -> INCONCLUSIVE
     """
+    t = f"{threshold:.3g}"
     if hi <= threshold:
-        return PASS
-    return FAIL if lo > threshold else INCONCLUSIVE
+        return Decision(PASS, f"95% interval {_span(lo, hi)} at or below the threshold {t}")
+    if lo > threshold:
+        return Decision(FAIL, f"95% interval {_span(lo, hi)} above the threshold {t}")
+    return Decision(INCONCLUSIVE, _undecided(lo, hi, t))
 
 
-def at_least(lo: float, hi: float, threshold: float) -> str:
-    """Decide "x >= threshold" from x's interval ``[lo, hi]``.
+def at_least(lo: float, hi: float, threshold: float) -> Decision:
+    """Decide "x >= threshold" from x's interval ``[lo, hi]`` (with the reason).
 
     Example::
 
         at_least(1.3, 1.5, 1.2)   # PASS
     """
+    t = f"{threshold:.3g}"
     if lo >= threshold:
-        return PASS
-    return FAIL if hi < threshold else INCONCLUSIVE
+        return Decision(PASS, f"95% interval {_span(lo, hi)} at or above the threshold {t}")
+    if hi < threshold:
+        return Decision(FAIL, f"95% interval {_span(lo, hi)} below the threshold {t}")
+    return Decision(INCONCLUSIVE, _undecided(lo, hi, t))
 
 
-def within(lo: float, hi: float, tolerance: float) -> str:
-    """Decide "|x| <= tolerance" from x's interval ``[lo, hi]`` (x a signed error).
+def within(lo: float, hi: float, tolerance: float) -> Decision:
+    """Decide "|x| <= tolerance" from x's interval ``[lo, hi]`` (x a signed error; with the
+    reason).
 
     Example::
 
         within(-0.05, 0.12, 0.25)   # PASS;  within(0.2, 0.3, 0.25) -> INCONCLUSIVE
     """
+    t = f"+-{tolerance:.3g}"
     if -tolerance <= lo and hi <= tolerance:
-        return PASS
-    return FAIL if hi < -tolerance or lo > tolerance else INCONCLUSIVE
+        return Decision(PASS, f"95% interval {_span(lo, hi)} inside {t}")
+    if hi < -tolerance or lo > tolerance:
+        return Decision(FAIL, f"95% interval {_span(lo, hi)} outside {t}")
+    return Decision(INCONCLUSIVE, _undecided(lo, hi, t))
 
 
-def combine(verdicts: list[str], may_miss: int = 0) -> str:
+def combine(verdicts: list[str], may_miss: int = 0) -> Decision:
     """All of several points, of which ``may_miss`` may miss (stated before the run, see
     :func:`allowance`): FAIL when more than ``may_miss`` points fail, PASS when at most
-    ``may_miss`` points are not PASS, else INCONCLUSIVE.
+    ``may_miss`` points are not PASS, else INCONCLUSIVE; the reason counts the points and
+    quotes the first deciding (or undeciding) point's reason.
 
     Example::
 
@@ -126,9 +186,20 @@ def combine(verdicts: list[str], may_miss: int = 0) -> str:
         raise ValueError("no points to decide")
     if isinstance(may_miss, bool) or not isinstance(may_miss, (int, np.integer)) or may_miss < 0:
         raise ValueError(f"may_miss must be an int >= 0, got {may_miss!r}")
-    if verdicts.count(FAIL) > may_miss:
-        return FAIL
-    return PASS if sum(v != PASS for v in verdicts) <= may_miss else INCONCLUSIVE
+    n, fails = len(verdicts), [v for v in verdicts if v == FAIL]
+    others = [v for v in verdicts if v != PASS]
+    if n == 1:  # one point: its own verdict and reason
+        return Decision(str(verdicts[0]), reason_of(verdicts[0]))
+    allowed = f" ({may_miss} may miss)"
+    if len(fails) > may_miss:
+        first = next((reason_of(v) for v in fails if reason_of(v)), "")
+        return Decision(FAIL, f"{len(fails)} of {n} points FAIL{allowed}"
+                        + (f"; first: {first}" if first else ""))
+    if len(others) <= may_miss:
+        return Decision(PASS, f"{n - len(others)} of {n} points PASS{allowed}")
+    first = next((reason_of(v) for v in others if v != FAIL and reason_of(v)), "")
+    return Decision(INCONCLUSIVE, f"{len(others)} of {n} points not decided PASS{allowed}"
+                    + (f"; first undecided: {first}" if first else ""))
 
 
 #: A many-point claim's allowance: a point whose claim holds still misses its 95% interval with
@@ -246,13 +317,35 @@ def still_improving(curve: pd.Series, tail: float, tolerance: float,
 
 def gate(verdict: str, reasons: list[str]) -> str:
     """INCONCLUSIVE when a protocol condition of the claim is not met (``reasons`` non-empty),
-    whatever the interval says; else ``verdict``.
+    whatever the interval says, with the reason "protocol gate closed: ..."; else ``verdict``.
 
     Example::
 
         gate(PASS, ["only 1 learning rate swept"])   # INCONCLUSIVE
     """
-    return INCONCLUSIVE if reasons else verdict
+    if reasons:
+        return Decision(INCONCLUSIVE, "protocol gate closed: " + grouped(reasons))
+    return verdict
+
+
+def grouped(reasons: list[str]) -> str:
+    """Reasons of the form ``"<who>: <what>"`` that share ``<what>`` said once, naming each
+    ``<who>`` (a gate over many configurations reads as a few lines, not one per configuration).
+
+    Example::
+
+        grouped(["sync: 1 rate swept", "pipe: 1 rate swept", "sync not converged"])
+        # '1 rate swept: sync, pipe; sync not converged'
+    """
+    split = [r.partition(": ") for r in reasons]
+    shared = [what for _, sep, what in split if sep and what]
+    groups: dict[str, list[str]] = {}
+    for r, (who, _, what) in zip(reasons, split):
+        if what and shared.count(what) > 1:
+            groups.setdefault(what, []).append(who)
+        else:
+            groups.setdefault(r, [])
+    return "; ".join(f"{what}: {', '.join(who)}" if who else what for what, who in groups.items())
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -265,8 +358,17 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     """
     m, lo, hi = stats.median_ci(values)
     if len(values) < MIN_REPEATS:
+        _few_repeats(len(values))
         return m, -math.inf, math.inf
     return m, lo, hi
+
+
+_FEW: list[list[int]] = []  # per running check (run_check): repeat counts below MIN_REPEATS
+
+
+def _few_repeats(n: int) -> None:
+    if _FEW:
+        _FEW[-1].append(n)
 
 
 def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -278,6 +380,7 @@ def ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """
     r, lo, hi = stats.ratio_ci(a, b)
     if min(len(a), len(b)) < MIN_REPEATS:
+        _few_repeats(min(len(a), len(b)))
         return r, 0.0, math.inf
     return r, lo, hi
 
@@ -430,8 +533,84 @@ def load_claims(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def run_check(entry: dict[str, Any], df: pd.DataFrame) -> Verdict:
-    """Apply one claim's check to a DataFrame."""
-    return CHECKS[entry["check"]](df, **entry.get("args", {}))
+    """Apply one claim's check to a DataFrame; the verdict always says why
+    (:func:`explain`: the rule's reason, the closed gate, too few repeats).
+
+    Example::
+
+        run_check(entry, df).reason   # 'fewer than 5 repeats at 3 points (as few as 2): ...'
+    """
+    _FEW.append([])
+    try:
+        v = CHECKS[entry["check"]](df, **entry.get("args", {}))
+    finally:
+        few = _FEW.pop()
+    return Verdict(v.measured, v.threshold, v.verdict, explain(v, few))
+
+
+def quick_reason(few: list[int]) -> str:
+    """Why points with too few repeats cannot decide (``few``: their repeat counts).
+
+    Example::
+
+        quick_reason([2, 2])   # 'fewer than 5 repeats at 2 points (as few as 2): ...'
+    """
+    points = f"{len(few)} point{'s' if len(few) > 1 else ''}"
+    return (f"fewer than {MIN_REPEATS} repeats at {points} (as few as {min(few)}): their 95% "
+            f"intervals are unbounded, so the quick configuration cannot decide (the profile's "
+            f"run, ./run_all.sh, repeats enough)")
+
+
+def explain(v: Verdict, few: list[int] | None = None) -> str:
+    """The reason of a check's verdict ``v``: too few repeats first when an undecided verdict
+    had points with fewer than :data:`MIN_REPEATS` repeats (``few``), then the reason its rule
+    gave (:class:`Decision`), else what its measured text says cannot decide, else the generic
+    rule (the 95% intervals in measured against the threshold).
+
+    Example::
+
+        explain(Verdict("x 1.3 [0.9, 1.8]", "x <= 1.2", INCONCLUSIVE))
+        # 'the 95% interval(s) in measured neither meet nor miss the threshold (x <= 1.2)'
+    """
+    reason = v.reason
+    if not reason and "cannot decide:" in v.measured:
+        reason = "cannot decide: " + v.measured.split("cannot decide:", 1)[1].strip()
+    if v.verdict == INCONCLUSIVE and few and "unbounded" not in reason:
+        return quick_reason(few) + (f"; {reason}" if reason else "")
+    if reason:
+        return reason
+    return {PASS: f"measured meets the threshold ({v.threshold})",
+            FAIL: f"measured misses the threshold ({v.threshold})"}.get(
+        v.verdict, f"the 95% interval(s) in measured neither meet nor miss the threshold "
+                   f"({v.threshold})")
+
+
+def explain_row(row: Any) -> str:
+    """The reason of a row of a claims table that has no ``why`` (a table written before
+    reasons were recorded): from its verdict, ``runs``, ``measured`` and ``threshold``.
+
+    Example::
+
+        explain_row({"verdict": "UNSTABLE", "runs": "PASS, FAIL"})
+        # 'independent runs disagree: PASS, FAIL'
+    """
+    get = row.get if hasattr(row, "get") else (lambda k, d="": getattr(row, k, d))
+    verdict, measured = str(get("verdict", "")), str(get("measured", "") or "")
+    if verdict == UNSTABLE:
+        return f"independent runs disagree: {get('runs', '')}"
+    if verdict == ERROR:
+        return f"the check cannot run on this data: {measured}"
+    if verdict == NOT_RUN:
+        return "its experiment has no result here"
+    if verdict == MODEL:
+        return "an analytic model statement: shown without a verdict"
+    few = "inf]" in measured
+    v = Verdict(measured, str(get("threshold", "") or ""), verdict if verdict in (
+        PASS, FAIL, INCONCLUSIVE) else INCONCLUSIVE)
+    if few and verdict == INCONCLUSIVE and "cannot decide:" not in measured:
+        return (f"an interval in measured is unbounded: fewer than {MIN_REPEATS} repeats (a "
+                f"quick configuration cannot decide)")
+    return explain(v)
 
 
 def evaluate(
@@ -446,7 +625,8 @@ def evaluate(
     ``dirs`` overrides the directory per experiment id; ``reference`` maps claim id to the
     measured value of the reference run (shown beside the new value); ``states`` maps an
     experiment id to how its result stands (``current``, ``stale: <why>``, ``old result: its
-    re-run failed``), shown in a ``result`` column beside each verdict decided on it.
+    re-run failed``), shown in a ``result`` column beside each verdict decided on it. The
+    ``why`` column gives each verdict's reason (:attr:`Verdict.reason`; an ERROR's exception).
     Illustrations get the verdict :data:`MODEL` without running anything.
 
     Example::
@@ -469,10 +649,11 @@ def evaluate(
             "measured": "",
             "threshold": "",
             "verdict": NOT_RUN,
+            "why": f"{exp} has no data.csv here",
         }
         csv = d / "data.csv"
         if entry["kind"] == ILLUSTRATION:
-            row["verdict"] = MODEL
+            row.update(verdict=MODEL, why="")
         elif csv.exists():
             try:
                 df = load_csv(csv)
@@ -480,9 +661,9 @@ def evaluate(
                 row["network"] = network_kinds(df)
                 verdict = run_check(entry, df)
                 row.update(measured=verdict.measured, threshold=verdict.threshold,
-                           verdict=verdict.verdict)
+                           verdict=verdict.verdict, why=verdict.reason)
             except Exception as exc:  # a broken check must show, not vanish
-                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
+                row.update(verdict=ERROR, why=error_reason(exc))
         if reference is not None:
             row["reference"] = reference.get(entry["id"], "")
         if states is not None:
@@ -503,11 +684,11 @@ class VerdictTable(pd.DataFrame):
     """
 
     # JupyterLab right-aligns table cells (.jp-RenderedHTMLCommon td): left, top, wrapped at
-    # spaces; the claim id and the verdict on one line
+    # spaces; the claim id and the verdict (the column before "why") on one line
     _STYLE = ("<style>table.pipecomm-verdicts td, table.pipecomm-verdicts th "
               "{text-align: left !important; vertical-align: top; white-space: pre-wrap; "
               "overflow-wrap: break-word; max-width: 48em} "
-              "table.pipecomm-verdicts td:first-child, table.pipecomm-verdicts td:last-child "
+              "table.pipecomm-verdicts td:first-child, table.pipecomm-verdicts td:nth-last-child(2) "
               "{white-space: nowrap}</style>")
 
     @property
@@ -518,24 +699,36 @@ class VerdictTable(pd.DataFrame):
         return pd.option_context("display.max_colwidth", None, "display.max_rows", None,
                                  "display.max_columns", None, "display.width", None)
 
+    def _shown(self) -> pd.DataFrame:
+        """The table as shown: what cannot decide is said once, in ``why`` (a measured text's
+        "-- cannot decide: ..." tail, which a closed gate repeats there, is left out)."""
+        out = pd.DataFrame(self).copy()
+        if {"measured", "why"} <= set(out.columns):
+            said = out["why"].astype(str).str.startswith(("protocol gate closed:",
+                                                          "cannot decide:"))
+            out.loc[said, "measured"] = out.loc[said, "measured"].astype(str).str.split(
+                " -- cannot decide:", n=1).str[0]
+        return out
+
     def _repr_html_(self) -> str:
         with self._full():
-            return self._STYLE + pd.DataFrame(self).to_html(
+            return self._STYLE + self._shown().to_html(
                 index=False, classes="pipecomm-verdicts", justify="left", border=0)
 
     def __repr__(self) -> str:
         with self._full():
-            return pd.DataFrame(self).to_string(index=False, justify="left")
+            return self._shown().to_string(index=False, justify="left")
 
 
 def experiment_verdicts(experiment: str, df: pd.DataFrame,
                         entries: list[dict[str, Any]] | None = None) -> VerdictTable:
     """The claims of one experiment (``"E4"``) evaluated on a run's ``df``, as a notebook shows
     them: the model's prediction for the parameters that ran (:func:`predict`), what was
-    measured with its interval, the threshold and PASS / FAIL / INCONCLUSIVE; an illustration
-    shows no verdict; a check that cannot run on this data (for example a quick configuration
-    without the claim's world size) shows ERROR with its reason in ``measured``. Every cell is
-    shown in full (:class:`VerdictTable`).
+    measured with its interval, the threshold, PASS / FAIL / INCONCLUSIVE and ``why`` (the
+    rule that decided or did not: an interval straddling its threshold, a closed gate, too few
+    repeats); an illustration shows no verdict; a check that cannot run on this data (for
+    example a quick configuration without the claim's world size) shows ERROR with its reason.
+    Every cell is shown in full (:class:`VerdictTable`).
 
     Example::
 
@@ -546,16 +739,29 @@ def experiment_verdicts(experiment: str, df: pd.DataFrame,
         if entry["experiment"] != experiment:
             continue
         row = {"claim": entry["id"], "prediction": entry.get("prediction", "") or "",
-               "measured": "", "threshold": "", "verdict": MODEL}
+               "measured": "", "threshold": "", "verdict": MODEL, "why": ""}
         if entry["kind"] != ILLUSTRATION:
             row["prediction"] = predict(entry, df)
             try:
                 v = run_check(entry, df)
-                row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict)
+                row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict,
+                           why=v.reason)
             except Exception as exc:  # shown, not hidden: the table says why
-                row.update(measured=f"{type(exc).__name__}: {exc}", verdict=ERROR)
+                row.update(verdict=ERROR, why=error_reason(exc))
         rows.append(row)
-    return VerdictTable(rows, columns=["claim", "prediction", "measured", "threshold", "verdict"])
+    return VerdictTable(rows, columns=["claim", "prediction", "measured", "threshold", "verdict",
+                                       "why"])
+
+
+def error_reason(exc: BaseException) -> str:
+    """The reason of an ERROR verdict: the check could not run on the data, and its exception.
+
+    Example::
+
+        error_reason(ValueError("no real LP at p = 4"))
+        # 'the check cannot run on this data: ValueError: no real LP at p = 4'
+    """
+    return f"the check cannot run on this data: {type(exc).__name__}: {exc}"
 
 
 def network_kinds(df: pd.DataFrame) -> str:
@@ -589,7 +795,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         print(to_markdown(evaluate(load_claims(), "results/cpu")))
     """
     cols = ["claim", "experiment", "statement", "source", "paper_value", "prediction",
-            "network", "measured", "runs", "reference", "threshold", "verdict", "result"]
+            "network", "measured", "runs", "reference", "threshold", "verdict", "why", "result"]
     cols = [c for c in cols if c in table.columns]
     if "kind" not in table.columns:
         parts = [_md_rows(table, cols)]
@@ -601,6 +807,36 @@ def to_markdown(table: pd.DataFrame) -> str:
                 own = [c for c in cols if kind == PAPER or c not in ("source", "paper_value")]
                 parts.append(f"## {title}\n\n{_md_rows(sub, own)}")
     return "\n\n".join(parts) + f"\n\n{count_line(table)}\n"
+
+
+#: The columns of the terminal's claims table (claims.md holds every column).
+TEXT_COLUMNS = ("claim", "experiment", "measured", "runs", "threshold", "verdict", "why", "result")
+
+
+def to_text(table: pd.DataFrame) -> str:
+    """The claims table as the terminal shows it: plain text, one line per claim (``| C4.1 | E4
+    | measured | threshold | verdict | why |``, cells as they are, no markdown escapes or
+    rules), under plain section titles (the papers' claims first), and the count line;
+    statements and predictions are in claims.md.
+
+    Example::
+
+        print(to_text(evaluate(load_claims(), "results/cpu")))
+    """
+    cols = [c for c in TEXT_COLUMNS if c in table.columns]
+    if "kind" not in table.columns:
+        return _text_rows(table, cols) + f"\n\n{count_line(table)}\n"
+    parts = [f"{title}:\n{_text_rows(table[table['kind'] == kind], cols)}"
+             for kind, title in SECTIONS if (table["kind"] == kind).any()]
+    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n"
+
+
+def _text_rows(table: pd.DataFrame, cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |"]
+    for _, row in table.iterrows():
+        cells = [" ".join(str(row[c]).split()) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _md_rows(table: pd.DataFrame, cols: list[str]) -> str:
@@ -631,7 +867,8 @@ def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
     """One claims table from the tables of independent runs of the same profile (the first is
     run 1): a ``runs`` column with each run's verdict (``"3/3 PASS"`` when they agree, else
     ``"PASS, FAIL, PASS"``) and the verdict over the runs -- the runs' common verdict, ERROR
-    when a run's check broke, UNSTABLE when decided runs disagree. ``measured`` is run 1's
+    when a run's check broke, UNSTABLE when decided runs disagree -- with its ``why`` (run 1's
+    reason when they agree; each run's verdict and reason when they disagree). ``measured`` is run 1's
     when the runs agree and every run's number (``run 2: ...``) when they do not. A run that
     did not run a claim's experiment (NOT RUN) is left out of that claim's verdict.
 
@@ -646,20 +883,23 @@ def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
         raise ValueError("the runs' claims tables list different claims: evaluate every run "
                          "against the same claims.yaml")
     out = tables[0].copy()
-    runs_col, verdicts, measured = [], [], []
+    runs_col, verdicts, measured, whys = [], [], [], []
     for k in range(len(out)):
         vs = [str(t["verdict"].iloc[k]) for t in tables]
         ms = [str(t["measured"].iloc[k]) for t in tables]
+        ws = [str(t["why"].iloc[k]) if "why" in t.columns else "" for t in tables]
         ran = [i for i, v in enumerate(vs) if v != NOT_RUN]
         if set(vs) == {MODEL}:  # an illustration: nothing was decided in any run
             runs_col.append("")
             verdicts.append(MODEL)
             measured.append(ms[0])
+            whys.append(ws[0])
             continue
         if not ran:
             runs_col.append(f"0/{len(vs)} run")
             verdicts.append(NOT_RUN)
             measured.append(ms[0])
+            whys.append(ws[0])
             continue
         got = [vs[i] for i in ran]
         skipped = f" ({len(vs) - len(ran)} not run)" if len(ran) < len(vs) else ""
@@ -667,13 +907,20 @@ def combine_runs(tables: list[pd.DataFrame]) -> pd.DataFrame:
             runs_col.append(f"{len(got)}/{len(got)} {got[0]}{skipped}")
             verdicts.append(got[0])
             measured.append(ms[ran[0]])
+            whys.append(ws[ran[0]])
         else:
             runs_col.append(", ".join(got) + skipped)
-            verdicts.append(ERROR if ERROR in got else UNSTABLE)
+            broke = [i for i in ran if vs[i] == ERROR]
+            verdicts.append(ERROR if broke else UNSTABLE)
             measured.append("; ".join(f"run {i + 1} ({vs[i]}): {ms[i]}" for i in ran))
+            whys.append(f"run {broke[0] + 1}: {ws[broke[0]]}" if broke else
+                        "independent runs disagree: " + "; ".join(
+                            f"run {i + 1} {vs[i]}" + (f" ({ws[i]})" if ws[i] else "")
+                            for i in ran))
     out["runs"] = runs_col
     out["verdict"] = verdicts
     out["measured"] = measured
+    out["why"] = whys
     if all("result" in t.columns for t in tables):
         out["result"] = [_runs_result([str(t["result"].iloc[k]) for t in tables])
                          for k in range(len(out))]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -173,7 +175,12 @@ class Runs:
     ``runs(key, fn, *args)`` returns ``fn(*args)``; when :data:`RUNS_ENV` names a directory, the
     result is pickled there under a hash of ``key`` (written atomically), so re-running an
     interrupted experiment skips the runs already done. Each call also updates a tqdm bar (time
-    remaining from the mean time of the runs done so far) and ``progress.json``.
+    remaining from the mean time of the runs done so far) and ``progress.json``. The bar is
+    plain tqdm on stderr (never tqdm's notebook widget, whose fallback is a warning), shown only
+    on a terminal: in a notebook (stderr is no terminal there) and under the orchestrator
+    (:data:`RUNS_ENV` set, whose own bar reads ``progress.json``) :meth:`close` prints one line
+    instead (``E13 runs: 30 runs in 1.1 min (0 reused)``), so a stored notebook holds no
+    progress bar.
 
     Example::
 
@@ -183,22 +190,24 @@ class Runs:
         ...     out = [runs(cfg, pow, cfg, 10) for cfg in configs]   # runs(cfg, ranks.run, train_rank, cfg)
         ...     runs.close()
         ...     return out
-        >>> run_all([2, 3])
-        E13 runs...
+        >>> run_all([2, 3])   # a bar on a terminal's stderr, else one line
+        E13 runs: 2 runs in 0 s (0 reused)
         [1024, 59049]
     """
 
     def __init__(self, total: int, desc: str = "runs", directory: str | os.PathLike | None = None):
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm
 
         directory = directory or os.environ.get(RUNS_ENV)
         self.dir = Path(directory) if directory else None
         self.total, self.done, self.ran_s, self.ran = total, 0, 0.0, 0
-        self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stdout)
+        self.desc, self.started = desc, time.perf_counter()
+        quiet = RUNS_ENV in os.environ or not _is_terminal(sys.stderr)
+        self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=quiet,
+                        mininterval=1.0)
 
     def __call__(self, key: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         import pickle
-        import time
 
         path = None
         if self.dir is not None:
@@ -232,7 +241,19 @@ class Runs:
                        {"done": self.done, "total": self.total, "remaining_s": left})
 
     def close(self) -> None:
+        """End the bar; without one, print the one line that sums the runs up."""
         self.bar.close()
+        if self.bar.disable:
+            took = time.perf_counter() - self.started
+            when = f"{took:.0f} s" if took < 120 else f"{took / 60:.1f} min"
+            print(f"{self.desc}: {self.done} runs in {when} ({self.done - self.ran} reused)")
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- provenance
@@ -279,20 +300,51 @@ def environment() -> dict[str, Any]:
 
     import pipecomm
 
-    gpus = []
+    gpus, nccl = [], None
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        with contextlib.suppress(Exception):
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
     return {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "pipecomm": pipecomm.__version__,
+        **{name: _version(name) for name in ("numpy", "scipy", "pandas", "papermill")},
         "git_commit": git_commit(),
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "gpus": gpus,
         "cuda": torch.version.cuda,
+        "nccl": nccl,
+        **installed_set(),
     }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_set() -> dict[str, str]:
+    """Hashes that identify the software a run used: ``lock_sha256`` of
+    ``artifact/requirements-lock.txt`` (what set-up installs) and ``installed_sha256`` of the
+    sorted ``name==version`` of every installed distribution (what ``pip freeze`` lists), so
+    that two runs' environments compare in one field.
+
+    Example::
+
+        >>> from pipecomm.lab import results
+        >>> sorted(results.installed_set())
+        ['installed_sha256', 'lock_sha256']
+    """
+    lock = REPO_ROOT / "artifact" / "requirements-lock.txt"
+    names = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}"
+                    for d in importlib.metadata.distributions()})
+    return {"lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else "",
+            "installed_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest()}
 
 
 def describe_runs(df: pd.DataFrame) -> dict[str, Any]:
@@ -357,7 +409,9 @@ def save(
 
 
 def load_csv(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a finished run's data.csv (a file, possibly .gz, or the directory holding it).
+    """Read a finished run's data.csv (a file, possibly .gz, or the directory holding it); a
+    path that does not exist is a FileNotFoundError saying so (a directory without data.csv:
+    run the experiment first).
 
     Example::
 
@@ -368,7 +422,10 @@ def load_csv(path: str | os.PathLike) -> pd.DataFrame:
     """
     path = Path(path)
     if path.is_dir():  # a result directory, or a reference one (data.csv.gz)
-        path = path / "data.csv" if (path / "data.csv").exists() else path / "data.csv.gz"
+        found = [path / n for n in ("data.csv", "data.csv.gz") if (path / n).exists()]
+        if not found:
+            raise FileNotFoundError(f"no data.csv in {path}: run the experiment first")
+        path = found[0]
     if not path.exists():
-        raise FileNotFoundError(f"no data.csv at {path}: run the experiment first")
+        raise FileNotFoundError(f"no such file: {path}")
     return pd.read_csv(path, low_memory=False)  # whole-file dtypes: no mixed-type warning

@@ -83,6 +83,9 @@ class Params(experiment.Params):
 DEFAULTS = Params.defaults()
 
 PORT_STYLES = {"single": "-", "per-neighbor": "--"}
+#: The optimal-block panel draws one curve per op: colours no algorithm uses (ALG_COLORS).
+OP_COLORS = {"broadcast": "C5", "reduce": "C6", "allreduce": "C9"}
+OP_MARKERS = {8: "x"}  # the broadcast at p = 8 beside the largest p's curves
 
 
 def link_label(alpha_s: float, bandwidth_Bps: float, gamma_s_per_byte: float) -> str:
@@ -262,7 +265,8 @@ def plot(df: pd.DataFrame, **params: Any):
             title=f"{op}, {nb / 2**20:g} MiB" if nb else op,
         )
         axes[1, j].xaxis.set_major_formatter(plt.ScalarFormatter())
-        axes[0, j].legend(fontsize=7)
+        for row in (0, 1):  # every panel names its curves, one colour per algorithm throughout
+            axes[row, j].legend(fontsize=7)
     # optimal block size vs message size
     ax = axes[0, -1]
     lp = size_df[size_df.algorithm == "lp"]
@@ -272,7 +276,8 @@ def plot(df: pd.DataFrame, **params: Any):
                 g.nbytes,
                 g.block_bytes.astype(float),
                 PORT_STYLES.get(ports, ":"),
-                marker=".",
+                color=OP_COLORS.get(op),
+                marker=OP_MARKERS.get(int(p), "."),
                 label=f"{op}, {ports}, p={p}",
             )
     bc = lp[(lp.op == "broadcast") & (lp.ports == "single")]
@@ -312,7 +317,7 @@ def plot(df: pd.DataFrame, **params: Any):
             lp_b.world_size,
             lp_b.time_s / lp_b.time_s.iloc[0],
             "-",
-            color="C0",
+            color=ALG_COLORS["lp"],
             marker=".",
             label="lp(p) / lp(p=2)",
         )
