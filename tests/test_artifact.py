@@ -811,3 +811,94 @@ def test_every_saved_figure_has_its_experiments_title():
     titled.suptitle("E4 — its own")
     assert nb.titled(titled, e12).get_suptitle() == "E4 — its own"
     plt.close("all")
+
+
+def _override_result(base, exp, own, data=None):
+    """A current result of ``exp`` run with the overrides ``own`` under ``base`` (the
+    profile's results folder), its data.csv ``data`` (a DataFrame) or a stub."""
+    out = base / artifact.override_dirname(exp.id, own)
+    out.mkdir(parents=True)
+    if data is None:
+        (out / "data.csv").write_text("a\n1\n")
+    else:
+        data.to_csv(out / "data.csv", index=False)
+    nbformat.write(nbformat.v4.new_notebook(), out / "notebook.ipynb")
+    results.write_json(out / "params.json", artifact.run_params(exp, own))
+    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    reuse.write_manifest(out, {})
+    return out
+
+
+def test_list_shows_every_override_result_with_its_state(tmp_path, monkeypatch):
+    """After ``-p world_size=4`` ran, --list shows that result (current) beside the profile's
+    (none here), and says why the others are stale: a file added, params that belong elsewhere."""
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    _override_result(tmp_path / "cpu", exp, {"world_size": 4})
+    (_override_result(tmp_path / "cpu", exp, {"world_size": 5}) / "extra.txt").write_text("x")
+    moved = _override_result(tmp_path / "cpu", exp, {"iters": 3})
+    moved.rename(tmp_path / "cpu" / "E4__iters=4")
+    lines = artifact.list_table([exp], "cpu").splitlines()
+    assert any(line.startswith("E4 ") and line.endswith("result: none") for line in lines)
+    shown = {line.split(":")[0].strip(): line for line in lines if "with -p" in line}
+    assert shown["with -p world_size=4"].endswith(
+        "result: current (" + str(tmp_path / "cpu" / "E4__world_size=4") + ")")
+    assert "stale: extra.txt is not part of the result" in shown["with -p world_size=5"]
+    assert "stale: its params.json holds iters=3, a run of which goes to E4__iters=3" in \
+        shown["with -p iters=3"]
+    assert artifact.override_state(exp, "cpu", tmp_path / "cpu" / "E4__world_size=4") == \
+        ("current", {"world_size": 4})
+    same = _override_result(tmp_path / "cpu", exp, {"world_size": 8})  # the profile's value
+    assert artifact.override_state(exp, "cpu", same) == ("current", {"world_size": 8})
+    older = _override_result(tmp_path / "cpu", exp, {"world_size": 6})
+    results.write_json(older / "params.json", {**artifact.run_params(exp, {"world_size": 6}),
+                                               "iters": 3})  # the profile's iters were 3 then
+    reuse.write_manifest(older, {})
+    assert artifact.override_state(exp, "cpu", older) == \
+        ("stale: made with other parameters (iters)", {"world_size": 6})
+
+
+def test_list_with_p_shows_that_runs_parameters_and_state(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    _override_result(tmp_path / "cpu", exp, {"world_size": 4})
+    assert artifact.main(["--list", "--profile", "cpu", "--only", "E4", "-p",
+                          "world_size=4"]) == 0
+    out = capsys.readouterr().out
+    assert "E4" in out and "with -p world_size=4: result: current" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("world_size"))
+    assert row.split()[1:3] == ["4", "-p"] and "ranks" in row
+    assert artifact.main(["--list", "--profile", "cpu", "--only", "E4", "-p",
+                          "world_size=6"]) == 0
+    assert "with -p world_size=6: result: none" in capsys.readouterr().out
+    for bad in ("world_size=0", "world_sise=4"):  # one line per bad input, exit 2
+        with pytest.raises(SystemExit) as exc:
+            artifact.main(["--list", "--profile", "cpu", "--only", "E4", "-p", bad])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_override_claims_say_what_ran_and_which_reference(tmp_path, monkeypatch, capsys):
+    """A run with ``-p world_size=4``: its claims rows name the parameters that ran, predict for
+    them (from the run's data), prefix the statement, and mark the default run's reference."""
+    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(artifact, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
+    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    data = results.load_csv(ROOT / "artifact/reference/cpu/E4").assign(world_size=4)
+    own = {"world_size": 4}
+    _override_result(tmp_path / "cpu", exp, own, data)
+    assert artifact.run("cpu", [exp], {"E4": own}) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.startswith("| C4.")]
+    assert rows and all(" | world_size=4 | " in line for line in rows), rows
+    written = tmp_path / "cpu" / "claims-E4__world_size=4.md"
+    assert str(written) in text
+    table = pd.read_csv(tmp_path / "cpu" / "claims-E4__world_size=4.csv", dtype=str).fillna("")
+    c41 = table.set_index("claim").loc["C4.1"]
+    assert c41.parameters == "world_size=4"
+    assert c41.statement.startswith("[this run: -p world_size=4; the statement is for the ")
+    assert "at p = 4" in c41.prediction and "p = 8" not in c41.prediction
+    assert c41.reference.startswith("(default parameters) broadcast: best ")
+    assert table.set_index("claim").loc["C4.3"].reference == ""  # the reference measured nothing
+    default = pd.read_csv(tmp_path / "cpu" / "claims.csv", dtype=str)
+    assert "parameters" not in default.columns  # the profile's table is the default run's

@@ -556,6 +556,13 @@ def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
 
 
 def reference_values(profile: str) -> dict[str, str] | None:
+    """Claim id -> the reference run's measured value and verdict (``"1.52 [1.5, 1.54]
+    (PASS)"``) from ``artifact/reference/<profile>/claims.csv``; None without one.
+
+    Example::
+
+        reference_values("cpu")["C5.3"]   # 'mst/lp 1.52 [1.5, 1.54] (...) (PASS)'
+    """
     path = REFERENCE / profile / "claims.csv"
     if not path.exists():
         return None
@@ -563,6 +570,74 @@ def reference_values(profile: str) -> dict[str, str] | None:
 
     ref = pd.read_csv(path, dtype=str).fillna("")
     return dict(zip(ref["claim"], ref["measured"] + " (" + ref["verdict"] + ")"))
+
+
+def reference_params(profile: str, eid: str) -> Any:
+    """The parameters the reference run of ``eid`` ran with (its ``params.json`` in
+    ``artifact/reference/<profile>/<E>/``), None where the reference has none (a profile that
+    extends another keeps only the experiments it changes)."""
+    try:
+        return results.read_json(REFERENCE / profile / eid / "params.json")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def override_rows(table: Any, profile: str, exp: Experiment, own: dict[str, Any]) -> Any:
+    """The claims rows of ``exp`` decided on its run with the overrides ``own``, saying so: a
+    ``parameters`` column (``world_size=4``), the statement prefixed with what ran (the
+    statement itself is claims.yaml's, for the profile's parameters; the prediction is the
+    run's own, :func:`pipecomm.lab.claims.predict`), and ``reference`` marked ``(default
+    parameters)`` unless the reference run had this run's parameters (blank where the
+    reference measured nothing).
+
+    Example::
+
+        override_rows(table, "cpu", exp_e4, {"world_size": 4}).reference.iloc[0]
+        # '(default parameters) broadcast: best 47 KiB ... (PASS)'
+    """
+    rows = table[table.experiment == exp.id].copy()
+    text = override_text(own)
+    rows.insert(list(rows.columns).index("experiment") + 1, "parameters", text)
+    rows["statement"] = [f"[this run: -p {text}; the statement is for the profile's "
+                         f"parameters] {s}" for s in rows["statement"]]
+    if "reference" in rows.columns:
+        same = results.json_roundtrip(run_params(exp, own)) == reference_params(profile, exp.id)
+        rows["reference"] = [_reference_for(str(v), same) for v in rows["reference"].fillna("")]
+    return rows
+
+
+def override_claims(profile: str, selected: list[Experiment],
+                    overrides: dict[str, dict[str, Any]], dirs: dict[str, Path],
+                    states: dict[str, str]) -> dict[Path, Any]:
+    """The claims of runs with overrides, each decided on its own directory ``dirs[E]``
+    (:func:`override_rows`: they say which parameters ran and which reference they are compared
+    with), each written to ``results/<profile>/claims-<E>__<NAME=VALUE>.md`` (and ``.csv``)
+    beside the profile's ``claims.md``; returns those paths with their rows.
+
+    Example::
+
+        override_claims("cpu", [exp_e4], {"E4": {"world_size": 4}},
+                        {"E4": RESULTS / "cpu/E4__world_size=4"}, {"E4": "current"})
+        # {PosixPath('results/cpu/claims-E4__world_size=4.md'): <rows of C4.1, C4.2, C4.3>}
+    """
+    sub = claims_table(profile, dirs=dirs, write=False, states=[states])
+    found = {}
+    for exp in selected:
+        rows = override_rows(sub, profile, exp, overrides[exp.id])
+        name = f"claims-{dirs[exp.id].name}"
+        _write_claims(RESULTS / profile, f"profile {profile}, {exp.id} with -p "
+                      f"{override_text(overrides[exp.id])}", rows, name)
+        found[RESULTS / profile / f"{name}.md"] = rows
+    return found
+
+
+def _reference_for(value: str, same: bool) -> str:
+    """A reference cell of an override run's row: blank where the reference measured nothing
+    (``" (NOT RUN)"``), as it is when the reference ran the same parameters, else marked
+    ``(default parameters)``."""
+    if not value or value.startswith(" ("):
+        return ""
+    return value if same else f"(default parameters) {value}"
 
 
 def run_dir(profile: str, run: int = 1) -> Path:
@@ -620,9 +695,9 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
     return table
 
 
-def _write_claims(folder: Path, title: str, table: Any) -> None:
-    results.write_text(folder / "claims.md", f"# Claims, {title}\n\n" + claims.to_markdown(table))
-    results.write_csv(folder / "claims.csv", table)
+def _write_claims(folder: Path, title: str, table: Any, name: str = "claims") -> None:
+    results.write_text(folder / f"{name}.md", f"# Claims, {title}\n\n" + claims.to_markdown(table))
+    results.write_csv(folder / f"{name}.csv", table)
 
 
 def save_reference(profile: str, source: Path | None = None, dest: Path | None = None) -> Path:
@@ -749,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "for k >= 2); the claims table gets a runs column and UNSTABLE where the "
                    "runs disagree")
     p.add_argument("--list", action="store_true",
-                   help="list experiments: budget, parameters, whether the result is current")
+                   help="list experiments: budget, parameters, whether each result (the "
+                   "profile's and every -p run's) is current; with -p: that run's")
     p.add_argument("--save-reference", action="store_true",
                    help="copy results/<profile> to artifact/reference/<profile> (maintainers)")
     p.add_argument("--report", action="store_true",
@@ -785,30 +861,130 @@ def _short(value: Any, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def list_table(selected: list[Experiment], profile: str) -> str:
-    """``--list``: per experiment its budget and whether ``results/<profile>/<E>/`` is current
-    (:func:`result_state`), then one row per parameter: name, the profile's value, meaning.
+def override_text(overrides: dict[str, Any]) -> str:
+    """``-p`` overrides as the command line gives them, names sorted.
 
     Example::
 
-        print(list_table([discover()["E1"]], "cpu"))
+        override_text({"world_size": 4, "iters": 5})   # 'iters=5, world_size=4'
     """
+    return ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+
+
+def override_of(exp: Experiment, params: Any) -> dict[str, Any] | None:
+    """The ``-p`` overrides that turn the profile's parameters (:func:`run_params`) into
+    ``params`` (a result's params.json): every parameter whose value differs, and any the
+    experiment no longer has; None when ``params`` is not a JSON object.
+
+    Example::
+
+        override_of(exp_e4, {**run_params(exp_e4), "world_size": 4})   # {'world_size': 4}
+    """
+    if not isinstance(params, dict):
+        return None
+    base = results.json_roundtrip(run_params(exp))
+    return {k: v for k, v in params.items() if k not in base or base[k] != v}
+
+
+def override_state(exp: Experiment, profile: str, out: Path) -> tuple[str, dict[str, Any] | None]:
+    """How the override result ``out`` (``results/<profile>/<E>__.../``) stands, and the
+    overrides it was run with: the parameters of its params.json that its name names (a run
+    with ``-p`` of those writes there). Then :func:`result_state` against ``run_params(exp,
+    overrides)`` -- ``current`` when that ``-p`` run would reuse it, ``stale: <why>`` when the
+    profile, the code or a file changed since --; ``stale`` too when its params.json is
+    unreadable, names a parameter the experiment no longer has or does not give its name
+    (the overrides are then those that differ from the profile's, :func:`override_of`).
+
+    Example::
+
+        override_state(exp_e4, "cpu", RESULTS / "cpu/E4__world_size=4")
+        # ('current', {'world_size': 4})
+    """
+    try:
+        params = results.read_json(out / "params.json")
+    except (OSError, ValueError, UnicodeDecodeError):
+        params = None
+    if not isinstance(params, dict):
+        return "stale: params.json is missing or not a JSON object", None
+    named = {k: v for k, v in params.items()
+             if re.search(rf"(?:__|,){re.escape(str(k))}=", out.name)}
+    if named and override_dirname(exp.id, named) == out.name:
+        gone = sorted(set(named) - set(run_params(exp)))
+        if gone:
+            return f"stale: made with parameters {exp.id} no longer has ({', '.join(gone)})", named
+        return result_state(exp, profile, out, run_params(exp, named)), named
+    own = override_of(exp, params) or {}
+    shown = override_text(own) or "the profile's own parameters"
+    return (f"stale: its params.json holds {shown}, a run of which goes to "
+            f"{override_dirname(exp.id, own)}"), own
+
+
+def override_dirs(exp: Experiment, profile: str) -> list[Path]:
+    """Every override result of ``exp`` in ``results/<profile>/``: its ``<E>__*/`` folders.
+
+    Example::
+
+        override_dirs(exp_e4, "cpu")   # [PosixPath('results/cpu/E4__world_size=4')]
+    """
+    base = RESULTS / profile
+    return sorted(p for p in base.glob(f"{exp.id}__*") if p.is_dir()) if base.is_dir() else []
+
+
+def _param_rows(exp: Experiment, own: dict[str, Any]) -> list[str]:
+    """``--list``'s parameter rows of ``exp`` run with the overrides ``own``: name, value, a
+    mark (``*`` the profile changes the notebook's default, ``-p`` the command line does),
+    meaning."""
     from pipecomm.lab import meanings
 
+    params = run_params(exp, own)
+    width = max((len(k) for k in params), default=0)
+    rows = []
+    for name, value in params.items():
+        changed = "*" if results.json_roundtrip(value) != results.json_roundtrip(
+            exp.defaults.get(name)) else " "
+        mark = "-p" if name in own else f"{changed} "
+        rows.append(f"     {name:{width}}  {_short(value):28}{mark} "
+                    f"{meanings.meaning(exp.id, name)}")
+    return rows
+
+
+def _list_entry(exp: Experiment, profile: str, own: dict[str, Any]) -> list[str]:
+    """``--list``'s lines for one experiment: its result with the profile's parameters and
+    every override result (without ``-p``), or the result of the run with ``own``."""
+    head = f"\n{exp.id:4} {exp.title:26} budget {exp.budget_s:5.0f} s   "
+    if own:
+        out = RESULTS / profile / override_dirname(exp.id, own)
+        state = result_state(exp, profile, out, run_params(exp, own))
+        where = f" ({_shown_path(out)})" if state != "none" else ""
+        return [f"{head}with -p {override_text(own)}: result: {state}{where}",
+                *_param_rows(exp, own)]
+    state = result_state(exp, profile)
+    where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
+    lines = [f"{head}result: {state}{where}"]
+    for out in override_dirs(exp, profile):
+        other, params = override_state(exp, profile, out)
+        shown = override_text(params) if params else out.name.split("__", 1)[-1]
+        lines.append(f"     with -p {shown}: result: {other} ({_shown_path(out)})")
+    return lines + _param_rows(exp, {})
+
+
+def list_table(selected: list[Experiment], profile: str,
+               overrides: dict[str, dict[str, Any]] | None = None) -> str:
+    """``--list``: per experiment its budget and how ``results/<profile>/<E>/`` stands
+    (:func:`result_state`), one line per override result ``<E>__.../`` (:func:`override_state`),
+    then one row per parameter: name, the profile's value, meaning. With ``overrides`` (``--list
+    -p NAME=VALUE``) an experiment they change shows that run instead: its parameters and how
+    its result stands.
+
+    Example::
+
+        print(list_table([discover()["E4"]], "cpu", {"E4": {"world_size": 4}}))
+    """
     lines = [f"profile {profile}: experiment, budget, result; its parameters (default in this "
-             f"profile, * where the profile changes the notebook's quick default; meaning)"]
+             f"profile, * where the profile changes the notebook's quick default, -p where the "
+             f"command line does; meaning)"]
     for exp in selected:
-        state = result_state(exp, profile)
-        where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
-        lines.append(f"\n{exp.id:4} {exp.title:26} budget {exp.budget_s:5.0f} s   "
-                     f"result: {state}{where}")
-        params = run_params(exp)
-        width = max((len(k) for k in params), default=0)
-        for name, value in params.items():
-            changed = "*" if results.json_roundtrip(value) != results.json_roundtrip(
-                exp.defaults.get(name)) else " "
-            lines.append(f"     {name:{width}}  {_short(value):28}{changed} "
-                         f"{meanings.meaning(exp.id, name)}")
+        lines += _list_entry(exp, profile, (overrides or {}).get(exp.id, {}))
     return "\n".join(lines)
 
 
@@ -822,12 +998,12 @@ def main(argv: list[str] | None = None) -> int:
         claims.load_claims()  # a broken claims.yaml is one line now, not after hours of runs
         experiments = load_profile(profile, discover())
         selected = select(experiments, args.only, profile)
-        if args.list:
-            if args.param:
-                raise UsageError("--list shows the profile's parameters; it takes no -p")
-            print(list_table(selected, profile))
-            return 0
         overrides = parse_overrides(args.param, selected)
+        if args.list:
+            if args.param:  # a refused value is one line, as for a run
+                check_params(selected, overrides)
+            print(list_table(selected, profile, overrides))
+            return 0
         if args.runs > 1 and args.param:
             raise UsageError("--runs repeats the profile's own parameters; it takes no -p")
         if args.reference and not args.report:
@@ -1152,13 +1328,16 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
         return 128 + (guard_.signum or signal.SIGINT)
     base = RESULTS / profile
     extra = {k: v for k, v in dirs.items() if v.name != k}
-    if extra:  # the runs with overrides are judged on their own directories
+    if extra:  # the runs with overrides are judged on their own directories, and say so
         import pandas as pd
 
-        sub = claims_table(profile, dirs=extra, write=False, states=states[:1])
-        table = pd.concat([table[~table.experiment.isin(list(extra))],
-                           sub[sub.experiment.isin(list(extra))]])
-        print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides:")
+        own = override_claims(profile, [e for e in selected if e.id in extra], overrides,
+                              extra, states[0])
+        table = pd.concat([table[~table.experiment.isin(list(extra))], *own.values()])
+        table = table.fillna("")
+        shown = ", ".join(_shown_path(p) for p in own)
+        print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides (with their "
+              f"statements, predictions and references: {shown}):")
     print()
     print(claims_report(table, list(dirs)), end="")
     over = f", {runs} independent runs" if runs > 1 else ""

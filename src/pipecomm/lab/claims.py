@@ -794,7 +794,8 @@ def to_markdown(table: pd.DataFrame) -> str:
 
         print(to_markdown(evaluate(load_claims(), "results/cpu")))
     """
-    cols = ["claim", "experiment", "statement", "source", "paper_value", "prediction",
+    cols = ["claim", "experiment", "parameters", "statement", "source", "paper_value",
+            "prediction",
             "network", "measured", "runs", "reference", "threshold", "verdict", "why", "result"]
     cols = [c for c in cols if c in table.columns]
     if "kind" not in table.columns:
@@ -810,7 +811,8 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 
 #: The columns of the terminal's claims table (claims.md holds every column).
-TEXT_COLUMNS = ("claim", "experiment", "measured", "runs", "threshold", "verdict", "why", "result")
+TEXT_COLUMNS = ("claim", "experiment", "parameters", "measured", "runs", "threshold", "verdict",
+                "why", "result")
 
 
 def to_text(table: pd.DataFrame) -> str:
