@@ -57,17 +57,21 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import collectives, vocab
+from pipecomm.launch.rank import group_timeout
 
 __all__ = [
     "BACKEND_NAME",
+    "BACKSTOP",
     "ENV_ALGORITHM",
     "ENV_BLOCK_BYTES",
     "ENV_COMPRESSION",
     "Options",
     "PipecommProcessGroup",
+    "for_cpp",
     "future_of",
     "new_group",
     "options_from_env",
+    "wait_limit_s",
 ]
 
 #: The name ``import pipecomm.backend`` registers with ``torch.distributed.Backend``.
@@ -77,6 +81,9 @@ ENV_COMPRESSION = "PIPECOMM_COMPRESSION"
 ENV_BLOCK_BYTES = "PIPECOMM_BLOCK_BYTES"
 
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch's default process group timeout
+#: A pipecomm future (and ``Work.wait()``) gives up after this many times its group's timeout:
+#: the transfer's own timeout, whose error names the operation and the peer, fires first.
+BACKSTOP = 1.5
 _RED = dist.ReduceOp.RedOpType
 #: ReduceOps that pipecomm's algorithms implement, by pipecomm's name.
 _PIPECOMM_OPS = {_RED.SUM: "sum", _RED.AVG: "avg", _RED.MAX: "max", _RED.MIN: "min"}
@@ -140,7 +147,11 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
         raise ValueError(
             f"{ENV_BLOCK_BYTES} must be a positive integer number of bytes, got {raw!r}"
         ) from None
-    return Options(algorithm, compression, block_bytes)
+    try:
+        return Options(algorithm, compression, block_bytes)
+    except ValueError as exc:  # name the variable the bad value came from
+        given = [f"{n}={env[n]!r}" for n in (ENV_ALGORITHM, ENV_COMPRESSION) if env.get(n)]
+        raise ValueError(f"{exc} (from {', '.join(given)} in the environment)") from None
 
 
 # --------------------------------------------------------------------------- futures
@@ -177,31 +188,58 @@ def _enqueue(settle: Callable[[], None]) -> None:
         _COMPLETER.jobs.put(settle)
 
 
-def future_of(
-    handles: collectives.Handle | Sequence[collectives.Handle],
-    value: Callable[[], Any],
-    *,
-    timeout_s: float,
-) -> torch.futures.Future:
-    """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
+def _value(fut: torch.futures.Future) -> Any:
+    return fut.value()
 
-    The future is resolved on this module's completion thread (at once if the handles are
-    already done), so its callbacks run there; a handle's error, or a handle still running after
-    ``timeout_s``, becomes the future's exception.
+
+def for_cpp(source: torch.futures.Future) -> torch.futures.Future:
+    """A future that C++ code (DDP's reducer, torch's Work) sees fail when ``source`` does.
+
+    ``Future.set_exception`` completes a Python future, to C++, *successfully*: the exception
+    object becomes its value (torch keeps the error in an unwrap function that only Python's
+    ``wait()`` / ``value()`` run). DDP's reducer reads that value as the bucket's tensors: a
+    comm hook's raises "Unable to cast ... to Tensor", a process group's Work future crashes the
+    process (SIGSEGV, ``parseCppCommHookResult`` indexes the tensors of an exception). A ``then``
+    whose callback re-raises makes a future that C++ sees failed; its ``wait()`` raises
+    RuntimeError "Got the following error when running the callback: <the error>".
 
     Example::
 
-        >>> import torch
-        >>> from pipecomm import collectives
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-        >>> t = torch.full((2,), 3.0)
-        >>> h = collectives.allreduce(t, op="avg", async_op=True)
-        >>> fut = future_of(h, lambda: t, timeout_s=60)
-        >>> fut.then(lambda f: print(f.value())).wait()
-        tensor([3., 3.])
+        >>> source = torch.futures.Future()
+        >>> fut = for_cpp(source)
+        >>> source.set_exception(ValueError("recv from rank 1 failed"))
+        >>> fut.wait()
+        Traceback (most recent call last):
+            ...
+        RuntimeError: Got the following error when running the callback: ValueError: recv from rank 1 failed...
+    """
+    return source.then(_value)
+
+
+def wait_limit_s(timeout_s: float | None = None) -> float:
+    """How long pipecomm waits for an asynchronous collective: ``timeout_s``, or (``None``)
+    :data:`BACKSTOP` times the world's timeout, so that the transfer's own timeout (the
+    communication group's, which is the world's), whose error names the peer, fires first.
+
+    Example::
+
+        >>> import datetime
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(),
+        ...                         timeout=datetime.timedelta(seconds=20))   # p = 1
+        >>> wait_limit_s(), wait_limit_s(5.0)
+        (30.0, 5.0)
         >>> dist.destroy_process_group()
     """
-    hs = [handles] if isinstance(handles, collectives.Handle) else list(handles)
+    if timeout_s is None:
+        return BACKSTOP * group_timeout().total_seconds()
+    return timeout_s
+
+
+def _settled(
+    hs: list[collectives.Handle], value: Callable[[], Any], timeout_s: float
+) -> torch.futures.Future:
+    """A Python future resolved with ``value()`` once every handle is done, or with the first
+    handle's error (the original exception, for Python waiters)."""
     fut: torch.futures.Future = torch.futures.Future()
 
     def settle() -> None:
@@ -221,15 +259,46 @@ def future_of(
     return fut
 
 
+def future_of(
+    handles: collectives.Handle | Sequence[collectives.Handle],
+    value: Callable[[], Any],
+    *,
+    timeout_s: float | None = None,
+) -> torch.futures.Future:
+    """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
+
+    The future is resolved on this module's completion thread (at once if the handles are
+    already done), so its callbacks run there. A handle's error, or a handle still running after
+    ``timeout_s`` (``None``: :data:`BACKSTOP` times the world's timeout, so the transfer's own
+    timeout error, naming the peer, comes first), fails the future, also for C++ waiters such as
+    DDP (:func:`for_cpp`): ``wait()`` raises RuntimeError naming the error.
+
+    Example::
+
+        >>> import torch
+        >>> from pipecomm import collectives
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> t = torch.full((2,), 3.0)
+        >>> h = collectives.allreduce(t, op="avg", async_op=True)
+        >>> fut = future_of(h, lambda: t, timeout_s=60)
+        >>> fut.then(lambda f: print(f.value())).wait()
+        tensor([3., 3.])
+        >>> dist.destroy_process_group()
+    """
+    hs = [handles] if isinstance(handles, collectives.Handle) else list(handles)
+    return for_cpp(_settled(hs, value, wait_limit_s(timeout_s)))
+
+
 class _Work(dist.Work):
     """A ``Work`` that completes with a ``torch.futures.Future``: ``wait()`` blocks on it (at
-    most the group's timeout) and re-raises its error; ``get_future()`` returns it."""
+    most :data:`BACKSTOP` times the group's timeout) and re-raises its error; ``get_future()``
+    returns it as C++ must see it (:func:`for_cpp`)."""
 
     def __init__(
         self, future: torch.futures.Future, what: str, timeout: datetime.timedelta
     ) -> None:
         super().__init__()
-        self._future = future
+        self._future = for_cpp(future)
         self._what = what
         self._timeout = timeout
         self._done = threading.Event()
@@ -244,8 +313,9 @@ class _Work(dist.Work):
         self._done.set()
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Block until done (at most ``timeout``, default the group's); re-raise its error."""
-        limit = timeout or self._timeout
+        """Block until done (at most ``timeout``, default :data:`BACKSTOP` times the group's);
+        re-raise its error."""
+        limit = timeout or BACKSTOP * self._timeout
         if not self._done.wait(limit.total_seconds()):
             raise TimeoutError(
                 f"pipecomm {self._what} still running after {limit.total_seconds():g} s (check "
@@ -410,7 +480,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
             launch.comm_group()
 
     def _work(self, what: str, handle: collectives.Handle, tensors: list[torch.Tensor]) -> _Work:
-        fut = future_of(handle, lambda: tensors, timeout_s=self._timeout.total_seconds())
+        limit = BACKSTOP * self._timeout.total_seconds()
+        fut = _settled([handle], lambda: tensors, limit)
         return _Work(fut, f"{what}({self.options.algorithm})", self._timeout)
 
     # ----------------------------------------------------------------- collectives
@@ -630,6 +701,7 @@ def new_group(
     algorithm: str = vocab.DEFAULT_ALGORITHM,
     compression: str | None = None,
     block_bytes: int | None = None,
+    timeout: datetime.timedelta | None = None,
 ) -> dist.ProcessGroup:
     """A pipecomm process group over ``ranks`` (global ranks; ``None``: all), made on every rank.
 
@@ -638,8 +710,11 @@ def new_group(
     AllReduce / Broadcast / Reduce run ``algorithm`` (LP: Wang et al., arXiv 1611.04255; or
     ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
     AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
-    ``block_bytes`` per block (``None``: the cost model's optimum). Arguments are checked before
-    any communication.
+    ``block_bytes`` per block (``None``: the cost model's optimum). The group's operations fail
+    after ``timeout`` (``None``: the world's, :func:`pipecomm.launch.group_timeout`; its
+    AllReduce / Broadcast / Reduce run on the communication thread, whose transfers fail after
+    the world's timeout, and give up after :data:`BACKSTOP` times ``timeout``). Arguments are
+    checked before any communication.
 
     Example::
 
@@ -661,6 +736,13 @@ def new_group(
             "pipecomm.backend.new_group: torch.distributed is not initialised; call "
             "dist.init_process_group (or start ranks with pipecomm.launch) first"
         )
+    if timeout is None:
+        timeout = group_timeout()
+    elif not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+        raise ValueError(
+            f"pipecomm.backend.new_group: timeout must be a positive datetime.timedelta or None, "
+            f"got {timeout!r}"
+        )
     world = dist.get_world_size()
     if ranks is not None:
         ranks = list(ranks)
@@ -679,4 +761,4 @@ def new_group(
         from pipecomm import launch
 
         launch.comm_group()  # a collective of every rank, so subgroups can run asynchronously
-    return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options)
+    return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options, timeout=timeout)

@@ -71,8 +71,6 @@ __all__ = [
     "register",
 ]
 
-_DEFAULT_TIMEOUT_S = 1800.0  # torch's default process group timeout
-
 
 def _check_common(
     where: str,
@@ -92,14 +90,14 @@ def _check_common(
             f"{where}: block_bytes must be a positive int (bytes per LP block) or None, "
             f"got {block_bytes!r}"
         )
-    if (
+    if timeout_s is not None and (
         isinstance(timeout_s, bool)
         or not isinstance(timeout_s, int | float)
         or not math.isfinite(timeout_s)
         or timeout_s <= 0
     ):
         raise ValueError(
-            f"{where}: timeout_s must be a positive number of seconds, got {timeout_s!r}"
+            f"{where}: timeout_s must be a positive number of seconds or None, got {timeout_s!r}"
         )
 
 
@@ -128,7 +126,9 @@ class CollectiveState:
         compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (``"lp"``/``"ring"`` only).
         process_group: the DDP model's group (``None``: the world).
         block_bytes: LP block size (``None``: the cost model's optimum).
-        timeout_s: how long a bucket's future waits for its AllReduce before it fails.
+        timeout_s: how long a bucket's future waits for its AllReduce before it fails
+            (``None``: :data:`pipecomm.backend.BACKSTOP` times the world's timeout; the
+            AllReduce's own transfers fail after the world's timeout, naming the peer, first).
         error_feedback: add each bucket's last compression error to its next gradient
             (``e_{t+1} = x - D(C(x))``, ``x = g_t + e_t``; needs a ``compression``).
 
@@ -151,7 +151,7 @@ class CollectiveState:
     compression: str | None = None
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)
-    timeout_s: float = field(default=_DEFAULT_TIMEOUT_S, kw_only=True)
+    timeout_s: float | None = field(default=None, kw_only=True)
     error_feedback: bool = field(default=False, kw_only=True)
     _residuals: dict = field(default_factory=dict, init=False, repr=False)
     _fresh: set = field(default_factory=set, init=False, repr=False)
@@ -305,7 +305,7 @@ class PipelinedState:
     compression: str | None = None
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)
-    timeout_s: float = field(default=_DEFAULT_TIMEOUT_S, kw_only=True)
+    timeout_s: float | None = field(default=None, kw_only=True)
     error_feedback: bool = field(default=False, kw_only=True)
     iteration: int = field(default=0, init=False)
     _history: collections.deque = field(default_factory=collections.deque, init=False, repr=False)
@@ -420,9 +420,13 @@ class PipelinedState:
             >>> state.wait()
             >>> dist.destroy_process_group()
         """
-        for _, launched in self._history:
-            for item in launched.values():
-                item.handle.wait(self.timeout_s)
+        handles = [item.handle for _, launched in self._history for item in launched.values()]
+        if any(not h.is_completed() for h in handles):
+            limit = backend.wait_limit_s(self.timeout_s)
+            for h in handles:
+                h.wait(limit)
+        for h in handles:
+            h.wait(0)  # re-raises a failed AllReduce's error
 
 
 def _layout(

@@ -113,7 +113,7 @@ class _Batch:
 
     def add(self, fn: Any, t: torch.Tensor, peer: int) -> _Batched:
         self.ops.append(dist.P2POp(fn, t, peer, self.group))
-        item = _Batched(self)
+        item = _Batched(self, "send" if fn is dist.isend else "recv", peer)
         self.pending.append(item)
         return item
 
@@ -126,14 +126,18 @@ class _Batch:
 
 
 class _Batched:
-    """One NCCL post of a :class:`_Batch`."""
+    """One NCCL post of a :class:`_Batch` (``op`` with global rank ``peer``)."""
 
-    def __init__(self, batch: _Batch) -> None:
+    def __init__(self, batch: _Batch, op: str, peer: int) -> None:
         self.batch, self.work = batch, None
+        self.op, self.peer = op, peer
 
     def wait(self) -> None:
         self.batch.flush()  # every wait first issues all that is pending (it may be needed)
-        self.work.wait()
+        try:
+            self.work.wait()
+        except RuntimeError as exc:
+            raise p2p.TransferError.of(self.op, self.peer, exc) from exc
 
 
 _BATCHES: dict[tuple[int, int], _Batch] = {}

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from pipecomm import vocab
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
-from pipecomm.collectives.p2p import _process_group
+from pipecomm.collectives.p2p import _process_group, wait_all
 
 #: The tag of the check's messages: above every tag the schedules use (0 and ``1 + 30 bits``,
 #: :func:`pipecomm.launch.reverse_transport`), so they never match a schedule's message.
@@ -169,8 +169,8 @@ def _post(comm: Any, sends: list[tuple[torch.Tensor, int]],
         for t, j in sends:
             pg, rank = _process_group(comm.transport, comm.members[j])
             works.append(pg.send([t], rank, TAG))
-    for work in works:
-        work.wait()
+    wait_all(works, [("recv", comm.members[j]) for _, j in recvs]
+             + [("send", comm.members[j]) for _, j in sends])  # an error names the peer
 
 
 @contextlib.contextmanager

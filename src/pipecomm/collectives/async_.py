@@ -7,7 +7,10 @@ rank, so the ranks' transfers match), on :func:`pipecomm.launch.comm_group` — 
 its own — while the main thread computes (torch kernels and transfer waits release the GIL).
 
 A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
-or re-raises the error the operation hit on the thread; ``is_completed()`` polls.
+or re-raises the error the operation hit on the thread; ``is_completed()`` polls. A transfer that
+failed there (a dead peer, or one stalled past the communication group's timeout, which is the
+world's) is re-raised as :class:`pipecomm.collectives.p2p.TransferError` naming the collective,
+the operation and the peer's rank.
 
 When the thread starts it lowers the interpreter's GIL switch interval from Python's 5 ms to
 0.1 ms (``PIPECOMM_SWITCH_INTERVAL_S`` overrides; ``0`` keeps Python's): otherwise every time the
@@ -37,6 +40,7 @@ import torch
 
 from pipecomm import observe
 from pipecomm.collectives import _streams
+from pipecomm.collectives.p2p import TransferError
 
 
 class Handle:
@@ -169,6 +173,8 @@ class _Worker:
             fn, handle = self.jobs.get()
             try:
                 fn()
+            except TransferError as exc:  # surfaced by wait(), naming the collective
+                handle._finish(exc.during(handle._what))
             except BaseException as exc:  # surfaced by wait()
                 handle._finish(exc)
             else:

@@ -16,12 +16,16 @@ is delivered) has passed; :meth:`Transfer.wait` does the same for one message. W
 gloo moves host memory only: on a gloo group, CUDA tensors travel through host buffers (copied
 to the host when a send is posted, into the device when a receive is waited). The emulated
 network carries CPU tensors only.
+
+A transfer that fails (the peer died and its connection closed, or nothing arrived within the
+group's timeout) raises :class:`TransferError`, naming the operation and the peer's global rank.
 """
 
 from __future__ import annotations
 
 import time  # noqa: F401 - kept: tests swap p2p.time for a late-waking clock
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +34,53 @@ from pipecomm import netem
 
 _HEADER = 8  # bytes: one float64 deadline in front of the payload
 _FRAME_MAX = 64 * 1024  # payloads of this many bytes or more travel unframed, after the header
+
+
+class TransferError(RuntimeError):
+    """A point-to-point transfer failed: its peer died (the connection closed) or stalled past
+    the group's timeout. ``op`` is ``"send"`` or ``"recv"``, ``peer`` the peer's global rank.
+
+    Example::
+
+        >>> err = TransferError.of("recv", 1, RuntimeError("Connection closed by peer"))
+        >>> err.peer, str(err)
+        (1, 'recv from rank 1 failed (rank 1 died or stalled): Connection closed by peer')
+        >>> str(err.during("allreduce(lp)"))
+        'allreduce(lp): recv from rank 1 failed (rank 1 died or stalled): Connection closed by peer'
+    """
+
+    def __init__(self, message: str, op: str, peer: int) -> None:
+        super().__init__(message)
+        self.op, self.peer = op, peer
+
+    @classmethod
+    def of(cls, op: str, peer: int, cause: BaseException) -> TransferError:
+        """The error of ``op`` with global rank ``peer`` that the backend raised as ``cause``."""
+        where = "to" if op == "send" else "from"
+        return cls(f"{op} {where} rank {peer} failed (rank {peer} died or stalled): {cause}",
+                   op, peer)
+
+    def during(self, what: str) -> TransferError:
+        """The same error, its message prefixed with the collective ``what`` it broke."""
+        err = TransferError(f"{what}: {self}", self.op, self.peer)
+        err.__cause__ = self
+        return err
+
+
+def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]]) -> None:
+    """Wait for each backend work, posted as ``ops[i] = ("send" | "recv", global rank)``; the
+    first that fails raises :class:`TransferError` naming its operation and peer.
+
+    Example::
+
+        works = [pg.recv([buf], 1, tag), pg.send([mine], 1, tag)]
+        wait_all(works, [("recv", 1), ("send", 1)])
+    """
+    for work, (op, peer) in zip(works, ops):
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise TransferError.of(op, peer, exc) from exc
 
 
 def _check(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
@@ -114,8 +165,8 @@ def exchange(
         ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in host_recvs]
         if not ops:
             return
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        names = [("send", peer) for _, peer in sends] + [("recv", peer) for _, peer in recvs]
+        wait_all(dist.batch_isend_irecv(ops), names)
         for (t, _), (h, _) in zip(recvs, host_recvs):
             if h is not t:
                 t.copy_(h)
@@ -138,7 +189,7 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
         return
     # reserve first (the emulated clock starts at the post), then frame: copying is real cost
     deadlines = emu.post([(int(dst), p.numel()) for p, (_, dst) in zip(payloads, sends)])
-    ops = []
+    ops, names = [], []
     for p, (_, dst), deadline in zip(payloads, sends, deadlines):
         if p.numel() < _FRAME_MAX:  # one message: header + copy of the payload
             buf = torch.empty(_HEADER + p.numel(), dtype=torch.uint8, device=p.device)
@@ -149,6 +200,7 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
             head = torch.tensor([deadline], dtype=torch.float64, device=p.device)
             ops.append(dist.P2POp(dist.isend, head, dst, group))
             ops.append(dist.P2POp(dist.isend, p, dst, group))
+        names += [("send", dst)] * (len(ops) - len(names))
     heads = []
     for t, (_, src) in zip(targets, recvs):
         if t.numel() < _FRAME_MAX:
@@ -160,8 +212,8 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
             ops.append(dist.P2POp(dist.irecv, head, src, group))
             ops.append(dist.P2POp(dist.irecv, t, src, group))
             heads.append((head, None))
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+        names += [("recv", src)] * (len(ops) - len(names))
+    wait_all(dist.batch_isend_irecv(ops), names)
     for buf, t in heads:
         if t is None:
             deadlines.append(float(buf[0]))
@@ -187,7 +239,7 @@ class Transfer:
     Complete means: the backend's operations are done and, under emulation, the message's
     delivery deadline has passed (for a receive, the deadline the sender shipped in the header;
     for a send, the one it reserved). A transfer is waited at most once; later calls return at
-    once.
+    once. A failed transfer raises :class:`TransferError` naming ``op`` and ``peer``.
 
     Example::
 
@@ -197,11 +249,12 @@ class Transfer:
     """
 
     __slots__ = ("_works", "_deadline", "_head", "_target", "_sent", "_received", "_done",
-                 "_staged")
+                 "_staged", "_op", "_peer")
 
     def __init__(self, works, deadline=None, head=None, target=None, sent=0, received=0,
-                 staged=None) -> None:
+                 staged=None, op="recv", peer=-1) -> None:
         self._works = works
+        self._op, self._peer = op, peer  # what a failure names: "send"/"recv", global rank
         self._staged = staged  # (host buffer, device tensor): gloo and CUDA, copied on wait
         self._deadline = deadline
         self._head = head  # receive under emulation: where the deadline arrives
@@ -214,7 +267,10 @@ class Transfer:
         if self._done:
             return
         for work in self._works:
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise TransferError.of(self._op, self._peer, exc) from exc
         self._done = True
         if self._staged is not None and self._staged[1] is not None:
             host, device_tensor = self._staged
@@ -252,11 +308,15 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
     if emu is None:  # straight to the process group: no byte view, no dist.isend per message
         sent = _check(t, "sends", 0).numel() * t.element_size()
         pg, peer = _process_group(group, dst)
-        if _staged(t, group):  # the host copy is taken now: the tensor may change after posting
-            host = t.detach().to("cpu")
-            return Transfer([pg.send([_backend_view(host)], peer, tag)], sent=sent,
-                            staged=(host, None))
-        return Transfer([pg.send([_backend_view(t)], peer, tag)], sent=sent)
+        try:
+            if _staged(t, group):  # the host copy is taken now: the tensor may change after
+                host = t.detach().to("cpu")
+                return Transfer([pg.send([_backend_view(host)], peer, tag)], sent=sent,
+                                staged=(host, None), op="send", peer=dst)
+            return Transfer([pg.send([_backend_view(t)], peer, tag)], sent=sent, op="send",
+                            peer=dst)
+        except RuntimeError as exc:
+            raise TransferError.of("send", dst, exc) from exc
     payload = _as_bytes(t, "sends", 0)
     _no_cuda_under_emulation([t])
     (deadline,) = emu.post([(int(dst), payload.numel())])
@@ -268,7 +328,7 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
     else:
         head = torch.tensor([deadline], dtype=torch.float64, device=payload.device)
         works = [dist.isend(head, dst, group, tag), dist.isend(payload, dst, group, tag)]
-    return Transfer(works, deadline=deadline, sent=payload.numel())
+    return Transfer(works, deadline=deadline, sent=payload.numel(), op="send", peer=dst)
 
 
 def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
@@ -286,22 +346,26 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
     if netem.emulator() is None:  # straight to the process group, as post_send
         received = _check(t, "recvs", 0).numel() * t.element_size()
         pg, peer = _process_group(group, src)
-        if _staged(t, group):
-            host = torch.empty_like(t, device="cpu")
-            return Transfer([pg.recv([_backend_view(host)], peer, tag)], received=received,
-                            staged=(host, t.detach()))
-        return Transfer([pg.recv([_backend_view(t)], peer, tag)], received=received)
+        try:
+            if _staged(t, group):
+                host = torch.empty_like(t, device="cpu")
+                return Transfer([pg.recv([_backend_view(host)], peer, tag)], received=received,
+                                staged=(host, t.detach()), peer=src)
+            return Transfer([pg.recv([_backend_view(t)], peer, tag)], received=received,
+                            peer=src)
+        except RuntimeError as exc:
+            raise TransferError.of("recv", src, exc) from exc
     target = _as_bytes(t, "recvs", 0)
     _no_cuda_under_emulation([t])
     if target.numel() < _FRAME_MAX:
         buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
         return Transfer(
             [dist.irecv(buf, src, group, tag)], head=buf, target=target,
-            received=target.numel(),
+            received=target.numel(), peer=src,
         )
     head = torch.empty(1, dtype=torch.float64, device=target.device)
     works = [dist.irecv(head, src, group, tag), dist.irecv(target, src, group, tag)]
-    return Transfer(works, head=head, received=target.numel())
+    return Transfer(works, head=head, received=target.numel(), peer=src)
 
 
 # --------------------------------------------------------------------------- one stream, directly
@@ -313,10 +377,11 @@ class Direct:
 
     Only where nothing stands between pipecomm and the backend: no emulated network, host
     tensors (or tensors on a backend that moves them itself), real dtypes. Each call posts one
-    message and returns the backend's work (``wait()`` on it); bytes and messages are counted
+    message and returns its :class:`Posted` (``wait()`` on it); bytes and messages are counted
     here and recorded once by :meth:`record` (the per-message accounting of :class:`Transfer`
     is the Python that 8 ranks sharing 2 cores pay many times over). Empty tensors are the
-    caller's to skip, as everywhere.
+    caller's to skip, as everywhere. ``peer`` is the rank in ``pg``, ``rank`` the global rank a
+    :class:`TransferError` names (default ``peer``).
 
     Example::
 
@@ -327,17 +392,27 @@ class Direct:
         send.record()
     """
 
-    __slots__ = ("_post", "_peer", "_tag", "_send", "nbytes", "count")
+    __slots__ = ("_post", "_peer", "_tag", "_send", "nbytes", "count", "rank")
 
-    def __init__(self, pg: dist.ProcessGroup, peer: int, tag: int, send: bool) -> None:
+    def __init__(self, pg: dist.ProcessGroup, peer: int, tag: int, send: bool,
+                 rank: int | None = None) -> None:
         self._post = pg.send if send else pg.recv
         self._peer, self._tag, self._send = peer, tag, send
+        self.rank = peer if rank is None else rank
         self.nbytes = self.count = 0
 
-    def __call__(self, t: torch.Tensor):
+    def __call__(self, t: torch.Tensor) -> Posted:
         self.nbytes += t.nbytes
         self.count += 1
-        return self._post([t], self._peer, self._tag)
+        try:
+            return Posted(self._post([t], self._peer, self._tag), self)
+        except RuntimeError as exc:
+            raise self.failed(exc) from exc
+
+    def failed(self, cause: BaseException) -> TransferError:
+        """The :class:`TransferError` of one of these messages that the backend raised as
+        ``cause``."""
+        return TransferError.of("send" if self._send else "recv", self.rank, cause)
 
     def record(self) -> None:
         """Add the posted messages to :func:`pipecomm.netem.stats` (once, after the waits)."""
@@ -346,6 +421,23 @@ class Direct:
         else:
             netem.record(0, 0, self.nbytes, self.count, 0.0)
         self.nbytes = self.count = 0
+
+
+class Posted:
+    """One message of a :class:`Direct` poster: the backend's work, whose failure
+    :meth:`wait` raises as a :class:`TransferError` naming the peer."""
+
+    __slots__ = ("_work", "_direct")
+
+    def __init__(self, work: Any, direct: Direct) -> None:
+        self._work, self._direct = work, direct
+
+    def wait(self) -> bool:
+        """Block until the backend is done with the message."""
+        try:
+            return self._work.wait()
+        except RuntimeError as exc:
+            raise self._direct.failed(exc) from exc
 
 
 def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: int,
@@ -357,4 +449,4 @@ def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: 
             or like.requires_grad):
         return None
     pg, rank = _process_group(group, peer)
-    return Direct(pg, rank, tag, send)
+    return Direct(pg, rank, tag, send, rank=peer)

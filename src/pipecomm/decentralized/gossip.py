@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipecomm.launch.rank import group_timeout
+
 __all__ = ["Bucket", "as_one_block", "subgroup"]
 
-# Process groups of the topologies' groups (global ranks), created once per process and reused.
-_PROCESS_GROUPS: dict[tuple[Any, ...], dist.ProcessGroup] = {}
+# Process groups of the topologies' groups (global ranks), created once per process and reused:
+# key -> (the world they were made in, the group).
+_PROCESS_GROUPS: dict[tuple[Any, ...], tuple[dist.ProcessGroup, Any]] = {}
 
 
 @torch.no_grad()
@@ -68,7 +70,8 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     ``new_group`` must be called by every rank of the default group, and its
     ``use_local_synchronization=True`` names a group after the number of groups each rank made
     before (which differs between ranks, so creation hangs); the group is therefore made with
-    torch's internal helper under a name derived from ``ranks`` alone.
+    torch's internal helper under a name derived from ``ranks`` alone. Either way the group
+    takes the world's timeout (:func:`pipecomm.launch.group_timeout`).
 
     Example::
 
@@ -79,11 +82,12 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
         >>> dist.destroy_process_group()
     """
     key = (id(dist.group.WORLD), dist.get_world_size(), whole_world, ranks)
-    pg = _PROCESS_GROUPS.get(key)
-    if pg is not None:
-        return pg
+    cached = _PROCESS_GROUPS.get(key)
+    if cached is not None and cached[0] is dist.group.WORLD:
+        return cached[1]
+    timeout = group_timeout()
     if whole_world:
-        pg = dist.new_group(list(ranks))
+        pg = dist.new_group(list(ranks), timeout=timeout)
     else:
         from torch.distributed import distributed_c10d as c10d
 
@@ -95,10 +99,10 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
             dist.get_backend(),
             c10d._get_default_store(),
             name,
-            timeout=datetime.timedelta(seconds=300),
+            timeout=timeout,
         )
         c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
-    _PROCESS_GROUPS[key] = pg
+    _PROCESS_GROUPS[key] = (dist.group.WORLD, pg)  # the world kept: its id is never reused
     return pg
 
 

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives, netem
+from pipecomm import collectives, launch, netem
 from pipecomm.decentralized import runtime_model, topology
 from pipecomm.lab import bench
 from pipecomm.lab.checks import check_int
@@ -226,7 +226,7 @@ def _group(ranks: tuple[int, ...]) -> Any:
     """Process group of ``ranks`` (created on first use; all ranks call in the same order)."""
     key = (id(dist.group.WORLD), ranks)
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(ranks))
+        _GROUPS[key] = dist.new_group(list(ranks), timeout=launch.group_timeout())
     return _GROUPS[key]
 
 

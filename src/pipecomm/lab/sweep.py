@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipecomm import collectives, cost
+from pipecomm import collectives, cost, launch
 from pipecomm.collectives import agreement
 from pipecomm.lab import bench
 from pipecomm.lab.experiment import Params
@@ -138,7 +138,7 @@ def detail_group(ranks: list[int]) -> dist.ProcessGroup:
     before = dist.get_debug_level()
     dist.set_debug_level(dist.DebugLevel.DETAIL)
     try:
-        return dist.new_group(ranks)
+        return dist.new_group(ranks, timeout=launch.group_timeout())
     finally:
         dist.set_debug_level(before)
 
@@ -250,7 +250,9 @@ def measure_points(
     dev = torch.device(device) if device else torch.device("cpu")
     sync = dev if dev.type == "cuda" else None
     sizes_p = sorted({pt["p"] for pt in points})
-    groups = {q: (None if q == world else dist.new_group(list(range(q)))) for q in sizes_p}
+    timeout = launch.group_timeout()
+    groups = {q: (None if q == world else dist.new_group(list(range(q)), timeout=timeout))
+              for q in sizes_p}
     detail = ({q: detail_group(list(range(q))) for q in sizes_p}
               if any(pt["algorithm"] == TORCH_DETAIL for pt in points) else {})
     rows: list[dict] = []

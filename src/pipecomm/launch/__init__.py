@@ -12,7 +12,8 @@ Local ranks listen on loopback only (TCP store on 127.0.0.1, a free port found a
 bound to the loopback interface). Each rank sets its torch threads to cores / local ranks. When a
 rank raises or dies, the others are stopped and the caller gets :class:`RankError` with that
 rank's number and traceback; a run past ``timeout_s`` raises :class:`TimeoutError` naming the ranks
-still running. Nothing is left running afterwards.
+still running; a collective that waits ``pg_timeout_s`` (the process group's timeout, 300 s) for a
+stuck peer fails on its rank. Nothing is left running afterwards.
 
 On Linux, ranks are forked from a server process that imported torch once (``multiprocessing``'s
 forkserver; spawn elsewhere): starting a pool costs a fraction of a second instead of a torch
@@ -39,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import time
@@ -52,6 +54,7 @@ from pipecomm.launch.rank import (
     RankInfo,
     comm_group,
     device,
+    group_timeout,
     has_comm_group,
     local_world_size,
     ranks_per_node,
@@ -87,6 +90,7 @@ __all__ = [
     "comm_group",
     "reverse_transport",
     "device",
+    "group_timeout",
     "init_from_env",
     "local_world_size",
     "pool",
@@ -97,6 +101,15 @@ __all__ = [
 ]
 
 _STARTUP_TIMEOUT_S = 120.0
+_PG_TIMEOUT_S = 300.0  # a pool's collectives fail after this long without progress
+
+
+def _check_pg_timeout(pg_timeout_s: Any) -> None:
+    if (isinstance(pg_timeout_s, bool) or not isinstance(pg_timeout_s, int | float)
+            or not math.isfinite(pg_timeout_s) or pg_timeout_s <= 0):
+        raise ValueError(
+            f"pg_timeout_s must be a positive number of seconds, got {pg_timeout_s!r}"
+        )
 
 
 def _validate(world_size: int, backend: str, ranks_per_node: int | None, network: Any) -> None:
@@ -151,6 +164,9 @@ class Ranks:
             point-to-point transfers on every rank, or ``None`` for the real backend.
         ranks_per_node: ranks per emulated node (sets ``LOCAL_WORLD_SIZE`` in the ranks).
         start_timeout_s: limit for starting the ranks and joining the process group.
+        pg_timeout_s: the process group's timeout (``init_process_group(timeout=...)``): a
+            collective, or a transfer of pipecomm's communication thread, that waits this long
+            for a dead or stuck peer fails, and the run raises :class:`RankError`.
 
     Example::
 
@@ -169,13 +185,16 @@ class Ranks:
         network: Any = None,
         ranks_per_node: int | None = None,
         start_timeout_s: float = _STARTUP_TIMEOUT_S,
+        pg_timeout_s: float = _PG_TIMEOUT_S,
     ) -> None:
         _validate(world_size, backend, ranks_per_node, network)
+        _check_pg_timeout(pg_timeout_s)
         self.world_size = world_size
         self.backend = backend
         self.network = network
         self.ranks_per_node = ranks_per_node
         self.start_timeout_s = start_timeout_s
+        self.pg_timeout_s = float(pg_timeout_s)
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._net_handle: Any = None
@@ -221,7 +240,6 @@ class Ranks:
             from pipecomm import netem
 
             self._net_handle = netem.setup(self.network, self.world_size, self.ranks_per_node)
-        pg_timeout = max(300.0, self.start_timeout_s)  # a hung collective errors after this
         ctx = process_context()
         threads = str(max(1, (os.cpu_count() or 1) // self.world_size))
         env = {**os.environ, "OMP_NUM_THREADS": threads}
@@ -230,7 +248,8 @@ class Ranks:
             proc = ctx.Process(
                 target=run_rank,
                 args=(rank, self.world_size, port, self.backend, self.network, self._net_handle,
-                      self.ranks_per_node, pg_timeout, child, env, ParentStdio()),
+                      self.ranks_per_node, self.pg_timeout_s, child, env, ParentStdio(),
+                      self.start_timeout_s),
                 name=f"pipecomm-rank{rank}",
                 daemon=True,
             )
@@ -380,11 +399,13 @@ def spawn(
     timeout_s: float = 120.0,
     network: Any = None,
     ranks_per_node: int | None = None,
+    pg_timeout_s: float = _PG_TIMEOUT_S,
 ) -> list[Any]:
     """Start ``world_size`` local ranks, run ``fn(*args)`` on each, return results in rank order.
 
     Ranks are stopped afterwards, also when one fails (:class:`RankError` with its traceback) or
-    the run exceeds ``timeout_s`` (:class:`TimeoutError`). Use :class:`Ranks` to run many times.
+    the run exceeds ``timeout_s`` (:class:`TimeoutError`). ``pg_timeout_s`` is the ranks' process
+    group timeout (see :class:`Ranks`). Use :class:`Ranks` to run many times.
 
     Example::
 
@@ -392,5 +413,6 @@ def spawn(
         sums = launch.spawn(mymodule.allreduce_ones, 4, 1024)
     """
     check_picklable(fn, args, {})
-    with Ranks(world_size, backend=backend, network=network, ranks_per_node=ranks_per_node) as r:
+    with Ranks(world_size, backend=backend, network=network, ranks_per_node=ranks_per_node,
+               pg_timeout_s=pg_timeout_s) as r:
         return r.run(fn, *args, timeout_s=timeout_s)

@@ -1,7 +1,8 @@
 """What code running in a rank asks: its device, its node, pipecomm's communication groups.
 
 The rank's process group for asynchronous collectives (:func:`comm_group`, and the reverse
-direction of each pair, :func:`reverse_transport`), its device (:func:`device`,
+direction of each pair, :func:`reverse_transport`), the timeout every group pipecomm makes takes
+from the world (:func:`group_timeout`), its device (:func:`device`,
 :func:`synchronize`), the ranks per node (:func:`ranks_per_node`), and how a rank joins the job
 (:func:`init_distributed`, :func:`set_threads`) and returns results (:func:`to_cpu`,
 :class:`RankError`, :class:`RankInfo`). Used by local pools (:mod:`pipecomm.launch.worker`) and
@@ -27,6 +28,7 @@ __all__ = [
     "RankInfo",
     "comm_group",
     "device",
+    "group_timeout",
     "has_comm_group",
     "init_distributed",
     "local_world_size",
@@ -82,7 +84,46 @@ def _forget_stale() -> None:
         _REVERSE.clear()
 
 
-_PG_TIMEOUT: datetime.timedelta | None = None  # the world's timeout, reused for the comm group
+def group_timeout(group: Any = None) -> datetime.timedelta:
+    """The timeout of ``group``'s operations (``None``: the default group's, the ``timeout=`` the
+    job passed to ``init_process_group``): what every group pipecomm makes inherits.
+
+    Read from the group's backend (``options._timeout`` of gloo and NCCL, which
+    ``init_process_group`` / ``new_group`` set and ``_set_pg_timeout`` changes); torch's default
+    for the backend where a backend keeps none.
+
+    Example::
+
+        >>> import datetime, torch.distributed as dist
+        >>> from pipecomm import launch
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(),
+        ...                         timeout=datetime.timedelta(seconds=15))
+        >>> launch.group_timeout()
+        datetime.timedelta(seconds=15)
+        >>> dist.destroy_process_group()
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "group_timeout: torch.distributed is not initialised (call init_process_group, or "
+            "start ranks with pipecomm.launch.spawn / Ranks, first)"
+        )
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, dist.ProcessGroup):
+        raise TypeError(
+            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}"
+        )
+    for kind in pg._device_types:
+        try:
+            options = pg._get_backend(kind).options
+        except (AttributeError, RuntimeError):  # no backend for the device, or no options
+            continue
+        timeout = getattr(options, "_timeout", None)
+        if isinstance(timeout, datetime.timedelta):
+            return timeout
+    return c10d._get_default_timeout(dist.get_backend(pg))
 
 
 def comm_group():
@@ -90,7 +131,9 @@ def comm_group():
 
     Created eagerly by :func:`spawn`, :class:`Ranks` and :func:`init_from_env`; a process that
     initialised ``torch.distributed`` itself gets it on first use, which like any ``new_group``
-    must then happen on every rank in the same order.
+    must then happen on every rank in the same order. It (and the groups of the reverse
+    direction) takes the world's timeout (:func:`group_timeout`), so a transfer to a dead or
+    stuck peer fails as the job's own collectives do.
 
     Example::
 
@@ -107,12 +150,13 @@ def comm_group():
                 "Ranks, or call pipecomm.launch.init_from_env() under torchrun"
             )
         backend = dist.get_backend()
-        _COMM_GROUP = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
+        timeout = group_timeout()
+        _COMM_GROUP = dist.new_group(backend=backend, timeout=timeout)
         _COMM_WORLD = dist.group.WORLD
         _REVERSE.clear()
         if backend != "nccl":  # NCCL has its own channels per direction
-            _REVERSE["comm"] = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
-            _REVERSE["world"] = dist.new_group(backend=backend, timeout=_PG_TIMEOUT)
+            _REVERSE["comm"] = dist.new_group(backend=backend, timeout=timeout)
+            _REVERSE["world"] = dist.new_group(backend=backend, timeout=timeout)
     return _COMM_GROUP
 
 
@@ -249,23 +293,37 @@ def to_cpu(obj: Any) -> Any:
 
 
 def init_distributed(
-    *, rank: int, world_size: int, backend: str, init_method: str, timeout_s: float, gpu: int
+    *,
+    rank: int,
+    world_size: int,
+    backend: str,
+    init_method: str,
+    timeout_s: float,
+    gpu: int,
+    start_timeout_s: float | None = None,
 ) -> None:
     """Join the process group; with NCCL first pin GPU ``gpu`` (this host's rank index: every
-    local pool rank is on this host, whatever ``ranks_per_node`` emulates)."""
+    local pool rank is on this host, whatever ``ranks_per_node`` emulates).
+
+    ``timeout_s`` is the world's timeout (every collective, and every group pipecomm makes);
+    ``start_timeout_s`` (default ``timeout_s``) how long the rendezvous waits for the other
+    ranks, so a short collective timeout does not fail a slow start.
+    """
     import torch
     import torch.distributed as dist
 
-    global _COMM_GROUP, _PG_TIMEOUT
-    _PG_TIMEOUT = datetime.timedelta(seconds=timeout_s)
+    global _COMM_GROUP
     if backend == "nccl":
         torch.cuda.set_device(gpu % torch.cuda.device_count())
+    start = datetime.timedelta(seconds=max(timeout_s, start_timeout_s or 0.0))
+    store, rank, world_size = next(dist.rendezvous(init_method, rank, world_size, timeout=start))
+    store.set_timeout(start)
     dist.init_process_group(
         backend,
-        init_method=init_method,
+        store=store,
         rank=rank,
         world_size=world_size,
-        timeout=_PG_TIMEOUT,
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
     _COMM_GROUP = None
     _REVERSE.clear()

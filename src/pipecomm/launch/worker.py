@@ -159,8 +159,11 @@ def run_rank(
     conn: Any,
     env: dict[str, str] | None = None,
     stdio: Any = None,
+    start_timeout_s: float | None = None,
 ) -> None:
-    """Body of one local rank: initialise, then serve ``run`` requests until told to stop."""
+    """Body of one local rank: initialise (the process group's timeout ``pg_timeout_s``, its
+    rendezvous waiting up to ``start_timeout_s``), then serve ``run`` requests until told to
+    stop."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _adopt_stdio(stdio)
@@ -188,6 +191,7 @@ def run_rank(
             init_method=f"tcp://127.0.0.1:{port}",
             timeout_s=pg_timeout_s,
             gpu=rank,
+            start_timeout_s=start_timeout_s,
         )
         if network is not None:
             from pipecomm import netem
