@@ -357,7 +357,7 @@ def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
         ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
         ...                    for a, p, s in rows])
         >>> check_lp_invariant(df, "broadcast", 2, 8, 1.25)
-        Verdict(measured='LP p=2->8: x1.08 [1.07, 1.09]', threshold='growth <= x1.25', verdict='PASS')
+        Verdict(measured='LP p=2->8: x1.08 [1.07, 1.09]', threshold='growth <= x1.25', verdict='PASS', reason='95% interval [1.07, 1.09] at or below the threshold 1.25')
     """
     r = claims.ratio(_growth_samples(df, "lp", op, p_hi), _growth_samples(df, "lp", op, p_lo))
     return claims.Verdict(f"LP p={p_lo}->{p_hi}: x{claims.fmt_ci(*r)}",

@@ -449,7 +449,7 @@ def check_lp_below_mst(df: pd.DataFrame, min_ratio: float, ports: str) -> claims
         ...                     "launch_s": 0.0, "iter_s": m + 0.011, "loss": 2.0}
         ...                    for a, m in model.items() for r in range(5) for i in range(3)])
         >>> check_lp_below_mst(df, 1.0, "single")             # doctest: +ELLIPSIS
-        Verdict(measured='mst/lp 1.39 [1.35, 1.43] (model 1.39; lp 73.4 ms, mst 102.0 ms; single; 5 runs)', ..., verdict='PASS')
+        Verdict(measured='mst/lp 1.39 [1.35, 1.43] (model 1.39; lp 73.4 ms, mst 102.0 ms; single; 5 runs)', threshold='mst/lp > 1', verdict='PASS', reason='95% interval [1.35, 1.43] at or above the threshold 1')
     """
     samples = comm_samples(df)
     r, lo, hi = _ratio(samples, ports, "mst")

@@ -391,7 +391,7 @@ def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int,
         ...                     "times_s": stats.join_repeats(s * 1.02 * np.linspace(0.99, 1.01, 5))}
         ...                    for m, p, s in cells])                   # 2% slower than the model
         >>> check_model_within(df, 0.25, 4, "none")             # doctest: +ELLIPSIS
-        Verdict(measured='worst +2.0% [+1.0%, +3.0%] (sync, p=4, 60 MB/s, batch 32); ...', verdict='PASS')
+        Verdict(measured='worst +2.0% [+1.0%, +3.0%] (sync, p=4, 60 MB/s, batch 32); bias +2.0%, 4/4 same sign; points: 4 PASS', threshold='|error| <= 25% at every point (95% interval)', verdict='PASS', reason='4 of 4 points PASS (0 may miss)')
     """
     claims.require_columns(df, "kind", "world_size", "measured_s", "predicted_s", "times_s")
     pts = points(df)

@@ -275,7 +275,7 @@ def check_overlap_bound(df: pd.DataFrame, tolerance: float, method: str) -> clai
         ...                     "update_s": 0.002, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
         ...                    for m, (c, w, t) in parts.items() for r in range(5) for i in range(3)])
         >>> check_overlap_bound(df, 0.25, "pipe")              # doctest: +ELLIPSIS
-        Verdict(measured='pipe 24.5 [24, 25] ms (5 runs) vs bound 26.5 ms (C 22.7 ms, M 15.0 ms, sync 37.7 ms)', ..., verdict='PASS')
+        Verdict(measured='pipe 24.5 [24, 25] ms (5 runs) vs bound 26.5 ms (C 22.7 ms, M 15.0 ms, sync 37.7 ms)', threshold='<= max(C, M) + 0.25 min(C, M)', verdict='PASS', reason='95% interval [0.024, 0.025] at or below the threshold 0.0265')
     """
     claims.require_columns(df, "kind", "method", "iteration", "iter_s", "comm_s", "skip", "run")
     ob = overlap_bound(df, method, tolerance)

@@ -491,7 +491,7 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
         ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
         >>> df = pd.DataFrame(rows + [cal])
         >>> check_layerwise_not_slower(df, 1.0)                  # doctest: +ELLIPSIS
-        Verdict(measured='layerwise / sync 0.889 [0.863, 0.915]x (5 training runs (seeds))', ..., verdict='PASS')
+        Verdict(measured='layerwise / sync 0.889 [0.863, 0.915]x (5 training runs (seeds))', threshold='<= 1x (95% interval)', verdict='PASS', reason='95% interval [0.863, 0.915] at or below the threshold 1')
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
     sync = run_samples(df, "sync")

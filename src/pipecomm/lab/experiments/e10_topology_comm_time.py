@@ -352,7 +352,7 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
         ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
         ...                    for top, s in cells for r in range(5)])                  # 5 runs
         >>> check_aer_below_complete(df, 8, 1.0)                   # doctest: +ELLIPSIS
-        Verdict(measured='p=8: mlp: AER/complete 0.525 [0.51, 0.541]', ..., verdict='PASS')
+        Verdict(measured='p=8: mlp: AER/complete 0.525 [0.51, 0.541]', threshold='AER / complete < 1 for every model (95% interval)', verdict='PASS', reason='95% interval [0.51, 0.541] at or below the threshold 1')
     """
     samples = iteration_samples(df)
     t = per_iteration(df)

@@ -259,7 +259,7 @@ def check_aer_speedup_above(df: pd.DataFrame, world_size: int, min_speedup: floa
         ...                     "iteration_s": s * (1 + 0.01 * r), "predicted_s": s, "lockstep_s": ls,
         ...                     "times_s": ""} for m, k, top, s, ls in cells for r in range(5)])
         >>> check_aer_speedup_above(df, 8, 1.0)              # doctest: +ELLIPSIS
-        Verdict(measured='p=8: speedup 2.75 [2.67, 2.83]x (AllReduce 112.2 ms, AER 40.8 ms; 5 and 5 runs)', ..., verdict='PASS')
+        Verdict(measured='p=8: speedup 2.75 [2.67, 2.83]x (AllReduce 112.2 ms, AER 40.8 ms; 5 and 5 runs)', threshold='speedup >= 1 (95% interval)', verdict='PASS', reason='95% interval [2.67, 2.83] at or above the threshold 1')
     """
     ar, aer = _pair(df, world_size)
     r, lo, hi = claims.ratio(ar.repeats, aer.repeats)

@@ -281,7 +281,7 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
         ...                     "times_s": stats.join_repeats(s * np.linspace(0.98, 1.02, 10))}
         ...                    for k, s in rows])
         >>> check_emulator_matches_shaped(df, 1 << 20, 0.15, "binomial")     # doctest: +ELLIPSIS
-        Verdict(measured='worst +5.0% [+3.2%, +6.9%] (broadcast lp, 1 MiB, p=4); ...', verdict='PASS')
+        Verdict(measured='worst +5.0% [+3.2%, +6.9%] (broadcast lp, 1 MiB, p=4); bias +5.0%, 1/1 same sign; points: 1 PASS', threshold='|emulated / shaped - 1| <= 15% at every point (95% interval)', verdict='PASS', reason='95% interval [0.0316, 0.0688] inside +-0.15')
     """
     claims.require_columns(df, "section", "network_kind", "op", "algorithm", "nbytes",
                            "world_size", "time_s", "times_s")
