@@ -107,12 +107,14 @@ def test_small_run_on_a_shaped_cluster():
     ok, why = cluster.available()
     if not ok:
         pytest.skip(f"shaped network unavailable: {why}")
+    bandwidth = 40e6  # well inside what a loaded 2-core host forwards on 2 links (~70 MB/s each)
     df = e14.run(world_size=2, sizes=[1 << 20], cases={"broadcast": ["lp", "mst"]}, iters=3,
-                 link_sizes=[4 << 10, 1 << 20, 2 << 20], link_iters=3, bandwidth_Bps=100e6)
+                 link_sizes=[4 << 10, 1 << 20, 2 << 20], link_iters=3, bandwidth_Bps=bandwidth)
     link = df[df.section == "link"]
     assert sorted(link.nbytes) == [4 << 10, 1 << 20, 2 << 20]
     link = link[link.nbytes >= 1 << 20]
-    assert link.achieved_Bps.between(40e6, 110e6).all()  # the bucket (1 ms) may add a little
+    # the bucket (1 ms) may add a little
+    assert link.achieved_Bps.between(0.4 * bandwidth, 1.1 * bandwidth).all()
     col = df[df.section == "collective"]
     assert sorted(col.network_kind.unique()) == ["emulated", "shaped"]
     assert col.network[col.network_kind == "shaped"].str.startswith("shaped: Linux tc tbf").all()
