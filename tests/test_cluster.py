@@ -169,9 +169,11 @@ def test_a_job_keeps_its_ranks_across_calls_and_stops_on_failure():
 @needs_ns
 @pytest.mark.timeout(120)
 def test_shaped_link_carries_the_configured_bandwidth():
-    rows = cluster.measure_bandwidth(50e6, [4 << 20], iters=3)
+    # the fastest of 5 repeats: a busy host delays some (a fresh clone's suite once saw the
+    # median of 3 at 0.79); none may beat the shaper, and one must come near its rate
+    rows = cluster.measure_bandwidth(50e6, [8 << 20], iters=5, best=True)
     achieved = rows[0]["bandwidth_Bps"] / rows[0]["configured_Bps"]
-    print(f"4 MiB over a 50 MB/s shaped link: {achieved:.3f} of the configured rate")
+    print(f"8 MiB over a 50 MB/s shaped link: {achieved:.3f} of the configured rate")
     # TCP/IP headers take about 3.5 % of the shaped rate; the burst is 1 ms of traffic
     assert 0.85 <= achieved <= 1.02, rows
     assert _ours() == []
