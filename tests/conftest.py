@@ -1,10 +1,18 @@
-"""Shared fixtures: rank pools kept alive for the whole session (starting ranks costs seconds)."""
+"""Shared fixtures: rank pools kept alive for the whole session (starting ranks costs seconds),
+and each experiment's notebook run once per session."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pandas as pd
 import pytest
 
 from pipecomm import launch
+from pipecomm.lab import artifact, results
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 
@@ -27,3 +35,56 @@ def pool():
     for ranks in _POOLS.values():
         ranks.close()
     _POOLS.clear()
+
+
+# --------------------------------------------------------------------------- notebook runs
+
+
+@dataclass
+class NotebookRun:
+    """One experiment's notebook, executed as ``run_all.sh`` executes it."""
+
+    out: Path  # its result directory: data.csv, figure, notebook.ipynb, params.json, env.json
+    df: pd.DataFrame  # its data.csv, read back as a notebook with ``data_csv`` reads it
+    notebook: nbformat.NotebookNode  # the executed notebook
+
+
+_NOTEBOOK_RUNS: dict[str, tuple[dict, dict, NotebookRun]] = {}
+
+
+@pytest.fixture(scope="session")
+def notebook_run(tmp_path_factory):
+    """``notebook_run(module, params, env=None)`` -> :class:`NotebookRun`: the experiment's
+    notebook executed by papermill on the pipecomm kernel with ``params`` over its defaults
+    (``artifact.run_experiment``, the path of ``run_all.sh``), with ``env`` set for the kernel;
+    its finished training runs stay in ``out.parent / ".runs"``.
+
+    Once per session: each experiment runs end to end once, and its tiny test
+    (tests/test_eNN_*.py, which owns ``params``) and tests/test_notebooks.py share the run.
+    """
+
+    def get(module, params: dict, env: dict | None = None) -> NotebookRun:
+        eid, env = module.ID, dict(env or {})
+        if eid in _NOTEBOOK_RUNS:
+            first_params, first_env, run = _NOTEBOOK_RUNS[eid]
+            assert (first_params, first_env) == (params, env), f"{eid} asked for twice, differently"
+            return run
+        artifact.ensure_kernel()
+        exp = artifact.discover()[eid]
+        full = {k: v for k, v in {**exp.defaults, **params}.items() if k not in artifact.RESERVED}
+        out = tmp_path_factory.mktemp(eid) / "cpu" / eid
+        saved = {k: os.environ.get(k) for k in [*env, results.RUNS_ENV]}
+        os.environ.update(env)
+        try:
+            artifact.run_experiment(exp, "cpu", full, out, keep_runs=True)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        run = NotebookRun(out, results.load_csv(out), nbformat.read(out / "notebook.ipynb", 4))
+        _NOTEBOOK_RUNS[eid] = (params, env, run)
+        return run
+
+    return get

@@ -2,7 +2,6 @@
 
 import importlib
 import io
-import json
 import subprocess
 from pathlib import Path
 
@@ -598,35 +597,6 @@ def test_interrupted_line():
         "interrupted: after E0 finished and kept; re-run to resume"
     assert artifact.interrupted_line(None, []) == \
         "interrupted: before the first experiment; nothing was written; re-run to resume"
-
-
-def test_e0_through_papermill(tmp_path):
-    """E0 end to end through papermill: every result file, calibration, a claim verdict."""
-    artifact.ensure_kernel()
-    exp = artifact.discover()["E0"]
-    params = {**exp.defaults, "sizes_max": 1 << 20, "iters": 2, "warmup": 1,
-              "emu_sizes_max": 1 << 17, "emu_world_sizes": [2], "host_world_size": 3,
-              "host_bytes": 1 << 20}
-    params = {k: v for k, v in params.items() if k not in artifact.RESERVED}
-    out = tmp_path / "cpu" / "E0"
-    artifact.run_experiment(exp, "cpu", params, out)
-    names = {p.name for p in out.iterdir()}
-    assert {"data.csv", "figure.png", "figure.pdf", "notebook.ipynb", "params.json", "env.json",
-            "calibration.json"} <= names
-    env = json.loads((out / "env.json").read_text())
-    assert env["profile"] == "cpu" and env["emulated_network"] is True
-    assert env["world_sizes"] == [2, 3] and env["torch"].startswith("2.")  # 3: host probe
-    assert json.loads((out / "params.json").read_text())["sizes_max"] == 1 << 20
-    cal = json.loads((out / "calibration.json").read_text())
-    assert cal["alpha_s"] >= 0 and cal["beta_s_per_byte"] >= 0  # a load spike can flatten it
-    assert cal["host_links"] > 0
-    from pipecomm.lab import claims
-
-    table = claims.evaluate(claims.load_claims(), tmp_path / "cpu")
-    verdicts = dict(zip(table.claim, table.verdict))
-    assert cal["per_size"]["nbytes"] and len(cal["per_size"]["one_way_s"]) == len(
-        cal["per_size"]["nbytes"])  # the calibration record (C0.1 is no longer a claim)
-    assert verdicts["C0.2"] == "ERROR"  # only p=2 was measured here; the claim needs 2 and 8
 
 
 def test_artifact_appendix_is_in_sync_with_claims_and_profiles():

@@ -1,5 +1,7 @@
 """E0 calibration: message sizes, fits, and its claims' synthetic PASS / FAIL cases."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,13 +115,37 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     assert "7 links at once (host_links 1.75)" in e0.summary(df).link.iloc[-1]
 
 
-def test_host_section_runs_on_a_local_pool():
-    df = e0.run(sizes_min=65536, sizes_max=65536, iters=1, warmup=0, gamma_bytes=0,
-                emulated=False, host_world_size=3, host_bytes=1 << 20)
-    host = df[df.section == "host"]
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(sizes_max=1 << 20, iters=2, warmup=1, emu_sizes_max=1 << 17, emu_world_sizes=[2],
+            host_world_size=3, host_bytes=1 << 20)
+
+
+def test_e0_through_papermill(notebook_run):
+    """E0 end to end as run_all.sh runs it: every result file, the calibration, the host
+    section on a local pool, a claim verdict."""
+    run = notebook_run(e0, TINY)
+    names = {p.name for p in run.out.iterdir()}
+    assert {"data.csv", "figure.png", "figure.pdf", "notebook.ipynb", "params.json", "env.json",
+            "calibration.json"} <= names
+    env = json.loads((run.out / "env.json").read_text())
+    assert env["profile"] == "cpu" and env["emulated_network"] is True
+    assert env["world_sizes"] == [2, 3] and env["torch"].startswith("2.")  # 3: host probe
+    assert json.loads((run.out / "params.json").read_text())["sizes_max"] == 1 << 20
+    cal = json.loads((run.out / "calibration.json").read_text())
+    assert cal["alpha_s"] >= 0 and cal["beta_s_per_byte"] >= 0  # a load spike can flatten it
+    assert cal["host_links"] > 0
+    assert cal["per_size"]["nbytes"] and len(cal["per_size"]["one_way_s"]) == len(
+        cal["per_size"]["nbytes"])  # the calibration record (C0.1 is no longer a claim)
+    table = claims.evaluate(claims.load_claims(), run.out.parent)
+    verdicts = dict(zip(table.claim, table.verdict))
+    assert verdicts["C0.2"] == "ERROR"  # only p=2 was measured here; the claim needs 2 and 8
+    host = run.df[run.df.section == "host"]
     assert list(host.flows) == [1, 2] and (host.bandwidth_Bps > 0).all()
     assert list(host.messages) == [1, 4]  # the chain streams host_messages per link
-    assert e0.host_links(df) > 0
+    assert e0.host_links(run.df) > 0
+
+
+def test_host_parameters_are_checked():
     with pytest.raises(ValueError, match="host_world_size"):
         e0.run(host_world_size=2)
     with pytest.raises(ValueError, match="host_messages"):

@@ -10,6 +10,7 @@ import pytest
 from pipecomm.lab.experiments import e01_lp_cost_model as e1
 
 SMALL = {"sizes_min": 1024, "sizes_max": 1 << 20, "world_sizes": [2, 64]}
+TINY = SMALL  # what its notebook runs (tests/test_notebooks.py): an analytic table, in ms
 
 
 @functools.lru_cache(maxsize=1)

@@ -328,26 +328,30 @@ def test_rotated_round_order():
     assert sweep.rotated(range(3), 2) == [2, 0, 1] and sweep.rotated([], 5) == []
 
 
-def test_run_tiny_end_to_end(monkeypatch):
-    monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
-    df = e2.run(
-        world_size=3,
-        emu_alpha_s=2e-4,
-        emu_bandwidth_Bps=1e9,
-        sizes_min=4096,
-        sizes_max=16384,
-        iters=1,
-        warmup=0,
-        emu_cases={"per-neighbor/allreduce": ["lp", "be"]},
-        real_world_sizes=[2],
-        real_algorithms=["lp", "torch"],
-        real_ops=["broadcast"],
-        real_sizes_min=4096,
-        real_sizes_max=4096,
-        real_iters=1,
-        real_warmup=0,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_size=3,
+    emu_alpha_s=2e-4,
+    emu_bandwidth_Bps=1e9,
+    sizes_min=4096,
+    sizes_max=16384,
+    iters=1,
+    warmup=0,
+    emu_cases={"per-neighbor/allreduce": ["lp", "be"]},
+    real_world_sizes=[2],
+    real_algorithms=["lp", "torch"],
+    real_ops=["broadcast"],
+    real_sizes_min=4096,
+    real_sizes_max=4096,
+    real_iters=1,
+    real_warmup=0,
+    timeout_s=120.0,
+)
+TINY_ENV = {"PIPECOMM_SKIP_HOST_CHECK": "1"}  # fast links: plumbing, not timing
+
+
+def test_run_tiny_end_to_end(notebook_run):
+    df = notebook_run(e2, TINY, TINY_ENV).df
     for col in ("backend", "world_size", "network", "section", "time_s", "busbw_Bps"):
         assert col in df.columns
     emu, real = df[df.section == "emulated"], df[df.section == "real"]

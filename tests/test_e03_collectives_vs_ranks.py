@@ -126,17 +126,21 @@ def test_bad_parameters(bad):
         e3.run(**bad)
 
 
-def test_run_tiny_end_to_end(monkeypatch):
-    monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
-    df = e3.run(
-        world_sizes=[2, 3],
-        nbytes=16384,
-        emu_alpha_s=2e-4,
-        emu_bandwidth_Bps=1e9,
-        algorithms=["lp", "mst"],
-        iters=1,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_sizes=[2, 3],
+    nbytes=16384,
+    emu_alpha_s=2e-4,
+    emu_bandwidth_Bps=1e9,
+    algorithms=["lp", "mst"],
+    iters=1,
+    timeout_s=120.0,
+)
+TINY_ENV = {"PIPECOMM_SKIP_HOST_CHECK": "1"}  # fast links: plumbing, not timing
+
+
+def test_run_tiny_end_to_end(notebook_run):
+    df = notebook_run(e3, TINY, TINY_ENV).df
     assert len(df) == 4
     assert set(df.world_size) == {2, 3}
     for col in ("backend", "world_size", "network", "time_s", "model_s", "block_bytes"):

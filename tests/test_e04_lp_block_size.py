@@ -128,19 +128,23 @@ def test_bad_parameters(bad):
         e4.run(**bad)
 
 
-def test_run_tiny_end_to_end(monkeypatch):
-    monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
-    df = e4.run(
-        world_size=3,
-        nbytes=262144,
-        emu_alpha_s=1e-4,
-        emu_bandwidth_Bps=1e8,
-        block_range=2.0,
-        steps_per_octave=1,
-        iters=1,
-        warmup=0,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_size=3,
+    nbytes=262144,
+    emu_alpha_s=1e-4,
+    emu_bandwidth_Bps=1e8,
+    block_range=2.0,
+    steps_per_octave=1,
+    iters=1,
+    warmup=0,
+    timeout_s=120.0,
+)
+TINY_ENV = {"PIPECOMM_SKIP_HOST_CHECK": "1"}  # fast links: plumbing, not timing
+
+
+def test_run_tiny_end_to_end(notebook_run):
+    df = notebook_run(e4, TINY, TINY_ENV).df
     assert list(df.block_factor) == [0.5, 1.0, 2.0]
     for col in ("backend", "world_size", "network", "time_s", "model_s", "block_bytes"):
         assert col in df.columns

@@ -145,21 +145,25 @@ def test_bad_parameters_name_the_parameter(bad):
         e5.run(**bad)
 
 
-def test_tiny_run_two_ranks_identical_losses():
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_size=2,
+    algorithms=["lp", "mst", "ring"],
+    model="mlp",
+    model_kw={"hidden": [16]},
+    batch_size=8,
+    iterations=3,
+    skip=1,
+    alpha_s=1e-4,
+    bandwidth_Bps=1e9,
+    runs=5,
+    timeout_s=120.0,
+)
+
+
+def test_tiny_run_two_ranks_identical_losses(notebook_run):
     # p = 2: every algorithm adds the same two numbers, so the sums are bitwise equal.
-    df = e5.run(
-        world_size=2,
-        algorithms=["lp", "mst", "ring"],
-        model="mlp",
-        model_kw={"hidden": [16]},
-        batch_size=8,
-        iterations=3,
-        skip=1,
-        alpha_s=1e-4,
-        bandwidth_Bps=1e9,
-        runs=5,
-        timeout_s=120.0,
-    )
+    df = notebook_run(e5, TINY).df
     assert {"backend", "world_size", "network", "ports", "run"} <= set(df.columns)
     assert df["network"].str.startswith("emulated").all()
     it = df[df["kind"] == "iteration"]

@@ -116,19 +116,23 @@ def test_bad_parameters_name_the_parameter(bad):
         e6.run(**bad)
 
 
-def test_tiny_run(monkeypatch):
-    monkeypatch.setenv("PIPECOMM_SKIP_HOST_CHECK", "1")  # fast links: plumbing, not timing
-    df = e6.run(
-        pools=[[2, 1e9]],
-        batch_sizes=[8],
-        model="mlp",
-        model_kw={"hidden": [16]},
-        iterations=4,
-        skip=1,
-        calib_iters=2,
-        alpha_s=1e-4,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    pools=[[2, 1e9]],
+    batch_sizes=[8],
+    model="mlp",
+    model_kw={"hidden": [16]},
+    iterations=4,
+    skip=1,
+    calib_iters=2,
+    alpha_s=1e-4,
+    timeout_s=120.0,
+)
+TINY_ENV = {"PIPECOMM_SKIP_HOST_CHECK": "1"}  # fast links: plumbing, not timing
+
+
+def test_tiny_run(notebook_run):
+    df = notebook_run(e6, TINY, TINY_ENV).df
     assert {"backend", "world_size", "network"} <= set(df.columns)
     pts = e6.points(df)
     assert sorted(pts["mode"]) == ["pipe", "sync"]

@@ -365,35 +365,41 @@ def test_bad_parameters_name_the_parameter(bad):
         e7.run(**bad)
 
 
-def test_tiny_run_fixed_bandwidth(tmp_path, monkeypatch):
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    seeds=[0],
+    methods=["sync", "pipe", "pipe+int8@4x"],
+    iterations=4,
+    eval_every=2,
+    skip=1,
+    model="mlp",
+    model_kw={"hidden": [16]},
+    batch_size=8,
+    lr=0.1,
+    schedule="warmup-cosine",
+    warmup_steps=3,  # longer than a timing run: timing runs train at a constant rate
+    bandwidth_Bps=1e9,
+    alpha_s=1e-4,
+    calib_iters=2,
+    timing_methods=["sync", "pipe"],
+    timing_runs=2,
+    timing_iterations=2,
+    timeout_s=120.0,
+)
+
+
+def test_tiny_run_fixed_bandwidth(notebook_run, monkeypatch):
     from pipecomm.lab import results
 
-    monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
-    params = dict(
-        seeds=[0],
-        methods=["sync", "pipe", "pipe+int8@4x"],
-        iterations=4,
-        eval_every=2,
-        skip=1,
-        model="mlp",
-        model_kw={"hidden": [16]},
-        batch_size=8,
-        lr=0.1,
-        schedule="warmup-cosine",
-        warmup_steps=3,  # longer than a timing run: timing runs train at a constant rate
-        bandwidth_Bps=1e9,
-        alpha_s=1e-4,
-        calib_iters=2,
-        timing_methods=["sync", "pipe"],
-        timing_runs=2,
-        timing_iterations=2,
-        timeout_s=120.0,
-    )
-    df = e7.run(**params)
+    run = notebook_run(e7, TINY)
+    df = run.df
     # calibration, 2 x 2 timing runs and 3 training runs kept
-    assert len(list(tmp_path.glob("*.pkl"))) == 1 + 4 + 3
+    (runs_dir,) = run.out.parent.glob(".runs/E7-*")
+    assert len(list(runs_dir.glob("*.pkl"))) == 1 + 4 + 3
     # re-running resumes from them: the same rows, nothing trained again
-    pd.testing.assert_frame_equal(e7.run(**params), df)
+    monkeypatch.setenv(results.RUNS_ENV, str(runs_dir))
+    results.write_csv(run.out.parent / "again.csv", e7.run(**TINY))
+    pd.testing.assert_frame_equal(results.load_csv(run.out.parent / "again.csv"), df)
     assert {"backend", "world_size", "network"} <= set(df.columns)
     ev = df[df["kind"] == "eval"]
     assert sorted(set(ev["method"])) == ["pipe", "pipe+int8@4x", "sync"]

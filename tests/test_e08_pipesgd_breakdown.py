@@ -96,20 +96,24 @@ def test_bad_parameters_name_the_parameter(bad):
         e8.run(**bad)
 
 
-def test_tiny_run_bandwidth_from_the_model():
-    df = e8.run(
-        methods=["sync", "pipe", "pipe+fp16"],
-        iterations=4,
-        skip=1,
-        model="mlp",
-        model_kw={"hidden": [16]},
-        batch_size=8,
-        alpha_s=1e-4,
-        comm_ratio=4.0,
-        calib_iters=2,
-        runs=2,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    methods=["sync", "pipe", "pipe+fp16"],
+    iterations=4,
+    skip=1,
+    model="mlp",
+    model_kw={"hidden": [16]},
+    batch_size=8,
+    alpha_s=1e-4,
+    comm_ratio=4.0,
+    calib_iters=2,
+    runs=2,
+    timeout_s=120.0,
+)
+
+
+def test_tiny_run_bandwidth_from_the_model(notebook_run):
+    df = notebook_run(e8, TINY).df
     assert {"backend", "world_size", "network"} <= set(df.columns)
     it = df[df["kind"] == "iteration"]
     assert it.groupby("method")["run"].nunique().to_dict() == {"sync": 2, "pipe": 2,

@@ -110,24 +110,28 @@ def test_bad_parameters_name_the_parameter(bad):
         e9.run(**bad)
 
 
-def test_tiny_run():
-    df = e9.run(
-        methods=["nocomm", "sync", "layerwise", "delayed-2"],
-        iterations=4,
-        nocomm_iterations=3,
-        eval_every=2,
-        skip=1,
-        model="alexnet_like",
-        model_kw={"conv_channels": [4, 8], "fc_width": 32},
-        batch_size=8,
-        bucket_mb=0.001,
-        bandwidth_Bps=1e9,
-        alpha_s=1e-4,
-        target_acc=5.0,
-        calib_iters=2,
-        timing_runs=0,
-        timeout_s=120.0,
-    )
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    methods=["nocomm", "sync", "layerwise", "delayed-2"],
+    iterations=4,
+    nocomm_iterations=3,
+    eval_every=2,
+    skip=1,
+    model="alexnet_like",
+    model_kw={"conv_channels": [4, 8], "fc_width": 32},
+    batch_size=8,
+    bucket_mb=0.001,
+    bandwidth_Bps=1e9,
+    alpha_s=1e-4,
+    target_acc=5.0,
+    calib_iters=2,
+    timing_runs=0,
+    timeout_s=120.0,
+)
+
+
+def test_tiny_run(notebook_run):
+    df = notebook_run(e9, TINY).df
     assert {"backend", "world_size", "network"} <= set(df.columns)
     it = df[(df["kind"] == "iteration") & (df["iteration"] >= 0)]
     assert it.groupby("method")["iteration"].max().to_dict() == {

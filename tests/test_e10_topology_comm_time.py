@@ -213,18 +213,22 @@ def test_bad_parameters_name_the_parameter(bad, match):
         e10.run(**bad)
 
 
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_sizes=[2],
+    ranks_per_node=1,
+    models=["mlp"],
+    topologies=["complete", "alternating-exp-ring"],
+    warmup=0,
+    iters=1,
+    runs=2,
+)
+
+
 @pytest.mark.timeout(240)
-def test_tiny_end_to_end_run():
+def test_tiny_end_to_end_run(notebook_run):
     """Two ranks on two one-rank nodes, the small MLP: groups of one and of two."""
-    df = e10.run(
-        world_sizes=[2],
-        ranks_per_node=1,
-        models=["mlp"],
-        topologies=["complete", "alternating-exp-ring"],
-        warmup=0,
-        iters=1,
-        runs=2,
-    )
+    df = notebook_run(e10, TINY).df
     assert {"backend", "world_size", "network", "run", "lockstep_s"} <= set(df.columns)
     assert df.network.str.startswith("emulated").all()
     assert set(df.topology) == {"complete", "alternating-exp-ring"}

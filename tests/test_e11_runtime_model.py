@@ -249,24 +249,15 @@ def test_bad_parameters_name_the_parameter(bad, match):
         e11.run(**bad)
 
 
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares it)
+TINY = dict(world_size=2, ranks_per_node=1, compute_scales=[1.0], compute_cvs=[0.5],
+            networks=["two-level"], width=64, layers=2, fwd_ms=2.0, bwd_ms=4.0, warmup=1,
+            blocks=1, block_iters=2, calib_iters=2, runs=2)
+
+
 @pytest.mark.timeout(240)
-def test_tiny_end_to_end_run():
-    df = e11.run(
-        world_size=2,
-        ranks_per_node=1,
-        compute_scales=[1.0],
-        compute_cvs=[0.5],
-        networks=["two-level"],
-        width=64,
-        layers=2,
-        fwd_ms=2.0,
-        bwd_ms=4.0,
-        warmup=1,
-        blocks=1,
-        block_iters=2,
-        calib_iters=2,
-        runs=2,
-    )
+def test_tiny_end_to_end_run(notebook_run):
+    df = notebook_run(e11, TINY).df
     assert {"backend", "world_size", "network", "run", "lockstep_s"} <= set(df.columns)
     assert sorted(df.run.unique()) == [0, 1] and len(df) == 8
     # interleaved rounds: run 0 starts with the base AllReduce, run 1 one place later

@@ -128,21 +128,25 @@ def test_bad_parameters_name_the_parameter(bad, match):
         e12.run(**bad)
 
 
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(
+    world_sizes=[2],
+    ranks_per_node=1,
+    topologies=["complete", "ring"],
+    width=64,
+    fwd_ms=2.0,
+    bwd_ms=4.0,
+    warmup=1,
+    blocks=1,
+    block_iters=2,
+    calib_iters=2,
+    runs=2,
+)
+
+
 @pytest.mark.timeout(240)
-def test_tiny_end_to_end_run():
-    df = e12.run(
-        world_sizes=[2],
-        ranks_per_node=1,
-        topologies=["complete", "ring"],
-        width=64,
-        fwd_ms=2.0,
-        bwd_ms=4.0,
-        warmup=1,
-        blocks=1,
-        block_iters=2,
-        calib_iters=2,
-        runs=2,
-    )
+def test_tiny_end_to_end_run(notebook_run):
+    df = notebook_run(e12, TINY).df
     assert {"backend", "world_size", "network", "run", "lockstep_s"} <= set(df.columns)
     # interleaved rounds, the order rotated by one each run
     assert list(df.method) == ["AllReduce", "DAdam (complete)", "DAdam (ring)",

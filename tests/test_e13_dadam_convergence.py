@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pipecomm.lab import cluster
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
 from pipecomm.lab.trainers import AllReduceTrainer
 from pipecomm.lab.workloads import corpus
@@ -300,21 +301,24 @@ def test_bad_parameters_name_the_parameter(bad, match):
         e13.run(**bad)
 
 
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(world_size=2, ranks_per_node=1, tasks=["digits", "lm"],
+            methods=["allreduce-adam", "dadam-aer", "accumadam-aer"], accum_iters=[2],
+            digits_seeds=[0, 1], lm_seeds=[0], selection_seeds=[5], max_extend=1,
+            digits_iterations=4, lm_iterations=3, eval_every=2, digits_lrs=[1e-3, 1e-2],
+            lm_lrs=[3e-3])
+
+
 @pytest.mark.timeout(240)
-def test_tiny_end_to_end_run(tmp_path, monkeypatch):
+def test_tiny_end_to_end_run(notebook_run, monkeypatch):
     """Digits: each configuration's rate chosen on selection seed 5 over a 2-rate grid
     extended once, then evaluation seeds 0 and 1 at the chosen rate; the LM's single rate: no
     selection runs. Curves at fixed intervals; the claims evaluate (INCONCLUSIVE: too few
     rates); a second run with the same run directory resumes from the finished runs."""
     from pipecomm.lab import claims, results
 
-    monkeypatch.setenv(results.RUNS_ENV, str(tmp_path))
-    params = dict(world_size=2, ranks_per_node=1, tasks=["digits", "lm"],
-                  methods=["allreduce-adam", "dadam-aer", "accumadam-aer"], accum_iters=[2],
-                  digits_seeds=[0, 1], lm_seeds=[0], selection_seeds=[5], max_extend=1,
-                  digits_iterations=4, lm_iterations=3, eval_every=2, digits_lrs=[1e-3, 1e-2],
-                  lm_lrs=[3e-3])
-    df = e13.run(**params)
+    run = notebook_run(e13, TINY)
+    df = run.df
     assert {"backend", "world_size", "network", "seed", "lr", "schedule", "phase",
             "sweep_gap"} <= set(df.columns)
     assert (df.network == "real").all() and (df.backend == "gloo").all()
@@ -347,9 +351,11 @@ def test_tiny_end_to_end_run(tmp_path, monkeypatch):
     assert set(verdicts.verdict) == {"INCONCLUSIVE"}, verdicts.measured.to_dict()
     assert "learning rate(s) swept, need >= 3" in verdicts.loc["C13.2", "measured"]
     e13.plot(df)
-    assert len(list(tmp_path.glob("*.pkl"))) == len(sweep) + 9
-    again = e13.run(**params)  # every run from the run directory: same numbers
-    pd.testing.assert_frame_equal(again, df)
+    (runs_dir,) = run.out.parent.glob(".runs/E13-*")
+    assert len(list(runs_dir.glob("*.pkl"))) == len(sweep) + 9
+    monkeypatch.setenv(results.RUNS_ENV, str(runs_dir))
+    results.write_csv(run.out.parent / "again.csv", e13.run(**TINY))  # every run from the
+    pd.testing.assert_frame_equal(results.load_csv(run.out.parent / "again.csv"), df)  # dir
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 4, reason="needs fewer than 4 visible GPUs")
@@ -358,6 +364,8 @@ def test_nccl_without_enough_gpus_is_refused_before_starting_ranks():
         e13.run(backend="nccl")
 
 
+@pytest.mark.skipif(cluster.available()[0], reason="tests/test_cluster.py runs E13 under "
+                    "torchrun on two nodes of the virtual cluster against a local pool")
 @pytest.mark.timeout(240)
 def test_under_torchrun_matches_a_local_pool(tmp_path):
     """The multi-node path (torchrun, launch.pool -> TorchrunJob) gives the local pool's numbers."""

@@ -103,13 +103,18 @@ def test_without_the_cluster_it_says_why(monkeypatch):
         e14.run(world_size=2)
 
 
-def test_small_run_on_a_shaped_cluster():
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run);
+#: 40 MB/s is well inside what a loaded 2-core host forwards on 2 links (~70 MB/s each)
+TINY = dict(world_size=2, sizes=[1 << 20], cases={"broadcast": ["lp", "mst"]}, iters=3,
+            link_sizes=[4 << 10, 1 << 20, 2 << 20], link_iters=3, bandwidth_Bps=40e6)
+
+
+def test_small_run_on_a_shaped_cluster(notebook_run):
     ok, why = cluster.available()
     if not ok:
         pytest.skip(f"shaped network unavailable: {why}")
-    bandwidth = 40e6  # well inside what a loaded 2-core host forwards on 2 links (~70 MB/s each)
-    df = e14.run(world_size=2, sizes=[1 << 20], cases={"broadcast": ["lp", "mst"]}, iters=3,
-                 link_sizes=[4 << 10, 1 << 20, 2 << 20], link_iters=3, bandwidth_Bps=bandwidth)
+    bandwidth = TINY["bandwidth_Bps"]
+    df = notebook_run(e14, TINY).df
     link = df[df.section == "link"]
     assert sorted(link.nbytes) == [4 << 10, 1 << 20, 2 << 20]
     link = link[link.nbytes >= 1 << 20]

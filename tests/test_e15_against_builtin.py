@@ -208,3 +208,28 @@ def test_a_run_gloo_aborts_is_kept_when_finished_else_run_again():
     assert not row["exit_abort"] and row["attempts"] == 2  # died mid-run: started again
     row = shaped_training.run_or_error(_FakeNet([(2, True), (1, True)]), "ddp", 0, config)
     assert "exitcode : -6" in row["error"] and "step_ms" not in row
+
+
+#: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
+TINY = dict(world_sizes=[2], sizes=[1 << 20], iters=2, warmup=1, link_sizes=[1 << 20, 2 << 20],
+            link_iters=3, steps=4, warmup_steps=1, n_layer=2, n_embd=64, block_size=32)
+
+
+def test_small_run_on_a_shaped_cluster(notebook_run):
+    from pipecomm.lab import cluster
+
+    ok, why = cluster.available()
+    if not ok:
+        pytest.skip(f"shaped network unavailable: {why}")
+    df = notebook_run(e15, TINY).df
+    col, train = df[df.section == "collective"], df[df.section == "training"]
+    assert sorted(zip(col.op, col.algorithm)) == [("allreduce", "ring"), ("allreduce", "torch"),
+                                                  ("broadcast", "lp"), ("broadcast", "torch")]
+    assert col.network.str.startswith("shaped: Linux tc tbf").all()
+    # nothing beats the shaped link: each point at least 0.9 of its link-limited time
+    assert (col.time_s >= 0.9 * col.link_s).all() and (col.link_s > 0).all()
+    assert sorted(train.strategy) == ["ddp", "ddp-pipecomm:ring"]
+    assert (train.step_ms > 0).all() and train.error.isna().all()
+    # the same seed and data: pipecomm's ring and gloo's allreduce train to the same loss
+    np.testing.assert_allclose(train.loss.iloc[0], train.loss.iloc[1], rtol=1e-4)
+    assert not cluster.cleanup_stale()  # nothing left behind

@@ -467,7 +467,8 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 
 
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
-                   timeout_factor: float = 3.0, code: str | None = None) -> float:
+                   timeout_factor: float = 3.0, code: str | None = None,
+                   keep_runs: bool = False) -> float:
     """Execute the notebook into a temporary directory, record what it consists of
     (:func:`pipecomm.lab.reuse.write_manifest`), then rename it to ``out``.
 
@@ -478,6 +479,8 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
         out: the final result directory.
         timeout_factor: hard limit = factor x budget (at least 120 s).
         code: the :func:`code_hash` recorded in env.json (computed when None).
+        keep_runs: keep the finished training runs (``.runs/`` beside ``out``) after success,
+            as an interruption keeps them (tests re-run from them).
 
     Returns the wall time in seconds.
     """
@@ -512,9 +515,10 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
             results.write_json(tmp / "params.json", params)
         reuse.write_manifest(tmp, inputs)
         results.replace_dir(tmp, out)
-        shutil.rmtree(runs_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            runs_dir.parent.rmdir()  # only when no other experiment keeps runs there
+        if not keep_runs:
+            shutil.rmtree(runs_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                runs_dir.parent.rmdir()  # only when no other experiment keeps runs there
         return wall
     finally:
         os.environ.pop(results.RUNS_ENV, None)
