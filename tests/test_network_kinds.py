@@ -83,16 +83,18 @@ def test_bad_network_kind_and_shapes_are_refused():
 @needs_ns
 @pytest.mark.timeout(180)
 def test_collectives_on_a_shaped_cluster_use_its_calibrated_link():
-    df = e2.run(network="shaped", world_size=2, emu_bandwidth_Bps=100e6, sizes_min=1 << 20,
+    rate = 40e6  # well inside what a loaded host forwards (100 MB/s once calibrated at < 80)
+    df = e2.run(network="shaped", world_size=2, emu_bandwidth_Bps=rate, sizes_min=1 << 20,
                 sizes_max=1 << 20, iters=3, warmup=1,
                 emu_cases={"single/broadcast": ["lp", "ring"]}, real_world_sizes=[],
                 timeout_s=120.0)
     assert set(df.section) == {"shaped"}
     assert df.network.str.startswith("shaped: Linux tc tbf").all()
     # the model's link is the cluster's calibration, not the configured (unaddable) latency
-    assert df.emu_bandwidth_Bps.between(80e6, 115e6).all() and df.emu_alpha_s.nunique() == 1
+    assert df.emu_bandwidth_Bps.between(0.75 * rate, 1.15 * rate).all()
+    assert df.emu_alpha_s.nunique() == 1
     assert df.emu_alpha_s.iloc[0] != e2.DEFAULTS["emu_alpha_s"]
-    # a 1 MiB broadcast at p = 2 is one message on a 100 MB/s link: about 10 ms; the order of
+    # a 1 MiB broadcast at p = 2 is one message on a 40 MB/s link: about 26 ms; the order of
     # magnitude only (LP's small blocks pay a per-message cost on TCP that the model lacks)
     assert df.time_s.between(0.5 * df.model_s, 4.0 * df.model_s).all(), df[["time_s", "model_s"]]
     lp = df[df.algorithm == "lp"]
