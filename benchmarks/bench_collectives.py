@@ -51,7 +51,7 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --quick               # seconds: it runs
     .venv/bin/python benchmarks/bench_collectives.py --summary out.csv     # ARTIFACT.md's table
     .venv/bin/python benchmarks/bench_collectives.py --cpu-summary out.csv # wall vs CPU ratios
-    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # issue 13's targets
+    .venv/bin/python benchmarks/bench_collectives.py --targets out.csv     # the loopback targets
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
 On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
@@ -75,7 +75,7 @@ rounded up to whole elements) next to LP's default block (rows ``lp``): how far 
 choice (:func:`pipecomm.collectives.lp.default_block_bytes`) is from the best block count measured
 in the same rounds.
 
-``--targets`` decides issue 13's loopback targets on a CSV this script wrote, from its own ratio
+``--targets`` decides pipecomm's loopback targets on a CSV this script wrote, from its own ratio
 columns (benchmark rows of ARTIFACT.md, not claims of a profile): ring allreduce and LP allreduce
 at most :data:`TARGET_BOUNDS` times the built-in at every p and message >= 16 MiB, decided on each
 point's 95% interval (PASS when every point's interval lies at or below its bound, FAIL when one
@@ -371,7 +371,7 @@ def _ci(r: dict, key: str) -> str:
 
 def summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     """A markdown table of the ratios to the built-in in a CSV this script wrote, for messages
-    of at least ``min_bytes`` (the sizes issue 13's targets name): one row per op, p and size,
+    of at least ``min_bytes`` (the sizes the loopback targets name): one row per op, p and size,
     one column per algorithm (median ratio and its 95% interval; ``torch-aa``: the built-in
     against itself, the A/A noise floor), the built-in's median last.
 
@@ -394,7 +394,7 @@ def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
 
     Example::
 
-        print(cpu_summary(Path("artifact/reference/bench/targets60_fifth_cpu.csv")))
+        print(cpu_summary(Path("artifact/reference/bench/targets60_seventh_cpu.csv")))
     """
     with csv_path.open(newline="") as f:
         if "cpu_ratio" not in (csv.DictReader(f).fieldnames or ()):
@@ -497,7 +497,7 @@ def parity(csv_path: Path, alg: str = "lp", op: str = "broadcast",
 
     Example::
 
-        print(parity(Path("artifact/reference/bench/targets60_sixth_cpu.csv")))
+        print(parity(Path("artifact/reference/bench/targets60_seventh_cpu.csv")))
     """
     met, n, text = _parity(csv_path, alg, op, min_bytes)
     return (f"{alg} {op} at parity with the built-in (inside the A/A interval) at {met} of "
@@ -559,7 +559,7 @@ def paired_targets(csv_path: Path) -> str:
 
     Example::
 
-        print(paired_targets(Path("artifact/reference/bench/targets60_fourth_cpu.csv")))
+        print(paired_targets(Path("artifact/reference/bench/targets60_seventh_cpu.csv")))
     """
     import pandas as pd
 
@@ -661,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-size", type=parse_size, default=16 << 20,
                     help="smallest message in the --summary / --cpu-summary table (default 16M)")
     ap.add_argument("--targets", type=Path, default=None, metavar="CSV",
-                    help="decide issue 13's loopback targets against the built-in (ring / LP "
+                    help="decide pipecomm's loopback targets against the built-in (ring / LP "
                          "allreduce bounds, LP broadcast parity) on a CSV and exit")
     ap.add_argument("--paired", action="store_true",
                     help="with --targets: also the secondary reading on the paired ratios, "

@@ -1,4 +1,4 @@
-"""Overlap of the communication thread's CUDA work with compute on one GPU (issue 13, item 6).
+"""Overlap of the communication thread's CUDA work with compute on one GPU.
 
 Pipe-SGD (Li et al., NeurIPS 2018) hides an AllReduce behind the next step's compute. On a GPU
 that needs the communication's kernels on a stream of their own
