@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipecomm import launch
+from pipecomm.lab import launch
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 

@@ -24,8 +24,9 @@ import pytest
 import rankfns_faults as fns
 import torch.distributed as dist
 
-from pipecomm import backend, launch
+from pipecomm import backend
 from pipecomm.decentralized import gossip
+from pipecomm.lab import launch
 
 T = 4.0  # the world's timeout in these tests (s)
 SLACK = 45.0  # the job ending after its error: a healthy rank's Python teardown took 25 s at load 9
@@ -238,7 +239,7 @@ def test_torchrun_survivor_names_the_dead_peer():
         assert "from rank 1 failed (rank 1 died or stalled)" in error, error
 
 
-# --------------------------------------------------------------------------- pipecomm.launch
+# --------------------------------------------------------------------------- pipecomm.lab.launch
 
 
 @pytest.mark.parametrize("strategy", LAUNCH_SLEEP)

@@ -39,7 +39,7 @@ from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.p2p import _process_group, wait_all
 
 #: The tag of the check's messages: above every tag the schedules use (0 and ``1 + 30 bits``,
-#: :func:`pipecomm.launch.reverse_transport`), so they never match a schedule's message.
+#: :func:`pipecomm.collectives.async_.reverse_transport`), so they never match a schedule's message.
 TAG = (1 << 30) + 1
 KINDS: tuple[str, ...] = ("allreduce", "broadcast", "reduce")
 #: Up to this many members the allgather is one round of ``p - 1`` messages each way, above it

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import observe, vocab
-from pipecomm.collectives import agreement, be, builtin, lp, mst, ring
+from pipecomm.collectives import agreement, async_, be, builtin, lp, mst, p2p, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, submit
@@ -56,12 +56,11 @@ def _check_algorithm(fn: str, algorithm: Any) -> None:
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "torch":
-        from pipecomm import netem
-
-        if netem.current() is not None:
+        emulated = p2p.delaying()
+        if emulated is not None:
             raise ValueError(
                 f"{fn}: algorithm='torch' (the backend's built-in) cannot be emulated, and the "
-                f"emulated network is active ({netem.current().describe()}); choose one of "
+                f"emulated network is active ({emulated.describe()}); choose one of "
                 f"{ALGORITHMS[:-1]}, or start the ranks without network="
             )
 
@@ -158,19 +157,17 @@ def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessG
     """The process group the p2p operations run on: the user's, or for asynchronous operations
     the communication thread's world-wide duplicate (p2p addresses global ranks, so it serves any
     subgroup). Called on every rank, members of ``group`` or not: when torch.distributed was
-    initialised outside :mod:`pipecomm.launch`, the first call creates that group, a collective.
+    initialised outside the lab's rank pools (:mod:`pipecomm.lab.launch`), the first call creates that group, a collective.
     A pipecomm process group (:mod:`pipecomm.backend`, every pipecomm operation of which runs on
     the thread) that is not the world carries its own messages until that group exists, so a
     subgroup works from the first call, like a gloo subgroup.
     """
     if not async_op:
         return group
-    from pipecomm import launch
-
-    if (not launch.has_comm_group() and group is not None and group is not dist.group.WORLD
+    if (not async_.has_comm_group() and group is not None and group is not dist.group.WORLD
             and dist.get_backend(group) == vocab.BACKEND_NAME):
         return group
-    return launch.comm_group()
+    return async_.comm_group()
 
 
 def _execute(

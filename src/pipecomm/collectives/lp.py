@@ -30,7 +30,7 @@ same schedule, the buffer waits read off it, the same bits).
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Any
 
 import torch
@@ -40,80 +40,64 @@ from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
 
+#: The link LP plans its default blocks on until :func:`set_link` is called: ``(alpha_s,
+#: bandwidth_Bps)`` of gloo over loopback as measured once on a 2-core development machine
+#: (160 us, 2.5 GB/s; the lab sets E0's calibration, the emulated or the shaped network's link).
+DEFAULT_LINK: tuple[float, float] = (160e-6, 2.5e9)
+#: The smallest default block (bytes): below it a block's latency outweighs any overlap.
+MIN_BLOCK_BYTES = 4096
+
+_LINK: tuple[float, float] = DEFAULT_LINK
+
+
+def set_link(alpha_s: float, bandwidth_Bps: float) -> None:
+    """Plan LP's default blocks (:func:`default_block_bytes`) on a link of latency ``alpha_s``
+    seconds and ``bandwidth_Bps`` bytes per second; ``set_link(*DEFAULT_LINK)`` restores the
+    default. Call it with the same values on every rank: the ranks must cut a message alike.
+
+    Example::
+
+        >>> set_link(1e-3, 50e6); link()
+        (0.001, 50000000.0)
+        >>> set_link(*DEFAULT_LINK)
+    """
+    alpha_s, bandwidth_Bps = float(alpha_s), float(bandwidth_Bps)
+    if not (math.isfinite(alpha_s) and alpha_s >= 0):
+        raise ValueError(f"alpha_s must be a finite number of seconds >= 0, got {alpha_s!r}")
+    if not (math.isfinite(bandwidth_Bps) and bandwidth_Bps > 0):
+        raise ValueError(f"bandwidth_Bps must be a finite positive number, got {bandwidth_Bps!r}")
+    global _LINK
+    _LINK = (alpha_s, bandwidth_Bps)
+
+
+def link() -> tuple[float, float]:
+    """The ``(alpha_s, bandwidth_Bps)`` LP's default blocks are planned on (:func:`set_link`)."""
+    return _LINK
+
 
 def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float = 1.0) -> int:
-    """The LP block size the cost model predicts to be fastest for this collective.
+    """LP's block size (bytes) for ``kind`` of ``nbytes`` over ``p`` ranks: the alpha-beta
+    optimum on :func:`link`, in closed form.
 
-    Under an emulated network (``pipecomm.netem.current()``), or a network this rank was told
-    about (:func:`set_model_network`: a shaped cluster's calibrated links): the alpha-beta
-    optimum ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` on its (intra-node)
-    link. On
-    the real gloo backend: ``pipecomm.cost.lp_block_bytes_on_host`` on ``cost.host_link()`` (E0's
-    per-size link table and the host's shared bandwidth; the ranks of a local pool share one
-    host). On NCCL: the alpha-beta optimum on ``cost.calibrated_link()``.
-    ``compression_ratio`` (uncompressed / wire bytes) when blocks travel encoded. Every rank must
-    get the same answer (same inputs, deterministic model), or the ranks would cut the message
-    differently.
+    A schedule of ``k + m`` steps of ``alpha + b beta / r`` each (``m = p - 2`` for broadcast and
+    reduce, ``2p - 3`` for allreduce; ``r = compression_ratio``, uncompressed over wire bytes,
+    when blocks travel encoded) is shortest at ``b* = sqrt(n alpha r / (m beta))``; it is rounded
+    up to a multiple of 8 and kept within ``[MIN_BLOCK_BYTES, nbytes]`` (the whole message when
+    pipelining cannot pay, ``m <= 0``). A deterministic function of its arguments and the link,
+    so ranks that set the same link cut a message alike.
 
     Example::
 
-        >>> default_block_bytes("allreduce", 1 << 24, 8)
-        2796208
+        >>> default_block_bytes("allreduce", 1 << 24, 8)     # on DEFAULT_LINK
+        718488
     """
-    import torch.distributed as dist
-
-    from pipecomm import cost, netem
-
-    current = getattr(netem, "current", None)
-    network = current() if current is not None else None
-    network = network if network is not None else _MODEL_NETWORK
-    ratio = float(compression_ratio)
-    if network is not None:
-        link = cost.link_from_network(network)
-    elif dist.is_initialized() and dist.get_backend() == "nccl":
-        link = cost.calibrated_link()
-    else:
-        wire = max(1, int(nbytes / ratio))
-        return max(1, int(ratio * cost.lp_block_bytes_on_host(kind, wire, p, _host_link())))
-    return _optimal_block_bytes(kind, nbytes, p, link, ratio)
-
-
-_MODEL_NETWORK: Any = None
-
-
-def set_model_network(network: Any) -> None:
-    """Rank function: plan LP's default blocks on ``network`` (a :class:`pipecomm.netem.Network`
-    that describes the real links, e.g. a shaped cluster's calibration; nothing is emulated)
-    instead of this host's loopback calibration; ``None`` restores the default.
-
-    Example::
-
-        job.run(lp.set_model_network, calibrated_net)
-    """
-    global _MODEL_NETWORK
-    _MODEL_NETWORK = network
-
-
-@functools.lru_cache(maxsize=8)
-def _host_link_cached(path: str | None) -> Any:
-    from pipecomm import cost
-
-    return cost.host_link(path)
-
-
-def _host_link() -> Any:
-    import os
-
-    return _host_link_cached(os.environ.get("PIPECOMM_CALIBRATION") or None)
-
-
-@functools.lru_cache(maxsize=4096)
-def _optimal_block_bytes(kind: str, nbytes: int, p: int, link: Any, ratio: float) -> int:
-    """Cached: the exact search over block sizes takes milliseconds, and training calls repeat."""
-    from pipecomm import cost
-
-    kwargs = {"compression_ratio": ratio} if ratio != 1.0 else {}
-    return max(1, int(cost.lp_optimal_block_bytes(kind, nbytes, p, link, **kwargs)))
+    n = max(0, int(nbytes))
+    m = p - 2 if kind in ("broadcast", "reduce") else 2 * p - 3
+    alpha, bandwidth = _LINK
+    if n <= MIN_BLOCK_BYTES or m <= 0:
+        return max(n, 8)
+    best = math.sqrt(n * alpha * bandwidth * float(compression_ratio) / m)
+    return min(n, max(MIN_BLOCK_BYTES, -(-math.ceil(best) // 8) * 8))
 
 
 def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) -> None:

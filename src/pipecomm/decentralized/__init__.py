@@ -3,7 +3,7 @@
 * :mod:`.topology` - which ranks average at each iteration (complete, ring, one-peer-exp,
   alternating-exp-ring / aer, random-matching) and their mixing matrices.
 * :mod:`.optim` - AccumAdam / AccumAdamW (Algorithm 4: moments fed with window-averaged gradients).
-* :mod:`.runtime_model` - per-iteration time of AllReduce vs decentralized training.
+
 * ``DecentralizedDataParallel`` (:mod:`.ddp`) - gossip overlapped with the next iteration;
   imported on first use. Its buckets and their process groups are in :mod:`.gossip`, its
   construction checks (arguments, equal replicas, the optimizer) in :mod:`.replicas`.
@@ -30,8 +30,4 @@ def __getattr__(name: str) -> Any:
         from .ddp import DecentralizedDataParallel
 
         return DecentralizedDataParallel
-    if name == "runtime_model":
-        import importlib
-
-        return importlib.import_module(f"{__name__}.runtime_model")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -84,7 +84,7 @@ class DecentralizedDataParallel(nn.Module):
             ``optim_fn(list of (name, parameter)) -> optimizer``, called once here. Exposed as
             :attr:`optimizer`; do not call its ``step()`` yourself.
         topology: a name of :func:`~pipecomm.decentralized.topology.get_topology` (size of the
-            process group, ranks per node from :func:`pipecomm.launch.ranks_per_node` where
+            process group, ranks per node from :func:`pipecomm.decentralized.topology.env_ranks_per_node` where
             needed) or a :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
         bucket_mb: bucket size in MiB (a bucket closes once it reaches it; a tiny value gives one
             parameter per bucket).
@@ -166,7 +166,7 @@ class DecentralizedDataParallel(nn.Module):
         if not dist.is_initialized():
             raise RuntimeError(
                 f"{_NAME}: torch.distributed is not initialised: start ranks with "
-                "pipecomm.launch.spawn / Ranks, or call pipecomm.launch.init_from_env() first"
+                "pipecomm.lab.launch.spawn / Ranks, or call pipecomm.lab.launch.init_from_env() first"
             )
         pg, members = group_members(process_group)
         self.process_group = pg

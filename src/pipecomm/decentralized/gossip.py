@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm.launch.rank import group_timeout
+from pipecomm.collectives.async_ import group_timeout
 
 __all__ = ["Bucket", "as_one_block", "subgroup"]
 
@@ -71,7 +71,7 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     ``use_local_synchronization=True`` names a group after the number of groups each rank made
     before (which differs between ranks, so creation hangs); the group is therefore made with
     torch's internal helper under a name derived from ``ranks`` alone. Either way the group
-    takes the world's timeout (:func:`pipecomm.launch.group_timeout`).
+    takes the world's timeout (:func:`pipecomm.collectives.async_.group_timeout`).
 
     Example::
 

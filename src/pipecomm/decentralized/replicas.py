@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipecomm import collectives
+from pipecomm.collectives import p2p
 
 __all__ = [
     "NORM_SCOPES",
@@ -53,12 +54,11 @@ def check_algorithm(algorithm: Any) -> str:
             f"{_NAME}: algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}"
         )
     if algorithm == "torch":
-        from pipecomm import netem
-
-        if netem.current() is not None:
+        emulated = p2p.delaying()
+        if emulated is not None:
             raise ValueError(
                 f"{_NAME}: algorithm='torch' (the backend's built-in allreduce) cannot run on "
-                f"the emulated network ({netem.current().describe()}); pass one of pipecomm's "
+                f"the emulated network ({emulated.describe()}); pass one of pipecomm's "
                 "own algorithms: 'lp', 'mst', 'be' or 'ring'"
             )
     return algorithm

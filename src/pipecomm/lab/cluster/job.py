@@ -63,8 +63,7 @@ class ClusterJob:
 
             per_rank = job.run(sweep.measure_points, points, timeout_s=120)
         """
-        from pipecomm import launch
-        from pipecomm.lab import results
+        from pipecomm.lab import launch, results
 
         if self._dead:
             raise ClusterError("this cluster job has stopped (an earlier call failed)")
@@ -140,7 +139,7 @@ def raise_timeout(procs: list[subprocess.Popen], files: list, limit: float) -> N
 
 
 def _raise_rank_error(paths: Sequence[Path]) -> None:
-    from pipecomm import launch
+    from pipecomm.lab import launch
 
     for rank, path in enumerate(paths):
         if path.exists():
@@ -197,8 +196,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
 def serve(job_dir: str) -> None:
     """Body of a rank of :meth:`VirtualCluster.job` (under torchrun): run the calls as they
     come, until the orchestrator writes ``stop``."""
-    from pipecomm import launch
-    from pipecomm.lab import results
+    from pipecomm.lab import launch, results
 
     path = Path(job_dir)
     info = launch.init_from_env((path / "backend").read_text())

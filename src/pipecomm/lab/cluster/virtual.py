@@ -467,7 +467,7 @@ class VirtualCluster:
             backend: str = "gloo", **kwargs: Any) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank of the cluster (one torchrun job for this
         call); results in rank order. ``fn`` must be importable (module level). A rank that
-        raises gives :class:`pipecomm.launch.RankError` with its traceback. For many calls,
+        raises gives :class:`pipecomm.lab.launch.RankError` with its traceback. For many calls,
         :meth:`job` starts the ranks once.
 
         Example::
@@ -481,7 +481,7 @@ class VirtualCluster:
     def job(self, backend: str = "gloo") -> Iterator[ClusterJob]:
         """A torchrun job on the cluster whose ranks stay up and run one call after another
         (:meth:`ClusterJob.run`): torchrun and the process groups start once per job, as a
-        local :class:`pipecomm.launch.Ranks` pool does. The ranks are stopped on leaving.
+        local :class:`pipecomm.lab.launch.Ranks` pool does. The ranks are stopped on leaving.
 
         Example::
 

@@ -37,8 +37,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import netem
-from pipecomm.lab import bench, claims, cluster, experiment, results, shaped_training, stats, sweep
+from pipecomm.lab import (
+    bench,
+    claims,
+    cluster,
+    experiment,
+    netem,
+    results,
+    shaped_training,
+    stats,
+    sweep,
+)
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import ranks_on
 

@@ -75,9 +75,9 @@ def lognormal_factors(cv: float, size: Any, rng: np.random.Generator) -> np.ndar
 
 def _default_collective_time_fn() -> CollectiveTimeFn:
     try:
-        from pipecomm import cost
-    except ImportError as exc:  # pragma: no cover - pipecomm.cost is part of the package
-        raise ImportError("pipecomm.cost is not available; pass collective_time_fn=...") from exc
+        from pipecomm.lab import cost
+    except ImportError as exc:  # pragma: no cover - pipecomm.lab.cost is part of the package
+        raise ImportError("pipecomm.lab.cost is not available; pass collective_time_fn=...") from exc
     return cost.allreduce_time
 
 
@@ -273,9 +273,9 @@ def simulate(
     Arguments: ``bucket_bytes`` per bucket in forward order; ``fwd_s``, ``bwd_s``, ``step_s``
     per-bucket mean forward, backward and optimizer-step seconds (a scalar means the same for every
     bucket); ``p`` ranks, ``ranks_per_node`` consecutive ranks per node (None: one node);
-    ``intra``/``inter`` link models (``pipecomm.cost.LinkModel``); ``algorithm`` the allreduce
+    ``intra``/``inter`` link models (``pipecomm.lab.cost.LinkModel``); ``algorithm`` the allreduce
     algorithm priced by ``collective_time_fn(algorithm, nbytes, p, link)`` (default
-    ``pipecomm.cost.allreduce_time``); ``warmup`` dropped iterations (default ``max(1,
+    ``pipecomm.lab.cost.allreduce_time``); ``warmup`` dropped iterations (default ``max(1,
     iterations // 10)``); ``sharing`` the uplink-sharing rule (:func:`uplink_streams`).
 
     Returns a dict: ``mean_iteration_s``, ``iteration_s`` (per measured iteration),
