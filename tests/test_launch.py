@@ -195,7 +195,7 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from pipecomm import launch\n"
+        "from pipecomm.lab import launch\n"
         "info = launch.init_from_env()\n"
         "t = torch.ones(2); dist.all_reduce(t)\n"
         f"open(f'{tmp_path}/rank{{info.rank}}.txt', 'w').write(\n"

@@ -493,7 +493,7 @@ def _model_opt():
         (dict(bucket_mb=0), ValueError, "bucket_mb"),
         (dict(bucket_mb=-1.0), ValueError, "bucket_mb"),
         (dict(bucket_mb=math.nan), ValueError, "bucket_mb"),
-        (dict(bucket_mb="25"), ValueError, "bucket_mb"),
+        (dict(bucket_mb="25"), TypeError, "bucket_mb"),
         (dict(block_bytes=0), ValueError, "block_bytes"),
         (dict(max_timings=-1), ValueError, "max_timings"),
         (dict(mode=None), ValueError, "mode must be one of"),

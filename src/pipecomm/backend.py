@@ -56,7 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import collectives, vocab
+from pipecomm import checks, collectives, vocab
 from pipecomm.collectives import async_
 from pipecomm.collectives.async_ import group_timeout
 
@@ -119,12 +119,7 @@ class Options:
         where = "pipecomm.backend"
         vocab.check_algorithm(self.algorithm, where=where)
         vocab.check_compression(self.compression, algorithm=self.algorithm, where=where)
-        b = self.block_bytes
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
-            raise ValueError(
-                f"{where}: block_bytes must be a positive int (bytes per LP block) or None, "
-                f"got {b!r}"
-            )
+        checks.block_bytes(self.block_bytes, where)
 
 
 def options_from_env(environ: dict[str, str] | None = None) -> Options:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import observe, vocab
+from pipecomm import checks, observe, vocab
 from pipecomm.collectives import agreement, async_, be, builtin, lp, mst, p2p, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
@@ -75,24 +75,6 @@ def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
         )
 
 
-def _check_block_bytes(fn: str, block_bytes: Any) -> None:
-    if block_bytes is None:
-        return
-    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int):
-        raise TypeError(
-            f"{fn}: block_bytes must be a positive int (bytes per LP block) or None, "
-            f"got {type(block_bytes).__name__}"
-        )
-    if block_bytes <= 0:
-        raise ValueError(
-            f"{fn}: block_bytes must be a positive number of bytes or None (the cost model's "
-            f"optimum), got {block_bytes}"
-        )
-
-
-def _check_async(fn: str, async_op: Any) -> None:
-    if not isinstance(async_op, bool):
-        raise TypeError(f"{fn}: async_op must be True or False, got {async_op!r}")
 
 
 def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
@@ -280,8 +262,8 @@ def allreduce(
     _check_tensor(fn, t)
     _check_algorithm(fn, algorithm)
     _check_op(fn, op, t)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     codec = _codec(fn, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
@@ -319,8 +301,8 @@ def broadcast(
     fn = "broadcast"
     _check_tensor(fn, t)
     _check_algorithm(fn, algorithm)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
@@ -360,8 +342,8 @@ def reduce(
     _check_tensor(fn, t)
     _check_algorithm(fn, algorithm)
     _check_op(fn, op, t)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:

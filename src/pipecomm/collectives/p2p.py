@@ -255,6 +255,36 @@ def exchange(
     _emulated_exchange(emu, sends, recvs, group)
 
 
+def _framed(payload: torch.Tensor, deadline: float) -> list[torch.Tensor]:
+    """What carries ``payload`` (bytes) and its deadline: one framed copy below
+    :data:`_FRAME_MAX` bytes, else the 8-byte header followed by the payload itself."""
+    if payload.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
+        buf[_HEADER:].copy_(payload)
+        buf[:_HEADER].view(torch.float64)[0] = deadline
+        return [buf]
+    return [torch.tensor([deadline], dtype=torch.float64, device=payload.device), payload]
+
+
+def _landing(target: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, Any]:
+    """Where a message into ``target`` (bytes) lands: the buffers to receive into, the one
+    holding the header, and ``target`` where the payload is framed (copied out by
+    :func:`_unframe`), else ``None``."""
+    if target.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
+        return [buf], buf, target
+    head = torch.empty(1, dtype=torch.float64, device=target.device)
+    return [head, target], head, None
+
+
+def _unframe(head: torch.Tensor, target: torch.Tensor | None) -> float:
+    """A received message's deadline (a framed payload copied into ``target``)."""
+    if target is None:
+        return float(head[0])
+    target.copy_(head[_HEADER:])
+    return float(head[:_HEADER].view(torch.float64)[0])
+
+
 def _emulated_exchange(emu, sends, recvs, group) -> None:
     payloads = [_as_bytes(t, "sends", i) for i, (t, _) in enumerate(sends)]
     targets = [_as_bytes(t, "recvs", i) for i, (t, _) in enumerate(recvs)]
@@ -263,45 +293,22 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
         return
     # reserve first (the emulated clock starts at the post), then frame: copying is real cost
     deadlines = emu.on_send([(int(dst), p.numel()) for p, (_, dst) in zip(payloads, sends)])
-    ops, names = [], []
+    ops, names, heads = [], [], []
     for p, (_, dst), deadline in zip(payloads, sends, deadlines):
-        if p.numel() < _FRAME_MAX:  # one message: header + copy of the payload
-            buf = torch.empty(_HEADER + p.numel(), dtype=torch.uint8, device=p.device)
-            buf[_HEADER:].copy_(p)
-            buf[:_HEADER].view(torch.float64)[0] = deadline
+        for buf in _framed(p, deadline):
             ops.append(dist.P2POp(dist.isend, buf, dst, group))
-        else:  # large: the header, then the payload itself (no copy)
-            head = torch.tensor([deadline], dtype=torch.float64, device=p.device)
-            ops.append(dist.P2POp(dist.isend, head, dst, group))
-            ops.append(dist.P2POp(dist.isend, p, dst, group))
-        names += [("send", dst)] * (len(ops) - len(names))
-    heads = []
+            names.append(("send", dst))
     for t, (_, src) in zip(targets, recvs):
-        if t.numel() < _FRAME_MAX:
-            buf = torch.empty(_HEADER + t.numel(), dtype=torch.uint8, device=t.device)
+        bufs, head, framed = _landing(t)
+        heads.append((head, framed))
+        for buf in bufs:
             ops.append(dist.P2POp(dist.irecv, buf, src, group))
-            heads.append((buf, t))
-        else:
-            head = torch.empty(1, dtype=torch.float64, device=t.device)
-            ops.append(dist.P2POp(dist.irecv, head, src, group))
-            ops.append(dist.P2POp(dist.irecv, t, src, group))
-            heads.append((head, None))
-        names += [("recv", src)] * (len(ops) - len(names))
+            names.append(("recv", src))
     wait_all(dist.batch_isend_irecv(ops), names)
-    for buf, t in heads:
-        if t is None:
-            deadlines.append(float(buf[0]))
-        else:
-            deadlines.append(float(buf[:_HEADER].view(torch.float64)[0]))
-            t.copy_(buf[_HEADER:])
+    deadlines += [_unframe(head, framed) for head, framed in heads]
     waited = _sleep_until(max(deadlines))
-    _done(
-        sum(p.numel() for p in payloads),
-        len(payloads),
-        sum(t.numel() for t in targets),
-        len(targets),
-        waited,
-    )
+    _done(sum(p.numel() for p in payloads), len(payloads), sum(t.numel() for t in targets),
+          len(targets), waited)
 
 
 # --------------------------------------------------------------------------- one message at a time
@@ -351,11 +358,7 @@ class Transfer:
             device_tensor.copy_(host)
         deadline, waited = self._deadline, 0.0
         if self._head is not None:
-            if self._target is None:
-                deadline = float(self._head[0])
-            else:
-                deadline = float(self._head[:_HEADER].view(torch.float64)[0])
-                self._target.copy_(self._head[_HEADER:])
+            deadline = _unframe(self._head, self._target)
         if deadline is not None:
             waited = _sleep_until(deadline)
         _done(
@@ -394,14 +397,7 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
     payload = _as_bytes(t, "sends", 0)
     _no_cuda_under_emulation([t])
     (deadline,) = emu.on_send([(int(dst), payload.numel())])
-    if payload.numel() < _FRAME_MAX:
-        buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
-        buf[_HEADER:].copy_(payload)
-        buf[:_HEADER].view(torch.float64)[0] = deadline
-        works = [dist.isend(buf, dst, group, tag)]
-    else:
-        head = torch.tensor([deadline], dtype=torch.float64, device=payload.device)
-        works = [dist.isend(head, dst, group, tag), dist.isend(payload, dst, group, tag)]
+    works = [dist.isend(buf, dst, group, tag) for buf in _framed(payload, deadline)]
     return Transfer(works, deadline=deadline, sent=payload.numel(), op="send", peer=dst)
 
 
@@ -431,15 +427,9 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
             raise TransferError.of("recv", src, exc) from exc
     target = _as_bytes(t, "recvs", 0)
     _no_cuda_under_emulation([t])
-    if target.numel() < _FRAME_MAX:
-        buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
-        return Transfer(
-            [dist.irecv(buf, src, group, tag)], head=buf, target=target,
-            received=target.numel(), peer=src,
-        )
-    head = torch.empty(1, dtype=torch.float64, device=target.device)
-    works = [dist.irecv(head, src, group, tag), dist.irecv(target, src, group, tag)]
-    return Transfer(works, head=head, received=target.numel(), peer=src)
+    bufs, head, framed = _landing(target)
+    return Transfer([dist.irecv(buf, src, group, tag) for buf in bufs], head=head, target=framed,
+                    received=target.numel(), peer=src)
 
 
 # --------------------------------------------------------------------------- one stream, directly

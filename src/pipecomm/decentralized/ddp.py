@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import checks, collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
 from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
@@ -161,8 +161,7 @@ class DecentralizedDataParallel(nn.Module):
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
         algorithm = check_algorithm(algorithm)
         max_norm = check_max_norm(max_grad_norm, grad_norm_scope)
-        if not isinstance(init_sync, bool):
-            raise TypeError(f"{_NAME}: init_sync must be a bool, got {type(init_sync).__name__}")
+        checks.flag(init_sync, "init_sync", _NAME)
         if not dist.is_initialized():
             raise RuntimeError(
                 f"{_NAME}: torch.distributed is not initialised: start ranks with "
@@ -287,11 +286,7 @@ class DecentralizedDataParallel(nn.Module):
             >>> loss.backward()
             >>> ddp.close(); dist.destroy_process_group()
         """
-        if not isinstance(self.require_backward_grad_sync, bool):
-            raise TypeError(
-                f"{_NAME}: require_backward_grad_sync must be a bool, "
-                f"got {self.require_backward_grad_sync!r}"
-            )
+        checks.flag(self.require_backward_grad_sync, "require_backward_grad_sync", _NAME)
         self._restore_local()
         self._forward_sync = self.require_backward_grad_sync
         return self.module(*args, **kwargs)

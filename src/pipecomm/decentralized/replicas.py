@@ -13,15 +13,13 @@ Example::
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import checks, collectives
 from pipecomm.collectives import p2p
 
 __all__ = [
@@ -77,14 +75,7 @@ def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
         raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
     if max_grad_norm is None:
         return None
-    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real):
-        raise TypeError(
-            f"{_NAME}: max_grad_norm must be a positive number or None, "
-            f"got {type(max_grad_norm).__name__} ({max_grad_norm!r})"
-        )
-    value = float(max_grad_norm)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{_NAME}: max_grad_norm must be positive and finite, got {value!r}")
+    value = checks.positive_number(max_grad_norm, "max_grad_norm", _NAME)
     return value
 
 

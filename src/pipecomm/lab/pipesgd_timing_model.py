@@ -17,8 +17,8 @@ state): docs/update_rules.md, "Iteration-time models" and "Pipe-SGD timing model
 
 Example::
 
-    >>> from pipecomm import cost
-    >>> from pipecomm.pipesgd import timing_model
+    >>> from pipecomm.lab import cost
+    >>> from pipecomm.lab import pipesgd_timing_model as timing_model
     >>> link = cost.LinkModel.from_bandwidth(50e-6, 1.25e9)        # 10 Gb/s Ethernet-ish
     >>> kw = dict(compute_s=0.1, update_s=0.01, nbytes=100 * 2**20, p=4, link=link)
     >>> round(timing_model.speedup("pipe", **kw), 2)

@@ -33,7 +33,7 @@ Modules (every public name is importable from ``pipecomm.lab.cost``):
 
 Example::
 
-    >>> from pipecomm import cost
+    >>> from pipecomm.lab import cost
     >>> link = cost.LinkModel(alpha=10e-6, beta=1 / 10e9)
     >>> round(cost.broadcast_time("mst", 2**28, 64, link), 4)     # 6 rounds of the whole message
     0.1611

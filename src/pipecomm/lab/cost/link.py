@@ -103,7 +103,7 @@ def as_count(value: Any, name: str, minimum: int) -> int:
 
     Example::
 
-        >>> from pipecomm import cost
+        >>> from pipecomm.lab import cost
         >>> cost.as_count(8.0, "p", 1)
         8
     """

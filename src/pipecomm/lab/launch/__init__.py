@@ -30,7 +30,7 @@ a local rank's process (fork server, the serving loop), :mod:`.torchrun` torchru
 
 Example::
 
-    # python -c "from pipecomm import launch; import examples; print(launch.spawn(examples.f, 4))"
+    # python -c "from pipecomm.lab import launch; import examples; print(launch.spawn(examples.f, 4))"
     from pipecomm.lab import launch
     with launch.Ranks(4) as ranks:
         for n in (1, 1024):

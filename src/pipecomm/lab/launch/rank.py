@@ -11,7 +11,7 @@ torchrun jobs (:mod:`pipecomm.lab.launch.torchrun`) alike.
 Example::
 
     >>> import torch
-    >>> from pipecomm import launch
+    >>> from pipecomm.lab import launch
     >>> build_model = lambda: torch.nn.Linear(2, 1)
     >>> model = build_model().to(launch.device())
 """
@@ -81,7 +81,7 @@ def device():
     Example::
 
         >>> import torch
-        >>> from pipecomm import launch
+        >>> from pipecomm.lab import launch
         >>> build_model = lambda: torch.nn.Linear(2, 1)
         >>> model = build_model().to(launch.device())
         >>> model.weight.device == launch.device()

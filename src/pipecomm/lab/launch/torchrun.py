@@ -85,7 +85,7 @@ def under_torchrun() -> bool:
 
     Example::
 
-        >>> from pipecomm import launch
+        >>> from pipecomm.lab import launch
         >>> if launch.under_torchrun(): info = launch.init_from_env()
         >>> launch.under_torchrun()   # not started by torchrun
         False

@@ -8,7 +8,7 @@ process's stdout and stderr (:class:`ParentStdio`) and sends it calls pickled by
 
 Example::
 
-    >>> from pipecomm import launch
+    >>> from pipecomm.lab import launch
     >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
     >>> type(payload)
     <class 'bytes'>
@@ -241,7 +241,7 @@ def check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
 
     Example::
 
-        >>> from pipecomm import launch
+        >>> from pipecomm.lab import launch
         >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
         >>> launch.check_picklable(lambda: 0, (), {})
         Traceback (most recent call last):

@@ -9,7 +9,7 @@ the docstring of :mod:`pipecomm.lab.netem`.
 
 Example::
 
-    >>> from pipecomm import netem
+    >>> from pipecomm.lab import netem
     >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
     >>> handle = netem.setup(net, 1, None)     # launch.Ranks does this, then activate in each rank
     >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -181,7 +181,7 @@ def setup(network: Network, world_size: int, ranks_per_node: int | None) -> _Han
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 4, None)     # launch.Ranks does this
         >>> netem.teardown(handle)
@@ -206,7 +206,7 @@ def activate(
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 4, None)
         >>> netem.activate(net, handle, rank=0, world_size=4, ranks_per_node=None)  # launch does it
@@ -250,7 +250,7 @@ def deactivate() -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.deactivate(); assert netem.current() is None
     """
     global _ACTIVE
@@ -265,7 +265,7 @@ def teardown(handle: _Handle) -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> handle = netem.setup(netem.Network(2e-3, 50e6), 2, None)
         >>> netem.teardown(handle)
     """
@@ -282,7 +282,7 @@ def current() -> Network | None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.current()
         >>> title = net.describe() if net else "real backend"
         >>> title
@@ -297,7 +297,7 @@ def emulator() -> _Emulator | None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> if netem.emulator() is None: print("the real backend")
         the real backend
     """
@@ -312,7 +312,7 @@ def clock() -> float:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 1, None)
         >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -336,7 +336,7 @@ def wait_until(deadline: float) -> float:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 1, None)
         >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -365,7 +365,7 @@ def reset_stats() -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.reset_stats(); netem.record(4096, 1, 0, 0, 0.0); print(netem.stats()["bytes_sent"])
         4096
         >>> netem.reset_stats()
@@ -389,7 +389,7 @@ def stats() -> dict[str, float]:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.reset_stats(); netem.record(4096, 2, 0, 0, 0.011)
         >>> s = netem.stats()
         >>> s["bytes_sent"], s["messages_sent"], s["time_waiting_s"]
@@ -417,7 +417,7 @@ def record(
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.record(4096, 1, 0, 0, 0.0)
         >>> netem.reset_stats()
     """
