@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import vocab
+from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.p2p import _process_group, wait_all
 
@@ -209,8 +210,6 @@ def check_alone(kind: str, t: torch.Tensor, *, algorithm: str = "lp", op: str = 
         >>> check_alone("allreduce", torch.ones(1024), algorithm="ring")
         >>> dist.destroy_process_group()
     """
-    from pipecomm.collectives._group import make_comm, members_of
-
     members = members_of(group)
     if members is None or len(members) == 1:
         return

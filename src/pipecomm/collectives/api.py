@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import checks, observe, vocab
+from pipecomm import checks, compress, observe, vocab
 from pipecomm.collectives import agreement, async_, be, builtin, lp, mst, p2p, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
@@ -52,17 +52,25 @@ def _check_tensor(fn: str, t: Any) -> None:
         raise TypeError(f"{fn}: t has dtype {t.dtype}; supported dtypes are {names}")
 
 
-def _check_algorithm(fn: str, algorithm: Any) -> None:
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "torch":
-        emulated = p2p.delaying()
-        if emulated is not None:
-            raise ValueError(
-                f"{fn}: algorithm='torch' (the backend's built-in) cannot be emulated, and the "
-                f"emulated network is active ({emulated.describe()}); choose one of "
-                f"{ALGORITHMS[:-1]}, or start the ranks without network="
-            )
+def check_algorithm(algorithm: Any, where: str) -> str:
+    """``algorithm`` if it is one of :data:`ALGORITHMS` and can run here: the backend's
+    built-in (``"torch"``) is refused while an emulated network delays pipecomm's messages
+    (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
+
+    Example::
+
+        >>> check_algorithm("lp", "allreduce")
+        'lp'
+    """
+    vocab.check_algorithm(algorithm, where=where)
+    emulated = p2p.delaying()
+    if algorithm == "torch" and emulated is not None:
+        raise ValueError(
+            f"{where}: algorithm='torch' (the backend's built-in) cannot be emulated: it cannot "
+            f"run on the emulated network ({emulated.describe()}); choose one of pipecomm's own "
+            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network="
+        )
+    return algorithm
 
 
 def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
@@ -104,7 +112,6 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
         )
     if not isinstance(compression, str):
         return compression
-    from pipecomm import compress
 
     return compress.get_codec(compression)
 
@@ -260,7 +267,7 @@ def allreduce(
     """
     fn = "allreduce"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
+    check_algorithm(algorithm, fn)
     _check_op(fn, op, t)
     checks.block_bytes(block_bytes, fn)
     checks.flag(async_op, "async_op", fn)
@@ -300,7 +307,7 @@ def broadcast(
     """
     fn = "broadcast"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
+    check_algorithm(algorithm, fn)
     checks.block_bytes(block_bytes, fn)
     checks.flag(async_op, "async_op", fn)
     members = members_of(group)
@@ -340,7 +347,7 @@ def reduce(
     """
     fn = "reduce"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
+    check_algorithm(algorithm, fn)
     _check_op(fn, op, t)
     checks.block_bytes(block_bytes, fn)
     checks.flag(async_op, "async_op", fn)

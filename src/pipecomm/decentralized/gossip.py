@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import distributed_c10d as c10d
 
 from pipecomm.collectives.async_ import group_timeout
 
@@ -89,8 +90,6 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     if whole_world:
         pg = dist.new_group(list(ranks), timeout=timeout)
     else:
-        from torch.distributed import distributed_c10d as c10d
-
         name = "pipecomm-ddp-" + hashlib.sha1(repr(ranks).encode()).hexdigest()[:20]
         pg, _ = c10d._new_process_group_helper(
             len(ranks),

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import checks, collectives
-from pipecomm.collectives import p2p
+from pipecomm import checks
+from pipecomm.collectives import api
 
 __all__ = [
     "NORM_SCOPES",
@@ -39,27 +39,15 @@ NORM_SCOPES = ("bucket", "global")
 
 
 def check_algorithm(algorithm: Any) -> str:
-    """``algorithm`` if it is one of :data:`pipecomm.collectives.ALGORITHMS` (``"torch"`` is
-    refused under the emulated network), else ValueError.
+    """``algorithm`` if the wrapper can average with it (``"torch"`` is refused under the
+    emulated network: :func:`pipecomm.collectives.api.check_algorithm`), else ValueError.
 
     Example::
 
         >>> check_algorithm("lp")
         'lp'
     """
-    if not isinstance(algorithm, str) or algorithm not in collectives.ALGORITHMS:
-        raise ValueError(
-            f"{_NAME}: algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}"
-        )
-    if algorithm == "torch":
-        emulated = p2p.delaying()
-        if emulated is not None:
-            raise ValueError(
-                f"{_NAME}: algorithm='torch' (the backend's built-in allreduce) cannot run on "
-                f"the emulated network ({emulated.describe()}); pass one of pipecomm's "
-                "own algorithms: 'lp', 'mst', 'be' or 'ring'"
-            )
-    return algorithm
+    return api.check_algorithm(algorithm, _NAME)
 
 
 def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
