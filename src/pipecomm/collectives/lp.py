@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from pipecomm import checks
 from pipecomm.collectives._chunks import block, num_blocks
 from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
 from pipecomm.collectives._group import Comm
@@ -62,13 +63,11 @@ def set_link(alpha_s: float, bandwidth_Bps: float) -> None:
         (0.001, 50000000.0)
         >>> set_link(*DEFAULT_LINK)
     """
-    alpha_s, bandwidth_Bps = float(alpha_s), float(bandwidth_Bps)
-    if not (math.isfinite(alpha_s) and alpha_s >= 0):
-        raise ValueError(f"alpha_s must be a finite number of seconds >= 0, got {alpha_s!r}")
-    if not (math.isfinite(bandwidth_Bps) and bandwidth_Bps > 0):
-        raise ValueError(f"bandwidth_Bps must be a finite positive number, got {bandwidth_Bps!r}")
+    bandwidth = checks.positive_number(bandwidth_Bps, "bandwidth_Bps", "lp.set_link", "bytes/s")
+    alpha = 0.0 if alpha_s == 0 else checks.positive_number(alpha_s, "alpha_s", "lp.set_link",
+                                                            "seconds")
     global _LINK
-    _LINK = (alpha_s, bandwidth_Bps)
+    _LINK = (alpha, bandwidth)
 
 
 def link() -> tuple[float, float]:

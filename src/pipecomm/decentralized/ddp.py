@@ -47,10 +47,10 @@ from torch import nn
 
 from pipecomm import checks, collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
+from pipecomm.collectives import api
 from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
 from pipecomm.decentralized.replicas import (
-    check_algorithm,
     check_max_norm,
     check_scaler,
     describe_mismatch,
@@ -159,7 +159,7 @@ class DecentralizedDataParallel(nn.Module):
                 f"optim_fn(list of (name, parameter)) -> optimizer, got {type(optimizer).__name__}"
             )
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
-        algorithm = check_algorithm(algorithm)
+        algorithm = api.check_algorithm(algorithm, _NAME)
         max_norm = check_max_norm(max_grad_norm, grad_norm_scope)
         checks.flag(init_sync, "init_sync", _NAME)
         if not dist.is_initialized():

@@ -20,11 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from pipecomm import checks
-from pipecomm.collectives import api
 
 __all__ = [
     "NORM_SCOPES",
-    "check_algorithm",
     "check_max_norm",
     "check_scaler",
     "describe_mismatch",
@@ -36,18 +34,6 @@ __all__ = [
 _NAME = "DecentralizedDataParallel"
 #: values of ``grad_norm_scope``
 NORM_SCOPES = ("bucket", "global")
-
-
-def check_algorithm(algorithm: Any) -> str:
-    """``algorithm`` if the wrapper can average with it (``"torch"`` is refused under the
-    emulated network: :func:`pipecomm.collectives.api.check_algorithm`), else ValueError.
-
-    Example::
-
-        >>> check_algorithm("lp")
-        'lp'
-    """
-    return api.check_algorithm(algorithm, _NAME)
 
 
 def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
