@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipecomm import checks
 from pipecomm.lab.cluster.host import ClusterError
 
 __all__ = [
@@ -67,9 +68,8 @@ class ClusterJob:
 
         if self._dead:
             raise ClusterError("this cluster job has stopped (an earlier call failed)")
-        limit = self.cluster.timeout_s if timeout_s is None else float(timeout_s)
-        if not limit > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        limit = checks.positive_number(self.cluster.timeout_s if timeout_s is None else timeout_s,
+                                       "timeout_s", "ClusterJob.run", "seconds")
         payload = launch.check_picklable(fn, args, kwargs)
         k = self._calls
         self._calls += 1

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from pipecomm import collectives
-from pipecomm.lab import bench, claims, cost, experiment, launch, stats
+from pipecomm.lab import bench, checks, claims, cost, experiment, launch, stats
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
 from pipecomm.lab.sweep import (
@@ -98,8 +98,7 @@ class Params(experiment.Params):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
         bw = self.emu_bandwidth_Bps
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
             raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")

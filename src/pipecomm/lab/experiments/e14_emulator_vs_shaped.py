@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, cluster, cost, experiment, netem, network, stats, sweep
+from pipecomm.lab import checks, claims, cluster, cost, experiment, netem, network, stats, sweep
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import ranks_on
 
@@ -87,8 +87,7 @@ class Params(experiment.Params):
             value = getattr(self, name)
             if value < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got {value!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
 
 
 DEFAULTS = Params.defaults()

@@ -39,6 +39,7 @@ import pandas as pd
 
 from pipecomm.lab import (
     bench,
+    checks,
     claims,
     cluster,
     experiment,
@@ -128,8 +129,7 @@ class Params(experiment.Params):
             if getattr(self, name) < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got "
                                  f"{getattr(self, name)!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
 
 
 DEFAULTS = Params.defaults()

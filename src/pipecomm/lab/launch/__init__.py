@@ -40,7 +40,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pickle
 import time
@@ -49,6 +48,7 @@ from multiprocessing.connection import wait as _mp_wait
 from typing import Any
 
 # re-exported: public API (pipecomm.lab.launch.<name>)
+from pipecomm import checks
 from pipecomm.lab.launch.rank import (
     RankError,
     RankInfo,
@@ -105,11 +105,7 @@ _PG_TIMEOUT_S = 300.0  # a pool's collectives fail after this long without progr
 
 
 def _check_pg_timeout(pg_timeout_s: Any) -> None:
-    if (isinstance(pg_timeout_s, bool) or not isinstance(pg_timeout_s, int | float)
-            or not math.isfinite(pg_timeout_s) or pg_timeout_s <= 0):
-        raise ValueError(
-            f"pg_timeout_s must be a positive number of seconds, got {pg_timeout_s!r}"
-        )
+    checks.positive_number(pg_timeout_s, "pg_timeout_s", "launch.Ranks", "seconds")
 
 
 def _validate(world_size: int, backend: str, ranks_per_node: int | None, network: Any) -> None:
@@ -311,8 +307,7 @@ class Ranks:
 
             results = ranks.run(mymodule.measure, 1 << 20, timeout_s=60)
         """
-        if timeout_s is None or timeout_s <= 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        checks.positive_number(timeout_s, "timeout_s", "launch.Ranks.run", "seconds")
         payload = check_picklable(fn, args, kwargs)
         self.start()
         for conn in self._conns:
