@@ -15,8 +15,8 @@ reduce-scatter hop decodes, adds its own chunk and re-encodes; the owner of a fi
 encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather forwards those
 bytes unchanged, decoded once by each rank.
 
-The reduce-scatter and the allgather are written once (:func:`_reduce_scatter`,
-:func:`_allgather`), the codec a parameter (:class:`._reduce.Wire`), over a ring of messages
+The reduce-scatter and the allgather are written once (:func:`reduce_scatter`,
+:func:`allgather`), the codec a parameter (:class:`._reduce.Wire`), over a ring of messages
 that either posts straight to the backend (:class:`_DirectRing`: the allreduce without a codec,
 where :meth:`._group.Comm.direct` allows it) or runs on the progress engine
 (:class:`_EngineRing`); the same schedule and bits either way. On the progress engine
@@ -78,7 +78,7 @@ class _Segments:
         return self._views[c * self.per_chunk + q]
 
 
-def _reduce_scatter(seg: _Segments, ring: Any, first: int, op: str, p: int, wire: Wire,
+def reduce_scatter(seg: _Segments, ring: Any, first: int, op: str, p: int, wire: Wire,
                     finish_p: int | None = None) -> None:
     """Ring reduce-scatter over ``ring`` (one of :class:`_EngineRing`, :class:`_DirectRing`):
     send chunk ``first``; step ``s`` receives chunk ``first - s - 1`` (mod p) segment by
@@ -87,7 +87,7 @@ def _reduce_scatter(seg: _Segments, ring: Any, first: int, op: str, p: int, wire
 
     Example::
 
-        _reduce_scatter(seg, _EngineRing(eng, right, left, Wire(None)), v - 1, "sum", p, wire)
+        reduce_scatter(seg, _EngineRing(eng, right, left, Wire(None)), v - 1, "sum", p, wire)
     """
     nq = seg.per_chunk
     for q in range(nq):
@@ -109,13 +109,13 @@ def _reduce_scatter(seg: _Segments, ring: Any, first: int, op: str, p: int, wire
             wire.keep(acc, sent)
 
 
-def _allgather(seg: _Segments, ring: Any, owned: int, p: int, wire: Wire, sent: bool) -> None:
+def allgather(seg: _Segments, ring: Any, owned: int, p: int, wire: Wire, sent: bool) -> None:
     """Ring allgather: this rank holds chunk ``owned``; step ``s`` forwards chunk ``owned - s``.
     ``sent``: the owned chunk already went right (the allreduce sends it as it finishes).
 
     Example::
 
-        _allgather(seg, ring, owned, p, Wire(None), sent=False)
+        allgather(seg, ring, owned, p, Wire(None), sent=False)
     """
     nq = seg.per_chunk
     if not sent:
@@ -260,8 +260,8 @@ def allreduce(
         if send is not None and recv is not None:
             ring = _DirectRing(send, recv)
     ring = ring or _EngineRing(Engine(comm), right, left, wire)
-    _reduce_scatter(seg, ring, g, op, p, wire, p)
-    _allgather(seg, ring, (g + 1) % p, p, wire, sent=True)
+    reduce_scatter(seg, ring, g, op, p, wire, p)
+    allgather(seg, ring, (g + 1) % p, p, wire, sent=True)
     ring.finish()
 
 
@@ -284,7 +284,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
     eng = Engine(comm)
     binomial_scatter(flat, eng, offsets, v, p, to_group)
     ring = _EngineRing(eng, to_group((v + 1) % p), to_group((v - 1) % p), Wire(None))
-    _allgather(_Segments(flat, offsets, None), ring, v, p, Wire(None), sent=False)
+    allgather(_Segments(flat, offsets, None), ring, v, p, Wire(None), sent=False)
     eng.finish()
 
 
@@ -306,7 +306,7 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
     offsets = even_offsets(n, p)
     eng = Engine(comm)
     ring = _EngineRing(eng, to_group((v + 1) % p), to_group((v - 1) % p), Wire(None))
-    _reduce_scatter(_Segments(flat, offsets, None), ring, v - 1, op, p, Wire(None))
+    reduce_scatter(_Segments(flat, offsets, None), ring, v - 1, op, p, Wire(None))
     binomial_gather(flat, eng, offsets, v, p, to_group)
     eng.finish()
     if v == 0:
