@@ -8,7 +8,7 @@ built-in's result on the same random input beyond float32 round-off; broadcast a
 results must match exactly) and the ratio of the median to the built-in's median measured in the
 same run, with its bootstrap 95% interval (:func:`pipecomm.lab.stats.ratio_ci`). LP rows also give
 the default block size (:func:`pipecomm.collectives.lp.default_block_bytes`) and the host model's
-prediction for it (:func:`pipecomm.cost.lp_time_on_host` on the link ``PIPECOMM_CALIBRATION``
+prediction for it (:func:`pipecomm.lab.cost.lp_time_on_host` on the link ``PIPECOMM_CALIBRATION``
 names, else the fallback table), with its signed error.
 
 Every repeat runs all selected algorithms back to back (so drifts of a shared machine hit all of
@@ -97,8 +97,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import cost, launch, netem
-from pipecomm.lab import bench, cluster, stats, sweep
+from pipecomm.lab import bench, cluster, cost, launch, netem, stats, sweep
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)

@@ -205,8 +205,7 @@ def main(argv: list[str] | None = None) -> float:
         [str(args.target), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
 
-    from pipecomm import launch
-    from pipecomm.lab import stats, sweep
+    from pipecomm.lab import launch, stats, sweep
 
     cfg = {
         "model": args.model,

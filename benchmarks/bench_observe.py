@@ -27,7 +27,8 @@ import time
 
 import torch
 
-from pipecomm import launch, observe
+from pipecomm import observe
+from pipecomm.lab import launch
 
 
 def per_call_us(fn: object, calls: int, repeats: int) -> float:

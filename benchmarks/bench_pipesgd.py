@@ -34,8 +34,7 @@ import time
 import torch
 from torch import nn
 
-from pipecomm import launch
-from pipecomm.lab import stats
+from pipecomm.lab import launch, stats
 from pipecomm.pipesgd import PipeSGD
 
 

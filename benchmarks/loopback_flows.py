@@ -51,8 +51,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import collectives, launch
-from pipecomm.lab import bench, cluster, stats
+from pipecomm import collectives
+from pipecomm.lab import bench, cluster, launch, stats
 
 
 def rank_pid() -> int:
@@ -214,7 +214,7 @@ def lean_ring(x: torch.Tensor, slots: list[torch.Tensor]) -> None:
     """Ring allreduce (sum) of ``x`` over the world on bare ``ProcessGroup.send`` / ``recv``:
     reduce-scatter of ``p`` chunks, every receive posted ahead into ``slots`` (``p - 1`` chunk
     buffers), then allgather straight into place. Messages to a lower rank take pipecomm's reverse
-    connection (:func:`pipecomm.launch.reverse_transport`), as pipecomm's ring does. ``x.numel()``
+    connection (:func:`pipecomm.lab.launch.reverse_transport`), as pipecomm's ring does. ``x.numel()``
     must be a multiple of the world size.
 
     Example::

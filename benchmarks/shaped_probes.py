@@ -25,8 +25,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from pipecomm import cost, netem
-from pipecomm.lab import cluster, sweep
+from pipecomm.lab import cluster, cost, netem, sweep
 from pipecomm.lab.network import ranks_on
 
 

@@ -83,9 +83,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pipecomm import backend, hooks, launch, observe, vocab
+from pipecomm import backend, hooks, observe, vocab
 from pipecomm.decentralized import DecentralizedDataParallel
-from pipecomm.lab import data, models
+from pipecomm.lab import data, launch, models
 from pipecomm.pipesgd import PipeSGD
 
 STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")

@@ -11,8 +11,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm import launch
-from pipecomm.lab import artifact, results
+from pipecomm.lab import artifact, launch, results
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 

@@ -552,8 +552,8 @@ def compressed_allreduce(numel: int, block_bytes: int):
 def under_emulation(numel: int):
     """Every pipecomm algorithm under the emulated network, default LP blocks; returns the
     failures and the default LP block size this rank computed per collective."""
-    from pipecomm import netem
     from pipecomm.collectives import lp
+    from pipecomm.lab import netem
 
     me, p = dist.get_rank(), dist.get_world_size()
     failures = []
@@ -663,8 +663,8 @@ def batched_posts():
 
 def duplex_routes():
     """Each direction of a pair on its own connection: where messages toward lower ranks go."""
-    from pipecomm import launch
     from pipecomm.collectives._group import make_comm
+    from pipecomm.lab import launch
 
     failures = []
     world = launch.reverse_transport(None)

@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipecomm import launch
+from pipecomm.lab import launch
 
 
 def identity_and_tensor(x):

@@ -202,8 +202,7 @@ class _ReachedRanks(Exception):
 @pytest.mark.parametrize("eid", ["E0", "E5", "E7", "E8", "E9", "E13"])
 def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     """The gpu profile's NCCL experiments get as far as starting their NCCL pool (GPUs assumed)."""
-    from pipecomm import launch
-    from pipecomm.lab import data
+    from pipecomm.lab import data, launch
 
     exp = artifact.load_profile("gpu", artifact.discover())[eid]
     module = importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
@@ -330,7 +329,7 @@ def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     exps = artifact.discover()
     files = {p.relative_to(ROOT).as_posix() for p in reuse.code_files(exps["E1"].notebook)}
     assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
-            "src/pipecomm/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
+            "src/pipecomm/lab/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
     assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
     assert not any(f.endswith(".md") for f in files)
     before = artifact.code_hash(exps["E1"])

@@ -19,8 +19,7 @@ import pandas as pd
 import pytest
 import rankfns_cluster as rf
 
-from pipecomm import launch
-from pipecomm.lab import cluster
+from pipecomm.lab import cluster, launch
 from pipecomm.lab.cluster import VirtualCluster
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
 

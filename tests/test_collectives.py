@@ -595,19 +595,28 @@ def test_chunks():
     assert _chunks.block(flat, 1, 3).data_ptr() == flat[3:].data_ptr()  # a view, no copy
 
 
-def test_default_block_bytes_from_cost_model(monkeypatch):
-    from pipecomm import cost
+def test_default_block_bytes_is_the_closed_form_optimum_on_the_set_link():
+    import math
 
-    monkeypatch.delenv("PIPECOMM_CALIBRATION", raising=False)
-    link = cost.host_link()  # real backend (no emulated network): the per-size host model
-    for kind in ("broadcast", "reduce", "allreduce"):
-        for nbytes, p in ((10, 8), (1 << 20, 8), (3 << 22, 3)):
-            b = lp.default_block_bytes(kind, nbytes, p)
-            assert b == cost.lp_block_bytes_on_host(kind, nbytes, p, link)
-            assert 1 <= b <= max(nbytes, 8)
-    # encoded blocks: the block that is best on the wire, in uncompressed bytes
-    wire = cost.lp_block_bytes_on_host("allreduce", 1 << 22, 4, link)
-    assert lp.default_block_bytes("allreduce", 1 << 23, 4, 2.0) == 2 * wire
+    assert lp.link() == lp.DEFAULT_LINK
+    try:
+        lp.set_link(1e-3, 50e6)
+        for kind in ("broadcast", "reduce", "allreduce"):
+            for nbytes, p in ((10, 8), (1 << 20, 8), (3 << 22, 3), (1 << 20, 2)):
+                b = lp.default_block_bytes(kind, nbytes, p)
+                m = p - 2 if kind != "allreduce" else 2 * p - 3  # steps beyond the k blocks
+                if nbytes <= lp.MIN_BLOCK_BYTES or m <= 0:
+                    assert b == nbytes  # one block
+                    continue
+                star = math.sqrt(nbytes * 1e-3 * 50e6 / m)  # b* = sqrt(n alpha / (m beta))
+                assert b == min(nbytes, max(lp.MIN_BLOCK_BYTES, -(-math.ceil(star) // 8) * 8))
+        # encoded blocks: the block that is best on the wire, in uncompressed bytes
+        wire = lp.default_block_bytes("allreduce", 1 << 22, 4)
+        assert abs(lp.default_block_bytes("allreduce", 1 << 23, 4, 2.0) - 2 * wire) <= 16
+        with pytest.raises(ValueError, match="bandwidth_Bps"):
+            lp.set_link(1e-3, 0)
+    finally:
+        lp.set_link(*lp.DEFAULT_LINK)
 
 
 def test_async_handle_unit():
@@ -861,16 +870,19 @@ def test_compressed_allreduce(pool):
 
 @pytest.mark.timeout(240)
 def test_under_emulated_network(pool):
-    from pipecomm import cost, netem
+    from pipecomm.lab import netem
 
     net = netem.Network(5e-3, 10e6, ports="single")  # the pool test_netem.py uses as well
     numel = 12000
     results = pool(4, network=net).run(fns.under_emulation, numel, timeout_s=200)
     _check(results)
-    link = cost.link_from_network(net)
-    for _, blocks in results:
-        for kind, b in blocks.items():  # the default LP block comes from the emulated link
-            assert b == cost.lp_optimal_block_bytes(kind, numel * 4, 4, link)
+    lp.set_link(net.alpha_s, net.bandwidth_Bps)
+    try:
+        for _, blocks in results:
+            for kind, b in blocks.items():  # the default LP block comes from the emulated link
+                assert b == lp.default_block_bytes(kind, numel * 4, 4)
+    finally:
+        lp.set_link(*lp.DEFAULT_LINK)
     assert blocks["allreduce"] != lp.default_block_bytes("allreduce", numel * 4, 4)
 
 

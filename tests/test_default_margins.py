@@ -15,8 +15,7 @@ import importlib
 
 import pytest
 
-from pipecomm import netem
-from pipecomm.lab import network
+from pipecomm.lab import netem, network
 
 HOST_STEP_S = {2: 0.5e-3, 4: 1.31e-3}  # worst real ring step of a few KiB, quiet 2-core host
 HOST_BANDWIDTH_BPS = 500e6

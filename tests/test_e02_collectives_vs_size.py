@@ -8,8 +8,7 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import cost
-from pipecomm.lab import claims
+from pipecomm.lab import claims, cost
 from pipecomm.lab.experiments import e02_collectives_vs_size as e2
 
 PROFILE = {  # the cpu profile's emulated configuration (the claims' synthetic data use it)

@@ -5,8 +5,7 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import cost
-from pipecomm.lab import claims
+from pipecomm.lab import claims, cost
 from pipecomm.lab.experiments import e03_collectives_vs_ranks as e3
 
 CLAIM_ARGS = {

@@ -6,8 +6,7 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm import cost
-from pipecomm.lab import claims
+from pipecomm.lab import claims, cost
 from pipecomm.lab.experiments import e04_lp_block_size as e4
 
 CLAIM_ARGS = {

@@ -8,8 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipecomm import cost, netem
-from pipecomm.lab import claims
+from pipecomm.lab import claims, cost, netem
 from pipecomm.lab.experiments import e05_bsp_sgd as e5
 from pipecomm.lab.network import network_and_link, network_text
 from pipecomm.lab.pipesgd_training import iteration_rows

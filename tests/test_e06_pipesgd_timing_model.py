@@ -4,10 +4,9 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm import cost
-from pipecomm.lab import stats
+from pipecomm.lab import cost, stats
+from pipecomm.lab import pipesgd_timing_model as timing_model
 from pipecomm.lab.experiments import e06_pipesgd_timing_model as e6
-from pipecomm.pipesgd import timing_model
 
 
 def _points(errors, spread=0.01):

@@ -6,8 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipecomm import cost
-from pipecomm.lab import schedules
+from pipecomm.lab import cost, schedules
 from pipecomm.lab.experiments import e07_pipesgd_convergence as e7
 from pipecomm.lab.network import choose_bandwidth
 from pipecomm.lab.pipesgd_analysis import first_reach, per_iteration, steady

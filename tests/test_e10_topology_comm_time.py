@@ -6,9 +6,8 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm import cost
 from pipecomm.decentralized import topology
-from pipecomm.lab import claims
+from pipecomm.lab import claims, cost
 from pipecomm.lab.dadam_timing import (
     model_gossip_time,
     overlapped_gossip_time,

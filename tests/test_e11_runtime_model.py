@@ -9,9 +9,8 @@ import pytest
 import torch
 from claimdata import repeats_around
 
-from pipecomm import netem
-from pipecomm.decentralized import runtime_model
-from pipecomm.lab import claims
+from pipecomm.lab import claims, netem
+from pipecomm.lab import dadam_runtime_model as runtime_model
 from pipecomm.lab.calibration import summarize_buckets
 from pipecomm.lab.dadam_timing import OverlappedRing, _factors, method_name, predict_training
 from pipecomm.lab.experiments import e11_runtime_model as e11

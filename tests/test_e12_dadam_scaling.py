@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm.decentralized import runtime_model
 from pipecomm.lab import claims
+from pipecomm.lab import dadam_runtime_model as runtime_model
 from pipecomm.lab.dadam_timing import method_name
 from pipecomm.lab.experiments import e12_dadam_scaling as e12
 from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network

@@ -1,4 +1,4 @@
-"""pipecomm.launch: results in rank order, failures surface fast, nothing left running."""
+"""pipecomm.lab.launch: results in rank order, failures surface fast, nothing left running."""
 
 import multiprocessing as mp
 import os
@@ -12,8 +12,7 @@ import rankfns_launch as fns
 import torch
 from test_run import GLOO_EXIT_ABORT
 
-from pipecomm import launch
-from pipecomm.lab import bench
+from pipecomm.lab import bench, launch
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +195,7 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from pipecomm import launch\n"
+        "from pipecomm.lab import launch\n"
         "info = launch.init_from_env()\n"
         "t = torch.ones(2); dist.all_reduce(t)\n"
         f"open(f'{tmp_path}/rank{{info.rank}}.txt', 'w').write(\n"
@@ -237,7 +236,7 @@ def test_a_new_world_never_reuses_the_destroyed_worlds_comm_group():
     the new world's messages."""
     import torch.distributed as dist
 
-    from pipecomm import launch
+    from pipecomm.lab import launch
 
     def one_rank_world():
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())

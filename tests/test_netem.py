@@ -1,4 +1,4 @@
-"""The emulated network (pipecomm.netem) and its hook in p2p.exchange.
+"""The emulated network (pipecomm.lab.netem) and its hook in p2p.exchange.
 
 Part 1 tests the pure reservation arithmetic (LinkSchedule) against a brute-force reference of
 the documented rule. Part 2 measures real ranks: every time is checked against the model from
@@ -19,9 +19,9 @@ import rankfns_netem as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipecomm import launch, netem
+from pipecomm.lab import launch, netem
+from pipecomm.lab.netem import LinkSchedule, Network
 from pipecomm.lab.network import emulated_pool
-from pipecomm.netem import LinkSchedule, Network
 
 KiB = 1024
 
@@ -284,7 +284,7 @@ def test_shared_table_under_concurrent_threads():
 
         def post_many():
             for _ in range(50):
-                results.extend(emu.post([(1, 1000)]))
+                results.extend(emu.on_send([(1, 1000)]))
 
         threads = [threading.Thread(target=post_many) for _ in range(2)]
         for th in threads:
@@ -344,16 +344,16 @@ def test_posts_are_stamped_with_the_emulated_time_and_late_stamps_never_overlap(
         emu = netem.emulator()
         emu.clock.lag = 0.004
         before = time.monotonic()
-        (deadline,) = emu.post([(1, 1000)])
+        (deadline,) = emu.on_send([(1, 1000)])
         assert before - 0.004 + net.transfer_time(1000) <= deadline
         assert deadline <= time.monotonic() - 0.004 + net.transfer_time(1000)
         assert netem.clock() == pytest.approx(time.monotonic() - 0.004, abs=1e-3)
         assert netem.stats()["lag_s"] == pytest.approx(0.004)
         # another rank's stamp 3 ms later than ours, then ours again: no overlap on the port
         emu.clock.lag = 0.0
-        emu.post([(1, 1000)])
+        emu.on_send([(1, 1000)])
         emu.clock.lag = 0.003
-        emu.post([(1, 1000)])
+        emu.on_send([(1, 1000)])
         ivs = emu.schedule.busy(emu.table, 0)
         assert all(e1 <= s2 + 1e-12 for (_, e1), (s2, _) in zip(ivs, ivs[1:]))
         assert len(ivs) == 3  # kept: within MAX_LAG_S of now

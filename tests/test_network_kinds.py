@@ -13,8 +13,7 @@ import importlib
 
 import pytest
 
-from pipecomm import netem
-from pipecomm.lab import cluster, network, results, sweep
+from pipecomm.lab import cluster, netem, network, results, sweep
 from pipecomm.lab.experiments import e02_collectives_vs_size as e2
 from pipecomm.lab.experiments import e05_bsp_sgd as e5
 from pipecomm.lab.experiments import e10_topology_comm_time as e10
@@ -157,7 +156,7 @@ def assert_calibrated_within_the_shaper(link: dict, rate: float, burst: int) -> 
 def _tbf_link(rate: float, burst: int, latency_s: float, sizes=(4 << 10, 1 << 20, 4 << 20),
               latency_noise_s: float = 0.0) -> dict:
     """What cluster.calibrate records for an ideal tbf link (the bucket full at each start)."""
-    from pipecomm import cost
+    from pipecomm.lab import cost
 
     times = [latency_s + max(0, n - burst) / rate for n in sizes]
     times[0] += latency_noise_s

@@ -1,4 +1,4 @@
-"""Tests of pipecomm.decentralized.runtime_model: closed-form limits, the three factors, errors."""
+"""Tests of pipecomm.lab.dadam_runtime_model: closed-form limits, the three factors, errors."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from pipecomm.decentralized import runtime_model as rm
 from pipecomm.decentralized.topology import get_topology
+from pipecomm.lab import dadam_runtime_model as rm
 
 
 @dataclass(frozen=True)
 class Link:
-    """Stand-in for pipecomm.cost.LinkModel (the model only reads alpha, beta, gamma, ports)."""
+    """Stand-in for pipecomm.lab.cost.LinkModel (the model only reads alpha, beta, gamma, ports)."""
 
     alpha: float
     beta: float
@@ -323,7 +323,7 @@ def test_result_fields_and_topology_object():
 
 
 def test_with_pipecomm_cost():
-    cost = pytest.importorskip("pipecomm.cost")
+    cost = pytest.importorskip("pipecomm.lab.cost")
     intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
     inter = cost.LinkModel(alpha=20e-6, beta=1 / 1e9)
     kw = dict(
@@ -394,7 +394,7 @@ def test_bad_arguments(kw, exc, match):
 
 
 def test_bad_algorithm_reaches_cost():
-    cost = pytest.importorskip("pipecomm.cost")
+    cost = pytest.importorskip("pipecomm.lab.cost")
     args = base(intra=cost.LinkModel(1e-5, 1e-10), inter=cost.LinkModel(1e-4, 1e-9))
     args.pop("collective_time_fn")
     with pytest.raises(ValueError, match="algorithm"):

@@ -373,7 +373,8 @@ def test_random_matching_gap_over_documented_window():
 
 def test_package_surface():
     import pipecomm.decentralized as dec
-    from pipecomm.decentralized import AccumAdam, AccumAdamW, optim, runtime_model, topology
+    from pipecomm.decentralized import AccumAdam, AccumAdamW, optim, topology
+    from pipecomm.lab import dadam_runtime_model as runtime_model
 
     assert topology is T and dec.get_topology is T.get_topology
     assert AccumAdam is optim.AccumAdam and AccumAdamW is optim.AccumAdamW

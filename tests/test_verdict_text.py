@@ -45,7 +45,7 @@ def test_prediction_is_the_runs_not_the_profiles():
 def test_profile_configuration_reproduces_claims_yaml():
     """On the cpu profile's parameters (and the reference E0's 124 us per block) the run's
     prediction is claims.yaml's."""
-    from pipecomm import cost
+    from pipecomm.lab import cost
 
     entries = {e["id"]: e for e in claims.load_claims()}
     params = e4.Params.make(**dict(e4.DEFAULTS, world_size=8, nbytes=4 << 20, emu_alpha_s=2e-3,

@@ -56,8 +56,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import collectives, vocab
-from pipecomm.launch.rank import group_timeout
+from pipecomm import checks, collectives, vocab
+from pipecomm.collectives import async_
+from pipecomm.collectives.async_ import group_timeout
 
 __all__ = [
     "BACKEND_NAME",
@@ -118,12 +119,7 @@ class Options:
         where = "pipecomm.backend"
         vocab.check_algorithm(self.algorithm, where=where)
         vocab.check_compression(self.compression, algorithm=self.algorithm, where=where)
-        b = self.block_bytes
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
-            raise ValueError(
-                f"{where}: block_bytes must be a positive int (bytes per LP block) or None, "
-                f"got {b!r}"
-            )
+        checks.block_bytes(self.block_bytes, where)
 
 
 def options_from_env(environ: dict[str, str] | None = None) -> Options:
@@ -474,10 +470,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
     def _ready(self) -> None:
         """The world creates the communication thread's group at its first pipecomm operation
         (every rank takes part in it); a subgroup runs on its own connections until then."""
-        from pipecomm import launch
-
-        if self is dist.group.WORLD and not launch.has_comm_group():
-            launch.comm_group()
+        if self is dist.group.WORLD and not async_.has_comm_group():
+            async_.comm_group()
 
     def _work(self, what: str, handle: collectives.Handle, tensors: list[torch.Tensor]) -> _Work:
         limit = BACKSTOP * self._timeout.total_seconds()
@@ -711,7 +705,7 @@ def new_group(
     ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
     AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
     ``block_bytes`` per block (``None``: the cost model's optimum). The group's operations fail
-    after ``timeout`` (``None``: the world's, :func:`pipecomm.launch.group_timeout`; its
+    after ``timeout`` (``None``: the world's, :func:`pipecomm.collectives.async_.group_timeout`; its
     AllReduce / Broadcast / Reduce run on the communication thread, whose transfers fail after
     the world's timeout, and give up after :data:`BACKSTOP` times ``timeout``). Arguments are
     checked before any communication.
@@ -734,7 +728,7 @@ def new_group(
     if not dist.is_initialized():
         raise RuntimeError(
             "pipecomm.backend.new_group: torch.distributed is not initialised; call "
-            "dist.init_process_group (or start ranks with pipecomm.launch) first"
+            "dist.init_process_group (or start ranks with pipecomm.lab.launch) first"
         )
     if timeout is None:
         timeout = group_timeout()
@@ -758,7 +752,5 @@ def new_group(
                 f"(0..{world - 1})"
             )
     if options.algorithm != "torch":
-        from pipecomm import launch
-
-        launch.comm_group()  # a collective of every rank, so subgroups can run asynchronously
+        async_.comm_group()  # a collective of every rank, so subgroups can run asynchronously
     return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options, timeout=timeout)

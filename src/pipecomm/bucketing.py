@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from pipecomm import checks
+
 __all__ = ["KINDS", "ORDERS", "bucket_bytes", "bucket_indices", "bucket_nbytes"]
 
 #: Named visit orders of :func:`bucket_indices` (an explicit permutation is accepted too).
@@ -62,19 +64,7 @@ def bucket_bytes(bucket_mb: Any, *, where: str = "") -> float:
         >>> bucket_bytes(25.0)
         26214400.0
     """
-    prefix = f"{where}: " if where else ""
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, numbers.Real):
-        raise TypeError(
-            f"{prefix}bucket_mb must be a positive number of MiB (e.g. 25.0), "
-            f"got {type(bucket_mb).__name__} ({bucket_mb!r})"
-        )
-    value = float(bucket_mb)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(
-            f"{prefix}bucket_mb must be a positive, finite number of MiB (e.g. 25.0; a tiny "
-            f"value gives one bucket per parameter), got {bucket_mb!r}"
-        )
-    return value * 2**20
+    return checks.positive_number(bucket_mb, "bucket_mb", where, "MiB") * 2**20
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from pipecomm import vocab
+from pipecomm import checks, vocab
 
 __all__ = [
     "CODECS",
@@ -303,8 +303,7 @@ def check_error_feedback(error_feedback: object, compression: object, where: str
         >>> check_error_feedback(True, "int8", where="PipeSGD")
         True
     """
-    if not isinstance(error_feedback, bool):
-        raise TypeError(f"{where}: error_feedback must be True or False, got {error_feedback!r}")
+    checks.flag(error_feedback, "error_feedback", where)
     if error_feedback and compression is None:
         raise ValueError(
             f"{where}: error_feedback=True needs a compression (compression=None loses nothing "

@@ -52,7 +52,6 @@ The hooks' annotations are evaluated (no ``from __future__ import annotations``)
 """
 
 import collections
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import backend, collectives, compress, vocab
+from pipecomm import backend, checks, collectives, compress, vocab
 from pipecomm.collectives.async_ import CompletedHandle
 
 __all__ = [
@@ -83,22 +82,8 @@ def _check_common(
     vocab.check_algorithm(algorithm, where=where)
     vocab.check_compression(compression, algorithm=algorithm, where=where)
     compress.check_error_feedback(error_feedback, compression, where)
-    if block_bytes is not None and (
-        isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0
-    ):
-        raise ValueError(
-            f"{where}: block_bytes must be a positive int (bytes per LP block) or None, "
-            f"got {block_bytes!r}"
-        )
-    if timeout_s is not None and (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, int | float)
-        or not math.isfinite(timeout_s)
-        or timeout_s <= 0
-    ):
-        raise ValueError(
-            f"{where}: timeout_s must be a positive number of seconds or None, got {timeout_s!r}"
-        )
+    checks.block_bytes(block_bytes, where)
+    checks.timeout_s(timeout_s, where)
 
 
 def _group_of(where: str, process_group: Any) -> dist.ProcessGroup | None:

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         main(["--algorithm", "ring", "train.py"])
     """
     args = parse_args(argv)
+    # here, not at the top: --help and argument errors answer without torch's import (seconds)
     from pipecomm import backend  # registers the backend name "pipecomm"
 
     for env, value in (

@@ -1,8 +1,8 @@
 """The names pipecomm's modules share: AllReduce algorithms, gradient codecs, training modes.
 
 One concept: the vocabularies, defined once. The collectives (:mod:`pipecomm.collectives`), their
-cost model (:mod:`pipecomm.cost`), the codecs (:mod:`pipecomm.compress`), PipeSGD
-(:mod:`pipecomm.pipesgd`), the Pipe-SGD timing model (:mod:`pipecomm.pipesgd.timing_model`), the
+cost model (:mod:`pipecomm.lab.cost`), the codecs (:mod:`pipecomm.compress`), PipeSGD
+(:mod:`pipecomm.pipesgd`), the Pipe-SGD timing model (:mod:`pipecomm.lab.pipesgd_timing_model`), the
 torch.distributed backend and hooks, decentralized training and the experiments import their
 names from here instead of spelling them out.
 
@@ -55,7 +55,7 @@ __all__ = [
 BACKEND_NAME: str = "pipecomm"
 #: Every algorithm :func:`pipecomm.collectives.allreduce` runs; ``"torch"`` stays last.
 ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
-#: The algorithms with a cost model (:mod:`pipecomm.cost`); they run over the emulated network.
+#: The algorithms with a cost model (:mod:`pipecomm.lab.cost`); they run over the emulated network.
 MODELLED_ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
 #: The algorithms that carry a codec (compression happens inside their transfers).
 COMPRESSING_ALGORITHMS: tuple[str, ...] = ("lp", "ring")
@@ -69,7 +69,7 @@ COMPRESSIONS: tuple[str | None, ...] = (None, *CODECS)
 
 #: PipeSGD's modes (:class:`pipecomm.pipesgd.PipeSGD`).
 MODES: tuple[str, ...] = ("sync", "layerwise", "pipe")
-#: The timing model's modes (:func:`pipecomm.pipesgd.timing_model.iteration_time`): PipeSGD's, plus
+#: The timing model's modes (:func:`pipecomm.lab.pipesgd_timing_model.iteration_time`): PipeSGD's, plus
 #: ``"nocomm"`` (no communication) and ``"delayed"`` (delayed GD, the pipe with staleness k).
 TIMING_MODES: tuple[str, ...] = ("nocomm", "sync", "layerwise", "pipe", "delayed")
 

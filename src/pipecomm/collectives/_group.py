@@ -7,7 +7,7 @@ the step to :func:`pipecomm.collectives.p2p.exchange`; :meth:`Comm.isend` / :met
 post single messages for the progress engine (:mod:`._engine`) through
 :func:`pipecomm.collectives.p2p.post_send` / ``post_recv``. These are the only transports
 pipecomm's own algorithms use. Messages toward a lower global rank travel on a connection of
-their own (:func:`pipecomm.launch.reverse_transport`), so both directions of a pair move at once.
+their own (:func:`pipecomm.collectives.async_.reverse_transport`), so both directions of a pair move at once.
 
 NCCL: a lone ``isend`` can wait for its matching receive on the GPU stream, so two ranks that
 each post a send before the receive from the other could deadlock. On an NCCL group the posts
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm.collectives import p2p
+from pipecomm.collectives import async_, p2p
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Comm:
     """One rank's view of a group: ``members[index]`` is this rank's global rank.
 
     ``transport`` is the process group the point-to-point operations run on: the user's group
-    for synchronous calls, :func:`pipecomm.launch.comm_group` on the communication thread.
+    for synchronous calls, :func:`pipecomm.collectives.async_.comm_group` on the communication thread.
     """
 
     members: tuple[int, ...]
@@ -51,7 +51,7 @@ class Comm:
     def _route(self, lower: bool) -> tuple[dist.ProcessGroup | None, int]:
         """Group and tag of a message that travels toward the lower global rank (``lower``)
         or the higher one: each direction of a pair on a connection of its own
-        (:func:`pipecomm.launch.reverse_transport`)."""
+        (:func:`pipecomm.collectives.async_.reverse_transport`)."""
         if lower and self.reverse is not None:
             return self.reverse
         return self.transport, 0
@@ -162,8 +162,8 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
     """
     if not dist.is_initialized():
         raise RuntimeError(
-            "torch.distributed is not initialised: start ranks with pipecomm.launch.spawn / "
-            "Ranks, or call pipecomm.launch.init_from_env() (or dist.init_process_group) first"
+            "torch.distributed is not initialised: start ranks with pipecomm.lab.launch.spawn / "
+            "Ranks, or call pipecomm.lab.launch.init_from_env() (or dist.init_process_group) first"
         )
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         return None
@@ -178,7 +178,5 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
 def make_comm(members: tuple[int, ...], transport: dist.ProcessGroup | None) -> Comm:
     """The :class:`Comm` of this rank in ``members`` (it must be one of them), with the
     transport of the reverse direction where there is one."""
-    from pipecomm import launch
-
     return Comm(members, members.index(dist.get_rank()), transport,
-                launch.reverse_transport(transport))
+                async_.reverse_transport(transport))

@@ -35,11 +35,12 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import vocab
+from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.p2p import _process_group, wait_all
 
 #: The tag of the check's messages: above every tag the schedules use (0 and ``1 + 30 bits``,
-#: :func:`pipecomm.launch.reverse_transport`), so they never match a schedule's message.
+#: :func:`pipecomm.collectives.async_.reverse_transport`), so they never match a schedule's message.
 TAG = (1 << 30) + 1
 KINDS: tuple[str, ...] = ("allreduce", "broadcast", "reduce")
 #: Up to this many members the allgather is one round of ``p - 1`` messages each way, above it
@@ -209,8 +210,6 @@ def check_alone(kind: str, t: torch.Tensor, *, algorithm: str = "lp", op: str = 
         >>> check_alone("allreduce", torch.ones(1024), algorithm="ring")
         >>> dist.destroy_process_group()
     """
-    from pipecomm.collectives._group import make_comm, members_of
-
     members = members_of(group)
     if members is None or len(members) == 1:
         return

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm import observe, vocab
-from pipecomm.collectives import agreement, be, builtin, lp, mst, ring
+from pipecomm import checks, compress, observe, vocab
+from pipecomm.collectives import agreement, async_, be, builtin, lp, mst, p2p, ring
 from pipecomm.collectives._group import make_comm, members_of
 from pipecomm.collectives._reduce import OPS, SUPPORTED_DTYPES
 from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, submit
@@ -52,18 +52,25 @@ def _check_tensor(fn: str, t: Any) -> None:
         raise TypeError(f"{fn}: t has dtype {t.dtype}; supported dtypes are {names}")
 
 
-def _check_algorithm(fn: str, algorithm: Any) -> None:
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"{fn}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "torch":
-        from pipecomm import netem
+def check_algorithm(algorithm: Any, where: str) -> str:
+    """``algorithm`` if it is one of :data:`ALGORITHMS` and can run here: the backend's
+    built-in (``"torch"``) is refused while an emulated network delays pipecomm's messages
+    (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
 
-        if netem.current() is not None:
-            raise ValueError(
-                f"{fn}: algorithm='torch' (the backend's built-in) cannot be emulated, and the "
-                f"emulated network is active ({netem.current().describe()}); choose one of "
-                f"{ALGORITHMS[:-1]}, or start the ranks without network="
-            )
+    Example::
+
+        >>> check_algorithm("lp", "allreduce")
+        'lp'
+    """
+    vocab.check_algorithm(algorithm, where=where)
+    emulated = p2p.delaying()
+    if algorithm == "torch" and emulated is not None:
+        raise ValueError(
+            f"{where}: algorithm='torch' (the backend's built-in) cannot be emulated: it cannot "
+            f"run on the emulated network ({emulated.describe()}); choose one of pipecomm's own "
+            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network="
+        )
+    return algorithm
 
 
 def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
@@ -76,24 +83,6 @@ def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
         )
 
 
-def _check_block_bytes(fn: str, block_bytes: Any) -> None:
-    if block_bytes is None:
-        return
-    if isinstance(block_bytes, bool) or not isinstance(block_bytes, int):
-        raise TypeError(
-            f"{fn}: block_bytes must be a positive int (bytes per LP block) or None, "
-            f"got {type(block_bytes).__name__}"
-        )
-    if block_bytes <= 0:
-        raise ValueError(
-            f"{fn}: block_bytes must be a positive number of bytes or None (the cost model's "
-            f"optimum), got {block_bytes}"
-        )
-
-
-def _check_async(fn: str, async_op: Any) -> None:
-    if not isinstance(async_op, bool):
-        raise TypeError(f"{fn}: async_op must be True or False, got {async_op!r}")
 
 
 def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
@@ -123,7 +112,6 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
         )
     if not isinstance(compression, str):
         return compression
-    from pipecomm import compress
 
     return compress.get_codec(compression)
 
@@ -158,19 +146,17 @@ def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessG
     """The process group the p2p operations run on: the user's, or for asynchronous operations
     the communication thread's world-wide duplicate (p2p addresses global ranks, so it serves any
     subgroup). Called on every rank, members of ``group`` or not: when torch.distributed was
-    initialised outside :mod:`pipecomm.launch`, the first call creates that group, a collective.
+    initialised outside the lab's rank pools (:mod:`pipecomm.lab.launch`), the first call creates that group, a collective.
     A pipecomm process group (:mod:`pipecomm.backend`, every pipecomm operation of which runs on
     the thread) that is not the world carries its own messages until that group exists, so a
     subgroup works from the first call, like a gloo subgroup.
     """
     if not async_op:
         return group
-    from pipecomm import launch
-
-    if (not launch.has_comm_group() and group is not None and group is not dist.group.WORLD
+    if (not async_.has_comm_group() and group is not None and group is not dist.group.WORLD
             and dist.get_backend(group) == vocab.BACKEND_NAME):
         return group
-    return launch.comm_group()
+    return async_.comm_group()
 
 
 def _execute(
@@ -281,10 +267,10 @@ def allreduce(
     """
     fn = "allreduce"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
+    check_algorithm(algorithm, fn)
     _check_op(fn, op, t)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     codec = _codec(fn, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
@@ -321,9 +307,9 @@ def broadcast(
     """
     fn = "broadcast"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    check_algorithm(algorithm, fn)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
@@ -361,10 +347,10 @@ def reduce(
     """
     fn = "reduce"
     _check_tensor(fn, t)
-    _check_algorithm(fn, algorithm)
+    check_algorithm(algorithm, fn)
     _check_op(fn, op, t)
-    _check_block_bytes(fn, block_bytes)
-    _check_async(fn, async_op)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:

@@ -3,8 +3,10 @@
 Pipe-SGD (Li et al., NeurIPS 2018) and layer-wise GD (Daily et al., 2017) overlap the AllReduce
 of one step with the computation of the next. pipecomm runs the point-to-point schedules of an
 asynchronous collective on a daemon thread, in the order they were issued (the same order on every
-rank, so the ranks' transfers match), on :func:`pipecomm.launch.comm_group` — a process group of
-its own — while the main thread computes (torch kernels and transfer waits release the GIL).
+rank, so the ranks' transfers match), on :func:`comm_group` — a process group of its own, owned
+here with the thread, as are the groups of the reverse direction (:func:`reverse_transport`) and
+the timeout they take from the world (:func:`group_timeout`) — while the main thread computes
+(torch kernels and transfer waits release the GIL).
 
 A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
 or re-raises the error the operation hit on the thread; ``is_completed()`` polls. A transfer that
@@ -32,11 +34,14 @@ import os
 import queue
 import sys
 import threading
+import zlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from pipecomm import observe
 from pipecomm.collectives import _streams
@@ -211,3 +216,135 @@ def submit(fn: Callable[[], Any], result: torch.Tensor, what: str = "collective"
             _WORKER = _Worker()
         _WORKER.jobs.put((fn, handle))
     return handle
+
+
+# --------------------------------------------------------------------------- the thread's groups
+
+_COMM_GROUP = None  # the process group that asynchronous collectives use (one per process)
+_REVERSE: dict[str, Any] = {}  # world-wide groups for the other direction of each pair (duplex)
+_COMM_WORLD = None  # the world group _COMM_GROUP was made in (a new world invalidates it)
+
+
+def _forget_stale() -> None:
+    """Drop the communication groups when the world they were made in is gone
+    (``destroy_process_group``, then perhaps a new ``init_process_group``): a destroyed group
+    must never carry a new world's messages."""
+    global _COMM_GROUP, _COMM_WORLD
+    if _COMM_GROUP is None:
+        return
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    if world is None or world is not _COMM_WORLD:
+        _COMM_GROUP, _COMM_WORLD = None, None
+        _REVERSE.clear()
+
+
+def group_timeout(group: Any = None) -> timedelta:
+    """The timeout of ``group``'s operations (``None``: the default group's, the ``timeout=`` the
+    job passed to ``init_process_group``): what every group pipecomm makes inherits.
+
+    Read from the group's backend (``options._timeout`` of gloo and NCCL, which
+    ``init_process_group`` / ``new_group`` set and ``_set_pg_timeout`` changes); torch's default
+    for the backend where a backend keeps none.
+
+    Example::
+
+        >>> import datetime, torch.distributed as dist
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore(),
+        ...                         timeout=datetime.timedelta(seconds=15))
+        >>> group_timeout()
+        datetime.timedelta(seconds=15)
+        >>> dist.destroy_process_group()
+    """
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "group_timeout: torch.distributed is not initialised (call init_process_group, or "
+            "start ranks with pipecomm.lab.launch.spawn / Ranks, first)"
+        )
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, dist.ProcessGroup):
+        raise TypeError(
+            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}"
+        )
+    for kind in pg._device_types:
+        try:
+            options = pg._get_backend(kind).options
+        except (AttributeError, RuntimeError):  # no backend for the device, or no options
+            continue
+        timeout = getattr(options, "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return c10d._get_default_timeout(dist.get_backend(pg))
+
+
+def comm_group() -> dist.ProcessGroup:
+    """The process group of the communication thread (asynchronous collectives).
+
+    Created eagerly by the lab's rank pools and torchrun jobs; a process that initialised
+    ``torch.distributed`` itself gets it on first use, which like any ``new_group`` must then
+    happen on every rank in the same order. It (and the groups of the reverse direction) takes
+    the world's timeout (:func:`group_timeout`), so a transfer to a dead or stuck peer fails as
+    the job's own collectives do.
+
+    Example::
+
+        g = comm_group()   # a duplicate of the world group for background transfers
+    """
+    global _COMM_GROUP, _COMM_WORLD
+    _forget_stale()
+    if _COMM_GROUP is None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: start ranks with pipecomm.lab.launch.spawn "
+                "/ Ranks, or call dist.init_process_group (pipecomm.lab.launch.init_from_env() "
+                "under torchrun)"
+            )
+        backend = dist.get_backend()
+        timeout = group_timeout()
+        _COMM_GROUP = dist.new_group(backend=backend, timeout=timeout)
+        _COMM_WORLD = dist.group.WORLD
+        _REVERSE.clear()
+        if backend != "nccl":  # NCCL has its own channels per direction
+            _REVERSE["comm"] = dist.new_group(backend=backend, timeout=timeout)
+            _REVERSE["world"] = dist.new_group(backend=backend, timeout=timeout)
+    return _COMM_GROUP
+
+
+def has_comm_group() -> bool:
+    """Whether :func:`comm_group` exists in this process (it is created on first use).
+
+    Example::
+
+        has_comm_group()   # True in a pipecomm pool
+    """
+    _forget_stale()
+    return _COMM_GROUP is not None
+
+
+def reverse_transport(transport: Any) -> tuple[Any, int] | None:
+    """Where pipecomm's messages to a *lower* global rank travel when ``transport`` carries
+    those to a higher one: ``(group, tag)``, or ``None`` (one group carries both directions).
+
+    On gloo one TCP connection per pair of ranks carries both directions of the pair, and a
+    send and a receive posted together on it often run one after the other instead of at once
+    (measured on shaped links, E14): half the link's duplex bandwidth is lost exactly where LP
+    allreduce, BE and two-rank rings send and receive between the same two ranks. So each
+    direction gets a connection of its own: a world-wide duplicate of the transport (created
+    with :func:`comm_group`, on every rank) carries the reverse direction; a subgroup's reverse
+    traffic shares the world's duplicate under a tag of its own, so concurrent collectives on
+    different groups never match each other's messages. Before :func:`comm_group` exists (a
+    process that initialised torch.distributed itself and has not used pipecomm's asynchronous
+    collectives yet) and on NCCL: ``None``.
+
+    Example::
+
+        reverse_transport(None)   # (<world duplicate>, 0) in a pipecomm pool
+    """
+    _forget_stale()
+    if _COMM_GROUP is None or not _REVERSE:
+        return None
+    if transport is _COMM_GROUP:
+        return _REVERSE["comm"], 0
+    if transport is None or transport is dist.group.WORLD:
+        return _REVERSE["world"], 0
+    name = dist.distributed_c10d._get_process_group_name(transport)
+    return _REVERSE["world"], 1 + (zlib.crc32(name.encode()) & 0x3FFFFFFF)

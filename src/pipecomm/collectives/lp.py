@@ -24,96 +24,80 @@ The steps above are the dependency structure; they run on the progress engine
 arrived and been combined, sends waited for only before their buffer is written again or at the
 end. The combines happen in the order of the steps, so the bits are those of the lock-step
 schedule. Broadcast and allreduce without a codec post straight to the backend where
-:meth:`._group.Comm.direct` allows it (:func:`_broadcast_direct`, :func:`_allreduce_direct`: the
-same schedule, the buffer waits read off it, the same bits).
+:meth:`._group.Comm.direct` allows it (:func:`_broadcast_direct`, :class:`_DirectChain`: the
+same schedule, the buffer waits read off it, the same bits). The allreduce is written once: the
+engine, direct and encoded paths run the same loop, the codec a parameter of it.
 """
 
 from __future__ import annotations
 
-import functools
+import math
 from typing import Any
 
 import torch
 
+from pipecomm import checks
 from pipecomm.collectives._chunks import block, num_blocks
 from pipecomm.collectives._engine import DEPTH, Engine, scratch_slots
 from pipecomm.collectives._group import Comm
-from pipecomm.collectives._reduce import combine, finish
+from pipecomm.collectives._reduce import Wire, combine, finish
+
+#: The link LP plans its default blocks on until :func:`set_link` is called: ``(alpha_s,
+#: bandwidth_Bps)`` of gloo over loopback as measured once on a 2-core development machine
+#: (160 us, 2.5 GB/s; the lab sets E0's calibration, the emulated or the shaped network's link).
+DEFAULT_LINK: tuple[float, float] = (160e-6, 2.5e9)
+#: The smallest default block (bytes): below it a block's latency outweighs any overlap.
+MIN_BLOCK_BYTES = 4096
+
+_LINK: tuple[float, float] = DEFAULT_LINK
+
+
+def set_link(alpha_s: float, bandwidth_Bps: float) -> None:
+    """Plan LP's default blocks (:func:`default_block_bytes`) on a link of latency ``alpha_s``
+    seconds and ``bandwidth_Bps`` bytes per second; ``set_link(*DEFAULT_LINK)`` restores the
+    default. Call it with the same values on every rank: the ranks must cut a message alike.
+
+    Example::
+
+        >>> set_link(1e-3, 50e6); link()
+        (0.001, 50000000.0)
+        >>> set_link(*DEFAULT_LINK)
+    """
+    bandwidth = checks.positive_number(bandwidth_Bps, "bandwidth_Bps", "lp.set_link", "bytes/s")
+    alpha = 0.0 if alpha_s == 0 else checks.positive_number(alpha_s, "alpha_s", "lp.set_link",
+                                                            "seconds")
+    global _LINK
+    _LINK = (alpha, bandwidth)
+
+
+def link() -> tuple[float, float]:
+    """The ``(alpha_s, bandwidth_Bps)`` LP's default blocks are planned on (:func:`set_link`)."""
+    return _LINK
 
 
 def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float = 1.0) -> int:
-    """The LP block size the cost model predicts to be fastest for this collective.
+    """LP's block size (bytes) for ``kind`` of ``nbytes`` over ``p`` ranks: the alpha-beta
+    optimum on :func:`link`, in closed form.
 
-    Under an emulated network (``pipecomm.netem.current()``), or a network this rank was told
-    about (:func:`set_model_network`: a shaped cluster's calibrated links): the alpha-beta
-    optimum ``pipecomm.cost.lp_optimal_block_bytes(kind, nbytes, p, link)`` on its (intra-node)
-    link. On
-    the real gloo backend: ``pipecomm.cost.lp_block_bytes_on_host`` on ``cost.host_link()`` (E0's
-    per-size link table and the host's shared bandwidth; the ranks of a local pool share one
-    host). On NCCL: the alpha-beta optimum on ``cost.calibrated_link()``.
-    ``compression_ratio`` (uncompressed / wire bytes) when blocks travel encoded. Every rank must
-    get the same answer (same inputs, deterministic model), or the ranks would cut the message
-    differently.
+    A schedule of ``k + m`` steps of ``alpha + b beta / r`` each (``m = p - 2`` for broadcast and
+    reduce, ``2p - 3`` for allreduce; ``r = compression_ratio``, uncompressed over wire bytes,
+    when blocks travel encoded) is shortest at ``b* = sqrt(n alpha r / (m beta))``; it is rounded
+    up to a multiple of 8 and kept within ``[MIN_BLOCK_BYTES, nbytes]`` (the whole message when
+    pipelining cannot pay, ``m <= 0``). A deterministic function of its arguments and the link,
+    so ranks that set the same link cut a message alike.
 
     Example::
 
-        >>> default_block_bytes("allreduce", 1 << 24, 8)
-        2796208
+        >>> default_block_bytes("allreduce", 1 << 24, 8)     # on DEFAULT_LINK
+        718488
     """
-    import torch.distributed as dist
-
-    from pipecomm import cost, netem
-
-    current = getattr(netem, "current", None)
-    network = current() if current is not None else None
-    network = network if network is not None else _MODEL_NETWORK
-    ratio = float(compression_ratio)
-    if network is not None:
-        link = cost.link_from_network(network)
-    elif dist.is_initialized() and dist.get_backend() == "nccl":
-        link = cost.calibrated_link()
-    else:
-        wire = max(1, int(nbytes / ratio))
-        return max(1, int(ratio * cost.lp_block_bytes_on_host(kind, wire, p, _host_link())))
-    return _optimal_block_bytes(kind, nbytes, p, link, ratio)
-
-
-_MODEL_NETWORK: Any = None
-
-
-def set_model_network(network: Any) -> None:
-    """Rank function: plan LP's default blocks on ``network`` (a :class:`pipecomm.netem.Network`
-    that describes the real links, e.g. a shaped cluster's calibration; nothing is emulated)
-    instead of this host's loopback calibration; ``None`` restores the default.
-
-    Example::
-
-        job.run(lp.set_model_network, calibrated_net)
-    """
-    global _MODEL_NETWORK
-    _MODEL_NETWORK = network
-
-
-@functools.lru_cache(maxsize=8)
-def _host_link_cached(path: str | None) -> Any:
-    from pipecomm import cost
-
-    return cost.host_link(path)
-
-
-def _host_link() -> Any:
-    import os
-
-    return _host_link_cached(os.environ.get("PIPECOMM_CALIBRATION") or None)
-
-
-@functools.lru_cache(maxsize=4096)
-def _optimal_block_bytes(kind: str, nbytes: int, p: int, link: Any, ratio: float) -> int:
-    """Cached: the exact search over block sizes takes milliseconds, and training calls repeat."""
-    from pipecomm import cost
-
-    kwargs = {"compression_ratio": ratio} if ratio != 1.0 else {}
-    return max(1, int(cost.lp_optimal_block_bytes(kind, nbytes, p, link, **kwargs)))
+    n = max(0, int(nbytes))
+    m = p - 2 if kind in ("broadcast", "reduce") else 2 * p - 3
+    alpha, bandwidth = _LINK
+    if n <= MIN_BLOCK_BYTES or m <= 0:
+        return max(n, 8)
+    best = math.sqrt(n * alpha * bandwidth * float(compression_ratio) / m)
+    return min(n, max(MIN_BLOCK_BYTES, -(-math.ceil(best) // 8) * 8))
 
 
 def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) -> None:
@@ -196,7 +180,12 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: i
 def allreduce(
     flat: torch.Tensor, comm: Comm, op: str, *, block_elems: int, codec: Any = None
 ) -> None:
-    """Bidirectional pipelined chain allreduce in group order (``k + 2p - 3`` steps).
+    """Bidirectional pipelined chain allreduce in group order (``k + 2p - 3`` steps), blocks on
+    the wire as themselves or as ``codec.encode`` bytes (:class:`._reduce.Wire`).
+
+    The one schedule of every path: its messages go through the progress engine
+    (:class:`_EngineChain`) or, without a codec where :meth:`Comm.direct` allows, straight to
+    the backend (:class:`_DirectChain`); the same messages, combines and bits either way.
 
     Example::
 
@@ -205,99 +194,142 @@ def allreduce(
     p, n = comm.size, flat.numel()
     if p == 1 or n == 0:
         return
-    if codec is not None:
-        _allreduce_encoded(flat, comm, op, block_elems, codec)
-        return
-    k = num_blocks(n, block_elems)
-    i = comm.index
+    k, i = num_blocks(n, block_elems), comm.index
     blocks = [block(flat, j, block_elems) for j in range(k)]
-    left = (comm.direct(i - 1, True, flat), comm.direct(i - 1, False, flat)) if i > 0 else ()
-    right = (comm.direct(i + 1, True, flat), comm.direct(i + 1, False, flat)) if i < p - 1 else ()
-    if None not in (*left, *right):
-        _allreduce_direct(blocks, flat, min(block_elems, n), op, i, p, left, right)
-        return
-    eng = Engine(comm)
-    up = down = None
-    if i > 0:  # partial sums from the left
-        up = eng.scratch_queue(i - 1, k, min(block_elems, n), flat, lambda j: blocks[j].numel())
-    if i < p - 1:  # finished blocks from the right, into blocks already sent right
-        down = eng.queue(i + 1, k, blocks.__getitem__, _down_depth(p, i), lazy=True)
+    wire = Wire(codec)
+    chain = (_DirectChain.of(comm, blocks, flat, min(block_elems, n)) if codec is None else None
+             ) or _EngineChain(comm, blocks, flat, min(block_elems, n), wire)
     if i == 0:
         for j in range(k):
-            eng.send(blocks[j], 1)
+            chain.right(j, wire.encode(blocks[j]))
     for s in range(k + 2 * p - 3):
         b = s - i + 1  # partial block received from the left, forwarded right at once
         c = s - (2 * p - 3 - i)  # finished block received from the right, forwarded left
-        if up is not None and 0 <= b < k:
-            combine(op, blocks[b], up.wait(b))
+        if i > 0 and 0 <= b < k:
+            mine = blocks[b]
+            combine(op, mine, wire.decode(chain.from_left(b), mine))
             if i < p - 1:
-                eng.send(blocks[b], i + 1)
+                chain.right(b, wire.encode(mine))
             else:
-                finish(op, blocks[b], p)
-                eng.send(blocks[b], i - 1)
-        if down is not None and 0 <= c < k:
-            down.wait(c)
+                finish(op, mine, p)
+                sent = wire.encode(mine)
+                chain.left(sent)
+                wire.keep(mine, sent)
+        if i < p - 1 and 0 <= c < k:
+            got = chain.from_right(c)
+            wire.land(blocks[c], got)
             if i > 0:
-                eng.send(blocks[c], i - 1)
-    eng.finish()
+                chain.left(got)
+    chain.finish()
 
 
-def _allreduce_direct(blocks: list[torch.Tensor], flat: torch.Tensor, elems: int, op: str,
-                      i: int, p: int, left: tuple, right: tuple) -> None:
-    """:func:`allreduce`'s schedule (the same messages, combines and bits as on the engine)
-    posted straight to the backend (:class:`pipecomm.collectives.p2p.Direct`; ``left`` and
-    ``right``: (send, receive) posters to the neighbours, empty at the chain's ends). Which send
-    a buffer waits for is known from the schedule: a finished block's receive goes into the
-    block whose partial sum went right, so that send is waited just before the receive is posted
-    (``_down_depth`` of them ahead, from the first finished block's step on); partial sums from
-    the left land in scratch slots (:func:`._engine.scratch_slots`)."""
-    k = len(blocks)
-    to_left, from_left = left if left else (None, None)
-    to_right, from_right = right if right else (None, None)
-    by_right: list[Any] = [None] * k  # sends of blocks to the right, until their buffer is reused
-    others: list[Any] = []  # sends to the left: never written again
-    up: list[tuple[torch.Tensor, Any]] = []
-    m = ahead = 0
-    if from_left is not None:
-        slots, ahead = scratch_slots(k, elems, flat)
-        m = len(slots)
-        for j in range(ahead):
-            t = slots[j % m][: blocks[j].numel()]
-            up.append((t, from_left(t)))
-    down: list[Any] = []
-    depth = _down_depth(p, i)
-    if i == 0:
-        by_right = [to_right(b) for b in blocks]
-    for s in range(k + 2 * p - 3):
-        b = s - i + 1  # partial block received from the left, forwarded right at once
-        c = s - (2 * p - 3 - i)  # finished block received from the right, forwarded left
-        if from_left is not None and 0 <= b < k:
-            if b + ahead < k:  # its slot's previous message was combined a step ago
-                t = slots[(b + ahead) % m][: blocks[b + ahead].numel()]
-                up.append((t, from_left(t)))
-            got, work = up[b]
-            work.wait()
-            combine(op, blocks[b], got)
-            if to_right is not None:
-                by_right[b] = to_right(blocks[b])
-            else:
-                finish(op, blocks[b], p)
-                others.append(to_left(blocks[b]))
-        if from_right is not None and 0 <= c < k:
-            while len(down) < min(c + 1 + depth, k):  # into blocks whose partial sum went right
-                x = len(down)
-                if by_right[x] is not None:
-                    by_right[x].wait()
-                    by_right[x] = None
-                down.append(from_right(blocks[x]))
-            down[c].wait()
-            if to_left is not None:
-                others.append(to_left(blocks[c]))
-    for work in (*by_right, *others):
-        if work is not None:
-            work.wait()
-    for poster in (*left, *right):
-        poster.record()
+class _EngineChain:
+    """:func:`allreduce`'s messages on the progress engine: partial sums from the left into
+    scratch slots (or wire buffers), finished blocks from the right into place once the block's
+    partial sum went right (the engine waits for that send) or into wire buffers."""
+
+    def __init__(self, comm: Comm, blocks: list[torch.Tensor], flat: torch.Tensor, elems: int,
+                 wire: Wire) -> None:
+        p, i, k = comm.size, comm.index, len(blocks)
+        self.eng, self.i = Engine(comm), i
+        self.up = self.down = None
+
+        def coded(j: int) -> torch.Tensor:
+            return wire.buffer(blocks[j].numel(), flat)
+
+        if i > 0 and wire.codec is None:
+            self.up = self.eng.scratch_queue(i - 1, k, elems, flat, lambda j: blocks[j].numel())
+        elif i > 0:
+            self.up = self.eng.queue(i - 1, k, coded)
+        if i < p - 1 and wire.codec is None:
+            self.down = self.eng.queue(i + 1, k, blocks.__getitem__, _down_depth(p, i), lazy=True)
+        elif i < p - 1:
+            self.down = self.eng.queue(i + 1, k, coded)
+
+    def right(self, j: int, t: torch.Tensor) -> None:
+        self.eng.send(t, self.i + 1)
+
+    def left(self, t: torch.Tensor) -> None:
+        self.eng.send(t, self.i - 1)
+
+    def from_left(self, j: int) -> torch.Tensor:
+        return self.up.wait(j)
+
+    def from_right(self, j: int) -> torch.Tensor:
+        return self.down.wait(j)
+
+    def finish(self) -> None:
+        self.eng.finish()
+
+
+class _DirectChain:
+    """:func:`allreduce`'s messages posted straight to the backend
+    (:class:`pipecomm.collectives.p2p.Direct`). Which send a buffer waits for is known from the
+    schedule: a finished block's receive goes into the block whose partial sum went right, so
+    that send is waited just before the receive is posted (``_down_depth`` of them ahead, from
+    the first finished block's step on); partial sums from the left land in scratch slots
+    (:func:`._engine.scratch_slots`), posted ahead."""
+
+    @classmethod
+    def of(cls, comm: Comm, blocks: list[torch.Tensor], flat: torch.Tensor,
+           elems: int) -> _DirectChain | None:
+        """The chain's direct posters, or ``None`` where a neighbour's cannot post directly."""
+        i, p = comm.index, comm.size
+        left = (comm.direct(i - 1, True, flat), comm.direct(i - 1, False, flat)) if i > 0 else ()
+        right = ((comm.direct(i + 1, True, flat), comm.direct(i + 1, False, flat))
+                 if i < p - 1 else ())
+        if None in (*left, *right):
+            return None
+        return cls(blocks, flat, elems, left, right, _down_depth(p, i))
+
+    def __init__(self, blocks, flat, elems, left, right, depth) -> None:
+        k = len(blocks)
+        self.blocks, self.depth, self.posters = blocks, depth, (*left, *right)
+        self.to_left, self.from_left_ = left if left else (None, None)
+        self.to_right, self.from_right_ = right if right else (None, None)
+        self.by_right: list[Any] = [None] * k  # sends to the right, until their buffer is reused
+        self.others: list[Any] = []  # sends to the left: never written again
+        self.up: list[tuple[torch.Tensor, Any]] = []
+        self.down: list[Any] = []
+        self.ahead = 0
+        if self.from_left_ is not None:
+            self.slots, self.ahead = scratch_slots(k, elems, flat)
+            for j in range(self.ahead):
+                self._post_up(j)
+
+    def _post_up(self, j: int) -> None:
+        t = self.slots[j % len(self.slots)][: self.blocks[j].numel()]
+        self.up.append((t, self.from_left_(t)))
+
+    def right(self, j: int, t: torch.Tensor) -> None:
+        self.by_right[j] = self.to_right(t)
+
+    def left(self, t: torch.Tensor) -> None:
+        self.others.append(self.to_left(t))
+
+    def from_left(self, j: int) -> torch.Tensor:
+        if j + self.ahead < len(self.blocks):  # its slot's previous message was combined
+            self._post_up(j + self.ahead)
+        got, work = self.up[j]
+        work.wait()
+        return got
+
+    def from_right(self, j: int) -> torch.Tensor:
+        while len(self.down) < min(j + 1 + self.depth, len(self.blocks)):
+            x = len(self.down)  # into a block whose partial sum went right: that send first
+            if self.by_right[x] is not None:
+                self.by_right[x].wait()
+                self.by_right[x] = None
+            self.down.append(self.from_right_(self.blocks[x]))
+        self.down[j].wait()
+        return self.blocks[j]
+
+    def finish(self) -> None:
+        for work in (*self.by_right, *self.others):
+            if work is not None:
+                work.wait()
+        for poster in self.posters:
+            poster.record()
 
 
 def _down_depth(p: int, i: int) -> int:
@@ -306,44 +338,3 @@ def _down_depth(p: int, i: int) -> int:
     block's partial sum went right, which happens ``2(p - 1 - i) - 1`` steps ahead of the
     finished block's arrival (one step at ``i = p - 2``)."""
     return max(1, min(DEPTH, 2 * (p - 1 - i) - 1))
-
-
-def _allreduce_encoded(
-    flat: torch.Tensor, comm: Comm, op: str, block_elems: int, codec: Any
-) -> None:
-    """:func:`allreduce` with every block on the wire as ``codec.encode`` bytes."""
-    p, n = comm.size, flat.numel()
-    k = num_blocks(n, block_elems)
-    i = comm.index
-    eng = Engine(comm)
-    blocks = [block(flat, j, block_elems) for j in range(k)]
-
-    def wire(j: int) -> torch.Tensor:
-        size = codec.payload_nbytes(blocks[j].numel())
-        return torch.empty(size, dtype=torch.uint8, device=flat.device)
-
-    def decoded(payload: torch.Tensor, j: int) -> torch.Tensor:
-        return codec.decode(payload, blocks[j].numel(), flat.dtype)
-
-    up = eng.queue(i - 1, k, wire) if i > 0 else None
-    down = eng.queue(i + 1, k, wire) if i < p - 1 else None
-    for s in range(k + 2 * p - 3):
-        b, c = s - i + 1, s - (2 * p - 3 - i)
-        if i == 0 and s < k:
-            eng.send(codec.encode(blocks[s]), 1)
-        if up is not None and 0 <= b < k:
-            mine = blocks[b]
-            combine(op, mine, decoded(up.wait(b), b))
-            if i < p - 1:
-                eng.send(codec.encode(mine), i + 1)
-            else:
-                finish(op, mine, p)
-                encoded = codec.encode(mine)
-                eng.send(encoded, i - 1)
-                mine.copy_(decoded(encoded, b))
-        if down is not None and 0 <= c < k:
-            got = down.wait(c)
-            blocks[c].copy_(decoded(got, c))
-            if i > 0:
-                eng.send(got, i - 1)
-    eng.finish()

@@ -3,10 +3,13 @@
 Two forms. :func:`exchange` posts a set of sends and receives at once and returns when all are
 done (one lock-step step; batching keeps NCCL free of deadlocks). :func:`post_send` and
 :func:`post_recv` post one message and return a :class:`Transfer` to wait for later: what the
-progress engine (:mod:`pipecomm.collectives._engine`) builds on. Both are where the emulated
-network (:mod:`pipecomm.netem`) applies its per-link deadlines, with the same rules.
+progress engine (:mod:`pipecomm.collectives._engine`) builds on. Both pass every message through
+the process's :class:`Interposer` (:func:`set_interposer`), if one is installed: an observer
+counts what moved (:meth:`Interposer.on_done`); a delaying one (the lab's emulated network,
+:mod:`pipecomm.lab.netem`) also gives each message a delivery deadline (:meth:`Interposer.on_send`)
+and waits for it (:meth:`Interposer.on_wait`), with the same rules on both paths.
 
-Under emulation every message carries its delivery deadline (``CLOCK_MONOTONIC`` seconds, a
+Under a delaying interposer every message carries its delivery deadline (``CLOCK_MONOTONIC`` seconds, a
 float64 reserved by the sender when it posts): a payload under 64 KiB travels as a uint8 copy
 behind an 8-byte header, a larger one as the 8-byte header followed by the tensor itself (no copy;
 both sides decide from the byte count, which they share). ``exchange`` returns when the real
@@ -15,7 +18,7 @@ is delivered) has passed; :meth:`Transfer.wait` does the same for one message. W
 
 gloo moves host memory only: on a gloo group, CUDA tensors travel through host buffers (copied
 to the host when a send is posted, into the device when a receive is waited). The emulated
-network carries CPU tensors only.
+network carries CPU tensors only (a delaying interposer refuses CUDA tensors).
 
 A transfer that fails (the peer died and its connection closed, or nothing arrived within the
 group's timeout) raises :class:`TransferError`, naming the operation and the peer's global rank.
@@ -29,8 +32,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from pipecomm import netem
 
 _HEADER = 8  # bytes: one float64 deadline in front of the payload
 _FRAME_MAX = 64 * 1024  # payloads of this many bytes or more travel unframed, after the header
@@ -65,6 +66,82 @@ class TransferError(RuntimeError):
         err = TransferError(f"{what}: {self}", self.op, self.peer)
         err.__cause__ = self
         return err
+
+
+class Interposer:
+    """What stands between pipecomm's messages and the backend (one per process,
+    :func:`set_interposer`). This base observes only; a subclass with ``delays = True`` (the
+    lab's emulated network) makes messages travel with delivery deadlines.
+
+    ``on_send`` and ``on_wait`` are called only when ``delays``; ``on_done`` for every
+    completed transfer (one posted message, or one :func:`exchange`), delaying or not.
+
+    Example::
+
+        >>> class Count(Interposer):
+        ...     sent = 0
+        ...     def on_done(self, bytes_sent, messages_sent, bytes_received, messages_received,
+        ...                 waited_s):
+        ...         self.sent += bytes_sent
+        >>> set_interposer(Count()); interposer().describe()
+        'Count'
+        >>> set_interposer(None)
+    """
+
+    delays: bool = False
+
+    def describe(self) -> str:
+        """A short name for messages (the emulated network's description)."""
+        return type(self).__name__
+
+    def on_send(self, messages: Sequence[tuple[int, int]]) -> list[float]:
+        """Reserve ``(global destination rank, nbytes)`` messages posted now, in order; return
+        their delivery deadlines (``CLOCK_MONOTONIC`` seconds)."""
+        raise NotImplementedError
+
+    def on_wait(self, deadline: float) -> float:
+        """Once a message's real transfer is done: sleep until its ``deadline``; return the
+        seconds slept."""
+        raise NotImplementedError
+
+    def on_done(self, bytes_sent: int, messages_sent: int, bytes_received: int,
+                messages_received: int, waited_s: float) -> None:
+        """Count one completed transfer (``waited_s``: seconds slept for its deadlines)."""
+
+
+_INTERPOSER: Interposer | None = None
+_DELAY: Interposer | None = None  # _INTERPOSER when it delays: what the per-message paths test
+
+
+def set_interposer(obj: Interposer | None) -> None:
+    """Install ``obj`` as this process's :class:`Interposer` (``None``: none, the real backend
+    untouched).
+
+    Example::
+
+        >>> set_interposer(None); interposer() is None
+        True
+    """
+    global _INTERPOSER, _DELAY
+    if obj is not None and not isinstance(obj, Interposer):
+        raise TypeError(f"set_interposer: expected an Interposer or None, got {type(obj).__name__}")
+    _INTERPOSER, _DELAY = obj, (obj if obj is not None and obj.delays else None)
+
+
+def interposer() -> Interposer | None:
+    """This process's :class:`Interposer`, or ``None``."""
+    return _INTERPOSER
+
+
+def delaying() -> Interposer | None:
+    """The installed :class:`Interposer` if it delays messages (an emulated network), else
+    ``None``."""
+    return _DELAY
+
+
+def _done(sent: int, nsent: int, received: int, nreceived: int, waited: float) -> None:
+    if _INTERPOSER is not None:
+        _INTERPOSER.on_done(sent, nsent, received, nreceived, waited)
 
 
 def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]]) -> None:
@@ -122,17 +199,14 @@ def _process_group(group: dist.ProcessGroup | None, peer: int) -> tuple[dist.Pro
 
 def _no_cuda_under_emulation(tensors: Sequence[torch.Tensor]) -> None:
     if any(t.is_cuda for t in tensors):
-        raise ValueError("the emulated network (pipecomm.netem) carries CPU tensors only; got a "
-                         "CUDA tensor (move it to the CPU, or leave the network unemulated)")
+        raise ValueError(f"the emulated network ({_DELAY.describe()}) carries CPU tensors only; "
+                         "got a CUDA tensor (move it to the CPU, or leave the network unemulated)")
 
 
 def _sleep_until(deadline: float) -> float:
-    """Sleep (never spin) until ``deadline`` on the monotonic clock; return the time slept.
-
-    Through :func:`pipecomm.netem.wait_until`, which also settles the rank's virtual clock under
-    emulation (a late wake-up is forgiven for the rank's next posts).
-    """
-    return netem.wait_until(deadline)
+    """Sleep until ``deadline`` through the delaying interposer (:meth:`Interposer.on_wait`,
+    which also settles the emulated rank's virtual clock); return the time slept."""
+    return _DELAY.on_wait(deadline)
 
 
 def exchange(
@@ -143,7 +217,7 @@ def exchange(
     """Send each ``(tensor, dst)`` and receive into each ``(tensor, src)``; ranks are global.
 
     All operations are posted together and waited for together. Tensors must be contiguous.
-    Under an emulated network (:func:`pipecomm.netem.current`), sends are reserved on the
+    Under a delaying :class:`Interposer` (an emulated network), sends are reserved on the
     emulated ports in list order and the call returns no earlier than every message of the
     call has been delivered.
 
@@ -152,7 +226,7 @@ def exchange(
         # rank 0 and rank 1 swap a block
         exchange([(mine, peer)], [(theirs, peer)])
     """
-    emu = netem.emulator()
+    emu = _DELAY
     if emu is None:
         for i, (t, _) in enumerate(sends):
             _as_bytes(t, "sends", i)
@@ -170,7 +244,7 @@ def exchange(
         for (t, _), (h, _) in zip(recvs, host_recvs):
             if h is not t:
                 t.copy_(h)
-        netem.record(
+        _done(
             sum(t.numel() * t.element_size() for t, _ in sends),
             len(sends),
             sum(t.numel() * t.element_size() for t, _ in recvs),
@@ -181,6 +255,36 @@ def exchange(
     _emulated_exchange(emu, sends, recvs, group)
 
 
+def _framed(payload: torch.Tensor, deadline: float) -> list[torch.Tensor]:
+    """What carries ``payload`` (bytes) and its deadline: one framed copy below
+    :data:`_FRAME_MAX` bytes, else the 8-byte header followed by the payload itself."""
+    if payload.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
+        buf[_HEADER:].copy_(payload)
+        buf[:_HEADER].view(torch.float64)[0] = deadline
+        return [buf]
+    return [torch.tensor([deadline], dtype=torch.float64, device=payload.device), payload]
+
+
+def _landing(target: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, Any]:
+    """Where a message into ``target`` (bytes) lands: the buffers to receive into, the one
+    holding the header, and ``target`` where the payload is framed (copied out by
+    :func:`_unframe`), else ``None``."""
+    if target.numel() < _FRAME_MAX:
+        buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
+        return [buf], buf, target
+    head = torch.empty(1, dtype=torch.float64, device=target.device)
+    return [head, target], head, None
+
+
+def _unframe(head: torch.Tensor, target: torch.Tensor | None) -> float:
+    """A received message's deadline (a framed payload copied into ``target``)."""
+    if target is None:
+        return float(head[0])
+    target.copy_(head[_HEADER:])
+    return float(head[:_HEADER].view(torch.float64)[0])
+
+
 def _emulated_exchange(emu, sends, recvs, group) -> None:
     payloads = [_as_bytes(t, "sends", i) for i, (t, _) in enumerate(sends)]
     targets = [_as_bytes(t, "recvs", i) for i, (t, _) in enumerate(recvs)]
@@ -188,46 +292,23 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
     if not payloads and not targets:
         return
     # reserve first (the emulated clock starts at the post), then frame: copying is real cost
-    deadlines = emu.post([(int(dst), p.numel()) for p, (_, dst) in zip(payloads, sends)])
-    ops, names = [], []
+    deadlines = emu.on_send([(int(dst), p.numel()) for p, (_, dst) in zip(payloads, sends)])
+    ops, names, heads = [], [], []
     for p, (_, dst), deadline in zip(payloads, sends, deadlines):
-        if p.numel() < _FRAME_MAX:  # one message: header + copy of the payload
-            buf = torch.empty(_HEADER + p.numel(), dtype=torch.uint8, device=p.device)
-            buf[_HEADER:].copy_(p)
-            buf[:_HEADER].view(torch.float64)[0] = deadline
+        for buf in _framed(p, deadline):
             ops.append(dist.P2POp(dist.isend, buf, dst, group))
-        else:  # large: the header, then the payload itself (no copy)
-            head = torch.tensor([deadline], dtype=torch.float64, device=p.device)
-            ops.append(dist.P2POp(dist.isend, head, dst, group))
-            ops.append(dist.P2POp(dist.isend, p, dst, group))
-        names += [("send", dst)] * (len(ops) - len(names))
-    heads = []
+            names.append(("send", dst))
     for t, (_, src) in zip(targets, recvs):
-        if t.numel() < _FRAME_MAX:
-            buf = torch.empty(_HEADER + t.numel(), dtype=torch.uint8, device=t.device)
+        bufs, head, framed = _landing(t)
+        heads.append((head, framed))
+        for buf in bufs:
             ops.append(dist.P2POp(dist.irecv, buf, src, group))
-            heads.append((buf, t))
-        else:
-            head = torch.empty(1, dtype=torch.float64, device=t.device)
-            ops.append(dist.P2POp(dist.irecv, head, src, group))
-            ops.append(dist.P2POp(dist.irecv, t, src, group))
-            heads.append((head, None))
-        names += [("recv", src)] * (len(ops) - len(names))
+            names.append(("recv", src))
     wait_all(dist.batch_isend_irecv(ops), names)
-    for buf, t in heads:
-        if t is None:
-            deadlines.append(float(buf[0]))
-        else:
-            deadlines.append(float(buf[:_HEADER].view(torch.float64)[0]))
-            t.copy_(buf[_HEADER:])
+    deadlines += [_unframe(head, framed) for head, framed in heads]
     waited = _sleep_until(max(deadlines))
-    netem.record(
-        sum(p.numel() for p in payloads),
-        len(payloads),
-        sum(t.numel() for t in targets),
-        len(targets),
-        waited,
-    )
+    _done(sum(p.numel() for p in payloads), len(payloads), sum(t.numel() for t in targets),
+          len(targets), waited)
 
 
 # --------------------------------------------------------------------------- one message at a time
@@ -277,14 +358,10 @@ class Transfer:
             device_tensor.copy_(host)
         deadline, waited = self._deadline, 0.0
         if self._head is not None:
-            if self._target is None:
-                deadline = float(self._head[0])
-            else:
-                deadline = float(self._head[:_HEADER].view(torch.float64)[0])
-                self._target.copy_(self._head[_HEADER:])
+            deadline = _unframe(self._head, self._target)
         if deadline is not None:
             waited = _sleep_until(deadline)
-        netem.record(
+        _done(
             self._sent, int(self._sent > 0), self._received, int(self._received > 0), waited
         )
 
@@ -304,7 +381,7 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
         ...
         pending.wait()           # before block is written again
     """
-    emu = netem.emulator()
+    emu = _DELAY
     if emu is None:  # straight to the process group: no byte view, no dist.isend per message
         sent = _check(t, "sends", 0).numel() * t.element_size()
         pg, peer = _process_group(group, dst)
@@ -319,15 +396,8 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
             raise TransferError.of("send", dst, exc) from exc
     payload = _as_bytes(t, "sends", 0)
     _no_cuda_under_emulation([t])
-    (deadline,) = emu.post([(int(dst), payload.numel())])
-    if payload.numel() < _FRAME_MAX:
-        buf = torch.empty(_HEADER + payload.numel(), dtype=torch.uint8, device=payload.device)
-        buf[_HEADER:].copy_(payload)
-        buf[:_HEADER].view(torch.float64)[0] = deadline
-        works = [dist.isend(buf, dst, group, tag)]
-    else:
-        head = torch.tensor([deadline], dtype=torch.float64, device=payload.device)
-        works = [dist.isend(head, dst, group, tag), dist.isend(payload, dst, group, tag)]
+    (deadline,) = emu.on_send([(int(dst), payload.numel())])
+    works = [dist.isend(buf, dst, group, tag) for buf in _framed(payload, deadline)]
     return Transfer(works, deadline=deadline, sent=payload.numel(), op="send", peer=dst)
 
 
@@ -343,7 +413,7 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
         pending = post_recv(buf, src=0)
         pending.wait()           # buf now holds the message
     """
-    if netem.emulator() is None:  # straight to the process group, as post_send
+    if _DELAY is None:  # straight to the process group, as post_send
         received = _check(t, "recvs", 0).numel() * t.element_size()
         pg, peer = _process_group(group, src)
         try:
@@ -357,15 +427,9 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
             raise TransferError.of("recv", src, exc) from exc
     target = _as_bytes(t, "recvs", 0)
     _no_cuda_under_emulation([t])
-    if target.numel() < _FRAME_MAX:
-        buf = torch.empty(_HEADER + target.numel(), dtype=torch.uint8, device=target.device)
-        return Transfer(
-            [dist.irecv(buf, src, group, tag)], head=buf, target=target,
-            received=target.numel(), peer=src,
-        )
-    head = torch.empty(1, dtype=torch.float64, device=target.device)
-    works = [dist.irecv(head, src, group, tag), dist.irecv(target, src, group, tag)]
-    return Transfer(works, head=head, received=target.numel(), peer=src)
+    bufs, head, framed = _landing(target)
+    return Transfer([dist.irecv(buf, src, group, tag) for buf in bufs], head=head, target=framed,
+                    received=target.numel(), peer=src)
 
 
 # --------------------------------------------------------------------------- one stream, directly
@@ -415,11 +479,11 @@ class Direct:
         return TransferError.of("send" if self._send else "recv", self.rank, cause)
 
     def record(self) -> None:
-        """Add the posted messages to :func:`pipecomm.netem.stats` (once, after the waits)."""
+        """Count the posted messages (:meth:`Interposer.on_done`; once, after the waits)."""
         if self._send:
-            netem.record(self.nbytes, self.count, 0, 0, 0.0)
+            _done(self.nbytes, self.count, 0, 0, 0.0)
         else:
-            netem.record(0, 0, self.nbytes, self.count, 0.0)
+            _done(0, 0, self.nbytes, self.count, 0.0)
         self.nbytes = self.count = 0
 
 
@@ -445,7 +509,7 @@ def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: 
     """A :class:`Direct` poster to global rank ``peer`` for tensors like ``like`` (its dtype and
     device), or ``None`` where a message needs more than the backend's own send (an emulated
     network, a host copy of a CUDA tensor on gloo, complex numbers, autograd)."""
-    if (netem.emulator() is not None or _staged(like, group) or like.is_complex()
+    if (_DELAY is not None or _staged(like, group) or like.is_complex()
             or like.requires_grad):
         return None
     pg, rank = _process_group(group, peer)

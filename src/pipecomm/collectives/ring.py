@@ -15,8 +15,11 @@ reduce-scatter hop decodes, adds its own chunk and re-encodes; the owner of a fi
 encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather forwards those
 bytes unchanged, decoded once by each rank.
 
-Without a codec and where :meth:`._group.Comm.direct` allows it, the allreduce posts straight to
-the backend (:func:`_allreduce_direct`, the same schedule and bits). On the progress engine
+The reduce-scatter and the allgather are written once (:func:`reduce_scatter`,
+:func:`allgather`), the codec a parameter (:class:`._reduce.Wire`), over a ring of messages
+that either posts straight to the backend (:class:`_DirectRing`: the allreduce without a codec,
+where :meth:`._group.Comm.direct` allows it) or runs on the progress engine
+(:class:`_EngineRing`); the same schedule and bits either way. On the progress engine
 (:mod:`._engine`): without a codec every chunk travels as segments of at
 most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined. The
 reduce-scatter's receives are posted ahead into scratch segments reused across calls (no fresh
@@ -31,10 +34,10 @@ from typing import Any
 
 import torch
 
-from pipecomm.collectives._chunks import even_offsets, span
+from pipecomm.collectives._chunks import even_offsets
 from pipecomm.collectives._engine import Engine, scratch_slots
 from pipecomm.collectives._group import Comm
-from pipecomm.collectives._reduce import combine, finish
+from pipecomm.collectives._reduce import Wire, combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
 
 #: Largest piece of a chunk on the wire (uncompressed). On gloo over loopback a message's
@@ -48,10 +51,6 @@ SEGMENT_BYTES = 4 << 20
 #: segment in flight while it reduces another. Smaller halves cost more in messages than they
 #: gain (measured on gloo over loopback, ARTIFACT.md).
 MIN_SPLIT_BYTES = 2 << 20
-
-
-def _chunk(flat: torch.Tensor, offsets: list[int], c: int) -> torch.Tensor:
-    return span(flat, offsets, c, c + 1)
 
 
 class _Segments:
@@ -79,86 +78,155 @@ class _Segments:
         return self._views[c * self.per_chunk + q]
 
 
-def reduce_scatter(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    shift: int,
-    op: str,
-    to_group: Any,
-    segment_bytes: int | None = None,
-) -> int:
-    """Ring reduce-scatter over all ``p`` ranks in virtual order ``v`` (right = ``v + 1``).
-
-    Step ``s`` sends chunk ``v + shift - s`` and receives chunk ``v + shift - s - 1`` (mod p);
-    returns the chunk this rank then holds fully reduced, ``v + shift + 1`` (mod p).
+def reduce_scatter(seg: _Segments, ring: Any, first: int, op: str, p: int, wire: Wire,
+                    finish_p: int | None = None) -> None:
+    """Ring reduce-scatter over ``ring`` (one of :class:`_EngineRing`, :class:`_DirectRing`):
+    send chunk ``first``; step ``s`` receives chunk ``first - s - 1`` (mod p) segment by
+    segment, combines and forwards it. At the last step ``finish_p`` (allreduce) finishes the
+    chunk then held complete, ``first + 1``, and sends it as the allgather's first message.
 
     Example::
 
-        owned = reduce_scatter(flat, eng, even_offsets(n, p), comm.index, 0, "sum", lambda u: u)
+        reduce_scatter(seg, _EngineRing(eng, right, left, Wire(None)), v - 1, "sum", p, wire)
     """
-    p = eng.comm.size
-    seg = _Segments(flat, offsets, segment_bytes)
-    right, left = to_group((v + 1) % p), to_group((v - 1) % p)
-    _reduce_scatter(seg, eng, v + shift, op, right, left, p, None)
-    return (v + shift + 1) % p
-
-
-def _reduce_scatter(seg, eng, first, op, right, left, p, finish_p) -> None:
-    """Send chunk ``first``, then per step and segment: receive, combine, forward; at the last
-    step ``finish_p`` (allreduce) finishes the owned segment and sends it as the allgather's
-    first message."""
     nq = seg.per_chunk
     for q in range(nq):
-        eng.send(seg.of(first % p, q), right)
-    stream = eng.scratch_queue(left, (p - 1) * nq, seg.elems, seg.flat,
-                               lambda j: seg.of((first - j // nq - 1) % p, j % nq).numel())
+        ring.send(wire.encode(seg.of(first % p, q)))
+
+    def piece(j: int) -> torch.Tensor:
+        return seg.of((first - j // nq - 1) % p, j % nq)
+
+    ring.partials((p - 1) * nq, piece, seg.elems, seg.flat)
     for j in range((p - 1) * nq):
-        s, q = divmod(j, nq)
-        acc = seg.of((first - s - 1) % p, q)
-        combine(op, acc, stream.wait(j))
-        if s < p - 2:
-            eng.send(acc, right)
+        acc = piece(j)
+        combine(op, acc, wire.decode(ring.partial(j), acc))
+        if j // nq < p - 2:
+            ring.send(wire.encode(acc))
         elif finish_p is not None:
             finish(op, acc, finish_p)
-            eng.send(acc, right)
+            sent = wire.encode(acc)
+            ring.send(sent)
+            wire.keep(acc, sent)
 
 
-def allgather(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    owned: int,
-    to_group: Any,
-    segment_bytes: int | None = None,
-    sent: bool = False,
-) -> None:
-    """Ring allgather: rank ``v`` holds chunk ``owned``; step ``s`` forwards chunk ``owned - s``.
-
+def allgather(seg: _Segments, ring: Any, owned: int, p: int, wire: Wire, sent: bool) -> None:
+    """Ring allgather: this rank holds chunk ``owned``; step ``s`` forwards chunk ``owned - s``.
     ``sent``: the owned chunk already went right (the allreduce sends it as it finishes).
 
     Example::
 
-        allgather(flat, eng, even_offsets(n, p), comm.index, owned, lambda u: u)
+        allgather(seg, ring, owned, p, Wire(None), sent=False)
     """
-    p = eng.comm.size
-    seg = _Segments(flat, offsets, segment_bytes)
-    _allgather(seg, eng, owned, to_group((v + 1) % p), to_group((v - 1) % p), p, sent)
-
-
-def _allgather(seg, eng, owned, right, left, p, sent) -> None:
     nq = seg.per_chunk
     if not sent:
         for q in range(nq):
-            eng.send(seg.of(owned, q), right)
-    count = (p - 1) * nq  # into their final place: all posted at once
-    stream = eng.queue(left, count, lambda j: seg.of((owned - j // nq - 1) % p, j % nq), count)
+            ring.send(wire.encode(seg.of(owned, q)))
+
+    def into(j: int) -> torch.Tensor:
+        return seg.of((owned - j // nq - 1) % p, j % nq)
+
+    count = (p - 1) * nq
+    ring.gathers(count, into, [seg.of(owned, q) for q in range(nq)])
     for j in range(count):
-        got = stream.wait(j)
+        got = ring.gathered(j)
+        wire.land(into(j), got)
         if j // nq < p - 2:
-            eng.send(got, right)
+            ring.send(got)
+
+
+class _EngineRing:
+    """A ring schedule's messages on the progress engine: partial results into scratch segments
+    (or wire buffers), the allgather's straight into place, all posted at once (or wire buffers,
+    two ahead)."""
+
+    def __init__(self, eng: Engine, right: int, left: int, wire: Wire) -> None:
+        self.eng, self.right, self.left, self.wire = eng, right, left, wire
+        self.stream: Any = None
+
+    def send(self, t: torch.Tensor) -> None:
+        self.eng.send(t, self.right)
+
+    def _coded(self, piece: Any) -> Any:
+        return lambda j: self.wire.buffer(piece(j).numel(), piece(j))
+
+    def partials(self, count: int, piece: Any, elems: int, like: torch.Tensor) -> None:
+        if self.wire.codec is None:
+            self.stream = self.eng.scratch_queue(self.left, count, elems, like,
+                                                 lambda j: piece(j).numel())
+        else:
+            self.stream = self.eng.queue(self.left, count, self._coded(piece))
+
+    def partial(self, j: int) -> torch.Tensor:
+        return self.stream.wait(j)
+
+    def gathers(self, count: int, into: Any, owned: list[torch.Tensor]) -> None:
+        if self.wire.codec is None:
+            self.stream = self.eng.queue(self.left, count, into, count)
+        else:
+            self.stream = self.eng.queue(self.left, count, self._coded(into))
+
+    def gathered(self, j: int) -> torch.Tensor:
+        return self.stream.wait(j)
+
+    def finish(self) -> None:
+        self.eng.finish()
+
+
+class _DirectRing:
+    """A ring allreduce's messages posted straight to the backend
+    (:class:`pipecomm.collectives.p2p.Direct`): every message goes to the right neighbour or
+    comes from the left one, so which send a buffer waits for is known from the schedule and
+    the engine's bookkeeping is not needed. Partial results land in scratch slots
+    (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks sent in the
+    reduce-scatter, those sends are waited (all but the owned chunk's, which stays in place)."""
+
+    def __init__(self, send: Any, recv: Any) -> None:
+        self.to_right, self.from_left = send, recv
+        self.sends: list[Any] = []
+        self.pending: list[tuple[torch.Tensor, Any]] = []
+
+    def send(self, t: torch.Tensor) -> None:
+        if t.numel():
+            self.sends.append(self.to_right(t))
+
+    def _post(self, t: torch.Tensor) -> None:
+        self.pending.append((t, self.from_left(t) if t.numel() else None))
+
+    def partials(self, count: int, piece: Any, elems: int, like: torch.Tensor) -> None:
+        self.slots, self.ahead = scratch_slots(count, elems, like)
+        self.piece, self.count = piece, count
+        for j in range(self.ahead):
+            self._post(self.slots[j % len(self.slots)][: piece(j).numel()])
+
+    def partial(self, j: int) -> torch.Tensor:
+        if j + self.ahead < self.count:  # its slot's previous message was combined
+            nxt = j + self.ahead
+            self._post(self.slots[nxt % len(self.slots)][: self.piece(nxt).numel()])
+        got, work = self.pending[j]
+        if work is not None:
+            work.wait()
+        return got
+
+    def gathers(self, count: int, into: Any, owned: list[torch.Tensor]) -> None:
+        last = sum(1 for t in owned if t.numel())  # the owned chunk's sends, the latest
+        for work in self.sends[: len(self.sends) - last]:
+            work.wait()
+        self.sends = self.sends[len(self.sends) - last:]
+        self.pending = []
+        for j in range(count):
+            self._post(into(j))
+
+    def gathered(self, j: int) -> torch.Tensor:
+        got, work = self.pending[j]
+        if work is not None:
+            work.wait()
+        return got
+
+    def finish(self) -> None:
+        for work in self.sends:
+            work.wait()
+        self.to_right.record()
+        self.from_left.record()
 
 
 def allreduce(
@@ -169,7 +237,10 @@ def allreduce(
     codec: Any = None,
     segment_bytes: int | None = None,
 ) -> None:
-    """Ring allreduce in group order (optionally with encoded chunks).
+    """Ring allreduce in group order: reduce-scatter then allgather, written once for every
+    path: on the progress engine (:class:`_EngineRing`), straight to the backend without a codec
+    where :meth:`Comm.direct` allows (:class:`_DirectRing`), and with encoded chunks (the codec a
+    parameter of the schedule, :class:`._reduce.Wire`; chunks then travel whole).
 
     Example::
 
@@ -178,111 +249,20 @@ def allreduce(
     p, n = comm.size, flat.numel()
     if p == 1 or n == 0:
         return
-    offsets = even_offsets(n, p)
-    if codec is not None:
-        eng = Engine(comm)
-        _allreduce_encoded(flat, eng, offsets, op, codec)
-        eng.finish()
-        return
     g = comm.index
-    seg = _Segments(flat, offsets, segment_bytes)
     right, left = (g + 1) % p, (g - 1) % p
-    send, recv = comm.direct(right, True, flat), comm.direct(left, False, flat)
-    if send is not None and recv is not None:
-        _allreduce_direct(seg, send, recv, g, op, p)
-        return
-    eng = Engine(comm)
-    _reduce_scatter(seg, eng, g, op, right, left, p, p)
-    _allgather(seg, eng, (g + 1) % p, right, left, p, sent=True)
-    eng.finish()
-
-
-def _allreduce_direct(seg: _Segments, send: Any, recv: Any, g: int, op: str, p: int) -> None:
-    """The ring allreduce's schedule (the same messages, combines and bits as
-    :func:`_reduce_scatter` then :func:`_allgather` on the engine) posted straight to the backend
-    (:class:`pipecomm.collectives.p2p.Direct`): every message of the ring goes to the right
-    neighbour or comes from the left one, so which send a buffer waits for is known from the
-    schedule and the engine's bookkeeping is not needed. Receives of partial results land in
-    scratch slots (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks
-    sent in the reduce-scatter, those sends are waited (all but the last chunk's, which stays in
-    place)."""
-    nq = seg.per_chunk
-    count = (p - 1) * nq
-    slots, ahead = scratch_slots(count, seg.elems, seg.flat)
-    m = len(slots)
-    sends = [send(t) for q in range(nq) if (t := seg.of(g, q)).numel()]
-    pending: list[Any] = []
-
-    def post(j: int) -> None:
-        t = slots[j % m][: seg.of((g - j // nq - 1) % p, j % nq).numel()]
-        pending.append((t, recv(t) if t.numel() else None))
-
-    for j in range(ahead):
-        post(j)
-    for j in range(count):  # reduce-scatter: receive, combine, forward
-        if j + ahead < count:
-            post(j + ahead)
-        got, work = pending[j]
-        if work is not None:
-            work.wait()
-        acc = seg.of((g - j // nq - 1) % p, j % nq)
-        combine(op, acc, got)
-        if j // nq == p - 2:
-            finish(op, acc, p)
-        if acc.numel():
-            sends.append(send(acc))
-    last = sum(1 for q in range(nq) if seg.of((g + 1) % p, q).numel())  # the owned chunk's
-    for work in sends[: len(sends) - last]:
-        work.wait()
-    sends = sends[len(sends) - last:]
-    into = [seg.of((g - j // nq) % p, j % nq) for j in range(count)]  # chunks g, g - 1, ...
-    works = [recv(t) if t.numel() else None for t in into]
-    for j in range(count):  # allgather: forward as it arrives
-        if works[j] is not None:
-            works[j].wait()
-        if j // nq < p - 2 and into[j].numel():
-            sends.append(send(into[j]))
-    for work in sends:
-        work.wait()
-    send.record()
-    recv.record()
-
-
-def _allreduce_encoded(
-    flat: torch.Tensor, eng: Engine, offsets: list[int], op: str, codec: Any
-) -> None:
-    p, g = eng.comm.size, eng.comm.index
-    right, left = (g + 1) % p, (g - 1) % p
-
-    def chunk_of(j: int) -> int:  # message j from the left: reduce-scatter, then allgather
-        return (g - j - 1) % p if j < p - 1 else (g - (j - p + 1)) % p
-
-    def wire(j: int) -> torch.Tensor:
-        size = codec.payload_nbytes(_chunk(flat, offsets, chunk_of(j)).numel())
-        return torch.empty(size, dtype=torch.uint8, device=flat.device)
-
-    def decoded(payload: torch.Tensor, c: int) -> torch.Tensor:
-        return codec.decode(payload, _chunk(flat, offsets, c).numel(), flat.dtype)
-
-    stream = eng.queue(left, 2 * (p - 1), wire)
-    eng.send(codec.encode(_chunk(flat, offsets, g)), right)
-    for s in range(p - 1):
-        c = chunk_of(s)
-        acc = _chunk(flat, offsets, c)
-        combine(op, acc, decoded(stream.wait(s), c))
-        if s == p - 2:
-            finish(op, acc, p)
-        pending = codec.encode(acc)
-        eng.send(pending, right)
-        if s == p - 2:
-            acc.copy_(decoded(pending, c))
-    # allgather of the encoded finished chunks; rank g owns chunk g + 1
-    for s in range(p - 1):
-        c = chunk_of(p - 1 + s)
-        incoming = stream.wait(p - 1 + s)
-        _chunk(flat, offsets, c).copy_(decoded(incoming, c))
-        if s < p - 2:
-            eng.send(incoming, right)
+    whole = flat.numel() * flat.element_size()  # encoded chunks: one segment each
+    seg = _Segments(flat, even_offsets(n, p), segment_bytes if codec is None else whole)
+    wire = Wire(codec)
+    ring: Any = None
+    if codec is None:
+        send, recv = comm.direct(right, True, flat), comm.direct(left, False, flat)
+        if send is not None and recv is not None:
+            ring = _DirectRing(send, recv)
+    ring = ring or _EngineRing(Engine(comm), right, left, wire)
+    reduce_scatter(seg, ring, g, op, p, wire, p)
+    allgather(seg, ring, (g + 1) % p, p, wire, sent=True)
+    ring.finish()
 
 
 def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
@@ -303,7 +283,8 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
     offsets = even_offsets(n, p)
     eng = Engine(comm)
     binomial_scatter(flat, eng, offsets, v, p, to_group)
-    allgather(flat, eng, offsets, v, v, to_group)
+    ring = _EngineRing(eng, to_group((v + 1) % p), to_group((v - 1) % p), Wire(None))
+    allgather(_Segments(flat, offsets, None), ring, v, p, Wire(None), sent=False)
     eng.finish()
 
 
@@ -324,7 +305,8 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
 
     offsets = even_offsets(n, p)
     eng = Engine(comm)
-    reduce_scatter(flat, eng, offsets, v, -1, op, to_group)
+    ring = _EngineRing(eng, to_group((v + 1) % p), to_group((v - 1) % p), Wire(None))
+    reduce_scatter(_Segments(flat, offsets, None), ring, v - 1, op, p, Wire(None))
     binomial_gather(flat, eng, offsets, v, p, to_group)
     eng.finish()
     if v == 0:

@@ -3,9 +3,9 @@
 * :mod:`.topology` - which ranks average at each iteration (complete, ring, one-peer-exp,
   alternating-exp-ring / aer, random-matching) and their mixing matrices.
 * :mod:`.optim` - AccumAdam / AccumAdamW (Algorithm 4: moments fed with window-averaged gradients).
-* :mod:`.runtime_model` - per-iteration time of AllReduce vs decentralized training.
-* ``DecentralizedDataParallel`` (:mod:`.ddp`) - gossip overlapped with the next iteration;
-  imported on first use. Its buckets and their process groups are in :mod:`.gossip`, its
+
+* ``DecentralizedDataParallel`` (:mod:`.ddp`) - gossip overlapped with the next iteration.
+  Its buckets and their process groups are in :mod:`.gossip`, its
   construction checks (arguments, equal replicas, the optimizer) in :mod:`.replicas`.
 
 Example::
@@ -16,22 +16,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import topology
+from .ddp import DecentralizedDataParallel
 from .optim import AccumAdam, AccumAdamW
 from .topology import get_topology
 
 __all__ = ["AccumAdam", "AccumAdamW", "DecentralizedDataParallel", "get_topology", "topology"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "DecentralizedDataParallel":
-        from .ddp import DecentralizedDataParallel
-
-        return DecentralizedDataParallel
-    if name == "runtime_model":
-        import importlib
-
-        return importlib.import_module(f"{__name__}.runtime_model")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,12 +45,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import checks, collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
+from pipecomm.collectives import api
 from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
 from pipecomm.decentralized.replicas import (
-    check_algorithm,
     check_max_norm,
     check_scaler,
     describe_mismatch,
@@ -84,7 +84,7 @@ class DecentralizedDataParallel(nn.Module):
             ``optim_fn(list of (name, parameter)) -> optimizer``, called once here. Exposed as
             :attr:`optimizer`; do not call its ``step()`` yourself.
         topology: a name of :func:`~pipecomm.decentralized.topology.get_topology` (size of the
-            process group, ranks per node from :func:`pipecomm.launch.ranks_per_node` where
+            process group, ranks per node from :func:`pipecomm.decentralized.topology.env_ranks_per_node` where
             needed) or a :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
         bucket_mb: bucket size in MiB (a bucket closes once it reaches it; a tiny value gives one
             parameter per bucket).
@@ -159,14 +159,13 @@ class DecentralizedDataParallel(nn.Module):
                 f"optim_fn(list of (name, parameter)) -> optimizer, got {type(optimizer).__name__}"
             )
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
-        algorithm = check_algorithm(algorithm)
+        algorithm = api.check_algorithm(algorithm, _NAME)
         max_norm = check_max_norm(max_grad_norm, grad_norm_scope)
-        if not isinstance(init_sync, bool):
-            raise TypeError(f"{_NAME}: init_sync must be a bool, got {type(init_sync).__name__}")
+        checks.flag(init_sync, "init_sync", _NAME)
         if not dist.is_initialized():
             raise RuntimeError(
                 f"{_NAME}: torch.distributed is not initialised: start ranks with "
-                "pipecomm.launch.spawn / Ranks, or call pipecomm.launch.init_from_env() first"
+                "pipecomm.lab.launch.spawn / Ranks, or call pipecomm.lab.launch.init_from_env() first"
             )
         pg, members = group_members(process_group)
         self.process_group = pg
@@ -287,11 +286,7 @@ class DecentralizedDataParallel(nn.Module):
             >>> loss.backward()
             >>> ddp.close(); dist.destroy_process_group()
         """
-        if not isinstance(self.require_backward_grad_sync, bool):
-            raise TypeError(
-                f"{_NAME}: require_backward_grad_sync must be a bool, "
-                f"got {self.require_backward_grad_sync!r}"
-            )
+        checks.flag(self.require_backward_grad_sync, "require_backward_grad_sync", _NAME)
         self._restore_local()
         self._forward_sync = self.require_backward_grad_sync
         return self.module(*args, **kwargs)

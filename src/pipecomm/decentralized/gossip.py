@@ -25,8 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import distributed_c10d as c10d
 
-from pipecomm.launch.rank import group_timeout
+from pipecomm.collectives.async_ import group_timeout
 
 __all__ = ["Bucket", "as_one_block", "subgroup"]
 
@@ -71,7 +72,7 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     ``use_local_synchronization=True`` names a group after the number of groups each rank made
     before (which differs between ranks, so creation hangs); the group is therefore made with
     torch's internal helper under a name derived from ``ranks`` alone. Either way the group
-    takes the world's timeout (:func:`pipecomm.launch.group_timeout`).
+    takes the world's timeout (:func:`pipecomm.collectives.async_.group_timeout`).
 
     Example::
 
@@ -89,8 +90,6 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     if whole_world:
         pg = dist.new_group(list(ranks), timeout=timeout)
     else:
-        from torch.distributed import distributed_c10d as c10d
-
         name = "pipecomm-ddp-" + hashlib.sha1(repr(ranks).encode()).hexdigest()[:20]
         pg, _ = c10d._new_process_group_helper(
             len(ranks),

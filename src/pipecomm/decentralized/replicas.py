@@ -13,19 +13,16 @@ Example::
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import checks
 
 __all__ = [
     "NORM_SCOPES",
-    "check_algorithm",
     "check_max_norm",
     "check_scaler",
     "describe_mismatch",
@@ -37,31 +34,6 @@ __all__ = [
 _NAME = "DecentralizedDataParallel"
 #: values of ``grad_norm_scope``
 NORM_SCOPES = ("bucket", "global")
-
-
-def check_algorithm(algorithm: Any) -> str:
-    """``algorithm`` if it is one of :data:`pipecomm.collectives.ALGORITHMS` (``"torch"`` is
-    refused under the emulated network), else ValueError.
-
-    Example::
-
-        >>> check_algorithm("lp")
-        'lp'
-    """
-    if not isinstance(algorithm, str) or algorithm not in collectives.ALGORITHMS:
-        raise ValueError(
-            f"{_NAME}: algorithm must be one of {collectives.ALGORITHMS}, got {algorithm!r}"
-        )
-    if algorithm == "torch":
-        from pipecomm import netem
-
-        if netem.current() is not None:
-            raise ValueError(
-                f"{_NAME}: algorithm='torch' (the backend's built-in allreduce) cannot run on "
-                f"the emulated network ({netem.current().describe()}); pass one of pipecomm's "
-                "own algorithms: 'lp', 'mst', 'be' or 'ring'"
-            )
-    return algorithm
 
 
 def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
@@ -77,14 +49,7 @@ def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
         raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
     if max_grad_norm is None:
         return None
-    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real):
-        raise TypeError(
-            f"{_NAME}: max_grad_norm must be a positive number or None, "
-            f"got {type(max_grad_norm).__name__} ({max_grad_norm!r})"
-        )
-    value = float(max_grad_norm)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{_NAME}: max_grad_norm must be positive and finite, got {value!r}")
+    value = checks.positive_number(max_grad_norm, "max_grad_norm", _NAME)
     return value
 
 

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -291,12 +292,24 @@ def available_topologies() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def env_ranks_per_node() -> int | None:
+    """Ranks per (real or emulated) node: ``LOCAL_WORLD_SIZE`` as torchrun or the lab's rank
+    pools set it; ``None`` where it is unset.
+
+    Example::
+
+        >>> rpn = env_ranks_per_node()   # e.g. 2 in a pool of 8 ranks, 2 per node
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value else None
+
+
 def get_topology(
     name: str | Topology, world_size: int, ranks_per_node: int | None = None, **kw: object
 ) -> Topology:
     """Build the topology ``name`` for ``world_size`` ranks.
 
-    ``ranks_per_node`` defaults to :func:`pipecomm.launch.ranks_per_node` (``LOCAL_WORLD_SIZE``)
+    ``ranks_per_node`` defaults to :func:`env_ranks_per_node` (``LOCAL_WORLD_SIZE``)
     for topologies that need it (``alternating-exp-ring``). Extra keywords go to the class (e.g.
     ``seed`` for ``random-matching``). A :class:`Topology` instance is returned as is after
     checking its world size.
@@ -321,9 +334,7 @@ def get_topology(
             f"unknown topology {name!r}; available: {', '.join(available_topologies())}"
         )
     if ranks_per_node is None and cls.needs_ranks_per_node:
-        from pipecomm import launch
-
-        ranks_per_node = launch.ranks_per_node()
+        ranks_per_node = env_ranks_per_node()
     return cls(world_size, ranks_per_node=ranks_per_node, **kw)
 
 

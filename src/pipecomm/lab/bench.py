@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm.lab import stats
-from pipecomm.launch import synchronize
+from pipecomm.lab.launch import synchronize
 
 BUSBW_FACTOR = {
     "allreduce": lambda p: 2.0 * (p - 1) / p if p > 1 else 1.0,

@@ -8,12 +8,12 @@ iterations. Two granularities, one per model:
 * :func:`rank_calibrate_step` (E6-E9): ``C`` (zero_grad, batch, forward, backward, packing the
   gradients into one flat buffer) and ``U`` (the optimizer step) of a training configuration --
   the inputs of the Pipe-SGD timing model (Li et al. 2018, ``T_sync = C + M + U``,
-  ``T_pipe = max(C + U, M)``; :mod:`pipecomm.pipesgd.timing_model`), with
+  ``T_pipe = max(C + U, M)``; :mod:`pipecomm.lab.pipesgd_timing_model`), with
   :func:`pipecomm.lab.bench.time_fn`'s conventions (barrier, max over ranks, median over iterations),
   summarised by :func:`summarize_step`;
 * :func:`rank_calibrate_buckets` (E11, E12): per gradient bucket, the forward, backward and update
   time of the timing workload -- the inputs of the DAdam runtime model's event simulation
-  (:func:`pipecomm.decentralized.runtime_model.simulate`), per-rank medians averaged over the ranks
+  (:func:`pipecomm.lab.dadam_runtime_model.simulate`), per-rank medians averaged over the ranks
   by :func:`summarize_buckets`.
 
 The two are not one measurement: the timing model needs whole-step C and U of a real model under
@@ -39,8 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import launch
-from pipecomm.lab import bench
+from pipecomm.lab import bench, launch
 from pipecomm.lab.pipesgd_config import check_config
 from pipecomm.lab.trainers import gil_switch_interval, rank_world
 from pipecomm.lab.workloads import (

@@ -3,7 +3,7 @@
 Paper: Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performance
 Decentralized Training" (ICLR 2025): the runtime model of three factors -- overlap of
 communication with computation, the network's links, varying compute times
-(:mod:`pipecomm.decentralized.runtime_model`).
+(:mod:`pipecomm.lab.dadam_runtime_model`).
 
 * :func:`rank_time_training` (E11, E12): on every rank, train the timing workload
   (:class:`~pipecomm.lab.workloads.TimingNet`) through a
@@ -18,7 +18,7 @@ communication with computation, the network's links, varying compute times
 
 Example::
 
-    from pipecomm import launch
+    from pipecomm.lab import launch
     from pipecomm.lab import calibration, dadam_timing, network, workloads
     net = network.make_network(network.DEFAULT_NETWORK)
     spec = workloads.timing_spec(p=8)
@@ -41,9 +41,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives, launch, netem
-from pipecomm.decentralized import runtime_model, topology
-from pipecomm.lab import bench
+from pipecomm import collectives
+from pipecomm.decentralized import topology
+from pipecomm.lab import bench, launch, netem
+from pipecomm.lab import dadam_runtime_model as runtime_model
 from pipecomm.lab.checks import check_int
 from pipecomm.lab.experiment import Params
 from pipecomm.lab.network import link_models
@@ -163,7 +164,7 @@ def predict_training(
     ``warmup``, cut into ``blocks`` blocks, median block time / ``block_iters``.
     ``iteration_s`` is the overlapped model's (each group allreduce timed by
     :class:`OverlappedRing`; docs/experiments.md, E11), ``lockstep_iteration_s`` the lock-step
-    closed form's (:func:`pipecomm.decentralized.runtime_model.group_allreduce_time`).
+    closed form's (:func:`pipecomm.lab.dadam_runtime_model.group_allreduce_time`).
 
     Example::
 
@@ -329,7 +330,7 @@ def model_gossip_time(
 ) -> float:
     """Lock-step cost-model time of one gossip step (E10's ``lockstep_s``): the slowest group's allreduces of every bucket, back
     to back, with concurrent groups sharing the inter-node uplinks
-    (:func:`pipecomm.decentralized.runtime_model.step_comm_times`).
+    (:func:`pipecomm.lab.dadam_runtime_model.step_comm_times`).
 
     Example::
 
@@ -411,7 +412,7 @@ def replay_ring_allreduces(
 ) -> dict[str, Any]:
     """The overlapped model of one gossip step: every group's ring allreduce of every bucket,
     back to back on each rank, all groups at once, replayed message by message on the
-    emulator's own port arithmetic (:class:`pipecomm.netem.LinkSchedule`: latency in flight,
+    emulator's own port arithmetic (:class:`pipecomm.lab.netem.LinkSchedule`: latency in flight,
     one out- and one in-port per rank, one up- and one downlink per node, cut-through hops).
 
     Member ``j`` of a group of ``m`` sends message ``k`` (chunk ``j - k`` mod m, k = 0 .. 2m-3)
@@ -516,12 +517,12 @@ def replay_ring_allreduces(
 
 class OverlappedRing:
     """The overlapped model's time of one group's ring allreduce, as the ``collective_time_fn``
-    of :func:`pipecomm.decentralized.runtime_model.simulate`: the runtime model's schedule
+    of :func:`pipecomm.lab.dadam_runtime_model.simulate`: the runtime model's schedule
     (overlap, varying compute, launch order) is unchanged; only the time of each group's
     allreduce of a bucket comes from :func:`replay_ring_allreduces` of that bucket with all the
     groups of its step at once, in place of the lock-step closed form. The runtime model asks
     for a time by group size, level and uplink streams (its own cache key,
-    :func:`pipecomm.decentralized.runtime_model.step_comm_times`); this looks it up among the
+    :func:`pipecomm.lab.dadam_runtime_model.step_comm_times`); this looks it up among the
     replays of every step of ``steps`` (the slowest group with that key).
 
     Args: ``net`` (the emulated network), ``ranks_per_node``, ``world_size``, ``steps`` (the

@@ -1,8 +1,8 @@
-"""The network an experiment runs on: emulated (``pipecomm.netem``) or real, its link models and
+"""The network an experiment runs on: emulated (``pipecomm.lab.netem``) or real, its link models and
 its label in the data.
 
 No paper equation of its own: the links are the alpha-beta(-gamma) model of the LP paper
-(:mod:`pipecomm.cost`, ``t = alpha + n beta``); :func:`choose_bandwidth` inverts the cost model's
+(:mod:`pipecomm.lab.cost`, ``t = alpha + n beta``); :func:`choose_bandwidth` inverts the cost model's
 AllReduce time (the Pipe-SGD experiments E7-E9 pick the bandwidth at which communication is a
 given multiple of compute).
 
@@ -13,7 +13,7 @@ given multiple of compute).
 * Every data.csv's ``network`` column: :func:`network_text` (``"real"`` or the emulated
   network's ``describe()``, as :data:`pipecomm.lab.results.NETWORK_COLUMN` documents).
 * Where an experiment measures: :func:`ranks_on` -- the same rank functions on the emulated
-  network (``network="emulated"``, a local pool on :mod:`pipecomm.netem`) or on a real shaped one
+  network (``network="emulated"``, a local pool on :mod:`pipecomm.lab.netem`) or on a real shaped one
   (``network="shaped"``, a :class:`pipecomm.lab.cluster.VirtualCluster` of Linux network namespaces,
   tc tbf links, real TCP, one torchrun agent per node), with the network the cost models use.
 
@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipecomm import cost, launch, netem
-from pipecomm.lab import experiment
+from pipecomm.lab import cost, experiment, launch, netem
 
 __all__ = [
     "DEFAULT_NETWORK",
@@ -105,7 +104,7 @@ class TwoLevelParams(experiment.Params):
 
 
 def make_network(cfg: dict[str, Any]) -> netem.Network:
-    """The two-level :class:`pipecomm.netem.Network` described by ``cfg`` (keys of
+    """The two-level :class:`pipecomm.lab.netem.Network` described by ``cfg`` (keys of
     :data:`DEFAULT_NETWORK`); ranks per node come from the launcher.
 
     Example::
@@ -216,7 +215,7 @@ def choose_bandwidth(
     """The emulated bandwidth (bytes/s) at which the cost model's AllReduce of ``nbytes`` over
     ``p`` ranks takes ``target_s`` seconds (bisection; the model is decreasing in bandwidth).
 
-    ``gamma`` defaults to the calibrated reduction cost (:func:`pipecomm.cost.calibrated_link`).
+    ``gamma`` defaults to the calibrated reduction cost (:func:`pipecomm.lab.cost.calibrated_link`).
     A target at or below the latency-and-reduction floor is a ValueError. ``algorithm`` defaults
     to ``"ring"`` rather than pipecomm's ``"lp"``: the Pipe-SGD experiments train with a ring
     AllReduce, as the Pipe-SGD paper does (their ``DEFAULTS``).
@@ -262,11 +261,11 @@ class NetworkRanks:
     """The ranks an experiment measures on, and the network its cost models use.
 
     Attributes:
-        kind: ``"emulated"`` (:mod:`pipecomm.netem`), ``"shaped"`` (a virtual cluster) or
+        kind: ``"emulated"`` (:mod:`pipecomm.lab.netem`), ``"shaped"`` (a virtual cluster) or
             ``"real"`` (no network model: NCCL's interconnect).
         net: the network the models use: the emulated network itself, or the shaped cluster's
             calibrated links (alpha and bandwidth fitted per link, the requested ports) as a
-            :class:`pipecomm.netem.Network` (a description; nothing is emulated with it);
+            :class:`pipecomm.lab.netem.Network` (a description; nothing is emulated with it);
             ``None`` when real.
         text: the data.csv ``network`` column (``describe()`` of the emulator or the cluster).
         calibration: the shaped cluster's :func:`pipecomm.lab.cluster.calibrate` record (``None``
@@ -321,7 +320,7 @@ def ranks_on(
 
     * ``"emulated"``: :func:`emulated_pool`, which first checks that the host delivers
       ``net``'s links with messages of ``smallest_bytes``; ``smallest_bytes=None`` skips that
-      probe (:func:`pipecomm.launch.pool`: the training experiments time whole iterations).
+      probe (:func:`pipecomm.lab.launch.pool`: the training experiments time whole iterations).
       ``net=None`` (NCCL, or no network): the real interconnect, ``kind="real"``.
     * ``"shaped"``: a :class:`pipecomm.lab.cluster.VirtualCluster` of ``world_size /
       ranks_per_node`` nodes whose links the kernel shapes to ``net``'s inter-node bandwidth
@@ -332,7 +331,7 @@ def ranks_on(
       (:func:`pipecomm.lab.cluster.calibrate`: alpha and bandwidth as measured), the host must carry
       every node link at once, and ``NetworkRanks.net`` holds the calibrated links for the cost
       models (and for LP's default block size on the ranks,
-      :func:`pipecomm.collectives.lp.set_model_network`). Needs root, iproute2 and tc tbf
+      :func:`pipecomm.collectives.lp.set_link`). Needs root, iproute2 and tc tbf
       (:func:`pipecomm.lab.cluster.available`) and gloo; without them a RuntimeError says why (the
       emulator is the fallback: ``network="emulated"``).
 
@@ -341,9 +340,8 @@ def ranks_on(
         with ranks_on(params.network, 8, net, 64 << 10) as ranks:
             out = ranks.run(sweep.measure_points, points)
     """
-    from pipecomm import launch
     from pipecomm.collectives import lp
-    from pipecomm.lab import cluster
+    from pipecomm.lab import cluster, launch
 
     check_network_kind(network)
     rpn = ranks_per_node or 1
@@ -380,7 +378,8 @@ def ranks_on(
             alpha_s=intra["alpha_s"], bandwidth_Bps=intra["bandwidth_Bps"], ports=net.ports,
             inter_alpha_s=inter["alpha_s"] if rpn > 1 else None,
             inter_bandwidth_Bps=inter["bandwidth_Bps"] if rpn > 1 else None)
-        job.run(lp.set_model_network, model_net, timeout_s=timeout_s)  # LP's default blocks
+        job.run(lp.set_link, model_net.alpha_s, model_net.bandwidth_Bps,  # LP's default blocks
+                timeout_s=timeout_s)
         yield NetworkRanks("shaped", model_net, c.describe(), job, cal)
 
 
@@ -388,10 +387,10 @@ def ranks_on(
 def emulated_pool(world_size: int, network: netem.Network, smallest_bytes: int, *,
                   ranks_per_node: int | None = None, timeout_s: float = 120.0) -> Iterator[Any]:
     """A local rank pool on the emulated ``network`` that is known to be valid: before anything
-    is measured, :func:`pipecomm.netem.check_host` probes this host at this p with the smallest
+    is measured, :func:`pipecomm.lab.netem.check_host` probes this host at this p with the smallest
     message the measurement sends (``smallest_bytes``) and with 1 MiB, and raises
-    :class:`pipecomm.netem.HostTooSlow` (naming the link parameter to relax) when a real transfer
-    is slower than the emulated one in a second probe too, :data:`pipecomm.netem.RECHECK_PAUSE_S`
+    :class:`pipecomm.lab.netem.HostTooSlow` (naming the link parameter to relax) when a real transfer
+    is slower than the emulated one in a second probe too, :data:`pipecomm.lab.netem.RECHECK_PAUSE_S`
     after a first that failed (a process that was finishing, e.g. the kernel tearing down network
     namespaces, is not the host).
     ``PIPECOMM_SKIP_HOST_CHECK=1`` skips the probe with a warning (the tests' tiny end-to-end runs

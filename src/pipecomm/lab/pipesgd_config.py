@@ -37,8 +37,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pipecomm import cost, launch, netem, vocab
-from pipecomm.lab import data, experiment, models, schedules
+from pipecomm import vocab
+from pipecomm.lab import cost, data, experiment, launch, models, netem, schedules
 from pipecomm.lab.checks import positive_float, positive_int, require
 from pipecomm.lab.network import check_network_kind
 from pipecomm.lab.workloads import HELDOUT_PARTS, check_batch_size

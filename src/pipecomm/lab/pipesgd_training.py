@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import cost, launch
-from pipecomm.lab import bench, results, schedules
+from pipecomm.lab import bench, cost, launch, results, schedules
+from pipecomm.lab import pipesgd_timing_model as timing_model
 from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
 from pipecomm.lab.network import network_and_link, network_for, ranks_on
 from pipecomm.lab.pipesgd_config import CalibratedPoolParams, check_config, lr_scale, parse_method
@@ -50,7 +50,6 @@ from pipecomm.lab.workloads import (
     fetch_data,
     gradient_bytes,
 )
-from pipecomm.pipesgd import timing_model
 
 __all__ = [
     "TIMING_COLUMNS",
@@ -270,7 +269,7 @@ def calibrate_and_train(
     ``params`` holds ``backend``, ``world_size``, ``bandwidth_Bps`` (None: choose from
     ``comm_ratio``), ``alpha_s``, ``ports``, ``algorithm``, ``calib_iters``, ``skip``,
     ``timeout_s``; with ``backend="nccl"`` there is no emulated network (the network parameters
-    are unused) and the model's link is E0's calibration (:func:`pipecomm.cost.calibrated_link`);
+    are unused) and the model's link is E0's calibration (:func:`pipecomm.lab.cost.calibrated_link`);
     ``config(params, seed, method)`` gives a training configuration; ``iterations`` overrides the
     number of steps per method (e.g. fewer for "nocomm", which only times); ``repeats`` trains
     every (seed, method) that many times (:func:`rounds`, interleaved). ``timing = (methods,

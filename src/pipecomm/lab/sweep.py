@@ -3,13 +3,13 @@ their analysis: the measurement loop that E0-E4 and the collectives benchmark sh
 
 No paper equation of its own: it times the schedules of :mod:`pipecomm.collectives` with
 :func:`pipecomm.lab.bench.time_fn` (common start instant, every repeat kept) on the emulated network
-(:mod:`pipecomm.netem`) or the real backend, and locates where LP overtakes another algorithm,
-measured and in the alpha-beta model of :mod:`pipecomm.cost` (the LP paper's argument, Wang et
+(:mod:`pipecomm.lab.netem`) or the real backend, and locates where LP overtakes another algorithm,
+measured and in the alpha-beta model of :mod:`pipecomm.lab.cost` (the LP paper's argument, Wang et
 al., arXiv 1611.04255, Section 3).
 
 Example::
 
-    from pipecomm import launch
+    from pipecomm.lab import launch
     from pipecomm.lab import sweep
     pts = [{"op": "broadcast", "algorithm": a, "nbytes": 1 << 20, "p": 4, "warmup": 1,
             "iters": 10} for a in ("lp", "mst")]
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipecomm import collectives, cost, launch
+from pipecomm import collectives
 from pipecomm.collectives import agreement
-from pipecomm.lab import bench
+from pipecomm.lab import bench, cost, launch
 from pipecomm.lab.experiment import Params
 
 T = TypeVar("T")
@@ -97,7 +97,7 @@ def check_link_params(params: Params) -> None:
 
 
 def network(params: Params, ports: str | None = None):
-    """The emulated :class:`pipecomm.netem.Network` of a sweep's ``Params`` (``emu_alpha_s``,
+    """The emulated :class:`pipecomm.lab.netem.Network` of a sweep's ``Params`` (``emu_alpha_s``,
     ``emu_bandwidth_Bps``), with ``ports`` (default: the parameter ``ports``).
 
     Example::
@@ -106,7 +106,7 @@ def network(params: Params, ports: str | None = None):
         >>> network(e03_collectives_vs_ranks.Params.make(), "single").describe()
         'emulated, single-port, 2.0 ms / 100 MB/s'
     """
-    from pipecomm import netem
+    from pipecomm.lab import netem
 
     return netem.Network(
         alpha_s=params.emu_alpha_s,
@@ -356,7 +356,7 @@ def model_crossover_bytes(
     block sizes and refined like :func:`measured_crossover_bytes`; ``inf`` if LP is not faster
     at ``hi``. ``host_block_s=None``: LP by the paper's lock-step model; a number: by the
     overlapped model of the progress engine with that host cost per block
-    (:func:`pipecomm.cost.overlapped_time`).
+    (:func:`pipecomm.lab.cost.overlapped_time`).
 
     Example::
 

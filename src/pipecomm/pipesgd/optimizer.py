@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import vocab
+from pipecomm import compress, vocab
 from pipecomm.compress import ErrorFeedback
 from pipecomm.compress import check_error_feedback as compress_check
 from pipecomm.pipesgd.exchange import Exchange, Ready
@@ -175,8 +175,6 @@ class PipeSGD(torch.optim.Optimizer):
 
         codec = None
         if compression is not None and self.world_size > 1:
-            from pipecomm import compress
-
             codec = compress.get_codec(compression)
             if timing:
                 codec = TimedCodec(codec)

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import collectives
+from pipecomm import checks, collectives
 
 __all__ = [
     "broadcast_state",
@@ -60,19 +59,9 @@ def check_arguments(
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
-    if (
-        isinstance(bucket_mb, bool)
-        or not isinstance(bucket_mb, (int, float))
-        or not math.isfinite(bucket_mb)
-        or bucket_mb <= 0
-    ):
-        raise ValueError(f"bucket_mb must be a positive finite number of MiB, got {bucket_mb!r}")
-    if block_bytes is not None and (
-        isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0
-    ):
-        raise ValueError(f"block_bytes must be a positive int or None, got {block_bytes!r}")
-    if not isinstance(timing, bool):
-        raise TypeError(f"timing must be True or False, got {timing!r}")
+    checks.positive_number(bucket_mb, "bucket_mb", unit="MiB")
+    checks.block_bytes(block_bytes)
+    checks.flag(timing, "timing")
     if max_timings is not None and (
         isinstance(max_timings, bool) or not isinstance(max_timings, int) or max_timings < 0
     ):
@@ -121,7 +110,7 @@ def resolve_group(group: Any) -> tuple[int, ...]:
         if group is not None:
             raise ValueError(
                 "group was given but torch.distributed is not initialised; start ranks with "
-                "pipecomm.launch, or pass group=None for single-process training"
+                "pipecomm.lab.launch, or pass group=None for single-process training"
             )
         return (0,)
     if group is not None and not isinstance(group, dist.ProcessGroup):

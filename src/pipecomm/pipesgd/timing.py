@@ -26,9 +26,20 @@ from typing import Any
 
 import torch
 
-from pipecomm import launch
+__all__ = ["TIMING_KEYS", "NullTimer", "StepTimer", "TimedCodec", "synchronize"]
 
-__all__ = ["TIMING_KEYS", "NullTimer", "StepTimer", "TimedCodec"]
+
+def synchronize(device: Any) -> None:
+    """Wait for ``device``'s queued kernels when it is a GPU (CUDA kernels run asynchronously, so
+    a host clock read without this measures launches, not work); nothing for the CPU or None.
+
+    Example::
+
+        >>> import time
+        >>> synchronize("cpu"); t0 = time.perf_counter()
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 #: Keys of a per-iteration timing record (seconds unless said otherwise).
 TIMING_KEYS: tuple[str, ...] = (
@@ -147,7 +158,7 @@ class StepTimer:
 
     def settled(self) -> float:
         """The host clock after the GPU's queued work (nothing to wait for on the CPU)."""
-        launch.synchronize(self._device)
+        synchronize(self._device)
         return time.perf_counter()
 
     def reset(self) -> None:

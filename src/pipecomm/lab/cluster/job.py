@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipecomm import checks
 from pipecomm.lab.cluster.host import ClusterError
 
 __all__ = [
@@ -63,14 +64,12 @@ class ClusterJob:
 
             per_rank = job.run(sweep.measure_points, points, timeout_s=120)
         """
-        from pipecomm import launch
-        from pipecomm.lab import results
+        from pipecomm.lab import launch, results
 
         if self._dead:
             raise ClusterError("this cluster job has stopped (an earlier call failed)")
-        limit = self.cluster.timeout_s if timeout_s is None else float(timeout_s)
-        if not limit > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        limit = checks.positive_number(self.cluster.timeout_s if timeout_s is None else timeout_s,
+                                       "timeout_s", "ClusterJob.run", "seconds")
         payload = launch.check_picklable(fn, args, kwargs)
         k = self._calls
         self._calls += 1
@@ -140,7 +139,7 @@ def raise_timeout(procs: list[subprocess.Popen], files: list, limit: float) -> N
 
 
 def _raise_rank_error(paths: Sequence[Path]) -> None:
-    from pipecomm import launch
+    from pipecomm.lab import launch
 
     for rank, path in enumerate(paths):
         if path.exists():
@@ -197,8 +196,7 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
 def serve(job_dir: str) -> None:
     """Body of a rank of :meth:`VirtualCluster.job` (under torchrun): run the calls as they
     come, until the orchestrator writes ``stop``."""
-    from pipecomm import launch
-    from pipecomm.lab import results
+    from pipecomm.lab import launch, results
 
     path = Path(job_dir)
     info = launch.init_from_env((path / "backend").read_text())

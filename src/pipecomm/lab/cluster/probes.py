@@ -131,7 +131,7 @@ def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,
     """
     import torch.distributed as dist
 
-    from pipecomm import cost
+    from pipecomm.lab import cost
 
     if len(set(sizes)) < 2:
         raise ValueError(f"sizes must hold >= 2 message sizes to fit alpha and beta, got {sizes!r}")

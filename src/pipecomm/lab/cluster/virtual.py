@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipecomm import checks
 from pipecomm.lab.cluster.host import (
     ClusterError,
     available,
@@ -116,8 +117,7 @@ class VirtualCluster:
             raise ValueError(f"burst_bytes must be an int >= 2048, got {burst_bytes!r}")
         if links not in LINKS:
             raise ValueError(f"links must be one of {LINKS}, got {links!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        checks.positive_number(timeout_s, "timeout_s", "VirtualCluster", "seconds")
         self.nodes = nodes
         self.ranks_per_node = ranks_per_node
         self.world_size = nodes * ranks_per_node
@@ -393,9 +393,8 @@ class VirtualCluster:
         """
         if not self.started:
             raise ClusterError("the cluster is not started (use `with VirtualCluster(...)`)")
-        limit = self.timeout_s if timeout_s is None else float(timeout_s)
-        if not limit > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        limit = checks.positive_number(self.timeout_s if timeout_s is None else timeout_s,
+                                       "timeout_s", "VirtualCluster.per_node", "seconds")
         with self._started(argv, env, cwd) as (procs, files):
             self._wait(procs, files, limit)
             return [NodeResult(i, p.returncode, *read_output(f)) for i, (p, f) in
@@ -467,7 +466,7 @@ class VirtualCluster:
             backend: str = "gloo", **kwargs: Any) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank of the cluster (one torchrun job for this
         call); results in rank order. ``fn`` must be importable (module level). A rank that
-        raises gives :class:`pipecomm.launch.RankError` with its traceback. For many calls,
+        raises gives :class:`pipecomm.lab.launch.RankError` with its traceback. For many calls,
         :meth:`job` starts the ranks once.
 
         Example::
@@ -481,7 +480,7 @@ class VirtualCluster:
     def job(self, backend: str = "gloo") -> Iterator[ClusterJob]:
         """A torchrun job on the cluster whose ranks stay up and run one call after another
         (:meth:`ClusterJob.run`): torchrun and the process groups start once per job, as a
-        local :class:`pipecomm.launch.Ranks` pool does. The ranks are stopped on leaving.
+        local :class:`pipecomm.lab.launch.Ranks` pool does. The ranks are stopped on leaving.
 
         Example::
 

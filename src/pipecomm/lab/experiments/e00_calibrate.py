@@ -6,7 +6,7 @@ of the LP paper uses: a message of n bytes costs ``alpha + n * beta``; reducing 
 ``cost.fit_alpha_beta`` fits alpha and beta, and ``gamma`` is the time of an in-place float32
 add per byte. A host section measures ``host_links`` (how many lone loopback links' worth of
 bytes the host moves at once) for the real backend's LP model. With an emulated network
-(``pipecomm.netem``) the same ping-pong measures the emulated alpha and bandwidth: claim C0.2
+(``pipecomm.lab.netem``) the same ping-pong measures the emulated alpha and bandwidth: claim C0.2
 (artifact/claims.yaml). ``network="shaped"`` runs that section on a shaped real network,
 ``backend="nccl"`` (gpu profile) the ping-pong between two GPUs.
 
@@ -31,9 +31,8 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from pipecomm import cost, launch
 from pipecomm.collectives.p2p import exchange
-from pipecomm.lab import bench, claims, experiment, results, stats
+from pipecomm.lab import bench, claims, cost, experiment, launch, results, stats
 from pipecomm.lab.cli import check_backend, main
 from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
 from pipecomm.lab.sweep import message_sizes
@@ -173,7 +172,7 @@ def host_links(df: pd.DataFrame) -> float | None:
     """``(p - 1) x`` the chain's rate per link over one link's rate alone (section ``host``), or
     ``None`` without that section. One link's rate is the ping-pong's at its largest size
     (section ``real``: the per-size table the LP model reads, whose
-    :attr:`pipecomm.cost.HostLink.rate_Bps` the model multiplies by ``host_links``) when it was
+    :attr:`pipecomm.lab.cost.HostLink.rate_Bps` the model multiplies by ``host_links``) when it was
     measured, else the host section's own lone link.
 
     Example::
@@ -219,7 +218,7 @@ def run(**params: Any) -> pd.DataFrame:
                                                    world_size=params.host_world_size,
                                                    network="real"))
     if params.emulated:
-        from pipecomm import netem
+        from pipecomm.lab import netem
 
         net = netem.Network(alpha_s=params.emu_alpha_s, bandwidth_Bps=params.emu_bandwidth_Bps)
         emu_sizes = message_sizes(params.sizes_min, params.emu_sizes_max, params.size_factor)

@@ -7,7 +7,7 @@ model: LP broadcast costs ``(p + k - 2)(alpha + b beta)`` -- almost independent 
 ranks p once the message is cut into ``k* = sqrt((p - 2) n beta / alpha)`` blocks -- while MST
 costs ``ceil(log2 p)(alpha + n beta)`` and BE ``2 log2 p alpha + 2 (p - 1)/p n beta``.
 
-Nothing is measured here: every number is :mod:`pipecomm.cost` evaluated for the schedules that
+Nothing is measured here: every number is :mod:`pipecomm.lab.cost` evaluated for the schedules that
 pipecomm implements (``cost.model_table``), for every algorithm (lp, mst, be, ring), op
 (broadcast, reduce, allreduce) and port model ("single": one full-duplex port per rank;
 "per-neighbor": one link per pair -- only LP allreduce, which sends both ways along the chain at
@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost
-from pipecomm.lab import experiment
+from pipecomm.lab import cost, experiment
 from pipecomm.lab.cli import main
 from pipecomm.lab.sweep import ALG_COLORS, message_sizes
 

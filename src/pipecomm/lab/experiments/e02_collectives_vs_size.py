@@ -6,7 +6,7 @@ and bidirectional-exchange (BE) collectives for the large messages of data-paral
 to 2x" the bandwidth of BE; its allreduce uses both directions of every link of the chain.
 
 Two sections, one tidy table (column ``section``): ``emulated`` -- lp, mst, be and ring on
-``world_size`` ranks over the emulated network (:mod:`pipecomm.netem`; ``emu_cases`` maps
+``world_size`` ranks over the emulated network (:mod:`pipecomm.lab.netem`; ``emu_cases`` maps
 ``"ports/op"`` to the algorithms), every point with the alpha-beta-gamma model beside it
 (``model_s``, ``model_lockstep_s``), or with ``network="shaped"`` on a virtual cluster of
 tc-shaped links (section ``shaped``); ``real`` -- no emulation (loopback gloo, or NCCL on the
@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipecomm import collectives, cost, launch
-from pipecomm.lab import bench, claims, experiment, stats
+from pipecomm import collectives
+from pipecomm.lab import bench, checks, claims, cost, experiment, launch, stats
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
 from pipecomm.lab.sweep import (
@@ -98,8 +98,7 @@ class Params(experiment.Params):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"parameter {name} must be a number >= 0, got {v!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
         bw = self.emu_bandwidth_Bps
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
             raise ValueError(f"parameter emu_bandwidth_Bps must be > 0, got {bw!r}")
@@ -395,7 +394,7 @@ def run(**params: Any) -> pd.DataFrame:
 
 def host_block_s() -> float:
     """The host's cost of one LP block on the critical path, for the overlapped model
-    (:func:`pipecomm.cost.lp_overlapped_time`): E0's per-message latency of the real backend
+    (:func:`pipecomm.lab.cost.lp_overlapped_time`): E0's per-message latency of the real backend
     (``cost.calibrated_link().alpha``; its documented fallback without E0).
 
     Example::
@@ -407,7 +406,7 @@ def host_block_s() -> float:
 
 
 def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
-    """LP rows of the real gloo section: :func:`pipecomm.cost.lp_time_on_host` on this host's
+    """LP rows of the real gloo section: :func:`pipecomm.lab.cost.lp_time_on_host` on this host's
     ``link`` (E0's per-size table and ``host_links`` when the artifact set
     ``PIPECOMM_CALIBRATION``) with the block the collective used; NaN for the other
     algorithms."""

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost
-from pipecomm.lab import claims, experiment, stats
+from pipecomm.lab import claims, cost, experiment, stats
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import check_network_kind, ranks_on
 from pipecomm.lab.sweep import (

@@ -3,11 +3,11 @@
 Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
 Networks" (arXiv 1611.04255). Linear pipelining cuts an n-byte message into k blocks of b bytes;
 in the paper's lock-step model its broadcast costs ``(p + k - 2)(alpha + b beta)``, optimum
-``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.cost.lp_optimal_block_bytes``). pipecomm's
+``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.lab.cost.lp_optimal_block_bytes``). pipecomm's
 progress engine overlaps a block's latency with the next block's bytes, so its broadcast costs
 ``(p - 1) alpha + (n + (p - 2) b) beta + k h`` with ``h`` the host's cost per block (E0's
 per-message latency): the optimum is ``k* = sqrt((p - 2) n beta / h)``
-(``pipecomm.cost.lp_overlapped_block_bytes``; docs/algorithms.md, "LP as the engine runs it").
+(``pipecomm.lab.cost.lp_overlapped_block_bytes``; docs/algorithms.md, "LP as the engine runs it").
 The grid is centred on that optimum; ``model_s`` is the overlapped model, ``model_lockstep_s``
 and ``lockstep_block_bytes`` the paper's.
 
@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost
-from pipecomm.lab import claims, experiment, stats
+from pipecomm.lab import claims, cost, experiment, stats
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import check_network_kind, ranks_on
 from pipecomm.lab.sweep import ALG_COLORS, check_link_params, network
@@ -115,7 +114,7 @@ def block_grid(
 
 def optimum(op: str, nbytes: int, p: int, link: cost.LinkModel, host_block_s: float) -> int:
     """The modelled optimal LP block (bytes), a multiple of 8: the overlapped model's
-    (:func:`pipecomm.cost.lp_overlapped_block_bytes`, ``host_block_s`` host seconds per block).
+    (:func:`pipecomm.lab.cost.lp_overlapped_block_bytes`, ``host_block_s`` host seconds per block).
 
     Example::
 

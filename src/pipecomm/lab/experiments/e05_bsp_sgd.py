@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost, netem, vocab
-from pipecomm.lab import claims
+from pipecomm import vocab
+from pipecomm.lab import claims, cost, netem
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import network_and_link, ranks_on

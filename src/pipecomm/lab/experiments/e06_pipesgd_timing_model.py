@@ -3,7 +3,7 @@
 Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 1811.03619): a
 timing model of AllReduce SGD from network latency, bandwidth, cluster size and compute time;
 synchronous SGD costs ``C + A + U`` per iteration (compute, AllReduce, update) and the pipeline of
-width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.pipesgd.timing_model`).
+width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.lab.pipesgd_timing_model`).
 
 Measures, for each (world size p, emulated bandwidth) pair in ``pools`` and each batch size,
 ``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` iteration times over ``runs`` independent
@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost, netem, vocab
-from pipecomm.lab import claims, network, stats
+from pipecomm import vocab
+from pipecomm.lab import claims, cost, netem, network, stats
+from pipecomm.lab import pipesgd_timing_model as timing_model
 from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
@@ -37,7 +38,6 @@ from pipecomm.lab.pipesgd_analysis import per_iteration, steady
 from pipecomm.lab.pipesgd_config import CalibratedParams, check_config, config
 from pipecomm.lab.pipesgd_training import iteration_rows, rounds, train_rank
 from pipecomm.lab.workloads import check_batch_size, gradient_bytes
-from pipecomm.pipesgd import timing_model
 
 ID = "E6"
 NOTEBOOK = "06_pipesgd_timing_model"

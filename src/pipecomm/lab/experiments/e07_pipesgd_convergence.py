@@ -31,8 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from pipecomm import launch
-from pipecomm.lab import claims, results, tuning
+from pipecomm.lab import claims, launch, results, tuning
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
 from pipecomm.lab.pipesgd_analysis import (

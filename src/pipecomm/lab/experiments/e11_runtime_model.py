@@ -4,7 +4,7 @@ Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performanc
 Training" (ICLR 2025) explain when decentralized training is faster per iteration than AllReduce
 with a runtime model of three factors: (1) overlap of communication with computation, (2)
 heterogeneous intra- vs inter-node links, (3) sensitivity to varying compute times. Their equations
-(appendix A.5) could not be recovered; ``pipecomm.decentralized.runtime_model.simulate`` is this
+(appendix A.5) could not be recovered; ``pipecomm.lab.dadam_runtime_model.simulate`` is this
 artifact's discrete-event version. This experiment checks its predictions against measured
 training iterations, sweeping each factor:
 

@@ -38,9 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipecomm import launch
 from pipecomm.decentralized import AccumAdam, topology
-from pipecomm.lab import bench, claims, experiment, results, schedules, stats, tuning
+from pipecomm.lab import bench, claims, experiment, launch, results, schedules, stats, tuning
 from pipecomm.lab.checks import check_int, check_world_sizes
 from pipecomm.lab.cli import check_backend, main
 from pipecomm.lab.network import DEFAULT_NETWORK, make_network, network_text

@@ -1,12 +1,12 @@
 """E14 — the emulated network checked against a real shaped one: same collectives, same p.
 
-Every network-dependent result of the cpu profile runs on :mod:`pipecomm.netem`, pipecomm's own
+Every network-dependent result of the cpu profile runs on :mod:`pipecomm.lab.netem`, pipecomm's own
 model of the network (per-message deadlines ``alpha + n / B`` on single-port ranks). This
 experiment carries the same bytes over a network pipecomm does not model itself -- the kernel's
 TCP stack and its token-bucket shaper -- and compares the same collective points on
 ``shaped``, a :class:`pipecomm.lab.cluster.VirtualCluster` of ``world_size`` single-port nodes
 whose link is calibrated first, and ``emulated``, a local pool of the same p on
-:class:`pipecomm.netem.Network` configured with that link's *fitted* alpha and bandwidth.
+:class:`pipecomm.lab.netem.Network` configured with that link's *fitted* alpha and bandwidth.
 
 Claim C14.1 (artifact/claims.yaml) compares every bandwidth-dominated point (at least
 ``min_bytes``): signed error ``emulated / shaped - 1`` on its interval. Needs root, iproute2 and
@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import cost, netem
-from pipecomm.lab import claims, cluster, experiment, network, stats, sweep
+from pipecomm.lab import checks, claims, cluster, cost, experiment, netem, network, stats, sweep
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import ranks_on
 
@@ -88,8 +87,7 @@ class Params(experiment.Params):
             value = getattr(self, name)
             if value < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got {value!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
 
 
 DEFAULTS = Params.defaults()
@@ -254,7 +252,7 @@ def plot(df: pd.DataFrame, **params: Any):
                title=f"{op}, p={int(col.world_size.max())}, single-port")
         ax.legend(fontsize=6, ncol=2)
     shaped = col[col.network_kind == "shaped"].network.iloc[0] if len(col) else ""
-    fig.suptitle(f"E14 — solid: {shaped}\ndashed: emulated: pipecomm.netem with the fitted link",
+    fig.suptitle(f"E14 — solid: {shaped}\ndashed: emulated: pipecomm.lab.netem with the fitted link",
                  fontsize=8)
     fig.tight_layout()
     return fig

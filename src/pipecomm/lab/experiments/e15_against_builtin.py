@@ -37,8 +37,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm import netem
-from pipecomm.lab import bench, claims, cluster, experiment, results, shaped_training, stats, sweep
+from pipecomm.lab import (
+    bench,
+    checks,
+    claims,
+    cluster,
+    experiment,
+    netem,
+    results,
+    shaped_training,
+    stats,
+    sweep,
+)
 from pipecomm.lab.cli import main
 from pipecomm.lab.network import ranks_on
 
@@ -119,8 +129,7 @@ class Params(experiment.Params):
             if getattr(self, name) < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got "
                                  f"{getattr(self, name)!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"parameter timeout_s must be > 0, got {self.timeout_s!r}")
+        checks.positive_float(self, "timeout_s")
 
 
 DEFAULTS = Params.defaults()

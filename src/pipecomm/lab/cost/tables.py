@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pipecomm.cost.link import LinkModel, _check_algorithm, _check_link, _check_op, as_count
-from pipecomm.cost.lockstep import collective_time, lp_optimal_block_bytes
+from pipecomm.lab.cost.link import LinkModel, _check_algorithm, _check_link, _check_op, as_count
+from pipecomm.lab.cost.lockstep import collective_time, lp_optimal_block_bytes
 
 
 def model_table(

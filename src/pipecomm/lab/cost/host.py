@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipecomm.cost.calibration import calibrated_link
-from pipecomm.cost.link import (
+from pipecomm.lab.cost.calibration import calibrated_link
+from pipecomm.lab.cost.link import (
     _CALIBRATION_ENV,
     DEFAULT_GAMMA_S_PER_BYTE,
     _check_op,

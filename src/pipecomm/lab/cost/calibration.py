@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipecomm.cost.link import (
+from pipecomm.lab.cost.link import (
     _CALIBRATION_ENV,
     DEFAULT_ALPHA_S,
     DEFAULT_BANDWIDTH_BPS,
@@ -100,7 +100,7 @@ def link_from_network(network: Any, level: str = "intra", gamma: float | None = 
     for attr in ("alpha_s", "bandwidth_Bps", "ports"):
         if not hasattr(network, attr):
             raise TypeError(
-                f"network must have attribute {attr!r} (a pipecomm.netem.Network), "
+                f"network must have attribute {attr!r} (a pipecomm.lab.netem.Network), "
                 f"got {type(network).__name__}"
             )
     if gamma is None:

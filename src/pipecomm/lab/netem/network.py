@@ -1,13 +1,13 @@
 """The emulated network's parameters: alpha-beta links with a port model, optionally two levels.
 
 :class:`Network` is what a caller configures (``launch.Ranks(4, network=Network(2e-3, 50e6))``);
-the rules that turn it into delivery times are in :mod:`pipecomm.netem.schedule`. The link model
+the rules that turn it into delivery times are in :mod:`pipecomm.lab.netem.schedule`. The link model
 is the alpha-beta (Hockney) model of the LP paper (Wang et al., arXiv 1611.04255) with the
 two-level network of the DAdam paper's runtime model (Wang et al., ICLR 2025).
 
 Example::
 
-    >>> from pipecomm.netem import Network
+    >>> from pipecomm.lab.netem import Network
     >>> round(Network(2e-3, 50e6).transfer_time(1 << 20), 6)   # 0.002 + 1048576 / 50e6
     0.022972
 """

@@ -21,11 +21,11 @@ Model, reservation arithmetic, virtual clock and what is not modelled: docs/netw
 Modules: :mod:`.network` (:class:`Network`, the parameters), :mod:`.schedule`
 (:class:`LinkSchedule`, the reservation arithmetic), :mod:`.emulation` (the launcher's contract,
 the virtual clock, the counters), :mod:`.host_check` (:func:`check_host`). Every name is
-importable from ``pipecomm.netem``.
+importable from ``pipecomm.lab.netem``.
 
 Example::
 
-    from pipecomm import launch, netem
+    from pipecomm.lab import launch, netem
     net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6, ports="single")
     with launch.Ranks(4, network=net) as ranks:
         ranks.run(mymodule.measure)          # in a rank: netem.current() == net
@@ -33,8 +33,8 @@ Example::
 
 from __future__ import annotations
 
-# re-exported: public API (pipecomm.netem.<name>)
-from pipecomm.netem.emulation import (
+# re-exported: public API (pipecomm.lab.netem.<name>)
+from pipecomm.lab.netem.emulation import (
     MAX_LAG_S,
     VirtualClock,
     activate,
@@ -49,15 +49,15 @@ from pipecomm.netem.emulation import (
     teardown,
     wait_until,
 )
-from pipecomm.netem.host_check import (
+from pipecomm.lab.netem.host_check import (
     RECHECK_PAUSE_S,
     SKIP_CHECK_ENV,
     HostCheck,
     HostTooSlow,
     check_host,
 )
-from pipecomm.netem.network import PORTS, Network
-from pipecomm.netem.schedule import Hop, LinkSchedule
+from pipecomm.lab.netem.network import PORTS, Network
+from pipecomm.lab.netem.schedule import Hop, LinkSchedule
 
 __all__ = [
     "MAX_LAG_S",

@@ -1,6 +1,6 @@
 """A local rank's process: the fork server it starts from, and the loop it serves calls in.
 
-:class:`pipecomm.launch.Ranks` starts each rank with :func:`run_rank` in a process of
+:class:`pipecomm.lab.launch.Ranks` starts each rank with :func:`run_rank` in a process of
 :func:`process_context` (on Linux forked from a server that imported torch once), hands it this
 process's stdout and stderr (:class:`ParentStdio`) and sends it calls pickled by
 :func:`check_picklable`. A script that starts ranks without a ``__main__`` guard gets
@@ -8,7 +8,7 @@ process's stdout and stderr (:class:`ParentStdio`) and sends it calls pickled by
 
 Example::
 
-    >>> from pipecomm import launch
+    >>> from pipecomm.lab import launch
     >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
     >>> type(payload)
     <class 'bytes'>
@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from pipecomm.launch.rank import init_distributed, set_threads, to_cpu
+from pipecomm.lab.launch.rank import init_distributed, set_threads, to_cpu
 
 __all__ = [
     "BOOTSTRAP_EXIT",
@@ -71,7 +71,7 @@ def unguarded_error() -> UnguardedMainError:
         >>> raise unguarded_error()
         Traceback (most recent call last):
             ...
-        pipecomm.launch.worker.UnguardedMainError: ...
+        pipecomm.lab.launch.worker.UnguardedMainError: ...
     """
     return UnguardedMainError(
         f"the ranks re-ran {_main_script()} while starting, and its module-level code starts "
@@ -194,7 +194,7 @@ def run_rank(
             start_timeout_s=start_timeout_s,
         )
         if network is not None:
-            from pipecomm import netem
+            from pipecomm.lab import netem
 
             netem.activate(network, net_handle, rank=rank, world_size=world_size,
                            ranks_per_node=rpn)
@@ -241,7 +241,7 @@ def check_picklable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
 
     Example::
 
-        >>> from pipecomm import launch
+        >>> from pipecomm.lab import launch
         >>> payload = launch.check_picklable(launch.device, (1 << 20,), {})
         >>> launch.check_picklable(lambda: 0, (), {})
         Traceback (most recent call last):

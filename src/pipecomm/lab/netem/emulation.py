@@ -1,15 +1,15 @@
 """The emulated network in the ranks: the launcher's contract, each rank's virtual clock, counters.
 
-The port table of :class:`pipecomm.netem.schedule.LinkSchedule` lives in shared memory and is
+The port table of :class:`pipecomm.lab.netem.schedule.LinkSchedule` lives in shared memory and is
 guarded by one cross-process lock (:func:`setup` in the parent, :func:`activate` in each rank,
 :func:`teardown` at the end); it is single-host only (all ranks read CLOCK_MONOTONIC). A rank
 posts at its *emulated* time (:class:`VirtualClock`, :func:`clock`), waits for deadlines with
 :func:`wait_until` and counts what it moved (:func:`stats`). The virtual clock is explained in
-the docstring of :mod:`pipecomm.netem`.
+the docstring of :mod:`pipecomm.lab.netem`.
 
 Example::
 
-    >>> from pipecomm import netem
+    >>> from pipecomm.lab import netem
     >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
     >>> handle = netem.setup(net, 1, None)     # launch.Ranks does this, then activate in each rank
     >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pipecomm.netem.network import Network
-from pipecomm.netem.schedule import LinkSchedule
+from pipecomm.collectives import lp, p2p
+from pipecomm.lab.netem.network import Network
+from pipecomm.lab.netem.schedule import LinkSchedule
 
 __all__ = [
     "MAX_LAG_S",
@@ -63,8 +64,21 @@ class _Handle:
     table: Any  # multiprocessing RawArray of float64
 
 
-class _Emulator:
-    """The active network of this process."""
+class _Counter(p2p.Interposer):
+    """What this process installs in :mod:`pipecomm.collectives.p2p` while nothing is emulated:
+    it only counts (:func:`stats`)."""
+
+    def on_done(self, bytes_sent: int, messages_sent: int, bytes_received: int,
+                messages_received: int, waited_s: float) -> None:
+        record(bytes_sent, messages_sent, bytes_received, messages_received, waited_s)
+
+
+class _Emulator(_Counter):
+    """The active network of this process: the delaying :class:`pipecomm.collectives.p2p.Interposer`
+    that :func:`activate` installs (deadlines from the shared port table, waits through
+    :func:`wait_until`, counts through :func:`record`)."""
+
+    delays = True
 
     def __init__(self, network: Network, handle: _Handle, rank: int) -> None:
         self.rank = rank
@@ -77,7 +91,13 @@ class _Emulator:
         self.lock = handle.lock
         self.clock = VirtualClock()
 
-    def post(self, messages: list[tuple[int, int]]) -> list[float]:
+    def describe(self) -> str:
+        return self.network.describe()
+
+    def on_wait(self, deadline: float) -> float:
+        return wait_until(deadline)
+
+    def on_send(self, messages: list[tuple[int, int]]) -> list[float]:
         """Reserve ``(dst, nbytes)`` messages sent by this rank, in order, at the rank's
         emulated time (:class:`VirtualClock`); return their deadlines."""
         if not messages:
@@ -148,6 +168,7 @@ class VirtualClock:
 
 
 _ACTIVE: _Emulator | None = None
+_LINK_BEFORE = lp.DEFAULT_LINK  # LP's link before activate(), restored by deactivate()
 _STATS_LOCK = threading.Lock()
 _STATS: dict[str, float] = {}
 
@@ -160,13 +181,13 @@ def setup(network: Network, world_size: int, ranks_per_node: int | None) -> _Han
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 4, None)     # launch.Ranks does this
         >>> netem.teardown(handle)
     """
     if not isinstance(network, Network):
-        raise ValueError(f"network must be a pipecomm.netem.Network, got {network!r}")
+        raise ValueError(f"network must be a pipecomm.lab.netem.Network, got {network!r}")
     sched = LinkSchedule(network, world_size, ranks_per_node)
     ctx = mp.get_context("spawn")
     return _Handle(
@@ -185,7 +206,7 @@ def activate(
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 4, None)
         >>> netem.activate(net, handle, rank=0, world_size=4, ranks_per_node=None)  # launch does it
@@ -195,7 +216,7 @@ def activate(
     """
     global _ACTIVE
     if not isinstance(network, Network):
-        raise ValueError(f"network must be a pipecomm.netem.Network, got {network!r}")
+        raise ValueError(f"network must be a pipecomm.lab.netem.Network, got {network!r}")
     if not isinstance(handle, _Handle) or handle.network != network:
         raise ValueError("handle must come from netem.setup() with the same network")
     if handle.world_size != world_size:
@@ -215,7 +236,12 @@ def activate(
             "the emulated network is refused with NCCL (it emulates CPU links only); use "
             "backend='gloo' or network=None"
         )
+    global _LINK_BEFORE
+    if _ACTIVE is None:
+        _LINK_BEFORE = lp.link()
     _ACTIVE = _Emulator(network, handle, rank)
+    p2p.set_interposer(_ACTIVE)
+    lp.set_link(_ACTIVE.network.alpha_s, _ACTIVE.network.bandwidth_Bps)  # LP's default blocks
     reset_stats()
 
 
@@ -224,11 +250,14 @@ def deactivate() -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.deactivate(); assert netem.current() is None
     """
     global _ACTIVE
+    if _ACTIVE is not None:
+        lp.set_link(*_LINK_BEFORE)
     _ACTIVE = None
+    p2p.set_interposer(_COUNTER)
 
 
 def teardown(handle: _Handle) -> None:
@@ -236,7 +265,7 @@ def teardown(handle: _Handle) -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> handle = netem.setup(netem.Network(2e-3, 50e6), 2, None)
         >>> netem.teardown(handle)
     """
@@ -253,7 +282,7 @@ def current() -> Network | None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.current()
         >>> title = net.describe() if net else "real backend"
         >>> title
@@ -263,12 +292,12 @@ def current() -> Network | None:
 
 
 def emulator() -> _Emulator | None:
-    """This rank's active emulator (what :mod:`pipecomm.collectives.p2p` posts through), or
+    """This rank's active emulator (the interposer :mod:`pipecomm.collectives.p2p` posts through), or
     ``None`` when nothing is emulated.
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> if netem.emulator() is None: print("the real backend")
         the real backend
     """
@@ -283,7 +312,7 @@ def clock() -> float:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 1, None)
         >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -307,7 +336,7 @@ def wait_until(deadline: float) -> float:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> net = netem.Network(alpha_s=2e-3, bandwidth_Bps=50e6)
         >>> handle = netem.setup(net, 1, None)
         >>> netem.activate(net, handle, rank=0, world_size=1, ranks_per_node=None)
@@ -336,7 +365,7 @@ def reset_stats() -> None:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.reset_stats(); netem.record(4096, 1, 0, 0, 0.0); print(netem.stats()["bytes_sent"])
         4096
         >>> netem.reset_stats()
@@ -360,7 +389,7 @@ def stats() -> dict[str, float]:
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.reset_stats(); netem.record(4096, 2, 0, 0, 0.011)
         >>> s = netem.stats()
         >>> s["bytes_sent"], s["messages_sent"], s["time_waiting_s"]
@@ -388,7 +417,7 @@ def record(
 
     Example::
 
-        >>> from pipecomm import netem
+        >>> from pipecomm.lab import netem
         >>> netem.record(4096, 1, 0, 0, 0.0)
         >>> netem.reset_stats()
     """
@@ -401,3 +430,6 @@ def record(
 
 
 reset_stats()
+_COUNTER = _Counter()
+if p2p.interposer() is None:  # count the real backend's transfers too, from the lab's import on
+    p2p.set_interposer(_COUNTER)

@@ -12,7 +12,7 @@ schedules pipecomm implements (``docs/algorithms.md``): LP after Wang et al. (ar
 MST and BE after Thakur, Rabenseifner & Gropp (2005) and Chan et al. (2007), ring after Patarasuk
 & Yuan (2009). An empty message (``n = 0``) or a single rank (``p = 1``) costs nothing.
 
-Modules (every public name is importable from ``pipecomm.cost``):
+Modules (every public name is importable from ``pipecomm.lab.cost``):
 
 ====================  ==============================================================================
 :mod:`.link`          :class:`LinkModel`, the shared vocabulary (``ALGORITHMS``, ``OPS``,
@@ -33,7 +33,7 @@ Modules (every public name is importable from ``pipecomm.cost``):
 
 Example::
 
-    >>> from pipecomm import cost
+    >>> from pipecomm.lab import cost
     >>> link = cost.LinkModel(alpha=10e-6, beta=1 / 10e9)
     >>> round(cost.broadcast_time("mst", 2**28, 64, link), 4)     # 6 rounds of the whole message
     0.1611
@@ -41,14 +41,14 @@ Example::
 
 from __future__ import annotations
 
-# re-exported: public API (pipecomm.cost.<name>)
-from pipecomm.cost.calibration import (
+# re-exported: public API (pipecomm.lab.cost.<name>)
+from pipecomm.lab.cost.calibration import (
     calibrated_link,
     fit_alpha_beta,
     fit_gamma,
     link_from_network,
 )
-from pipecomm.cost.host import (
+from pipecomm.lab.cost.host import (
     DEFAULT_LINK_TABLE,
     DEFAULT_MESSAGE_LATENCY_S,  # noqa: F401 -- public, outside __all__ (as before)
     DEFAULT_MESSAGE_OVERHEAD_S,
@@ -57,7 +57,7 @@ from pipecomm.cost.host import (
     lp_block_bytes_on_host,
     lp_time_on_host,
 )
-from pipecomm.cost.link import (
+from pipecomm.lab.cost.link import (
     ALGORITHMS,
     DEFAULT_ALPHA_S,
     DEFAULT_BANDWIDTH_BPS,
@@ -68,7 +68,7 @@ from pipecomm.cost.link import (
     LinkModel,
     as_count,  # noqa: F401 -- public, outside __all__ (as before)
 )
-from pipecomm.cost.lockstep import (
+from pipecomm.lab.cost.lockstep import (
     allreduce_time,
     broadcast_time,
     collective_time,
@@ -76,13 +76,13 @@ from pipecomm.cost.lockstep import (
     lp_optimal_block_bytes,
     reduce_time,
 )
-from pipecomm.cost.overlapped import (
+from pipecomm.lab.cost.overlapped import (
     LP_MODELS,
     lp_overlapped_block_bytes,
     lp_overlapped_time,
     overlapped_time,
 )
-from pipecomm.cost.tables import model_table
+from pipecomm.lab.cost.tables import model_table
 
 __all__ = [
     "ALGORITHMS",

@@ -5,11 +5,11 @@ chained cut-through (:meth:`LinkSchedule.post`): a hop starts no earlier than th
 reaches it and no earlier than it can run at full rate without finishing before the last byte
 arrives; among the free intervals of its port it takes the earliest that fits (committed
 reservations never move, so a deadline shipped with a message stays valid). Pure arithmetic: no
-processes, no clocks (:mod:`pipecomm.netem.emulation` keeps the table in shared memory).
+processes, no clocks (:mod:`pipecomm.lab.netem.emulation` keeps the table in shared memory).
 
 Example::
 
-    >>> from pipecomm.netem import LinkSchedule, Network
+    >>> from pipecomm.lab.netem import LinkSchedule, Network
     >>> sched = LinkSchedule(Network(1e-3, 1e6), world_size=2)
     >>> sched.post(sched.new_table(), 0, 1, 1000, now=0.0)
     0.002
@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pipecomm.netem.network import Network
+from pipecomm.lab.netem.network import Network
 
 __all__ = ["Hop", "LinkSchedule"]
 
@@ -56,7 +56,7 @@ class LinkSchedule:
         self, network: Network, world_size: int, ranks_per_node: int | None = None
     ) -> None:
         if not isinstance(network, Network):
-            raise ValueError(f"network must be a pipecomm.netem.Network, got {network!r}")
+            raise ValueError(f"network must be a pipecomm.lab.netem.Network, got {network!r}")
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         rpn = network.ranks_per_node if network.ranks_per_node is not None else ranks_per_node

@@ -1,6 +1,6 @@
 """The link of the cost models: :class:`LinkModel` (``alpha`` s/message, ``beta`` s/byte,
 ``gamma`` s/byte reduced, a port model), the vocabulary and fallback calibration every model of
-:mod:`pipecomm.cost` shares, and the argument checks they all make.
+:mod:`pipecomm.lab.cost` shares, and the argument checks they all make.
 
 Example::
 
@@ -103,7 +103,7 @@ def as_count(value: Any, name: str, minimum: int) -> int:
 
     Example::
 
-        >>> from pipecomm import cost
+        >>> from pipecomm.lab import cost
         >>> cost.as_count(8.0, "p", 1)
         8
     """
@@ -122,7 +122,7 @@ def as_count(value: Any, name: str, minimum: int) -> int:
 def _check_link(link: Any) -> LinkModel:
     if not isinstance(link, LinkModel):
         raise TypeError(
-            f"link must be a pipecomm.cost.LinkModel, got {type(link).__name__}; "
+            f"link must be a pipecomm.lab.cost.LinkModel, got {type(link).__name__}; "
             "build one with LinkModel(alpha, beta, gamma) or link_from_network(net)"
         )
     return link

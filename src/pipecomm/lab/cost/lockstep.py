@@ -1,7 +1,7 @@
 """The paper's alpha-beta-gamma models of every schedule, lock-step: LP's closed forms and
 optimal block (:func:`lp_analytic_block_bytes`, :func:`lp_optimal_block_bytes`), and
 :func:`broadcast_time`, :func:`reduce_time`, :func:`allreduce_time`, :func:`collective_time` for
-LP, MST, BE and ring on a :class:`~pipecomm.cost.link.LinkModel`.
+LP, MST, BE and ring on a :class:`~pipecomm.lab.cost.link.LinkModel`.
 
 The formulas are those of the schedules pipecomm implements (``docs/algorithms.md``), which follow
 
@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from pipecomm.cost.link import (
+from pipecomm.lab.cost.link import (
     DEFAULT_MIN_BLOCK_BYTES,
     LinkModel,
     _ceil_log2,

@@ -3,7 +3,7 @@
 Example::
 
     # torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 train.py
-    from pipecomm import launch
+    from pipecomm.lab import launch
     info = launch.init_from_env()
 """
 
@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from pipecomm.launch.rank import (
+from pipecomm.lab.launch.rank import (
     RankError,
     RankInfo,
     init_distributed,
@@ -85,7 +85,7 @@ def under_torchrun() -> bool:
 
     Example::
 
-        >>> from pipecomm import launch
+        >>> from pipecomm.lab import launch
         >>> if launch.under_torchrun(): info = launch.init_from_env()
         >>> launch.under_torchrun()   # not started by torchrun
         False
@@ -111,7 +111,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> RankI
         raise RuntimeError(
             f"init_from_env: environment variables {missing} are not set; start this program "
             "with torchrun (for example `torchrun --nproc-per-node 4 -m pipecomm.lab.experiments."
-            "e13_dadam_convergence --out DIR`) or use pipecomm.launch.spawn for local ranks"
+            "e13_dadam_convergence --out DIR`) or use pipecomm.lab.launch.spawn for local ranks"
         )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"

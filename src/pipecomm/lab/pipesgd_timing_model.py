@@ -7,7 +7,7 @@ Decentralized Pipelined SGD Framework for Distributed Deep Net Training", NeurIP
 Scalable Deep Learning" (ICLR 2017 submission; layer-wise GD, "AGD (1 comm)", "AGD (2 comm)").
 
 With ``C`` = ``compute_s``, ``U`` = ``update_s``, ``M`` the AllReduce of ``nbytes`` on the wire
-(:func:`pipecomm.cost.allreduce_time`, ``beta`` divided by the compression ratio), ``E`` the
+(:func:`pipecomm.lab.cost.allreduce_time`, ``beta`` divided by the compression ratio), ``E`` the
 codec's encode/decode time and ``A = M + E``: ``"nocomm"`` ``T = C + U``; ``"sync"``
 ``T = C + A + U``; ``"layerwise"`` (fluid limit) ``T = C + U + max(0, A - f C)``, ``f`` the
 backward fraction; ``"pipe"`` / ``"delayed"`` (``k >= 1``) ``T = max(C + U, A)``.
@@ -17,8 +17,8 @@ state): docs/update_rules.md, "Iteration-time models" and "Pipe-SGD timing model
 
 Example::
 
-    >>> from pipecomm import cost
-    >>> from pipecomm.pipesgd import timing_model
+    >>> from pipecomm.lab import cost
+    >>> from pipecomm.lab import pipesgd_timing_model as timing_model
     >>> link = cost.LinkModel.from_bandwidth(50e-6, 1.25e9)        # 10 Gb/s Ethernet-ish
     >>> kw = dict(compute_s=0.1, update_s=0.01, nbytes=100 * 2**20, p=4, link=link)
     >>> round(timing_model.speedup("pipe", **kw), 2)
@@ -31,7 +31,8 @@ import math
 import numbers
 from typing import Any
 
-from pipecomm import cost, vocab
+from pipecomm import vocab
+from pipecomm.lab import cost
 
 __all__ = ["CODECS", "MODES", "breakdown", "compression_ratio", "iteration_time", "speedup"]
 
@@ -145,13 +146,13 @@ def breakdown(
     and ``hidden`` (the part of ``M + E`` overlapped with compute or update). ``compression`` is
     a codec name (see :func:`compression_ratio`, ``chunk`` passed on) or a ratio;
     ``codec_s_per_byte`` only counts with compression. ``algorithm`` and ``block_bytes`` go to
-    :func:`pipecomm.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``). The default
+    :func:`pipecomm.lab.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``). The default
     algorithm is ``"ring"``, not pipecomm's default ``"lp"``: this models Pipe-SGD as its paper
     analyses it (ring AllReduce, Li et al. 2018), and the E6 experiment compares against that.
 
     Example::
 
-        >>> from pipecomm.cost import LinkModel
+        >>> from pipecomm.lab.cost import LinkModel
         >>> link = LinkModel(alpha=0.0, beta=1e-9)
         >>> b = breakdown("sync", compute_s=0.2, update_s=0.0, nbytes=10**8, p=2, link=link)
         >>> round(b["communication"], 6), round(b["total"], 6)     # ring, p = 2: n beta
@@ -240,7 +241,7 @@ def iteration_time(
 
     Example::
 
-        >>> from pipecomm.cost import LinkModel
+        >>> from pipecomm.lab.cost import LinkModel
         >>> link = LinkModel(alpha=0.0, beta=1e-9)
         >>> kw = dict(compute_s=0.1, update_s=0.0, nbytes=10**8, p=2, link=link)
         >>> iteration_time("sync", **kw), iteration_time("pipe", **kw)   # C + M and max(C, M)
@@ -274,7 +275,7 @@ def speedup(mode: str, *, baseline: str = "sync", **kwargs: Any) -> float:
 
     Example::
 
-        >>> from pipecomm.cost import LinkModel
+        >>> from pipecomm.lab.cost import LinkModel
         >>> link = LinkModel(alpha=0.0, beta=1e-9)
         >>> speedup("pipe", compute_s=0.1, update_s=0.0, nbytes=10**8, p=2, link=link)
         2.0

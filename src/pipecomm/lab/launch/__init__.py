@@ -26,12 +26,12 @@ rank imports the starting script: a script starts ranks under ``if __name__ == "
 Modules: this package holds the pool (:class:`Ranks`, :func:`spawn`, :func:`pool`);
 :mod:`.rank` what code in a rank asks (:func:`comm_group`, :func:`device`, ...), :mod:`.worker`
 a local rank's process (fork server, the serving loop), :mod:`.torchrun` torchrun jobs
-(:func:`init_from_env`, :class:`TorchrunJob`). Every name is importable from ``pipecomm.launch``.
+(:func:`init_from_env`, :class:`TorchrunJob`). Every name is importable from ``pipecomm.lab.launch``.
 
 Example::
 
-    # python -c "from pipecomm import launch; import examples; print(launch.spawn(examples.f, 4))"
-    from pipecomm import launch
+    # python -c "from pipecomm.lab import launch; import examples; print(launch.spawn(examples.f, 4))"
+    from pipecomm.lab import launch
     with launch.Ranks(4) as ranks:
         for n in (1, 1024):
             print(ranks.run(mymodule.measure, n))      # one value per rank
@@ -40,7 +40,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pickle
 import time
@@ -48,8 +47,9 @@ from collections.abc import Callable
 from multiprocessing.connection import wait as _mp_wait
 from typing import Any
 
-# re-exported: public API (pipecomm.launch.<name>)
-from pipecomm.launch.rank import (
+# re-exported: public API (pipecomm.lab.launch.<name>)
+from pipecomm import checks
+from pipecomm.lab.launch.rank import (
     RankError,
     RankInfo,
     comm_group,
@@ -63,8 +63,8 @@ from pipecomm.launch.rank import (
     synchronize,
     to_cpu,
 )
-from pipecomm.launch.torchrun import TorchrunJob, init_from_env, under_torchrun
-from pipecomm.launch.worker import (
+from pipecomm.lab.launch.torchrun import TorchrunJob, init_from_env, under_torchrun
+from pipecomm.lab.launch.worker import (
     BOOTSTRAP_EXIT,
     ParentStdio,
     UnguardedMainError,
@@ -105,11 +105,7 @@ _PG_TIMEOUT_S = 300.0  # a pool's collectives fail after this long without progr
 
 
 def _check_pg_timeout(pg_timeout_s: Any) -> None:
-    if (isinstance(pg_timeout_s, bool) or not isinstance(pg_timeout_s, int | float)
-            or not math.isfinite(pg_timeout_s) or pg_timeout_s <= 0):
-        raise ValueError(
-            f"pg_timeout_s must be a positive number of seconds, got {pg_timeout_s!r}"
-        )
+    checks.positive_number(pg_timeout_s, "pg_timeout_s", "launch.Ranks", "seconds")
 
 
 def _validate(world_size: int, backend: str, ranks_per_node: int | None, network: Any) -> None:
@@ -160,7 +156,7 @@ class Ranks:
     Args:
         world_size: number of ranks (processes).
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
-        network: an emulated network (``pipecomm.netem.Network``) applied to pipecomm's
+        network: an emulated network (``pipecomm.lab.netem.Network``) applied to pipecomm's
             point-to-point transfers on every rank, or ``None`` for the real backend.
         ranks_per_node: ranks per emulated node (sets ``LOCAL_WORLD_SIZE`` in the ranks).
         start_timeout_s: limit for starting the ranks and joining the process group.
@@ -237,7 +233,7 @@ class Ranks:
     def _start_once(self) -> None:
         port = free_port()
         if self.network is not None:
-            from pipecomm import netem
+            from pipecomm.lab import netem
 
             self._net_handle = netem.setup(self.network, self.world_size, self.ranks_per_node)
         ctx = process_context()
@@ -292,7 +288,7 @@ class Ranks:
                 conn.close()
         self._procs, self._conns = [], []
         if self._net_handle is not None:
-            from pipecomm import netem
+            from pipecomm.lab import netem
 
             with contextlib.suppress(Exception):
                 netem.teardown(self._net_handle)
@@ -311,8 +307,7 @@ class Ranks:
 
             results = ranks.run(mymodule.measure, 1 << 20, timeout_s=60)
         """
-        if timeout_s is None or timeout_s <= 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        checks.positive_number(timeout_s, "timeout_s", "launch.Ranks.run", "seconds")
         payload = check_picklable(fn, args, kwargs)
         self.start()
         for conn in self._conns:
@@ -409,7 +404,7 @@ def spawn(
 
     Example::
 
-        from pipecomm import launch
+        from pipecomm.lab import launch
         sums = launch.spawn(mymodule.allreduce_ones, 4, 1024)
     """
     check_picklable(fn, args, {})

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pipecomm.netem.network import Network, format_bandwidth, format_ms
-from pipecomm.netem.schedule import LinkSchedule
+from pipecomm.lab.netem.network import Network, format_bandwidth, format_ms
+from pipecomm.lab.netem.schedule import LinkSchedule
 
 __all__ = ["RECHECK_PAUSE_S", "SKIP_CHECK_ENV", "HostCheck", "HostTooSlow", "check_host"]
 
@@ -132,7 +132,7 @@ def check_host(
     """
     net = network if network is not None else getattr(ranks, "network", None)
     if not isinstance(net, Network):
-        raise ValueError(f"network must be a pipecomm.netem.Network (or ranks.network), got {net!r}")
+        raise ValueError(f"network must be a pipecomm.lab.netem.Network (or ranks.network), got {net!r}")
     if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
         raise ValueError(f"sizes must be a non-empty list of ints >= 0, got {sizes!r}")
     for name, value in (("steps", steps), ("reps", reps)):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipecomm.cost.link import (
+from pipecomm.lab.cost.link import (
     DEFAULT_MIN_BLOCK_BYTES,
     LinkModel,
     _check_algorithm,
@@ -27,7 +27,7 @@ from pipecomm.cost.link import (
     _round_up8,
     as_count,
 )
-from pipecomm.cost.lockstep import collective_time, lp_optimal_block_bytes
+from pipecomm.lab.cost.lockstep import collective_time, lp_optimal_block_bytes
 
 #: The two models of LP's time: the paper's lock-step steps (every step pays ``alpha``) and the
 #: progress engine's overlapped pipeline (a block's latency is in flight while the port sends
@@ -61,11 +61,11 @@ def _lp_overlapped_vec(op: str, n: int, p: int, b: np.ndarray, link: LinkModel,
 def _lp_replay(op: str, n: int, p: int, b: int, link: LinkModel) -> float:
     """LP ``op`` replayed on ``link``'s ports: each rank runs the engine's order of waits,
     combines and sends (:mod:`pipecomm.collectives.lp`), every send is reserved on the ports
-    (:class:`pipecomm.netem.LinkSchedule`: ``alpha`` in flight, ``b beta`` on the sender's
+    (:class:`pipecomm.lab.netem.LinkSchedule`: ``alpha`` in flight, ``b beta`` on the sender's
     out-port and, single port, the receiver's in-port, earliest fit in posting order) when its
     rank posts it, and a receive completes at its delivery. Returns the time the last rank is
     done."""
-    from pipecomm import netem
+    from pipecomm.lab import netem
 
     bw = math.inf if link.beta == 0 else 1.0 / link.beta
     sched = netem.LinkSchedule(netem.Network(alpha_s=link.alpha, bandwidth_Bps=bw,

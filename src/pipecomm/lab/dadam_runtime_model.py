@@ -14,8 +14,9 @@ Model, conventions and the closed form of a group allreduce: docs/update_rules.m
 
 Example::
 
-    >>> from pipecomm import cost
-    >>> from pipecomm.decentralized import runtime_model, topology
+    >>> from pipecomm.lab import cost
+    >>> from pipecomm.decentralized import topology
+    >>> from pipecomm.lab import dadam_runtime_model as runtime_model
     >>> intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
     >>> inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
     >>> kw = dict(bucket_bytes=[25e6] * 4, fwd_s=0.01, bwd_s=0.02, p=16, ranks_per_node=4,
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from .topology import Topology, get_topology
+from pipecomm.decentralized.topology import Topology, get_topology
+from pipecomm.lab import cost
 
 __all__ = [
     "group_allreduce_time",
@@ -74,10 +76,6 @@ def lognormal_factors(cv: float, size: Any, rng: np.random.Generator) -> np.ndar
 
 
 def _default_collective_time_fn() -> CollectiveTimeFn:
-    try:
-        from pipecomm import cost
-    except ImportError as exc:  # pragma: no cover - pipecomm.cost is part of the package
-        raise ImportError("pipecomm.cost is not available; pass collective_time_fn=...") from exc
     return cost.allreduce_time
 
 
@@ -162,7 +160,7 @@ def group_allreduce_time(
 
     Example::
 
-        >>> from pipecomm import cost
+        >>> from pipecomm.lab import cost
         >>> intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
         >>> inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
         >>> t = group_allreduce_time((0, 1, 2, 3, 4, 5, 6, 7), 1e6, ranks_per_node=4,
@@ -201,7 +199,7 @@ def step_comm_times(
 
     Example::
 
-        >>> from pipecomm import cost
+        >>> from pipecomm.lab import cost
         >>> intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
         >>> inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
         >>> topo = get_topology("aer", 8, ranks_per_node=4)
@@ -273,9 +271,9 @@ def simulate(
     Arguments: ``bucket_bytes`` per bucket in forward order; ``fwd_s``, ``bwd_s``, ``step_s``
     per-bucket mean forward, backward and optimizer-step seconds (a scalar means the same for every
     bucket); ``p`` ranks, ``ranks_per_node`` consecutive ranks per node (None: one node);
-    ``intra``/``inter`` link models (``pipecomm.cost.LinkModel``); ``algorithm`` the allreduce
+    ``intra``/``inter`` link models (``pipecomm.lab.cost.LinkModel``); ``algorithm`` the allreduce
     algorithm priced by ``collective_time_fn(algorithm, nbytes, p, link)`` (default
-    ``pipecomm.cost.allreduce_time``); ``warmup`` dropped iterations (default ``max(1,
+    ``pipecomm.lab.cost.allreduce_time``); ``warmup`` dropped iterations (default ``max(1,
     iterations // 10)``); ``sharing`` the uplink-sharing rule (:func:`uplink_streams`).
 
     Returns a dict: ``mean_iteration_s``, ``iteration_s`` (per measured iteration),
@@ -285,7 +283,7 @@ def simulate(
 
     Example::
 
-        >>> from pipecomm import cost
+        >>> from pipecomm.lab import cost
         >>> intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
         >>> inter = cost.LinkModel(alpha=20e-6, beta=1 / 12.5e9)
         >>> r = simulate("decentralized", topology="ring", bucket_bytes=[4e6] * 3, fwd_s=0.01,
