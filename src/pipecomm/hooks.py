@@ -153,20 +153,8 @@ class CollectiveState:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The residuals of error feedback (this rank's; per parameter index), for a checkpoint.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
-            >>> hooks.register(ddp, state, hooks.allreduce_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
-            >>> dist.destroy_process_group()
-        """
+        """The residuals of error feedback (this rank's; per parameter index), for a checkpoint
+        (the example of :class:`CollectiveState` saves one)."""
         return _state_dict(self, "CollectiveState", {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -313,20 +301,8 @@ class PipelinedState:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's iteration, averages in flight and residuals (waits for the AllReduces in
-        flight, without applying them). Call it between iterations (after ``backward``).
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, state, hooks.pipelined_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
-            >>> state.wait(); dist.destroy_process_group()
-        """
+        flight, without applying them). Call it between iterations (after ``backward``); the
+        example of :class:`PipelinedState` saves one."""
         self.wait()
         in_flight = [
             [it, _by_index(self, {key: (item.offsets, item.avg) for key, item in launched.items()})]
@@ -391,20 +367,8 @@ class PipelinedState:
 
     def wait(self) -> None:
         """Wait for every AllReduce still in flight (their averages are not applied): call it
-        before destroying the process group or leaving the training loop.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, state, hooks.pipelined_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> state.wait()
-            >>> dist.destroy_process_group()
-        """
+        before destroying the process group or leaving the training loop (as the example of
+        :class:`PipelinedState` does)."""
         handles = [item.handle for _, launched in self._history for item in launched.values()]
         if any(not h.is_completed() for h in handles):
             limit = backend.wait_limit_s(self.timeout_s)
