@@ -112,6 +112,15 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
     return compress.get_codec(compression)
 
 
+def _check_call(fn: str, t: Any, algorithm: Any, op: Any, block_bytes: Any, async_op: Any) -> None:
+    """The checks every public entry point makes first (broadcast passes ``op="sum"``)."""
+    _check_tensor(fn, t)
+    check_algorithm(algorithm, fn)
+    _check_op(fn, op, t)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
+
+
 def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
     try:
         value = operator.index(root)
@@ -260,11 +269,7 @@ def allreduce(
         >>> dist.destroy_process_group()
     """
     fn = "allreduce"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    _check_op(fn, op, t)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, op, block_bytes, async_op)
     codec = _codec(fn, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
@@ -300,10 +305,7 @@ def broadcast(
         >>> dist.destroy_process_group()
     """
     fn = "broadcast"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, "sum", block_bytes, async_op)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
@@ -340,11 +342,7 @@ def reduce(
         >>> dist.destroy_process_group()
     """
     fn = "reduce"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    _check_op(fn, op, t)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, op, block_bytes, async_op)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
