@@ -5,17 +5,14 @@ bucket, ``hook(state, bucket)``, and returns a ``torch.futures.Future`` of the t
 back into the gradients, as torch's own ``allreduce_hook`` and PowerSGD do.
 
 * :func:`allreduce_hook` with :class:`CollectiveState` -- the bucket averaged over the state's
-  group with pipecomm's AllReduce: linear pipelining (``"lp"``, Wang et al., arXiv 1611.04255),
-  ``"mst"``, ``"be"``, ``"ring"`` or the backend's ``"torch"``, optionally carrying Pipe-SGD's
-  light compression (``"fp16"``, ``"bf16"``, ``"int8"``; ``"lp"``/``"ring"`` only).
+  group with pipecomm's AllReduce (``"lp"``, Wang et al., arXiv 1611.04255, or another of
+  :data:`pipecomm.vocab.ALGORITHMS`), optionally compressed.
 * :func:`pipelined_hook` with :class:`PipelinedState` -- Pipe-SGD (Li, Yu, Li, Avestimehr, Kim,
   Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for Distributed Deep Net
   Training", NeurIPS 2018) with staleness k: ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``,
   the rule of :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``). While the pipeline fills
   (``t < k``) the hook returns zero gradients; with any optimizer other than plain SGD without
   weight decay, skip ``optimizer.step()`` while :attr:`PipelinedState.filling` is True.
-* ``error_feedback=True`` with a ``compression`` (either state) keeps per bucket the residual the
-  compression dropped and adds it to the next gradient (:func:`pipecomm.compress.error_feedback`).
 
 A state averages over ``process_group`` (``None``: the world), which must be the DDP model's
 group (:func:`register` checks it). Both states have ``state_dict()`` / ``load_state_dict()``;
