@@ -6,13 +6,9 @@ Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"m
 ``DistributedDataParallel``, ``dist.all_reduce``, communication hooks.
 
 :class:`PipecommProcessGroup` is a Python subclass of ``torch.distributed.ProcessGroup``:
-``allreduce`` / ``broadcast`` / ``reduce`` with ReduceOp SUM, AVG, MAX, MIN (SUM and AVG only for
-complex tensors) of float16/bfloat16/float32/float64/int32/int64 run
-:func:`pipecomm.collectives.allreduce` / ``broadcast`` / ``reduce`` with the group's algorithm
-(and codec) on pipecomm's communication thread; every other operation, op and dtype, and every
-operation under ``algorithm="torch"``, runs on the group's *inner* gloo backend (NCCL for CUDA
-tensors). The returned ``Work`` completes when the communication thread is done; ``wait()``
-re-raises the collective's error.
+``allreduce`` / ``broadcast`` / ``reduce`` with SUM, AVG, MAX, MIN run
+:func:`pipecomm.collectives.allreduce` / ``broadcast`` / ``reduce`` on the communication thread;
+every other operation runs on the group's *inner* gloo backend (NCCL for CUDA tensors).
 
 Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
 
@@ -184,20 +180,12 @@ def _enqueue(settle: Callable[[], None]) -> None:
         _COMPLETER.jobs.put(settle)
 
 
-def _value(fut: torch.futures.Future) -> Any:
-    return fut.value()
-
-
 def for_cpp(source: torch.futures.Future) -> torch.futures.Future:
     """A future that C++ code (DDP's reducer, torch's Work) sees fail when ``source`` does.
 
-    ``Future.set_exception`` completes a Python future, to C++, *successfully*: the exception
-    object becomes its value (torch keeps the error in an unwrap function that only Python's
-    ``wait()`` / ``value()`` run). DDP's reducer reads that value as the bucket's tensors: a
-    comm hook's raises "Unable to cast ... to Tensor", a process group's Work future crashes the
-    process (SIGSEGV, ``parseCppCommHookResult`` indexes the tensors of an exception). A ``then``
-    whose callback re-raises makes a future that C++ sees failed; its ``wait()`` raises
-    RuntimeError "Got the following error when running the callback: <the error>".
+    Its ``wait()`` raises RuntimeError "Got the following error when running the callback:
+    <the error>". Why: docs/algorithms.md, "What torch 2.13 allows `pipecomm.backend` to do, and
+    where it stops".
 
     Example::
 
@@ -209,7 +197,7 @@ def for_cpp(source: torch.futures.Future) -> torch.futures.Future:
             ...
         RuntimeError: Got the following error when running the callback: ValueError: recv from rank 1 failed...
     """
-    return source.then(_value)
+    return source.then(lambda fut: fut.value())
 
 
 def wait_limit_s(timeout_s: float | None = None) -> float:
@@ -263,11 +251,9 @@ def future_of(
 ) -> torch.futures.Future:
     """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
 
-    The future is resolved on this module's completion thread (at once if the handles are
-    already done), so its callbacks run there. A handle's error, or a handle still running after
-    ``timeout_s`` (``None``: :data:`BACKSTOP` times the world's timeout, so the transfer's own
-    timeout error, naming the peer, comes first), fails the future, also for C++ waiters such as
-    DDP (:func:`for_cpp`): ``wait()`` raises RuntimeError naming the error.
+    Resolved on this module's completion thread (at once if the handles are already done). A
+    handle's error, or a handle still running after ``timeout_s`` (``None``:
+    :func:`wait_limit_s`), fails the future, also for C++ waiters such as DDP (:func:`for_cpp`).
 
     Example::
 
@@ -705,10 +691,8 @@ def new_group(
     ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
     AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
     ``block_bytes`` per block (``None``: the cost model's optimum). The group's operations fail
-    after ``timeout`` (``None``: the world's, :func:`pipecomm.collectives.async_.group_timeout`; its
-    AllReduce / Broadcast / Reduce run on the communication thread, whose transfers fail after
-    the world's timeout, and give up after :data:`BACKSTOP` times ``timeout``). Arguments are
-    checked before any communication.
+    after ``timeout`` (``None``: the world's, :func:`pipecomm.collectives.async_.group_timeout`;
+    pipecomm's operations give up after :data:`BACKSTOP` times it).
 
     Example::
 

@@ -5,17 +5,14 @@ bucket, ``hook(state, bucket)``, and returns a ``torch.futures.Future`` of the t
 back into the gradients, as torch's own ``allreduce_hook`` and PowerSGD do.
 
 * :func:`allreduce_hook` with :class:`CollectiveState` -- the bucket averaged over the state's
-  group with pipecomm's AllReduce: linear pipelining (``"lp"``, Wang et al., arXiv 1611.04255),
-  ``"mst"``, ``"be"``, ``"ring"`` or the backend's ``"torch"``, optionally carrying Pipe-SGD's
-  light compression (``"fp16"``, ``"bf16"``, ``"int8"``; ``"lp"``/``"ring"`` only).
+  group with pipecomm's AllReduce (``"lp"``, Wang et al., arXiv 1611.04255, or another of
+  :data:`pipecomm.vocab.ALGORITHMS`), optionally compressed.
 * :func:`pipelined_hook` with :class:`PipelinedState` -- Pipe-SGD (Li, Yu, Li, Avestimehr, Kim,
   Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for Distributed Deep Net
   Training", NeurIPS 2018) with staleness k: ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``,
   the rule of :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``). While the pipeline fills
   (``t < k``) the hook returns zero gradients; with any optimizer other than plain SGD without
   weight decay, skip ``optimizer.step()`` while :attr:`PipelinedState.filling` is True.
-* ``error_feedback=True`` with a ``compression`` (either state) keeps per bucket the residual the
-  compression dropped and adds it to the next gradient (:func:`pipecomm.compress.error_feedback`).
 
 A state averages over ``process_group`` (``None``: the world), which must be the DDP model's
 group (:func:`register` checks it). Both states have ``state_dict()`` / ``load_state_dict()``;
@@ -153,20 +150,8 @@ class CollectiveState:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The residuals of error feedback (this rank's; per parameter index), for a checkpoint.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
-            >>> hooks.register(ddp, state, hooks.allreduce_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
-            >>> dist.destroy_process_group()
-        """
+        """The residuals of error feedback (this rank's; per parameter index), for a checkpoint
+        (the example of :class:`CollectiveState` saves one)."""
         return _state_dict(self, "CollectiveState", {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -313,20 +298,8 @@ class PipelinedState:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's iteration, averages in flight and residuals (waits for the AllReduces in
-        flight, without applying them). Call it between iterations (after ``backward``).
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, state, hooks.pipelined_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> torch.save(state.state_dict(), io.BytesIO())   # hook_rank{dist.get_rank()}.pt
-            >>> state.wait(); dist.destroy_process_group()
-        """
+        flight, without applying them). Call it between iterations (after ``backward``); the
+        example of :class:`PipelinedState` saves one."""
         self.wait()
         in_flight = [
             [it, _by_index(self, {key: (item.offsets, item.avg) for key, item in launched.items()})]
@@ -391,20 +364,8 @@ class PipelinedState:
 
     def wait(self) -> None:
         """Wait for every AllReduce still in flight (their averages are not applied): call it
-        before destroying the process group or leaving the training loop.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> state = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, state, hooks.pipelined_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> state.wait()
-            >>> dist.destroy_process_group()
-        """
+        before destroying the process group or leaving the training loop (as the example of
+        :class:`PipelinedState` does)."""
         handles = [item.handle for _, launched in self._history for item in launched.values()]
         if any(not h.is_completed() for h in handles):
             limit = backend.wait_limit_s(self.timeout_s)

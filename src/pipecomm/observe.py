@@ -8,9 +8,7 @@ thread for the call, and on pipecomm's communication thread for the transfers of
 ``async_op=True`` call. A torch profiler trace (``torch.profiler.profile``, Chrome trace
 export) shows them beside the compute; torch's profiler records other threads only when asked,
 so pass :func:`all_threads` as its ``experimental_config`` to see the communication thread.
-With no profiler running a range costs a check of torch's profiler flags
-(a ``record_function`` entered unconditionally would cost microseconds; measured in
-artifact/ARTIFACT.md, "Error feedback, profiler ranges and counters").
+With no profiler running a range costs a check of torch's profiler flags.
 
 :func:`counters` returns, per range name, the calls, the bytes (the tensors' sizes,
 uncompressed) and the seconds this rank spent in them: the call's duration for a blocking call;

@@ -1,10 +1,6 @@
 """The names pipecomm's modules share: AllReduce algorithms, gradient codecs, training modes.
 
-One concept: the vocabularies, defined once. The collectives (:mod:`pipecomm.collectives`), their
-cost model (:mod:`pipecomm.lab.cost`), the codecs (:mod:`pipecomm.compress`), PipeSGD
-(:mod:`pipecomm.pipesgd`), the Pipe-SGD timing model (:mod:`pipecomm.lab.pipesgd_timing_model`), the
-torch.distributed backend and hooks, decentralized training and the experiments import their
-names from here instead of spelling them out.
+One concept: the vocabularies, defined once; the library and the lab import them from here.
 
 * Algorithms — the AllReduce / Broadcast / Reduce schedules: ``"lp"`` (linear pipelining, Wang
   et al., "Efficient Communications in Training Large Scale Neural Networks", arXiv 1611.04255),
@@ -129,11 +125,7 @@ def check_compression(
         'fp16'
     """
     check_choice(name, compression, COMPRESSIONS, where=where)
-    if (
-        compression is not None
-        and algorithm is not None
-        and (algorithm not in COMPRESSING_ALGORITHMS)
-    ):
+    if compression is not None and algorithm not in (None, *COMPRESSING_ALGORITHMS):
         prefix = f"{where}: " if where else ""
         raise ValueError(
             f"{prefix}{name}={compression!r} needs algorithm 'lp' or 'ring' (compression "

@@ -1,22 +1,10 @@
 """The progress engine: receives posted ahead, blocks forwarded on arrival, sends waited lazily.
 
-The schedules of ``docs/algorithms.md`` (LP, Wang et al., arXiv 1611.04255; MST, BE and ring)
-were first written as lock-step steps: post a step's sends and receives, wait for all of them,
-next step. That makes every step a barrier between neighbours. Here a rank instead
-
-* posts the receives of a stream ahead (:class:`RecvQueue`): all of them where they land in
-  their final place or where the stream's scratch fits in :data:`SCRATCH_BYTES`, else at least
-  ``depth`` (two) ahead; on gloo a send moves only once its receive is posted, so a receive
-  posted late makes the sender wait and the host switch threads once more,
-* posts a send the moment its data is ready (a block arrived and, for reductions, was combined),
-* waits for a send only when its buffer is about to be written again (:meth:`Engine.release`,
-  called by every receive post and before every local write into a buffer) or at the end
-  (:meth:`Engine.finish`) -- except a tree's sends to its children, which go one at a time in
-  tree order (``send(..., exclusive=True)``, the single-port model),
-
-so a step waits only for the neighbour whose data it needs. The order of the combines, and so the
-bits of the result, is that of the lock-step schedule. Messages between two ranks are matched in
-posting order, so both sides of every stream post in the same block order.
+The schedules of docs/algorithms.md (LP, Wang et al., arXiv 1611.04255; MST, BE and ring) run
+here instead of in lock-step: receives posted ahead (:class:`RecvQueue`), a send posted the moment
+its data is ready, a send waited only before its buffer is written again
+(:meth:`Engine.release`) or at the end (:meth:`Engine.finish`). The combines, and so the bits of
+the result, follow the lock-step order (docs/algorithms.md, "Conventions").
 
 Example::
 
@@ -74,10 +62,7 @@ class Engine:
         """Post the send of ``t`` to group index ``peer`` now (empty tensors are skipped).
 
         ``exclusive``: first wait for this rank's outstanding sends (one message on the port at
-        a time, in schedule order: the single-port model). Tree schedules use it for a rank's
-        sends to its children: on a real network concurrent sends share the link (TCP shares it
-        fairly), so the first child's message, which the rest of its subtree waits for, would
-        arrive last instead of first.
+        a time, in schedule order: the single-port model; tree schedules' sends to children).
         """
         if t.numel() == 0:
             return
@@ -152,9 +137,7 @@ class Engine:
     ) -> RecvQueue:
         """A stream of ``count`` partial results from ``peer`` into scratch slots of ``elems``
         elements of ``like``'s dtype (message ``j`` holds ``size(j)`` elements; views of the
-        reusable :func:`scratch`). Every receive is posted up front when ``count`` slots fit in
-        :data:`SCRATCH_BYTES`, else as many slots as fit (at least ``depth + 1``) rotate, with
-        one fewer receives posted ahead than slots.
+        reusable :func:`scratch`), slots and receives ahead as :func:`scratch_slots` chooses.
 
         Example::
 
@@ -237,9 +220,8 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 def scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
     """A reusable scratch buffer of ``numel`` elements of ``like``'s dtype and device.
 
-    Kept across calls (one per thread, dtype and device; it grows to the largest request), so a
-    collective does not fault in fresh pages every call. Only one user at a time per thread: a
-    schedule finishes with it (all its receives waited) before it asks again.
+    Kept across calls (one per thread, dtype and device; it grows to the largest request). One
+    user at a time per thread: a schedule finishes with it before it asks again.
 
     Example::
 

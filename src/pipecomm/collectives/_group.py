@@ -2,26 +2,21 @@
 
 No paper equation: this is the bookkeeping every schedule of ``docs/algorithms.md`` needs.
 Schedules address peers by *group index* (0..p-1, the order of
-``dist.get_process_group_ranks(group)``); :meth:`Comm.exchange` maps them to global ranks and hands
-the step to :func:`pipecomm.collectives.p2p.exchange`; :meth:`Comm.isend` / :meth:`Comm.irecv`
-post single messages for the progress engine (:mod:`._engine`) through
-:func:`pipecomm.collectives.p2p.post_send` / ``post_recv``. These are the only transports
-pipecomm's own algorithms use. Messages toward a lower global rank travel on a connection of
-their own (:func:`pipecomm.collectives.async_.reverse_transport`), so both directions of a pair move at once.
+``dist.get_process_group_ranks(group)``); :meth:`Comm.isend` / :meth:`Comm.irecv` map them to
+global ranks and post single messages for the progress engine (:mod:`._engine`) through
+:func:`pipecomm.collectives.p2p.post_send` / ``post_recv``, :meth:`Comm.direct` straight to the
+backend. Messages toward a lower global rank travel on a connection of their own
+(:func:`pipecomm.collectives.async_.reverse_transport`), so both directions of a pair move at once.
 
-NCCL: a lone ``isend`` can wait for its matching receive on the GPU stream, so two ranks that
-each post a send before the receive from the other could deadlock. On an NCCL group the posts
-are therefore collected and go out together as one ``batch_isend_irecv`` whenever the rank waits
-for any transfer (everything posted since the previous wait is one batch, as a lock-step step
-is). This path runs in the tests on gloo (forced); on NCCL it has not been run: there is no
-multi-GPU machine here.
+On an NCCL group the posts are collected and go out together as one ``batch_isend_irecv``
+whenever the rank waits for any transfer (why: docs/algorithms.md, "The communication thread:
+GIL switch interval and one connection per direction").
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,20 +50,6 @@ class Comm:
         if lower and self.reverse is not None:
             return self.reverse
         return self.transport, 0
-
-    def exchange(
-        self,
-        sends: Sequence[tuple[torch.Tensor, int]],
-        recvs: Sequence[tuple[torch.Tensor, int]],
-    ) -> None:
-        """One step: post all ``(tensor, group_index)`` sends and receives together, wait for all.
-
-        Empty tensors are dropped (both sides of a transfer compute the same size, so they agree).
-        """
-        s = [(t, self.members[i]) for t, i in sends if t.numel() > 0]
-        r = [(t, self.members[i]) for t, i in recvs if t.numel() > 0]
-        if s or r:
-            p2p.exchange(s, r, self.transport)
 
     @functools.cached_property
     def batched(self) -> bool:

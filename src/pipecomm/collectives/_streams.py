@@ -1,20 +1,9 @@
 """CUDA stream ordering of the communication thread: its own stream, events against the caller's.
 
 Pipe-SGD (Li et al., NeurIPS 2018) overlaps the AllReduce of one step with the computation of the
-next. On a GPU that overlap needs the communication's kernels (reductions, decodes, the backend's
-copies) on a stream of their own: on the caller's stream they would queue behind, and hold up,
-the computation. Ordering is kept with events, as ``torch.distributed``'s own asynchronous work
-does:
-
-1. at submission (caller's thread): an event recorded on the caller's current stream marks that
-   the tensor has been produced; the tensor is marked as used by the communication stream
-   (``record_stream``: the caching allocator keeps its memory until that stream is done with it);
-2. on the communication thread: the communication stream waits for that event, the job runs with
-   that stream current, and a second event is recorded on it when the job has been issued;
-3. in ``Handle.wait()`` (caller's thread): the caller's current stream waits for the second
-   event, so later kernels see the result, without blocking the host on the GPU.
-
-CPU tensors need none of this: :func:`order_for` returns ``None`` and the job runs as it is (the
+next; on a GPU the communication's kernels run on a stream of their own, ordered by events
+(docs/algorithms.md, "The communication thread: GIL switch interval and one connection per
+direction"). CPU tensors need none of this: :func:`order_for` returns ``None`` and the job runs as it is (the
 CPU fallback). The ``cuda`` argument exists so the ordering logic can be checked without a GPU
 (a stand-in module with ``Stream``, ``Event``, ``current_stream``, ``stream`` and ``device``).
 

@@ -8,9 +8,8 @@ starts from (gather) virtual rank ``v``. ``ceil(log2 m)`` steps, ``(m - 1)/m n``
 root. Data lands directly in the flat buffer (no copies).
 
 On the progress engine (:mod:`._engine`): a rank waits only for the message it needs; a
-scatter's forwards go one child at a time in round order (``exclusive`` sends: on a real
-network concurrent sends would share the link, and the largest, first-needed chunk would arrive
-last), a gather's upward send goes when the rank's range is complete.
+scatter's forwards go one child at a time in round order (``exclusive`` sends; docs/algorithms.md,
+"Conventions"), a gather's upward send goes when the rank's range is complete.
 """
 
 from __future__ import annotations

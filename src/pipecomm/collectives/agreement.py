@@ -1,19 +1,9 @@
 """Every rank of a collective must make the same call: checked before any data moves.
 
-A point-to-point schedule trusts that its peers cut the message the same way. When they do not
-(one rank passes 1000 elements, another 1100; float32 against float64; a different ``src``, op
-or LP block), gloo aborts the process on the first mismatched message while its peer may
-return a half-reduced tensor. So before the first data message every member learns every
-member's :class:`Call` -- an allgather of a few integers: in one round (every member sends
-its call to every other) up to :data:`DIRECT_MAX` members, where one round of scheduling costs
-more than the extra messages, else in ``ceil(log2 p)`` rounds (Bruck's dissemination: in round
-``r`` rank ``i`` sends what it knows to ``i - 2^r`` and receives from ``i + 2^r``) -- and all of
-them raise the same :class:`MismatchError`, naming each rank's call, if any differs. The
-messages go straight to the backend under a tag of their own, never through the emulated network
-(they are not part of the schedule the cost model prices). What it costs, beside what torch's own
-check (``TORCH_DISTRIBUTED_DEBUG=DETAIL``) adds to the built-in, is measured by
-``benchmarks/bench_collectives.py --check-cost``; why one round before any data is its floor:
-docs/algorithms.md, "Ranks that disagree".
+Before the first data message every member learns every member's :class:`Call` (an allgather
+of a few integers, :func:`allgather_rows`, straight to the backend under :data:`TAG`), and all
+of them raise the same :class:`MismatchError`, naming each rank's call, if any differs. Why, and
+why one round before any data: docs/algorithms.md, "Ranks that disagree".
 
 Example::
 

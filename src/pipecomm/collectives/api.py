@@ -33,7 +33,6 @@ from pipecomm.collectives.async_ import CompletedHandle, Handle, WorkHandle, sub
 
 ALGORITHMS: tuple[str, ...] = vocab.ALGORITHMS
 COMPRESSIONS: tuple[str, ...] = vocab.CODECS
-_COMPRESSING_ALGORITHMS = vocab.COMPRESSING_ALGORITHMS
 _SCHEDULES = {"lp": lp, "mst": mst, "be": be, "ring": ring}
 
 Result = torch.Tensor | Handle
@@ -83,8 +82,6 @@ def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
         )
 
 
-
-
 def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
     if compression is None:
         return None
@@ -99,7 +96,7 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
             f"{fn}: compression must be None, one of {COMPRESSIONS} or a codec object, "
             f"got {compression!r}"
         )
-    if algorithm not in _COMPRESSING_ALGORITHMS:
+    if algorithm not in vocab.COMPRESSING_ALGORITHMS:
         raise ValueError(
             f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
             f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
@@ -112,8 +109,16 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
         )
     if not isinstance(compression, str):
         return compression
-
     return compress.get_codec(compression)
+
+
+def _check_call(fn: str, t: Any, algorithm: Any, op: Any, block_bytes: Any, async_op: Any) -> None:
+    """The checks every public entry point makes first (broadcast passes ``op="sum"``)."""
+    _check_tensor(fn, t)
+    check_algorithm(algorithm, fn)
+    _check_op(fn, op, t)
+    checks.block_bytes(block_bytes, fn)
+    checks.flag(async_op, "async_op", fn)
 
 
 def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
@@ -145,11 +150,9 @@ def _block_elems(kind: str, t: torch.Tensor, p: int, block_bytes: int | None, co
 def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessGroup | None:
     """The process group the p2p operations run on: the user's, or for asynchronous operations
     the communication thread's world-wide duplicate (p2p addresses global ranks, so it serves any
-    subgroup). Called on every rank, members of ``group`` or not: when torch.distributed was
-    initialised outside the lab's rank pools (:mod:`pipecomm.lab.launch`), the first call creates that group, a collective.
-    A pipecomm process group (:mod:`pipecomm.backend`, every pipecomm operation of which runs on
-    the thread) that is not the world carries its own messages until that group exists, so a
-    subgroup works from the first call, like a gloo subgroup.
+    subgroup). Called on every rank, members of ``group`` or not: the first call may create
+    that group, a collective. A pipecomm process group (:mod:`pipecomm.backend`) that is not the
+    world carries its own messages until that group exists.
     """
     if not async_op:
         return group
@@ -266,11 +269,7 @@ def allreduce(
         >>> dist.destroy_process_group()
     """
     fn = "allreduce"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    _check_op(fn, op, t)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, op, block_bytes, async_op)
     codec = _codec(fn, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
@@ -306,10 +305,7 @@ def broadcast(
         >>> dist.destroy_process_group()
     """
     fn = "broadcast"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, "sum", block_bytes, async_op)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
@@ -346,11 +342,7 @@ def reduce(
         >>> dist.destroy_process_group()
     """
     fn = "reduce"
-    _check_tensor(fn, t)
-    check_algorithm(algorithm, fn)
-    _check_op(fn, op, t)
-    checks.block_bytes(block_bytes, fn)
-    checks.flag(async_op, "async_op", fn)
+    _check_call(fn, t, algorithm, op, block_bytes, async_op)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:

@@ -14,18 +14,11 @@ failed there (a dead peer, or one stalled past the communication group's timeout
 world's) is re-raised as :class:`pipecomm.collectives.p2p.TransferError` naming the collective,
 the operation and the peer's rank.
 
-When the thread starts it lowers the interpreter's GIL switch interval from Python's 5 ms to
-0.1 ms (``PIPECOMM_SWITCH_INTERVAL_S`` overrides; ``0`` keeps Python's): otherwise every time the
-communication thread wakes up (a message arrived, a deadline passed) it may wait up to 5 ms for a
-main thread that is running Python between torch kernels, which measurably stretches an
-overlapped AllReduce (experiments E6-E9 run with the lowered interval).
-
-CUDA tensors: a job runs with its tensor's device current (CUDA's current device is per thread)
-on a communication stream of its own, ordered by events against the caller's stream
-(:mod:`._streams`): it starts after the kernels that produced the tensor, and after ``wait()`` the
-caller's later kernels run after it, while the computation in between overlaps it. Use ``wait()``
-(not only ``is_completed()``) before reading a CUDA result: ``wait()`` adds the stream ordering.
-CPU tensors run as they are (the CPU fallback). (Not yet run on a GPU: see artifact/ARTIFACT.md.)
+The thread lowers the GIL switch interval (``PIPECOMM_SWITCH_INTERVAL_S``); CUDA jobs run on a
+communication stream of their own (:mod:`._streams`); use ``wait()`` (not only
+``is_completed()``) before reading a CUDA result. Why, and the stream ordering:
+docs/algorithms.md, "The communication thread: GIL switch interval and one connection per
+direction".
 """
 
 from __future__ import annotations
@@ -279,11 +272,9 @@ def group_timeout(group: Any = None) -> timedelta:
 def comm_group() -> dist.ProcessGroup:
     """The process group of the communication thread (asynchronous collectives).
 
-    Created eagerly by the lab's rank pools and torchrun jobs; a process that initialised
-    ``torch.distributed`` itself gets it on first use, which like any ``new_group`` must then
-    happen on every rank in the same order. It (and the groups of the reverse direction) takes
-    the world's timeout (:func:`group_timeout`), so a transfer to a dead or stuck peer fails as
-    the job's own collectives do.
+    Created on first use, which like any ``new_group`` must happen on every rank in the same
+    order. It (and the groups of the reverse direction) takes the world's timeout
+    (:func:`group_timeout`).
 
     Example::
 
@@ -324,16 +315,9 @@ def reverse_transport(transport: Any) -> tuple[Any, int] | None:
     """Where pipecomm's messages to a *lower* global rank travel when ``transport`` carries
     those to a higher one: ``(group, tag)``, or ``None`` (one group carries both directions).
 
-    On gloo one TCP connection per pair of ranks carries both directions of the pair, and a
-    send and a receive posted together on it often run one after the other instead of at once
-    (measured on shaped links, E14): half the link's duplex bandwidth is lost exactly where LP
-    allreduce, BE and two-rank rings send and receive between the same two ranks. So each
-    direction gets a connection of its own: a world-wide duplicate of the transport (created
-    with :func:`comm_group`, on every rank) carries the reverse direction; a subgroup's reverse
-    traffic shares the world's duplicate under a tag of its own, so concurrent collectives on
-    different groups never match each other's messages. Before :func:`comm_group` exists (a
-    process that initialised torch.distributed itself and has not used pipecomm's asynchronous
-    collectives yet) and on NCCL: ``None``.
+    A subgroup's reverse traffic shares the world's duplicate under a tag of its own. ``None``
+    before :func:`comm_group` exists and on NCCL. Why: docs/algorithms.md, "The communication
+    thread: GIL switch interval and one connection per direction".
 
     Example::
 

@@ -14,19 +14,9 @@ Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale 
   pipelined broadcast of finished blocks back to ``c_0`` (both directions of every link busy);
   ``k + 2p - 3`` steps.
 
-With a codec (Pipe-SGD's light compression, allreduce only) a block travels encoded: each hop
-decodes the received partial sum, adds its own block and re-encodes it; the finished blocks
-travel back encoded once and are decoded once by each rank (the last rank of the chain keeps
-``decode(encode(block))`` too, so every rank holds identical bits).
-
-The steps above are the dependency structure; they run on the progress engine
-(:mod:`._engine`): receives posted two blocks ahead, each block forwarded the moment it has
-arrived and been combined, sends waited for only before their buffer is written again or at the
-end. The combines happen in the order of the steps, so the bits are those of the lock-step
-schedule. Broadcast and allreduce without a codec post straight to the backend where
-:meth:`._group.Comm.direct` allows it (:func:`_broadcast_direct`, :class:`_DirectChain`: the
-same schedule, the buffer waits read off it, the same bits). The allreduce is written once: the
-engine, direct and encoded paths run the same loop, the codec a parameter of it.
+With a codec (allreduce only) a block travels encoded, re-encoded at each hop. The steps run on
+the progress engine (:mod:`._engine`), or straight to the backend where
+:meth:`._group.Comm.direct` allows it (docs/algorithms.md, "Conventions" and "LP").
 """
 
 from __future__ import annotations
@@ -43,8 +33,7 @@ from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import Wire, combine, finish
 
 #: The link LP plans its default blocks on until :func:`set_link` is called: ``(alpha_s,
-#: bandwidth_Bps)`` of gloo over loopback as measured once on a 2-core development machine
-#: (160 us, 2.5 GB/s; the lab sets E0's calibration, the emulated or the shaped network's link).
+#: bandwidth_Bps)`` (docs/algorithms.md, "Block size of LP").
 DEFAULT_LINK: tuple[float, float] = (160e-6, 2.5e9)
 #: The smallest default block (bytes): below it a block's latency outweighs any overlap.
 MIN_BLOCK_BYTES = 4096
@@ -79,12 +68,9 @@ def default_block_bytes(kind: str, nbytes: int, p: int, compression_ratio: float
     """LP's block size (bytes) for ``kind`` of ``nbytes`` over ``p`` ranks: the alpha-beta
     optimum on :func:`link`, in closed form.
 
-    A schedule of ``k + m`` steps of ``alpha + b beta / r`` each (``m = p - 2`` for broadcast and
-    reduce, ``2p - 3`` for allreduce; ``r = compression_ratio``, uncompressed over wire bytes,
-    when blocks travel encoded) is shortest at ``b* = sqrt(n alpha r / (m beta))``; it is rounded
-    up to a multiple of 8 and kept within ``[MIN_BLOCK_BYTES, nbytes]`` (the whole message when
-    pipelining cannot pay, ``m <= 0``). A deterministic function of its arguments and the link,
-    so ranks that set the same link cut a message alike.
+    ``b* = sqrt(n alpha r / (m beta))`` (``m = p - 2`` for broadcast and reduce, ``2p - 3`` for
+    allreduce; ``r = compression_ratio``), rounded up to a multiple of 8 within
+    ``[MIN_BLOCK_BYTES, nbytes]``; derivation: docs/algorithms.md, "Block size of LP".
 
     Example::
 
@@ -132,9 +118,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, block_elems: int) ->
 def _broadcast_direct(blocks: list[torch.Tensor], send: Any, recv: Any) -> None:
     """:func:`broadcast`'s chain posted straight to the backend
     (:class:`pipecomm.collectives.p2p.Direct`; ``None``: the root has no receives, the last
-    rank no sends): every block's receive posted into place up front, each block forwarded the
-    moment it has arrived, the sends waited at the end (a broadcast never writes a block it
-    forwarded)."""
+    rank no sends); the sends are waited at the end."""
     works = [recv(b) for b in blocks] if recv is not None else None
     sends = []
     for j, b in enumerate(blocks):

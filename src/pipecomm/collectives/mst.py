@@ -10,10 +10,8 @@ Wang et al., arXiv 1611.04255, Sec. 2 (MST collectives as in MPICH); schedules e
 * allreduce: reduce to group rank 0, then broadcast from group rank 0.
 
 On the progress engine (:mod:`._engine`): a rank sends to its children one at a time in round
-order (``exclusive`` sends: the single-port model; posted all at once, as gloo's own binomial
-broadcast does, they share a real link and the first child's copy, which its whole subtree
-waits for, arrives last), and a reduce keeps the receives of two children posted while it
-combines, in the lock-step order of the rounds.
+order (``exclusive`` sends; docs/algorithms.md, "Conventions"), and a reduce keeps the receives
+of two children posted while it combines, in the lock-step order of the rounds.
 """
 
 from __future__ import annotations

@@ -7,14 +7,8 @@ progress engine (:mod:`pipecomm.collectives._engine`) builds on. Both pass every
 the process's :class:`Interposer` (:func:`set_interposer`), if one is installed: an observer
 counts what moved (:meth:`Interposer.on_done`); a delaying one (the lab's emulated network,
 :mod:`pipecomm.lab.netem`) also gives each message a delivery deadline (:meth:`Interposer.on_send`)
-and waits for it (:meth:`Interposer.on_wait`), with the same rules on both paths.
-
-Under a delaying interposer every message carries its delivery deadline (``CLOCK_MONOTONIC`` seconds, a
-float64 reserved by the sender when it posts): a payload under 64 KiB travels as a uint8 copy
-behind an 8-byte header, a larger one as the 8-byte header followed by the tensor itself (no copy;
-both sides decide from the byte count, which they share). ``exchange`` returns when the real
-transfers are done *and* every deadline of its messages (sends included: a send completes when it
-is delivered) has passed; :meth:`Transfer.wait` does the same for one message. Waits sleep.
+and waits for it (:meth:`Interposer.on_wait`), with the same rules on both paths (the
+framing of the deadline: docs/network_model.md, "Where it is applied").
 
 gloo moves host memory only: on a gloo group, CUDA tensors travel through host buffers (copied
 to the host when a send is posted, into the device when a receive is waited). The emulated
@@ -182,17 +176,13 @@ def _backend_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def _staged(t: torch.Tensor, group: dist.ProcessGroup | None) -> bool:
-    """Whether ``t`` must travel through host memory: gloo moves only host memory point to
-    point (a CUDA tensor handed to it aborts the process with "Bad address"), so CUDA tensors on a
-    gloo group are copied to the host to be sent and received into the host, then copied back."""
+    """Whether ``t`` must travel through host memory: a CUDA tensor on a gloo group."""
     return t.is_cuda and dist.get_backend(group) == "gloo"
 
 
 def _process_group(group: dist.ProcessGroup | None, peer: int) -> tuple[dist.ProcessGroup, int]:
     """``group`` (``None``: the default group) and global rank ``peer``'s rank in it: what
-    ``dist.isend`` / ``dist.irecv`` resolve, without their per-call checks. Every unemulated
-    pipecomm message passes here, and with 8 ranks on 2 cores a few microseconds of Python per
-    message add up to whole percent of a collective."""
+    ``dist.isend`` / ``dist.irecv`` resolve, without their per-call checks."""
     pg = dist.group.WORLD if group is None else group
     return pg, (peer if pg is dist.group.WORLD else dist.get_group_rank(pg, peer))
 
@@ -217,9 +207,7 @@ def exchange(
     """Send each ``(tensor, dst)`` and receive into each ``(tensor, src)``; ranks are global.
 
     All operations are posted together and waited for together. Tensors must be contiguous.
-    Under a delaying :class:`Interposer` (an emulated network), sends are reserved on the
-    emulated ports in list order and the call returns no earlier than every message of the
-    call has been delivered.
+    Under a delaying :class:`Interposer` the call returns once every message is delivered.
 
     Example::
 
@@ -318,9 +306,8 @@ class Transfer:
     """One posted message: :meth:`wait` returns when it is complete.
 
     Complete means: the backend's operations are done and, under emulation, the message's
-    delivery deadline has passed (for a receive, the deadline the sender shipped in the header;
-    for a send, the one it reserved). A transfer is waited at most once; later calls return at
-    once. A failed transfer raises :class:`TransferError` naming ``op`` and ``peer``.
+    delivery deadline has passed. Later waits return at once. A failed transfer raises
+    :class:`TransferError` naming ``op`` and ``peer``.
 
     Example::
 
@@ -370,10 +357,8 @@ def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,
               tag: int = 0) -> Transfer:
     """Post the send of a contiguous tensor to global rank ``dst`` now; wait on the result.
 
-    The tensor must not change until the transfer has been waited. Under emulation the message
-    is reserved on the emulated ports now (its deadline travels in front of it), as
-    :func:`exchange` does. Messages between two ranks with the same group and ``tag`` arrive in
-    the order they were posted.
+    The tensor must not change until the transfer has been waited. Messages between two ranks
+    with the same group and ``tag`` arrive in the order they were posted.
 
     Example::
 
@@ -436,15 +421,10 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
 
 
 class Direct:
-    """Posts of one direction to one peer straight to the process group: what a schedule whose
-    every message goes between the same two ranks uses on its hottest path (the ring's).
+    """Posts of one direction to one peer straight to the process group (see :func:`direct`).
 
-    Only where nothing stands between pipecomm and the backend: no emulated network, host
-    tensors (or tensors on a backend that moves them itself), real dtypes. Each call posts one
-    message and returns its :class:`Posted` (``wait()`` on it); bytes and messages are counted
-    here and recorded once by :meth:`record` (the per-message accounting of :class:`Transfer`
-    is the Python that 8 ranks sharing 2 cores pay many times over). Empty tensors are the
-    caller's to skip, as everywhere. ``peer`` is the rank in ``pg``, ``rank`` the global rank a
+    Each call posts one message and returns its :class:`Posted`; bytes and messages are
+    recorded once by :meth:`record`. ``peer`` is the rank in ``pg``, ``rank`` the global rank a
     :class:`TransferError` names (default ``peer``).
 
     Example::

@@ -10,22 +10,11 @@ the ring baseline next to the LP paper (arXiv 1611.04255). Schedules exactly as 
 * broadcast: binomial scatter from the root, then ring allgather.
 * reduce: ring reduce-scatter, then binomial gather to the root.
 
-With a codec (Pipe-SGD's light compression, allreduce only) chunks travel encoded: each
-reduce-scatter hop decodes, adds its own chunk and re-encodes; the owner of a finished chunk
-encodes it once (and keeps ``decode(encode(chunk))`` itself) and the allgather forwards those
-bytes unchanged, decoded once by each rank.
-
-The reduce-scatter and the allgather are written once (:func:`reduce_scatter`,
-:func:`allgather`), the codec a parameter (:class:`._reduce.Wire`), over a ring of messages
-that either posts straight to the backend (:class:`_DirectRing`: the allreduce without a codec,
-where :meth:`._group.Comm.direct` allows it) or runs on the progress engine
-(:class:`_EngineRing`); the same schedule and bits either way. On the progress engine
-(:mod:`._engine`): without a codec every chunk travels as segments of at
-most :data:`SEGMENT_BYTES`, each forwarded the moment it has arrived and been combined. The
-reduce-scatter's receives are posted ahead into scratch segments reused across calls (no fresh
-scratch buffer per call; :meth:`._engine.Engine.scratch_queue`), the allgather's straight into
-place, all at once. Elementwise combines in the same order: the same bits as whole chunks.
-Encoded chunks stay whole (a codec's scale is per payload).
+With a codec (allreduce only) chunks travel whole and encoded. The reduce-scatter and the
+allgather are written once (:func:`reduce_scatter`, :func:`allgather`) over a ring of messages
+posted straight to the backend (:class:`_DirectRing`) or on the progress engine
+(:class:`_EngineRing`); without a codec chunks travel as segments of at most
+:data:`SEGMENT_BYTES` (docs/algorithms.md, "Ring").
 """
 
 from __future__ import annotations
@@ -40,24 +29,16 @@ from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import Wire, combine, finish
 from pipecomm.collectives._trees import binomial_gather, binomial_scatter
 
-#: Largest piece of a chunk on the wire (uncompressed). On gloo over loopback a message's
-#: bandwidth keeps rising with its size (E0's per-size table), so segments are large; cutting a
-#: 32 MiB chunk into 4 MiB segments still paid off (their combines overlap the transfers), while
-#: 1 MiB segments were slower than whole chunks.
+#: Largest piece of a chunk on the wire (uncompressed; docs/algorithms.md, "Ring").
 SEGMENT_BYTES = 4 << 20
 #: A chunk of at least twice this many bytes that would travel whole under
-#: :data:`SEGMENT_BYTES` travels as two halves instead (the default segment size only): the
-#: second half's transfer then overlaps the first half's combine, as gloo's own ring keeps one
-#: segment in flight while it reduces another. Smaller halves cost more in messages than they
-#: gain (measured on gloo over loopback, ARTIFACT.md).
+#: :data:`SEGMENT_BYTES` travels as two halves instead (the default segment size only).
 MIN_SPLIT_BYTES = 2 << 20
 
 
 class _Segments:
     """Chunk ``c`` of ``flat`` as ``per_chunk`` segments of at most ``elems`` elements (views;
-    trailing ones may be empty, the same on every rank). All views are cut at once (one
-    ``split``): a schedule asks for a segment several times per message, and with 8 ranks on
-    2 cores every Python-level slice of the per-message path is paid many times over."""
+    trailing ones may be empty, the same on every rank), all cut at once (one ``split``)."""
 
     def __init__(self, flat: torch.Tensor, offsets: list[int], segment_bytes: int | None) -> None:
         default = segment_bytes is None
@@ -174,9 +155,7 @@ class _EngineRing:
 
 class _DirectRing:
     """A ring allreduce's messages posted straight to the backend
-    (:class:`pipecomm.collectives.p2p.Direct`): every message goes to the right neighbour or
-    comes from the left one, so which send a buffer waits for is known from the schedule and
-    the engine's bookkeeping is not needed. Partial results land in scratch slots
+    (:class:`pipecomm.collectives.p2p.Direct`). Partial results land in scratch slots
     (:func:`._engine.scratch_slots`); before the allgather overwrites the chunks sent in the
     reduce-scatter, those sends are waited (all but the owned chunk's, which stays in place)."""
 
@@ -237,10 +216,8 @@ def allreduce(
     codec: Any = None,
     segment_bytes: int | None = None,
 ) -> None:
-    """Ring allreduce in group order: reduce-scatter then allgather, written once for every
-    path: on the progress engine (:class:`_EngineRing`), straight to the backend without a codec
-    where :meth:`Comm.direct` allows (:class:`_DirectRing`), and with encoded chunks (the codec a
-    parameter of the schedule, :class:`._reduce.Wire`; chunks then travel whole).
+    """Ring allreduce in group order: reduce-scatter then allgather, on whichever ring
+    (:class:`_EngineRing`, :class:`_DirectRing`) the module docstring describes.
 
     Example::
 

@@ -274,17 +274,7 @@ class DecentralizedDataParallel(nn.Module):
         """Run the wrapped model (its parameters are ``x^k``; gossip may be in flight).
 
         Records ``require_backward_grad_sync`` for the backward of this forward (as torch's
-        DistributedDataParallel does).
-
-        Example::
-
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
-            >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> loss = torch.nn.functional.mse_loss(ddp(x), y)
-            >>> loss.backward()
-            >>> ddp.close(); dist.destroy_process_group()
+        DistributedDataParallel does); the example of :class:`DecentralizedDataParallel` runs it.
         """
         checks.flag(self.require_backward_grad_sync, "require_backward_grad_sync", _NAME)
         self._restore_local()
@@ -319,8 +309,7 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
             >>> assert ddp.state_dict().keys() == model.state_dict().keys()
             >>> list(ddp.state_dict())
@@ -343,8 +332,7 @@ class DecentralizedDataParallel(nn.Module):
 
             >>> import io
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
             >>> path = io.BytesIO()
             >>> torch.save({"model": ddp.state_dict(), "optimizer": ddp.optimizer.state_dict()}, path)
@@ -483,8 +471,7 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
             >>> optim_fn = lambda named: torch.optim.SGD([p for _, p in named], lr=0.1)
             >>> ddp.close(); ddp2 = DecentralizedDataParallel(model, optim_fn)
@@ -518,8 +505,7 @@ class DecentralizedDataParallel(nn.Module):
 
             >>> import io
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
             >>> torch.save(ddp.global_average(), io.BytesIO())
             >>> sorted(ddp.global_average())

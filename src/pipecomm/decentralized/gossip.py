@@ -40,9 +40,8 @@ _PROCESS_GROUPS: dict[tuple[Any, ...], tuple[dist.ProcessGroup, Any]] = {}
 def as_one_block(params: list[nn.Parameter]) -> torch.Tensor | None:
     """Move ``params`` (one dtype and device) into one contiguous tensor, each parameter a view of
     its slice (``p.data`` is replaced; the parameter objects stay), so that copying the bucket to
-    and from its gossip buffer is one copy, not one per parameter (decent-dp, the DAdam authors'
-    implementation, keeps parameters as views of their bucket the same way). Parameters that are
-    not plain contiguous tensors (e.g. channels-last) keep their storage: returns ``None``.
+    and from its gossip buffer is one copy. Parameters that are not plain contiguous tensors
+    (e.g. channels-last) keep their storage: returns ``None``.
 
     Example::
 
@@ -66,13 +65,10 @@ def as_one_block(params: list[nn.Parameter]) -> torch.Tensor | None:
 def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
     """The process group of the global ``ranks`` (created on first use, then reused).
 
-    With ``whole_world`` every rank of the default group calls this, in the same order, and
-    ``dist.new_group`` is used. Otherwise only the members of ``ranks`` call it: torch's
-    ``new_group`` must be called by every rank of the default group, and its
-    ``use_local_synchronization=True`` names a group after the number of groups each rank made
-    before (which differs between ranks, so creation hangs); the group is therefore made with
-    torch's internal helper under a name derived from ``ranks`` alone. Either way the group
-    takes the world's timeout (:func:`pipecomm.collectives.async_.group_timeout`).
+    With ``whole_world`` every rank of the default group calls this, in the same order
+    (``dist.new_group``); otherwise only the members of ``ranks`` call it (why:
+    docs/algorithms.md, "What torch 2.13 allows `pipecomm.backend` to do, and where it stops").
+    The group takes the world's timeout (:func:`pipecomm.collectives.async_.group_timeout`).
 
     Example::
 

@@ -14,13 +14,9 @@ index k = ceil(t / K), committed moments M, V (zero at start) and accumulator A 
         V = b2 * V + (1 - b2) * A^2
         A = 0
 
-AccumAdam adds ``weight_decay * x`` to g first (L2, as torch.optim.Adam); AccumAdamW multiplies x by
-``1 - lr * weight_decay`` before the update (decoupled, as torch.optim.AdamW). With K = 1 the two
-are exactly torch.optim.Adam and torch.optim.AdamW (amsgrad off): m and v become the moments.
-
-State per parameter (``optimizer.state[p]``): ``step`` (t, an int), ``exp_avg`` (M),
-``exp_avg_sq`` (V), ``accum`` (A). Parameters whose ``grad`` is None are skipped (no state
-change); a zero gradient is a step like any other.
+With K = 1 the two are exactly torch.optim.Adam and torch.optim.AdamW (amsgrad off). Weight
+decay, the state per parameter, the cross-check against the authors' code: docs/update_rules.md,
+"AccumAdam and AccumAdamW".
 
 Example::
 

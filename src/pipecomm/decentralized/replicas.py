@@ -49,8 +49,7 @@ def check_max_norm(max_grad_norm: Any, scope: Any) -> float | None:
         raise ValueError(f"{_NAME}: grad_norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
     if max_grad_norm is None:
         return None
-    value = checks.positive_number(max_grad_norm, "max_grad_norm", _NAME)
-    return value
+    return checks.positive_number(max_grad_norm, "max_grad_norm", _NAME)
 
 
 def check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.GradScaler | None:

@@ -5,15 +5,9 @@ every iteration ``step``, a partition of the ranks into groups; each group avera
 member gets weight ``1/|g|``), so the mixing matrix ``W_k`` of the paper is symmetric and doubly
 stochastic. Decentralized training mixes ``y_i^k = sum_j (W_k)_ij x_j^k``.
 
-Registered topologies (``available_topologies()``): ``complete`` (period 1, any world size),
-``ring`` (one-peer ring, its two perfect matchings, period 2, even world sizes), ``one-peer-exp``
-(``j`` with ``j XOR 2^r``, period ``log2 p``, powers of two), ``alternating-exp-ring`` / ``aer``
-(nodes pair exponentially, alternating intra- and inter-node steps; the schedule of the authors'
-Decent-DP library), ``random-matching`` (a fresh perfect matching every step, seeded so that
-every rank draws the same one). :meth:`Topology.spectral_gap` is ``1 - ||P - 11^T/p||_2`` for
-``P`` the product of the mixing matrices over one period.
-
-Exact schedules and the spectral gap: docs/update_rules.md, "Topologies".
+Registered topologies: :func:`available_topologies` (``complete``, ``ring``, ``one-peer-exp``,
+``alternating-exp-ring`` / ``aer``, ``random-matching``). Exact schedules and the spectral gap
+(:meth:`Topology.spectral_gap`): docs/update_rules.md, "Topologies".
 
 Example::
 

@@ -13,12 +13,8 @@ late, while its AllReduce runs on pipecomm's communication thread. :class:`PipeS
   ``t >= k`` and ``w_{t+1} = w_t`` for ``t < k``, with Pipe-SGD's light compression (``"fp16"``,
   ``"bf16"``, ``"int8"``) inside the AllReduce.
 
-Modules: :mod:`.optimizer` (the wrapper), :mod:`.replicas` (construction checks),
-:mod:`.strategies` (one small class per schedule), :mod:`.exchange` (buckets, packing, AllReduce,
-unpacking), :mod:`.timing` (the opt-in per-iteration records, ``timing=True``).
-
-Exact rules, the order of operations inside ``step()``, world size 1, checkpoints:
-docs/update_rules.md, "Data-parallel SGD" and "Pipelined SGD with staleness k".
+The package's modules, the exact rules, the order of operations inside ``step()``, world size
+1, checkpoints: docs/update_rules.md, "Data-parallel SGD" and "Pipelined SGD with staleness k".
 
 Example::
 

@@ -1,12 +1,10 @@
 """Gradient exchange of PipeSGD: flat buffers per bucket, their averaging AllReduce, unpacking.
 
 One concept: how the gradients of one iteration travel. Parameters are grouped into units by
-:mod:`pipecomm.bucketing` (torch DDP's rule, Li et al., VLDB 2020, Sec. 3.2.3: one
-(dtype, device) kind per unit, a unit closed at ``bucket_bytes``; ``None`` gives one unit per
-kind), each unit's gradients are packed into a new flat buffer and averaged over the group with
-:func:`pipecomm.collectives.allreduce` (``op="avg"``, the chosen algorithm and codec), and the
-averaged buffer is viewed back as per-parameter gradients. The strategies
-(:mod:`.strategies`) decide when units are launched and when their results are applied.
+:mod:`pipecomm.bucketing` (``bucket_bytes=None``: one unit per kind), each unit's gradients are
+packed into a new flat buffer, averaged with :func:`pipecomm.collectives.allreduce`
+(``op="avg"``) and viewed back as per-parameter gradients; the strategies (:mod:`.strategies`)
+decide when units are launched and applied.
 
 Example::
 

@@ -58,10 +58,8 @@ _STATE_KEYS = (
 class PipeSGD(torch.optim.Optimizer):
     """Data-parallel training with the AllReduce of the averaged gradient ``k`` steps behind.
 
-    A wrapper around a ``torch.optim.Optimizer`` in the manner of torch's
-    ``PostLocalSGDOptimizer``: it shares the wrapped optimizer's ``param_groups``, ``state`` and
-    ``defaults``, so learning-rate schedulers attach to it directly, and ``zero_grad``,
-    ``step(closure=None)``, ``state_dict``/``load_state_dict`` work as for any optimizer.
+    Wraps a ``torch.optim.Optimizer`` (as ``PostLocalSGDOptimizer`` does), sharing its
+    ``param_groups``, ``state`` and ``defaults``: schedulers attach to it directly.
 
     Args:
         model: the local replica (every rank builds the same architecture; rank 0's parameters
@@ -90,19 +88,10 @@ class PipeSGD(torch.optim.Optimizer):
             :func:`pipecomm.compress.error_feedback`); needs a ``compression``. The residuals
             are part of :meth:`state_dict` and differ per rank: checkpoint every rank's.
 
-    Construction is collective: every rank of ``group`` builds its PipeSGD (the replicas' shapes
-    and arguments are compared, and must agree). Per iteration:
-    ``opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()``. After ``step()`` of
-    iteration t the parameters are ``w_{t+1}`` and ``p.grad`` holds the averaged gradient that was
-    applied (``None`` while the pipeline fills). A parameter without a gradient on a rank
-    contributes zeros to the average. The learning rate (and every other hyper-parameter in
-    ``param_groups``) in force when an update is *applied* is used, as with the bare optimizer.
-
-    :meth:`finish` applies the ``k`` gradients still in flight; it matters only for
-    ``mode="pipe"`` with k >= 1 (elsewhere it is a no-op) and is optional: without it the last
-    ``k`` gradients are simply not applied (``w_T`` of the rule), and :meth:`state_dict`
-    checkpoints them in flight. ``with PipeSGD(...) as opt:`` calls it (and :meth:`remove_hooks`)
-    on leaving the block.
+    Construction is collective (every rank of ``group``). :meth:`finish` (optional) applies the
+    ``k`` gradients still in flight; ``with PipeSGD(...) as opt:`` calls it on leaving the block.
+    The rule, the order inside ``step()`` and checkpoints: docs/update_rules.md, "Pipelined SGD
+    with staleness k".
 
     Example::
 

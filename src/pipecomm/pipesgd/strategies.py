@@ -147,24 +147,8 @@ class Sync(Strategy):
 
 
 class Pipelined(Strategy):
-    """Pipe-SGD / delayed GD: launch now on the communication thread, apply k iterations later.
-
-    Example::
-
-        >>> import torch.distributed as dist
-        >>> from pipecomm.pipesgd.timing import NullTimer
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-        >>> model, applied = torch.nn.Linear(2, 1), []
-        >>> exchange = Exchange(list(model.parameters()), None, "forward", "lp", None, None, None,
-        ...                     NullTimer())
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> strategy = Pipelined(exchange, applied.append, staleness=1)
-        >>> strategy.step()
-        >>> len(applied), len(strategy.pending)
-        (0, 1)
-        >>> strategy.drain()
-        >>> dist.destroy_process_group()
-    """
+    """Pipe-SGD / delayed GD: launch now on the communication thread, apply k iterations later
+    (the example of this module's docstring runs it)."""
 
     def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int) -> None:
         super().__init__(exchange, apply)

@@ -1,11 +1,9 @@
 """Opt-in per-iteration timings of PipeSGD: compute, launch, communication, compression, update.
 
-One concept: the instrumentation behind ``PipeSGD(..., timing=True)`` — the breakdown of an
-iteration that Pipe-SGD's reviewers asked for (Li et al., NeurIPS 2018) and experiments E5-E9
-record. Without ``timing=True`` PipeSGD uses :class:`NullTimer`, whose clock reads nothing and
-whose records are dropped: no timer and no CUDA synchronisation in the training loop. With it,
-every timing point on CUDA parameters first synchronises the device, so the records measure GPU
-work rather than kernel launches (at the price of serialising the host with the GPU there).
+One concept: the instrumentation behind ``PipeSGD(..., timing=True)`` (the breakdown of an
+iteration, Li et al., NeurIPS 2018). Without it PipeSGD uses :class:`NullTimer`: no timer and no
+CUDA synchronisation in the training loop. With it, every timing point on CUDA parameters first
+synchronises the device, so the records measure GPU work rather than kernel launches.
 
 Example::
 
