@@ -11,7 +11,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, launch, results
+from pipecomm.lab import artifact, launch, report, results
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 
@@ -58,8 +58,9 @@ def notebook_run(tmp_path_factory):
     (``artifact.run_experiment``, the path of ``run_all.sh``), with ``env`` set for the kernel;
     its finished training runs stay in ``out.parent / ".runs"``.
 
-    Once per session: each experiment runs end to end once, and its tiny test
-    (tests/test_eNN_*.py, which owns ``params``) and tests/test_notebooks.py share the run.
+    Once per session: each experiment runs end to end once, in its tiny test (tests/test_eNN_*.py,
+    which owns ``params``), and the run checks that the notebook shows its figure without a
+    progress bar or widget warning.
     """
 
     def get(module, params: dict, env: dict | None = None) -> NotebookRun:
@@ -83,6 +84,12 @@ def notebook_run(tmp_path_factory):
                 else:
                     os.environ[k] = v
         run = NotebookRun(out, results.load_csv(out), nbformat.read(out / "notebook.ipynb", 4))
+        # it shows its figure, and no progress bar or widget warning
+        cell = report.plot_cell(run.notebook)
+        assert cell is not None and any("image/png" in o.get("data", {}) for o in cell.outputs)
+        streams = [o.text for c in run.notebook.cells for o in c.get("outputs", [])
+                   if o.output_type == "stream"]
+        assert not any("\r" in t or "TqdmWarning" in t for t in streams), streams
         _NOTEBOOK_RUNS[eid] = (params, env, run)
         return run
 

@@ -103,3 +103,11 @@ def test_summary_and_plot(table):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_notebook_writes_the_same_table(notebook_run, tmp_path):
+    from pipecomm.lab import results
+
+    run = notebook_run(e1, TINY)
+    results.write_csv(tmp_path / "direct.csv", _table())
+    pd.testing.assert_frame_equal(run.df, results.load_csv(tmp_path / "direct.csv"))
