@@ -257,3 +257,20 @@ def test_a_new_world_never_reuses_the_destroyed_worlds_comm_group():
         assert t.tolist() == [1.0, 1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_every_rank_pool_offers_the_one_interface():
+    """The local pool, torchrun jobs, the virtual cluster, its jobs and an experiment's
+    NetworkRanks: ``run(fn, *args, timeout_s=...)`` -> results in rank order (launch.RankPool)."""
+    import inspect
+
+    from pipecomm.lab import cluster, network
+
+    pools = [launch.Ranks, launch.TorchrunJob, cluster.VirtualCluster, cluster.job.ClusterJob,
+             network.NetworkRanks]
+    for cls in pools:
+        assert issubclass(cls, launch.RankPool), cls
+        params = inspect.signature(cls.run).parameters
+        assert list(params)[:3] == ["self", "fn", "args"], (cls, list(params))
+        assert params["timeout_s"].kind is inspect.Parameter.KEYWORD_ONLY, cls
+    assert not issubclass(int, launch.RankPool)

@@ -281,7 +281,7 @@ class NetworkRanks:
     kind: str
     net: netem.Network | None
     text: str
-    runner: Any = field(repr=False)
+    runner: launch.RankPool = field(repr=False)
     calibration: dict[str, Any] | None = None
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list:

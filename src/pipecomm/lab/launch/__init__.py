@@ -45,7 +45,7 @@ import pickle
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait as _mp_wait
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 # re-exported: public API (pipecomm.lab.launch.<name>)
 from pipecomm import checks
@@ -99,6 +99,29 @@ __all__ = [
     "spawn",
     "under_torchrun",
 ]
+
+
+
+@runtime_checkable
+class RankPool(Protocol):
+    """What every set of ranks the lab runs functions on offers: ``run(fn, *args, timeout_s=)``
+    runs ``fn(*args)`` on every rank and returns the results in rank order (a rank's exception
+    is a :class:`RankError` naming it; past ``timeout_s``, a TimeoutError). Implemented by the
+    local pool (:class:`Ranks`), a torchrun job (:class:`TorchrunJob`), the virtual cluster and
+    its jobs (:class:`pipecomm.lab.cluster.VirtualCluster`, ``ClusterJob``) and an experiment's
+    :class:`pipecomm.lab.network.NetworkRanks`; code that only runs functions takes any of them.
+
+    Example::
+
+        >>> from pipecomm.lab import launch
+        >>> issubclass(launch.Ranks, launch.RankPool), issubclass(launch.TorchrunJob, launch.RankPool)
+        (True, True)
+    """
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float = ...) -> list[Any]:
+        """``fn(*args)`` on every rank; the results in rank order."""
+        ...
+
 
 _STARTUP_TIMEOUT_S = 120.0
 _PG_TIMEOUT_S = 300.0  # a pool's collectives fail after this long without progress
