@@ -86,7 +86,6 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 COMPRESSIONS = vocab.CODECS
 BASE_METHODS = ("nocomm", "sync", "layerwise", "pipe", "delayed-1", "delayed-2")
-TIMING_COLUMNS = ("compute_s", "launch_s", "comm_s", "compress_s", "update_s", "iter_s")
 
 
 def parse_method(method: str) -> tuple[str, int | None, str | None]:
