@@ -149,3 +149,14 @@ def test_host_parameters_are_checked():
         e0.run(host_world_size=2)
     with pytest.raises(ValueError, match="host_messages"):
         e0.run(host_messages=0)
+
+
+def test_a_flat_emulated_fit_is_an_infinite_bandwidth_not_a_crash():
+    """A load spike on the smaller of few large sizes can flatten the fit (beta 0): a fresh clone's
+    E0 notebook once died on 1 / 0 in its summary."""
+    emu = _emulated()
+    emu["time_s"] = 0.002  # no size dependence at all
+    fit = e0.fit_emulated(emu)
+    assert len(fit) == 2 and np.isinf(fit.bandwidth_Bps).all()
+    table = e0.summary(pd.concat([_real().assign(backend="gloo", network="real"), emu], ignore_index=True))
+    assert len(table) == 3

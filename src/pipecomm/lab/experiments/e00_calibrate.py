@@ -268,7 +268,7 @@ def fit_emulated(df: pd.DataFrame, min_bytes: int = 64 << 10) -> pd.DataFrame:
     emu = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     for p, g in emu.groupby("world_size"):
         a, b = cost.fit_alpha_beta(g.nbytes.to_numpy(), g.time_s.to_numpy())
-        rows.append({"world_size": p, "alpha_s": a, "bandwidth_Bps": 1 / b,
+        rows.append({"world_size": p, "alpha_s": a, "bandwidth_Bps": 1 / b if b > 0 else float("inf"),
                      "config_alpha_s": g.emu_alpha_s.iloc[0],
                      "config_bandwidth_Bps": g.emu_bandwidth_Bps.iloc[0]})
     return pd.DataFrame(rows)
