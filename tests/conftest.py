@@ -3,7 +3,6 @@ and each experiment's notebook run once per session."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,16 +72,11 @@ def notebook_run(tmp_path_factory):
         exp = artifact.discover()[eid]
         full = {k: v for k, v in {**exp.defaults, **params}.items() if k not in artifact.RESERVED}
         out = tmp_path_factory.mktemp(eid) / "cpu" / eid
-        saved = {k: os.environ.get(k) for k in [*env, results.RUNS_ENV]}
-        os.environ.update(env)
-        try:
+        with pytest.MonkeyPatch.context() as mp:  # the environment as it was, afterwards
+            for k, v in env.items():
+                mp.setenv(k, v)
+            mp.delenv(results.RUNS_ENV, raising=False)  # run_experiment sets it, then drops it
             artifact.run_experiment(exp, "cpu", full, out, keep_runs=True)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         run = NotebookRun(out, results.load_csv(out), nbformat.read(out / "notebook.ipynb", 4))
         # it shows its figure, and no progress bar or widget warning
         cell = report.plot_cell(run.notebook)
