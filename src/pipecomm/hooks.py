@@ -58,14 +58,11 @@ import torch.distributed as dist
 
 from pipecomm import backend, checks, collectives, compress, vocab
 from pipecomm.collectives.async_ import CompletedHandle
+from pipecomm.decentralized.gossip import topology_groups
+from pipecomm.decentralized.topology import Topology, available_topologies, get_topology
 
-__all__ = [
-    "CollectiveState",
-    "PipelinedState",
-    "allreduce_hook",
-    "pipelined_hook",
-    "register",
-]
+__all__ = ["MIXES", "CollectiveState", "GossipState", "PipelinedState", "allreduce_hook",
+           "gossip_hook", "pipelined_hook", "register"]
 
 
 def _check_common(
@@ -175,18 +172,13 @@ class CollectiveState:
         _load_state_dict(self, "CollectiveState", state_dict)
 
 
-def _launch(state: Any, where: str, t: torch.Tensor) -> collectives.Handle:
-    """Start the average of ``t`` over the state's group on the communication thread."""
-    group = _group_of(where, state.process_group)
-    return collectives.allreduce(
-        t,
-        algorithm=state.algorithm,
-        op="avg",
-        group=group,
-        block_bytes=state.block_bytes,
-        async_op=True,
-        compression=state.compression,
-    )
+def _launch(state: Any, where: str, t: torch.Tensor, group: Any = None) -> collectives.Handle:
+    """Start the average of ``t`` over ``group`` (default: the state's) on the communication
+    thread."""
+    group = _group_of(where, state.process_group) if group is None else group
+    return collectives.allreduce(t, algorithm=state.algorithm, op="avg", group=group,
+                                 block_bytes=state.block_bytes, async_op=True,
+                                 compression=getattr(state, "compression", None))
 
 
 def allreduce_hook(
@@ -476,7 +468,153 @@ def pipelined_hook(
     return fut
 
 
-def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable[..., Any]) -> None:
+# --------------------------------------------------------------------------- gossip
+
+#: what :func:`gossip_hook` averages with the peers of the step
+MIXES = ("parameters", "gradients")
+
+
+@dataclass
+class GossipState:
+    """The state of :func:`gossip_hook`: decentralized averaging over a topology, inside DDP.
+
+    Args:
+        topology: a name of :func:`pipecomm.decentralized.topology.get_topology` (``"one-peer-exp"``,
+            ``"aer"``, ``"ring"``, ``"complete"``, ``"random-matching"``), built for the group's
+            size (``"aer"``: ``LOCAL_WORLD_SIZE`` ranks per node), or a ``Topology`` over its ranks.
+        mix: ``"parameters"`` (D-PSGD / DAdam: the bucket's parameters are averaged with the
+            peers' and the optimizer steps from there with the rank's own gradient, the rule of
+            DecentralizedDataParallel) or ``"gradients"`` (the gradient is averaged with the
+            peers'; nothing pulls the replicas together). Exact rules: docs/update_rules.md,
+            "Gossip inside torch's DDP".
+        algorithm, process_group, block_bytes, timeout_s: as in :class:`CollectiveState`.
+
+    Attributes:
+        iteration: synchronised backward passes so far, the topology's step of the next one (the
+            same on every rank; :meth:`state_dict` holds it).
+
+    Example::
+
+        >>> import io
+        >>> from pipecomm import hooks
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> state = GossipState(topology="one-peer-exp", mix="parameters")
+        >>> ddp_model.register_comm_hook(state, hooks.gossip_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> state.iteration
+        1
+        >>> torch.save(state.state_dict(), io.BytesIO())      # every rank (the same iteration)
+        >>> dist.destroy_process_group()
+    """
+
+    topology: str | Topology = "one-peer-exp"
+    mix: str = "parameters"
+    algorithm: str = vocab.DEFAULT_ALGORITHM
+    process_group: dist.ProcessGroup | None = None
+    block_bytes: int | None = field(default=None, kw_only=True)
+    timeout_s: float | None = field(default=None, kw_only=True)
+    iteration: int = field(default=0, init=False)
+    _topo: Any = field(default=None, init=False, repr=False)  # (topology, this rank's index)
+    _groups: dict = field(default_factory=dict, init=False, repr=False)
+    _params: list | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, Topology) and self.topology not in available_topologies():
+            raise ValueError(f"GossipState: topology must be one of {available_topologies()} or "
+                             f"a Topology, got {self.topology!r}")
+        if self.mix not in MIXES:
+            raise ValueError(f"GossipState: mix must be one of {MIXES}, got {self.mix!r}")
+        _check_common("GossipState", self.algorithm, None, self.block_bytes, self.timeout_s)
+
+    def _setup(self) -> tuple[Topology, int]:
+        """The topology over the group and this rank's index; its groups' process groups are
+        made on the first call (:func:`register`, or the first hook: every rank, one order)."""
+        if self._topo is None:
+            group = _group_of("gossip_hook", self.process_group)
+            members = dist.get_process_group_ranks(group or dist.group.WORLD)
+            topo = get_topology(self.topology, len(members))
+            self._groups = topology_groups(topo, members)
+            self._topo = (topo, members.index(dist.get_rank()))
+        return self._topo
+
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration (the topology's next step) and what the state mixes, for a checkpoint
+        (the example of :class:`GossipState` saves one)."""
+        return {"kind": "GossipState", "iteration": self.iteration, "mix": self.mix,
+                "topology": getattr(self.topology, "name", self.topology)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` of a state with the same ``mix`` and topology: the next
+        backward mixes over the step the uninterrupted run would. The replicas differ: resume
+        each rank's own model (``DistributedDataParallel(..., init_sync=False)``, or load it
+        after wrapping: DDP's construction broadcasts rank 0's).
+
+        Example::
+
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> old = GossipState("ring", mix="gradients"); old.iteration = 7
+            >>> state = GossipState("ring", mix="gradients")
+            >>> state.load_state_dict(old.state_dict())        # gossip_rank{dist.get_rank()}.pt
+            >>> state.iteration
+            7
+            >>> dist.destroy_process_group()
+        """
+        sd, where = state_dict, "GossipState.load_state_dict"
+        if not isinstance(sd, dict) or sd.get("kind") != "GossipState":
+            raise TypeError(f"{where}: state_dict must come from GossipState.state_dict()")
+        for key, mine in (("mix", self.mix), ("topology", self.state_dict()["topology"])):
+            if sd.get(key) != mine:
+                raise ValueError(f"{where}: state_dict was saved with {key}={sd.get(key)!r}, "
+                                 f"this state has {key}={mine!r}")
+        self.iteration = int(sd["iteration"])
+
+
+def gossip_hook(
+    state: GossipState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's parameters (or gradient) with this rank's peers of the iteration.
+
+    Iteration t (:attr:`GossipState.iteration`) averages over this rank's group of
+    ``topology.groups(t)`` (``W_t = topology.mixing_matrix(t)``) with pipecomm's AllReduce
+    (``op="avg"``) on the communication thread. ``mix="parameters"``: once the average is in, the
+    bucket's parameters hold ``y_i = sum_j (W_t)_ij x_j`` (inside backward, before the
+    optimizer's step) and DDP gets the rank's own gradient; ``mix="gradients"``: DDP gets
+    ``sum_j (W_t)_ij g_j``. A group of one rank returns at once.
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> ddp_model.register_comm_hook(GossipState("ring", mix="gradients"), gossip_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> ddp_model.module.bias.grad                       # p = 1: its own
+        tensor([1.])
+        >>> dist.destroy_process_group()
+    """
+    if not isinstance(state, GossipState):
+        raise TypeError(f"gossip_hook: state must be a GossipState, got {type(state).__name__}")
+    buf = bucket.buffer()
+    topo, me = state._setup()
+    group = topo.group_of(me, state.iteration)
+    if bucket.is_last():
+        state.iteration += 1
+    params = [p.detach() for p in bucket.parameters()]
+    mixes = state.mix == "parameters" and len(group) > 1
+    x = torch.cat([p.reshape(-1) for p in params]) if mixes else buf
+    handles = [_launch(state, "gossip_hook", x, state._groups[group])] if len(group) > 1 else []
+
+    def value() -> torch.Tensor:
+        if mixes:  # y_i = sum_j (W_t)_ij x_j into the parameters; DDP gets the own gradient
+            for p, v in zip(params, x.split([p.numel() for p in params])):
+                p.copy_(v.view_as(p))
+        return buf
+
+    return backend.future_of(handles, value, timeout_s=state.timeout_s)
+
+
+def register(model: Any, state: CollectiveState | PipelinedState | GossipState,
+             hook: Callable[..., Any]) -> None:
     """``model.register_comm_hook(state, hook)`` after checking that ``state`` averages over the
     model's process group (``state.process_group=None`` is bound to it). No communication.
 
@@ -487,11 +625,9 @@ def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable
         >>> register(ddp_model, PipelinedState(staleness=1), pipelined_hook)
         >>> dist.destroy_process_group()
     """
-    if not isinstance(state, CollectiveState | PipelinedState):
-        raise TypeError(
-            "register: state must be a CollectiveState or a PipelinedState, got "
-            f"{type(state).__name__}"
-        )
+    if not isinstance(state, CollectiveState | PipelinedState | GossipState):
+        raise TypeError("register: state must be a CollectiveState, a PipelinedState or a "
+                        f"GossipState, got {type(state).__name__}")
     if not hasattr(model, "register_comm_hook") or not hasattr(model, "process_group"):
         raise TypeError(
             f"register: model must be a DistributedDataParallel, got {type(model).__name__}"
@@ -506,6 +642,8 @@ def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable
             f"{_ranks(group)}); build the state with process_group=model.process_group or None"
         )
     state._params = list(model.parameters())
+    if isinstance(state, GossipState):
+        state._setup()  # the topology's process groups, on every rank in the same order
     model.register_comm_hook(state, hook)
 
 

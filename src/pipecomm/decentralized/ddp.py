@@ -48,7 +48,7 @@ from torch import nn
 from pipecomm import checks, collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
 from pipecomm.collectives import api
-from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
+from pipecomm.decentralized.gossip import Bucket, as_one_block, topology_groups
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
 from pipecomm.decentralized.replicas import (
     check_max_norm,
@@ -230,13 +230,7 @@ class DecentralizedDataParallel(nn.Module):
         self._check_same_model()
         if init_sync:
             self._broadcast_from_rank0()
-        # every group any step uses, created on every member in the same order
-        whole_world = self.world_size == dist.get_world_size()
-        self._groups = {
-            g: subgroup(tuple(members[r] for r in g), whole_world)
-            for g in topo.distinct_groups()
-            if len(g) > 1
-        }
+        self._groups = topology_groups(topo, members)  # every group a step uses, made once
         self._hooks: list[Any] = [
             opt.register_state_dict_post_hook(self._optimizer_state_dict_hook),
             opt.register_load_state_dict_pre_hook(self._optimizer_load_hook),
