@@ -23,6 +23,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.cluster.host",
     "pipecomm.lab.cluster.job",
     "pipecomm.lab.cluster.programs",
+    "pipecomm.lab.cluster.slurm",
     "pipecomm.lab.cluster.virtual",
     "pipecomm.lab.corpus",
     "pipecomm.lab.cost",
