@@ -28,7 +28,8 @@ needs_slurm = pytest.mark.skipif(not OK, reason=f"no SLURM cluster here: {REASON
 
 @pytest.mark.parametrize(("kwargs", "name"), [
     (dict(nodes=1), "nodes"), (dict(nodes=2.0), "nodes"), (dict(nodes=17), "nodes"),
-    (dict(cpus_per_node=0), "cpus_per_node"), (dict(timeout_s=0), "timeout_s"),
+    (dict(cpus_per_node=0), "cpus_per_node"), (dict(cpus_per_node=1.5), "cpus_per_node"),
+    (dict(timeout_s=0), "timeout_s"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -47,17 +48,29 @@ def test_available_names_what_is_missing(monkeypatch):
 @needs_slurm
 @pytest.mark.timeout(900)
 def test_the_artifact_sbatch_script_runs_e13_on_two_slurm_nodes(tmp_path):
-    """sbatch on node 0, srun one task per node, torchrun's rendezvous at the first node (found
-    by its host name), rank 0's results: the same final losses as E13 in one local pool."""
+    """A failing job and a job past its wait report their state and the logs' tails; then
+    sbatch on node 0, srun one task per node, torchrun's rendezvous at the first node (found by
+    its host name), rank 0's results: the same final losses as E13 in one local pool."""
     out = tmp_path / "results"
     with slurm.SlurmCluster(2, timeout_s=120) as s:
         sinfo = s.command(["sinfo", "-h", "-o", "%D %t"]).stdout.split()
+        # a failing job and one past its wait: the state, then the logs' tails in one block
+        script = tmp_path / "fails.sbatch"
+        script.write_text("#!/bin/bash\necho about to fail\nexit 3\n")
+        failing = s.submit(script, options=[f"--output={tmp_path}/fails-%j.out"])
+        assert s.wait(failing, timeout_s=60) == "FAILED"
+        assert "about to fail" in s.logs(failing) and "-- slurmctld.log:" in s.logs(failing)
+        script.write_text("#!/bin/bash\nsleep 300\n")
+        slow = s.submit(script, options=[f"--output={tmp_path}/slow-%j.out"])
+        with pytest.raises(TimeoutError, match=f"(?s)job {slow} still .*-- slurmd-n0.log:"):
+            s.wait(slow, timeout_s=3)
+        assert s.wait(slow, timeout_s=60) == "CANCELLED"  # cancelled at the limit
         job, state = slurm.run_artifact(s, out, timeout_s=600)
+        assert state == "COMPLETED", s.logs(job, lines=30)
         info = s.job_info(job)
         log = Path(info["StdOut"]).read_text()
         slurmd_logs = [(s.dir / f"slurmd-{n}.log").read_text() for n in s.names]
         pids, prefix, workdir = [p.pid for p in s._procs], s.net.prefix, s.dir
-        assert state == "COMPLETED", s.logs(job, lines=30)
     assert sinfo == ["2", "idle"]
     assert (info["NodeList"], info["NumNodes"], info["ExitCode"]) == ("n[0-1]", "2", "0:0")
     assert "== E13 on 2 nodes x 1 ranks" in log and f"results in {out}" in log

@@ -123,7 +123,7 @@ class SlurmCluster:
         where = "SlurmCluster"
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= 16:
             raise ValueError(f"{where}: nodes must be an int in 2 .. 16, got {nodes!r}")
-        cpus = os.cpu_count() or 1 if cpus_per_node is None else cpus_per_node
+        cpus = (os.cpu_count() or 1) if cpus_per_node is None else cpus_per_node
         if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
             raise ValueError(f"{where}: cpus_per_node must be an int >= 1, got {cpus_per_node!r}")
         self.timeout_s = checks.positive_number(timeout_s, "timeout_s", where, "seconds")
@@ -187,8 +187,9 @@ class SlurmCluster:
         (d / "munge.key").chmod(0o400)
         for sub in ("state", *(f"spool/{n}" for n in self.names)):
             (d / sub).mkdir(parents=True)
-        # slurmd initialises its cgroup plugin even without cgroup tracking: each slurmd
-        # mounts cgroup2 in its own mount namespace (ip netns exec's), where /sys is fresh
+        # slurmd initialises a cgroup plugin even without cgroup tracking: cgroup/v1 starts
+        # without a hierarchy, where autodetection finds none in ip netns exec's fresh /sys
+        # and cgroup/v2 refuses a machine whose controllers are v1 ("hybrid mode")
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         nodes = "\n".join(f"NodeName={n} NodeAddr={self.net.addr(i)} CPUs={self.cpus_per_node} "
                           "State=UNKNOWN" for i, n in enumerate(self.names))
@@ -406,13 +407,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not ok:
         print(f"no SLURM cluster here: {why}", file=sys.stderr)
         return 2
+    try:
+        cluster = SlurmCluster(args.nodes, timeout_s=120)
+    except ValueError as exc:
+        ap.error(str(exc))
     with contextlib.ExitStack() as stack:
         out = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slurm")))
-        s = stack.enter_context(SlurmCluster(args.nodes, timeout_s=120))
-        job, state = run_artifact(s, out, args.timeout_s)
-        print(f"job {job}: {state}; results in {out}/E13")
-        return 0 if state == "COMPLETED" and (out / "E13" / "data.csv").exists() else 1
-    return 1
+        try:
+            s = stack.enter_context(cluster)
+            job, state = run_artifact(s, out, args.timeout_s)
+        except (ClusterError, TimeoutError) as exc:  # their messages hold the logs' tails
+            print(exc, file=sys.stderr)
+            return 1
+        files = sorted(f.name for f in (out / "E13").glob("*"))
+        print(f"job {job}: {state}; rank 0 wrote {out / 'E13'}: {', '.join(files) or 'nothing'}"
+              + ("" if args.out else " (a temporary directory, removed now)"))
+        if state != "COMPLETED" or "data.csv" not in files:
+            print(s.logs(job), file=sys.stderr)
+            return 1
+    return 0
 
 
 #: a short E13 (the cpu profile's parameters with 3 iterations on the digits task)
@@ -425,6 +438,7 @@ def run_artifact(s: SlurmCluster, out: Path, timeout_s: float,
                  overrides: Sequence[str] = SHORT_E13) -> tuple[int, str]:
     """Submit the artifact's sbatch script with the cpu profile, E13 and ``overrides`` on all of
     ``s``'s nodes, one rank each, results to ``out``; ``(job id, final state)``."""
+    Path(out).mkdir(parents=True, exist_ok=True)  # the job's output file goes there too
     env = {"PROFILE": "cpu", "EXPERIMENTS": "E13", "NPROC_PER_NODE": "1", "OUT": str(out),
            "PYTHON": sys.executable, "PIPECOMM_PROCS_ON_HOST": str(s.nodes),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
