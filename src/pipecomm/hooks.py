@@ -501,7 +501,7 @@ class GossipState:
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
             >>> old = GossipState("ring", mix="gradients"); old.iteration = 7
             >>> state = GossipState("ring", mix="gradients")
-            >>> state.load_state_dict(old.state_dict())        # gossip_rank{dist.get_rank()}.pt
+            >>> state.load_state_dict(old.state_dict())        # hook_rank{dist.get_rank()}.pt
             >>> state.iteration
             7
             >>> dist.destroy_process_group()
