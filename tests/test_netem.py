@@ -1,4 +1,4 @@
-"""The emulated network (pipecomm.lab.netem) and its hook in p2p.exchange.
+"""The emulated network (pipecomm.lab.networks.netem) and its hook in p2p.exchange.
 
 Part 1 tests the pure reservation arithmetic (LinkSchedule) against a brute-force reference of
 the documented rule. Part 2 measures real ranks: every time is checked against the model from
@@ -19,9 +19,9 @@ import rankfns_netem as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipecomm.lab import launch, netem
-from pipecomm.lab.netem import LinkSchedule, Network
-from pipecomm.lab.network import emulated_pool
+from pipecomm.lab.networks import launch, netem
+from pipecomm.lab.networks.kinds import emulated_pool
+from pipecomm.lab.networks.netem import LinkSchedule, Network
 
 KiB = 1024
 
