@@ -6,12 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-from pipecomm.lab import cost, schedules
 from pipecomm.lab.experiments import e07_pipesgd_convergence as e7
-from pipecomm.lab.network import choose_bandwidth
-from pipecomm.lab.pipesgd_analysis import first_reach, per_iteration, steady
-from pipecomm.lab.pipesgd_config import check_config, lr_scale, parse_method
-from pipecomm.lab.pipesgd_training import eval_rows, iteration_rows
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.kinds import choose_bandwidth
+from pipecomm.lab.training.pipesgd_analysis import first_reach, per_iteration, steady
+from pipecomm.lab.training.pipesgd_config import check_config, lr_scale, parse_method
+from pipecomm.lab.training.pipesgd_training import eval_rows, iteration_rows
+from pipecomm.lab.workloads import schedules
 
 METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
 
@@ -450,7 +451,7 @@ def test_checks_work_on_data_read_back_from_csv(tmp_path):
 
 
 def test_rounds_interleave_and_rotate():
-    from pipecomm.lab.pipesgd_training import rounds
+    from pipecomm.lab.training.pipesgd_training import rounds
 
     out = rounds(["a", "b", "c"], 5)
     assert [r for r, _ in out] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
@@ -465,7 +466,7 @@ def test_rounds_interleave_and_rotate():
 def test_speed_claims_take_one_repeat_per_run():
     """The timing runs are the repeats (5 per method), never the iterations of one run; without
     timing runs the seeds are, and 3 seeds cannot decide."""
-    from pipecomm.lab.pipesgd_analysis import run_samples, timing_kind
+    from pipecomm.lab.training.pipesgd_analysis import run_samples, timing_kind
 
     df = _e7()
     assert timing_kind(df) == "timing"

@@ -30,14 +30,15 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import vocab
-from pipecomm.lab import claims, cost, netem
+from pipecomm.lab import claims
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import network_and_link, ranks_on
-from pipecomm.lab.pipesgd_analysis import steady
-from pipecomm.lab.pipesgd_config import PoolParams, check_config, config
-from pipecomm.lab.pipesgd_training import iteration_rows, rounds, train_rank
-from pipecomm.lab.workloads import fetch_data, gradient_bytes
+from pipecomm.lab.networks import cost, netem
+from pipecomm.lab.networks.kinds import network_and_link, ranks_on
+from pipecomm.lab.training.pipesgd_analysis import steady
+from pipecomm.lab.training.pipesgd_config import PoolParams, check_config, config
+from pipecomm.lab.training.pipesgd_training import iteration_rows, rounds, train_rank
+from pipecomm.lab.workloads.tasks import fetch_data, gradient_bytes
 
 ID = "E5"
 NOTEBOOK = "05_bsp_sgd"
@@ -47,7 +48,7 @@ NOTEBOOK = "05_bsp_sgd"
 class Params(PoolParams):
     """E5's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E5-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.PoolParams`'. ``port_models`` replaces the shared
+    :class:`~pipecomm.lab.training.pipesgd_config.PoolParams`'. ``port_models`` replaces the shared
     ``ports`` (unused here): one pool per port model."""
 
     algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])

@@ -31,15 +31,15 @@ import pandas as pd
 from pipecomm.lab import claims
 from pipecomm.lab.checks import positive_float, require
 from pipecomm.lab.cli import main
-from pipecomm.lab.pipesgd_analysis import run_medians, run_samples, steady
-from pipecomm.lab.pipesgd_config import (
+from pipecomm.lab.training.pipesgd_analysis import run_medians, run_samples, steady
+from pipecomm.lab.training.pipesgd_config import (
     CalibratedPoolParams,
     check_config,
     config,
     parse_method,
     parse_methods,
 )
-from pipecomm.lab.pipesgd_training import TIMING_COLUMNS, calibrate_and_train
+from pipecomm.lab.training.pipesgd_training import TIMING_COLUMNS, calibrate_and_train
 
 ID = "E8"
 NOTEBOOK = "08_pipesgd_breakdown"
@@ -49,7 +49,7 @@ NOTEBOOK = "08_pipesgd_breakdown"
 class Params(CalibratedPoolParams):
     """E8's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E7-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.CalibratedPoolParams`'."""
+    :class:`~pipecomm.lab.training.pipesgd_config.CalibratedPoolParams`'."""
 
     ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
     ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
