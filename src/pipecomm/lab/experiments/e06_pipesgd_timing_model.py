@@ -38,7 +38,7 @@ from pipecomm.lab.networks import cost, netem
 from pipecomm.lab.networks import kinds as network
 from pipecomm.lab.training import pipesgd_timing_model as timing_model
 from pipecomm.lab.training.pipesgd_analysis import per_iteration, steady
-from pipecomm.lab.training.pipesgd_config import CalibratedParams, check_config, config
+from pipecomm.lab.training.pipesgd_config import CalibratedParams, TrainConfig, config
 from pipecomm.lab.training.pipesgd_training import iteration_rows, rounds, train_rank
 from pipecomm.lab.workloads.tasks import check_batch_size, gradient_bytes
 
@@ -100,7 +100,7 @@ class Params(CalibratedParams):
                 and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
         for b in self.batch_sizes:
-            check_config(_config(self, b, "sync"))
+            _config(self, b, "sync")  # a valid training configuration
             for p, _ in pools:
                 check_batch_size(b, p, name="batch_sizes")
 
@@ -108,7 +108,7 @@ DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
 
 
-def _config(params: Params, batch: int, mode: str) -> dict[str, Any]:
+def _config(params: Params, batch: int, mode: str) -> TrainConfig:
     return config(params, batch_size=batch, method=mode)
 
 

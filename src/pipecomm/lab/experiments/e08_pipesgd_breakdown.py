@@ -34,7 +34,7 @@ from pipecomm.lab.cli import main
 from pipecomm.lab.training.pipesgd_analysis import run_medians, run_samples, steady
 from pipecomm.lab.training.pipesgd_config import (
     CalibratedPoolParams,
-    check_config,
+    TrainConfig,
     config,
     parse_method,
     parse_methods,
@@ -82,13 +82,13 @@ class Params(CalibratedPoolParams):
         require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
                 and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        check_config(_config(self, self.seed, "sync"))
+        _config(self, self.seed, "sync")  # a valid training configuration
 
 DEFAULTS = Params.defaults()
 PARTS = ("compute", "allreduce", "wait", "compression", "update", "other")
 
 
-def _config(params: Params, seed: int, method: str) -> dict[str, Any]:
+def _config(params: Params, seed: int, method: str) -> TrainConfig:
     return config(params, seed=seed, method=method)
 
 

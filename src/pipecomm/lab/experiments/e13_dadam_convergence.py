@@ -46,6 +46,7 @@ from pipecomm.lab.measure import bench, stats
 from pipecomm.lab.networks import launch
 from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, make_network, network_text
 from pipecomm.lab.training import tuning
+from pipecomm.lab.training.pipesgd_config import TrainConfig
 from pipecomm.lab.training.trainers import make_trainer
 from pipecomm.lab.workloads import schedules
 from pipecomm.lab.workloads.tasks import (
@@ -230,8 +231,8 @@ def _batches(task: str, cfg: dict[str, Any], rank: int, world: int):
     (:func:`~pipecomm.lab.workloads.tasks.batch_stream`), or LM windows."""
     seed = cfg["seed"]
     if task == "digits":
-        yield from batch_stream({"dataset": "digits", "data_seed": 0, "data_root": None,
-                                 "seed": seed, "batch_size": cfg["digits_batch"]}, rank, world)
+        yield from batch_stream(TrainConfig(dataset="digits", seed=seed,
+                                            batch_size=cfg["digits_batch"]), rank, world)
     g = torch.Generator().manual_seed(1_000_003 * seed + rank)
     while True:
         yield corpus().batch(cfg["lm_batch"], cfg["seq_len"], g)

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from pipecomm.lab.measure import bench
 from pipecomm.lab.networks import launch
-from pipecomm.lab.training.pipesgd_config import check_config
+from pipecomm.lab.training.pipesgd_config import TrainConfig
 from pipecomm.lab.training.trainers import gil_switch_interval, rank_world
 from pipecomm.lab.workloads.tasks import (
     batch_stream,
@@ -62,9 +62,7 @@ __all__ = [
 # --------------------------------------------------------------------------- whole step (E6-E9)
 
 
-def rank_calibrate_step(
-    cfg: dict[str, Any], iters: int = 10, warmup: int = 3
-) -> dict[str, Any]:
+def rank_calibrate_step(cfg: TrainConfig, iters: int = 10, warmup: int = 3) -> dict[str, Any]:
     """On every rank: time ``C`` (zero_grad, batch, forward, backward, packing the gradients
     into one flat buffer) and ``U`` (the optimizer step) of a training configuration without
     communication.
@@ -76,16 +74,15 @@ def rank_calibrate_step(
 
         ranks.run(rank_calibrate_step, cfg, 10, 3, timeout_s=120)[0]   # {'compute_s': ..., ...}
     """
-    cfg = check_config(cfg)
-    with gil_switch_interval(cfg["switch_interval_s"]):
+    with gil_switch_interval(cfg.switch_interval_s):
         return _time_step(cfg, iters, warmup)
 
 
-def _time_step(cfg: dict[str, Any], iters: int, warmup: int) -> dict[str, Any]:
+def _time_step(cfg: TrainConfig, iters: int, warmup: int) -> dict[str, Any]:
     rank, world = rank_world()
     device = launch.device()
     model = build_model(cfg).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     stream = batch_stream(cfg, rank, world)
     params = [p for p in model.parameters() if p.requires_grad]
 

@@ -5,13 +5,15 @@ Papers: BSP-SGD of the LP paper (Wang, Wu, Bosilca, Vuduc, Xu, arXiv 1611.04255)
 Mao, Ding, Zhang, NeurIPS 2018: ``T_sync = C + M + U``, ``T_pipe = max(C + U, M)``), layer-wise
 and delayed gradient descent (Daily et al. 2017), all through :class:`pipecomm.pipesgd.PipeSGD`.
 
-* **Parameters.** E5-E9's ``Params`` subclass :class:`TrainingParams`, :class:`CalibratedParams`,
-  :class:`PoolParams`, :class:`CalibratedPoolParams` or :class:`ConvergenceParams`, which hold
-  the fields they share with their checks (which experiment uses which: docs/experiments.md,
-  "pipesgd_config and pipesgd_training: the Pipe-SGD family in detail").
+* **Parameters.** One chain of bases, each adding a group of fields with its checks:
+  :class:`TrainingParams` (E5's base) -> :class:`CalibratedParams` (E6's) ->
+  :class:`CalibratedPoolParams` (E8's) -> :class:`ConvergenceParams` (E7's and E9's). E5's pool,
+  which has no compute-timing run, declares the pool's fields itself and checks them with the same
+  :func:`check_pool_backend` and :func:`check_pool` (which experiment uses which:
+  docs/experiments.md, "pipesgd_config and pipesgd_training: the Pipe-SGD family in detail").
 
-* **Configuration.** :func:`config` turns an experiment's parameters into the dict a rank trains
-  from (:data:`DEFAULT_CONFIG`'s keys), :func:`check_config` validates one.
+* **Configuration.** :class:`TrainConfig` is what a rank trains from, valid by construction;
+  :func:`config` makes one from an experiment's parameters, ``dataclasses.replace`` a variant.
 
 * **Methods** (``method`` names): ``"nocomm"`` (local steps, no AllReduce: the no-communication
   bound of Daily et al.'s Figure 1), ``"sync"``, ``"layerwise"``, ``"pipe"`` (staleness 1),
@@ -27,12 +29,14 @@ Example::
     ... class Params(CalibratedPoolParams):
     ...     methods: list[str] = field(default_factory=lambda: ["sync", "pipe"])
     >>> cfg = config(Params.make(), seed=1, method="pipe+int8")
-    >>> cfg["method"], cfg["seed"], cfg["model"]
+    >>> cfg.method, cfg.seed, cfg.model
     ('pipe+int8', 1, 'cnn')
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -48,43 +52,18 @@ from pipecomm.lab.workloads.tasks import HELDOUT_PARTS, check_batch_size
 __all__ = [
     "BASE_METHODS",
     "COMPRESSIONS",
-    "DEFAULT_CONFIG",
     "CalibratedParams",
     "CalibratedPoolParams",
     "ConvergenceParams",
-    "PoolParams",
+    "TrainConfig",
     "TrainingParams",
-    "check_config",
+    "check_pool",
+    "check_pool_backend",
     "config",
     "lr_scale",
     "parse_method",
     "parse_methods",
 ]
-
-#: Training configuration keys and their defaults (experiments override some).
-DEFAULT_CONFIG: dict[str, Any] = {
-    "model": "cnn",
-    "model_kw": {"channels": [64, 128], "hidden": 256},
-    "dataset": "digits",
-    "data_root": None,
-    "batch_size": 64,
-    "lr": 0.01,
-    "momentum": 0.0,
-    "schedule": "constant",
-    "warmup_steps": 0,
-    "min_lr_ratio": 0.0,
-    "seed": 0,
-    "data_seed": 0,
-    "iterations": 20,
-    "method": "sync",
-    "algorithm": "ring",
-    "bucket_mb": 25.0,
-    "eval_every": 0,
-    "evaluate": True,
-    "eval_part": "all",
-    "barrier_before_step": False,
-    "switch_interval_s": 0.005,
-}
 
 COMPRESSIONS = vocab.CODECS
 BASE_METHODS = ("nocomm", "sync", "layerwise", "pipe", "delayed-1", "delayed-2")
@@ -140,79 +119,117 @@ def lr_scale(method: str) -> float:
     return value
 
 
-def config(params: experiment.Params, **overrides: Any) -> dict[str, Any]:
-    """A training configuration: :data:`DEFAULT_CONFIG`, then the experiment's parameters of the
-    same names, then ``overrides`` (the per-run choices: method, seed, ...).
+def _cnn_kw() -> dict[str, Any]:
+    return {"channels": [64, 128], "hidden": 256}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training configuration: what every rank of a run trains from (pickled to the ranks).
+
+    Valid by construction: a bad value is a ValueError naming the setting. ``model_kw`` is a copy
+    of the dict given, so the configuration never shares it with the experiment's parameters.
+
+    Example::
+
+        >>> import dataclasses
+        >>> cfg = TrainConfig(method="pipe", iterations=5)
+        >>> cfg.iterations, dataclasses.replace(cfg, seed=2).seed
+        (5, 2)
+        >>> TrainConfig(batch_size=0)
+        Traceback (most recent call last):
+        ValueError: batch_size must be a positive int, got 0
+    """
+
+    model: str = "cnn"
+    model_kw: dict[str, Any] = field(default_factory=_cnn_kw)
+    dataset: str = "digits"
+    data_root: str | None = None
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    seed: int = 0
+    data_seed: int = 0
+    iterations: int = 20
+    method: str = "sync"
+    algorithm: str = "ring"
+    bucket_mb: float = 25.0
+    eval_every: int = 0
+    evaluate: bool = True
+    eval_part: str = "all"
+    barrier_before_step: bool = False
+    switch_interval_s: float = 0.005
+
+    def __post_init__(self) -> None:
+        parse_method(self.method)
+        for key in ("evaluate", "barrier_before_step"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
+        for key in ("batch_size", "iterations"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key} must be a positive int, got {v!r}")
+        v = self.eval_every
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"eval_every must be an int >= 0 (0: final only), got {v!r}")
+        v = self.switch_interval_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise ValueError(f"switch_interval_s must be in (0, 1] seconds, got {v!r}")
+        for key in ("lr", "momentum"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{key} must be a finite number >= 0, got {v!r}")
+        if self.eval_part not in HELDOUT_PARTS:
+            raise ValueError(f"eval_part must be one of {HELDOUT_PARTS}, got {self.eval_part!r}")
+        schedules.check(self.schedule, self.iterations, self.warmup_steps, self.min_lr_ratio)
+        if self.model not in models.MODELS:
+            raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {self.model!r}")
+        if not isinstance(self.model_kw, dict):
+            raise ValueError(
+                f"model_kw must be a dict of constructor arguments, got {self.model_kw!r}"
+            )
+        if self.dataset not in data.DATASETS:
+            raise ValueError(f"dataset must be one of {data.DATASETS}, got {self.dataset!r}")
+        if self.dataset != "digits" and not isinstance(self.data_root, str):
+            raise ValueError(
+                f"dataset={self.dataset!r} needs data_root, the folder for the official files "
+                "(fetched there once, checksums verified; 'digits' ships with scikit-learn)"
+            )
+        object.__setattr__(self, "model_kw", copy.deepcopy(self.model_kw))
+
+    def asdict(self) -> dict[str, Any]:
+        """The settings as a plain dict (the key of a resumable run, :class:`pipecomm.lab.results.Runs`).
+
+        Example::
+
+            >>> TrainConfig(seed=3).asdict()["seed"]
+            3
+        """
+        return dataclasses.asdict(self)
+
+
+def config(params: experiment.Params, **overrides: Any) -> TrainConfig:
+    """A training configuration: :class:`TrainConfig`'s defaults, then the experiment's
+    parameters of the same names, then ``overrides`` (the per-run choices: method, seed, ...);
+    an override that is no setting is a ValueError naming it.
 
     Example::
 
         >>> from pipecomm.lab.experiments.e05_bsp_sgd import Params
         >>> params = Params.make()
         >>> cfg = config(params, seed=1, method="pipe")
-        >>> cfg["method"], cfg["seed"]
+        >>> cfg.method, cfg.seed
         ('pipe', 1)
     """
-    cfg = dict(DEFAULT_CONFIG)
-    given = params.asdict()
-    cfg.update({k: given[k] for k in DEFAULT_CONFIG if k in given})
-    cfg["model_kw"] = dict(cfg["model_kw"])
-    cfg.update(overrides)
-    return cfg
-
-
-def check_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Validate a training configuration (unknown keys and bad values are ValueErrors).
-
-    Example::
-
-        >>> cfg = check_config(dict(DEFAULT_CONFIG, method="pipe", iterations=5))
-        >>> cfg["iterations"]
-        5
-    """
-    unknown = sorted(set(cfg) - set(DEFAULT_CONFIG))
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    unknown = sorted(set(overrides) - set(names))
     if unknown:
-        raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(DEFAULT_CONFIG)}")
-    cfg = {**DEFAULT_CONFIG, **cfg}
-    parse_method(cfg["method"])
-    for key in ("evaluate", "barrier_before_step"):
-        if not isinstance(cfg[key], bool):
-            raise ValueError(f"{key} must be True or False, got {cfg[key]!r}")
-    for key in ("batch_size", "iterations"):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{key} must be a positive int, got {v!r}")
-    if (
-        isinstance(cfg["eval_every"], bool)
-        or not isinstance(cfg["eval_every"], int)
-        or cfg["eval_every"] < 0
-    ):
-        raise ValueError(
-            f"eval_every must be an int >= 0 (0: final only), got {cfg['eval_every']!r}"
-        )
-    v = cfg["switch_interval_s"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ValueError(f"switch_interval_s must be in (0, 1] seconds, got {v!r}")
-    for key in ("lr", "momentum"):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{key} must be a finite number >= 0, got {v!r}")
-    if cfg["eval_part"] not in HELDOUT_PARTS:
-        raise ValueError(f"eval_part must be one of {HELDOUT_PARTS}, got {cfg['eval_part']!r}")
-    schedules.check(cfg["schedule"], cfg["iterations"], cfg["warmup_steps"], cfg["min_lr_ratio"])
-    if cfg["model"] not in models.MODELS:
-        raise ValueError(f"model must be one of {tuple(models.MODELS)}, got {cfg['model']!r}")
-    if not isinstance(cfg["model_kw"], dict):
-        raise ValueError(
-            f"model_kw must be a dict of constructor arguments, got {cfg['model_kw']!r}"
-        )
-    if cfg["dataset"] not in data.DATASETS:
-        raise ValueError(f"dataset must be one of {data.DATASETS}, got {cfg['dataset']!r}")
-    if cfg["dataset"] != "digits" and not isinstance(cfg["data_root"], str):
-        raise ValueError(
-            f"dataset={cfg['dataset']!r} needs data_root, the folder for the official files "
-            "(fetched there once, checksums verified; 'digits' ships with scikit-learn)"
-        )
-    return cfg
+        raise ValueError(f"unknown training setting(s) {unknown}; known: {sorted(names)}")
+    given = params.asdict()
+    return TrainConfig(**{**{k: given[k] for k in names if k in given}, **overrides})
 
 
 def parse_methods(methods: list[str]) -> list[tuple[str, int | None, str | None]]:
@@ -234,10 +251,6 @@ def parse_methods(methods: list[str]) -> list[tuple[str, int | None, str | None]
 
 
 # --------------------------------------------------------------------------- parameters
-
-
-def _cnn_kw() -> dict[str, Any]:
-    return {"channels": [64, 128], "hidden": 256}
 
 
 @dataclass(frozen=True)
@@ -296,17 +309,75 @@ class CalibratedParams(TrainingParams):
         )
 
 
+def check_pool_backend(params: experiment.Params) -> None:
+    """The pool checks a ``validate()`` runs first (before its base's): ``params.network`` is a
+    network kind, ``"shaped"`` only with gloo, and ``params.backend`` gloo or nccl
+    (:func:`pipecomm.lab.cli.check_backend`); under torchrun only nccl: the gloo design needs
+    the emulated network of local ranks.
+
+    Example::
+
+        >>> import types
+        >>> check_pool_backend(types.SimpleNamespace(network="shaped", backend="nccl", world_size=2))
+        Traceback (most recent call last):
+        ValueError: parameter network='shaped': 'shaped' runs gloo ranks: use backend='gloo'
+    """
+    from pipecomm.lab.cli import check_backend
+
+    check_network_kind(params.network)
+    require(params.network == "emulated" or params.backend == "gloo", "network", params.network,
+            "'shaped' runs gloo ranks: use backend='gloo'")
+    check_backend(params.backend, params.world_size, emulated=False)
+    if launch.under_torchrun() and params.backend != "nccl":
+        raise ValueError(
+            "under torchrun this experiment runs with backend='nccl' (the real network); its "
+            "gloo design needs the emulated network of local ranks: run it without torchrun"
+        )
+
+
+def check_pool(params: experiment.Params, bandwidth_optional: bool) -> None:
+    """The pool checks a ``validate()`` runs after its base's: one pool of ``world_size >= 2``
+    ranks, each training ``batch_size`` images of ``dataset`` per step, on a network of
+    ``bandwidth_Bps > 0`` (or None where ``bandwidth_optional``: chosen from ``comm_ratio``).
+
+    Example::
+
+        >>> import types
+        >>> pool = types.SimpleNamespace(world_size=2, batch_size=32, bandwidth_Bps=None,
+        ...                              dataset="digits")
+        >>> check_pool(pool, bandwidth_optional=True)
+        >>> check_pool(pool, bandwidth_optional=False)
+        Traceback (most recent call last):
+        ValueError: parameter bandwidth_Bps=None: must be a finite number > 0
+    """
+    positive_int(params, "world_size", "batch_size")
+    require(params.world_size >= 2, "world_size", params.world_size, "needs >= 2 ranks")
+    bw = params.bandwidth_Bps
+    if bandwidth_optional:
+        require(
+            bw is None or (isinstance(bw, (int, float)) and bw > 0),
+            "bandwidth_Bps",
+            bw,
+            "must be None (chosen from comm_ratio) or > 0",
+        )
+    else:
+        positive_float(params, "bandwidth_Bps")
+    require(params.dataset in data.DATASETS, "dataset", params.dataset,
+            f"must be one of {data.DATASETS}")
+    check_batch_size(params.batch_size, params.world_size, params.dataset)
+
+
 @dataclass(frozen=True)
-class PoolParams(TrainingParams):
-    """A training experiment on one pool of ``world_size`` ranks (E5, E7-E9): ``backend``
-    ``"gloo"`` (CPU ranks on a network of ``bandwidth_Bps``: emulated, or with
+class CalibratedPoolParams(CalibratedParams):
+    """A training experiment on one pool of ``world_size`` ranks after a compute-timing run (E7-E9):
+    ``backend`` ``"gloo"`` (CPU ranks on a network of ``bandwidth_Bps``: emulated, or with
     ``network="shaped"`` a virtual cluster of one rank per node on Linux tc tbf links, whose
     calibrated link then replaces ``alpha_s`` in the model) or ``"nccl"`` (one GPU per rank, the
     real interconnect; ``alpha_s``, ``bandwidth_Bps``, ``ports`` and ``comm_ratio`` are then
-    unused), each rank training ``batch_size`` images of ``dataset`` per step."""
-
-    #: Whether ``bandwidth_Bps=None`` is allowed (chosen from ``comm_ratio``).
-    BANDWIDTH_OPTIONAL: ClassVar[bool] = False
+    unused), each rank training ``batch_size`` images of ``dataset`` per step. The emulated
+    bandwidth is chosen after the compute-timing run so that the cost model's AllReduce takes
+    ``comm_ratio`` x (C + U), unless ``bandwidth_Bps`` is given
+    (:func:`pipecomm.lab.networks.kinds.network_for`)."""
 
     world_size: int = 2
     batch_size: int = 64
@@ -315,55 +386,12 @@ class PoolParams(TrainingParams):
     dataset: str = "digits"
     data_root: str | None = None
     network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on; gloo only)
-
-    def validate(self) -> None:
-        check_network_kind(self.network)
-        require(self.network == "emulated" or self.backend == "gloo", "network", self.network,
-                "'shaped' runs gloo ranks: use backend='gloo'")
-        _check_pool_backend(self.backend, self.world_size)
-        super().validate()
-        positive_int(self, "world_size", "batch_size")
-        require(self.world_size >= 2, "world_size", self.world_size, "needs >= 2 ranks")
-        bw = self.bandwidth_Bps
-        if self.BANDWIDTH_OPTIONAL:
-            require(
-                bw is None or (isinstance(bw, (int, float)) and bw > 0),
-                "bandwidth_Bps",
-                bw,
-                "must be None (chosen from comm_ratio) or > 0",
-            )
-        else:
-            positive_float(self, "bandwidth_Bps")
-        require(self.dataset in data.DATASETS, "dataset", self.dataset,
-                f"must be one of {data.DATASETS}")
-        check_batch_size(self.batch_size, self.world_size, self.dataset)
-
-
-def _check_pool_backend(backend: Any, world_size: int) -> None:
-    """gloo or nccl (:func:`pipecomm.lab.cli.check_backend`); under torchrun only nccl:
-    the gloo design needs the emulated network of local ranks."""
-    from pipecomm.lab.cli import check_backend
-
-    check_backend(backend, world_size, emulated=False)
-    if launch.under_torchrun() and backend != "nccl":
-        raise ValueError(
-            "under torchrun this experiment runs with backend='nccl' (the real network); its "
-            "gloo design needs the emulated network of local ranks: run it without torchrun"
-        )
-
-
-@dataclass(frozen=True)
-class CalibratedPoolParams(PoolParams, CalibratedParams):
-    """A pool whose emulated bandwidth is chosen after the compute-timing run so that the cost
-    model's AllReduce takes ``comm_ratio`` x (C + U), unless ``bandwidth_Bps`` is given (E7-E9;
-    :func:`pipecomm.lab.networks.kinds.network_for`)."""
-
-    BANDWIDTH_OPTIONAL: ClassVar[bool] = True
-
     comm_ratio: float = 1.0
 
     def validate(self) -> None:
+        check_pool_backend(self)
         super().validate()
+        check_pool(self, bandwidth_optional=True)
         positive_float(self, "comm_ratio")
 
 

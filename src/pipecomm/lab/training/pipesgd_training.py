@@ -21,12 +21,13 @@ Independent repeats, why the loop is PipeSGD's own and devices: docs/experiments
 
 Example (inside ``launch.Ranks(2)``)::
 
-    cfg = dict(DEFAULT_CONFIG, method="pipe+int8", iterations=20)
+    cfg = TrainConfig(method="pipe+int8", iterations=20)
     per_rank = ranks.run(pipesgd_training.train_rank, cfg, timeout_s=120)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +46,7 @@ from pipecomm.lab.networks.kinds import network_and_link, network_for, ranks_on
 from pipecomm.lab.training import pipesgd_timing_model as timing_model
 from pipecomm.lab.training.pipesgd_config import (
     CalibratedPoolParams,
-    check_config,
+    TrainConfig,
     lr_scale,
     parse_method,
 )
@@ -71,40 +72,39 @@ __all__ = [
 TIMING_COLUMNS = ("compute_s", "launch_s", "comm_s", "compress_s", "update_s", "iter_s")
 
 
-def train_rank(cfg: dict[str, Any]) -> dict[str, Any]:
-    """On every rank: train ``cfg["iterations"]`` steps of ``cfg["method"]``; return timings,
+def train_rank(cfg: TrainConfig) -> dict[str, Any]:
+    """On every rank: train ``cfg.iterations`` steps of ``cfg.method``; return timings,
     losses and (rank 0) held-out accuracy at the snapshots.
 
     Returns ``{"timings": [per-iteration dicts], "losses": [...], "evals": [...]}``; ``evals``
-    (rank 0 only; none when ``cfg["evaluate"]`` is False) has ``iteration``, ``wall_s`` (this
+    (rank 0 only; none when ``cfg.evaluate`` is False) has ``iteration``, ``wall_s`` (this
     rank's elapsed training time at the snapshot, from the timings), ``accuracy`` (percent) and
     ``test_loss``; the last entry is the model after ``finish()`` (all in-flight gradients
     applied).
 
     Example::
 
-        out = ranks.run(train_rank, dict(DEFAULT_CONFIG, method="pipe"), timeout_s=300)
+        out = ranks.run(train_rank, TrainConfig(method="pipe"), timeout_s=300)
     """
-    cfg = check_config(cfg)
-    with gil_switch_interval(cfg["switch_interval_s"]):
+    with gil_switch_interval(cfg.switch_interval_s):
         return _train(cfg)
 
 
-def _train(cfg: dict[str, Any]) -> dict[str, Any]:
+def _train(cfg: TrainConfig) -> dict[str, Any]:
     from pipecomm.pipesgd import PipeSGD
 
-    mode, staleness, compression = parse_method(cfg["method"])
+    mode, staleness, compression = parse_method(cfg.method)
     rank, world = rank_world()
     device = launch.device()
     model = build_model(cfg).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=cfg["lr"] * lr_scale(cfg["method"]), momentum=cfg["momentum"])
+    opt = torch.optim.SGD(params, lr=cfg.lr * lr_scale(cfg.method), momentum=cfg.momentum)
     sched = schedules.build(
         opt,
-        cfg["schedule"],
-        total_steps=cfg["iterations"],
-        warmup_steps=cfg["warmup_steps"],
-        min_ratio=cfg["min_lr_ratio"],
+        cfg.schedule,
+        total_steps=cfg.iterations,
+        warmup_steps=cfg.warmup_steps,
+        min_ratio=cfg.min_lr_ratio,
     )
     trainer = None
     if mode != "nocomm":
@@ -113,13 +113,13 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
             opt,
             mode=mode,
             staleness=staleness,
-            algorithm=cfg["algorithm"],
+            algorithm=cfg.algorithm,
             compression=compression,
-            bucket_mb=float(cfg["bucket_mb"]),
+            bucket_mb=float(cfg.bucket_mb),
             timing=True,
         )
     stream = batch_stream(cfg, rank, world)
-    every = cfg["eval_every"]
+    every = cfg.eval_every
     snapshots: list[tuple[int, list[torch.Tensor]]] = []
     losses: list[float] = []
     lrs: list[float] = []
@@ -129,12 +129,12 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     if trainer is not None:
         trainer.reset_timings()
     mark = time.perf_counter()
-    for t in range(cfg["iterations"]):
+    for t in range(cfg.iterations):
         xb, yb = (b.to(device) for b in next(stream))
         model.zero_grad()
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
-        if cfg["barrier_before_step"] and world > 1:
+        if cfg.barrier_before_step and world > 1:
             dist.barrier()
         if trainer is None:
             bench.synchronize(device)
@@ -163,10 +163,10 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
         losses.append(float(loss.item()))
         if (
             rank == 0
-            and cfg["evaluate"]
+            and cfg.evaluate
             and every
             and (t + 1) % every == 0
-            and t + 1 < cfg["iterations"]
+            and t + 1 < cfg.iterations
         ):
             snapshots.append((t + 1, [p.detach().clone() for p in params]))
     if trainer is not None:
@@ -176,14 +176,14 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         timings = local_timings
     evals = []
-    if rank == 0 and cfg["evaluate"]:
+    if rank == 0 and cfg.evaluate:
         elapsed = np.cumsum([r["iter_s"] for r in timings])
         by_iter = {}
         for r, e in zip(timings, elapsed):
             if r["iteration"] is not None:
                 by_iter[r["iteration"] + 1] = float(e)
         final = [p.detach().clone() for p in params]
-        items = [*snapshots, (cfg["iterations"], final)]
+        items = [*snapshots, (cfg.iterations, final)]
         for i, (it, snap) in enumerate(items):
             with torch.no_grad():
                 for p, s in zip(params, snap):
@@ -194,7 +194,7 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
                 {
                     "iteration": it,
                     "lr": lrs[it - 1],
-                    "lr_peak": cfg["lr"] * lr_scale(cfg["method"]),
+                    "lr_peak": cfg.lr * lr_scale(cfg.method),
                     "wall_s": float(elapsed[-1]) if last else by_iter[it],
                     "accuracy": acc,
                     "test_loss": tl,
@@ -264,7 +264,7 @@ def eval_rows(per_rank: list[dict[str, Any]], **meta: Any) -> list[dict[str, Any
 
 def calibrate_and_train(
     params: CalibratedPoolParams,
-    config: Callable[[CalibratedPoolParams, int, str], dict[str, Any]],
+    config: Callable[[CalibratedPoolParams, int, str], TrainConfig],
     methods: list[str],
     seeds: list[int],
     iterations: dict[str, int] | None = None,
@@ -310,7 +310,7 @@ def calibrate_and_train(
 
     nccl = params.backend == "nccl"
     cal = None
-    key = {"calibration": cfg0, "world_size": p, "backend": params.backend}
+    key = {"calibration": cfg0.asdict(), "world_size": p, "backend": params.backend}
     if params.bandwidth_Bps is None and not nccl:
         with launch.Ranks(p) as ranks:
             cal = runs(key, calibrate, ranks)
@@ -353,17 +353,18 @@ def calibrate_and_train(
         for r, method in rounds(t_methods, t_runs) if t_runs else []:
             # a timing run times iterations: no evaluation, and a constant rate (a warm-up
             # longer than the short run would be refused; the rate does not change the time)
-            cfg = dict(config(params, seeds[0], method), iterations=t_iters, evaluate=False,
-                       eval_every=0, schedule="constant", warmup_steps=0)
-            res = runs({"timing": cfg, "network": ranks.text, "run": r}, ranks.run,
+            cfg = dataclasses.replace(config(params, seeds[0], method), iterations=t_iters,
+                                      evaluate=False, eval_every=0, schedule="constant",
+                                      warmup_steps=0)
+            res = runs({"timing": cfg.asdict(), "network": ranks.text, "run": r}, ranks.run,
                        train_rank, cfg, timeout_s=params.timeout_s)
             rows += iteration_rows(res, kind="timing", method=method, seed=seeds[0], run=r)
         for i, seed in enumerate(seeds):
             for r, method in rounds([m for m in methods if runs_seed(i, m)], repeats):
                 cfg = config(params, seed, method)
                 if iterations and method in iterations:
-                    cfg["iterations"] = iterations[method]
-                key = {"train": cfg, "network": ranks.text}
+                    cfg = dataclasses.replace(cfg, iterations=iterations[method])
+                key = {"train": cfg.asdict(), "network": ranks.text}
                 if repeats > 1:
                     key["run"] = r
                 res = runs(key, ranks.run, train_rank, cfg, timeout_s=params.timeout_s)
@@ -374,7 +375,7 @@ def calibrate_and_train(
     return pd.DataFrame(rows).assign(
         backend=params.backend,
         world_size=p,
-        schedule=schedules.describe(cfg0["schedule"], cfg0["warmup_steps"], cfg0["min_lr_ratio"]),
+        schedule=schedules.describe(cfg0.schedule, cfg0.warmup_steps, cfg0.min_lr_ratio),
         network=ranks.text,
         network_kind=ranks.kind,
         bandwidth_Bps=1.0 / link.beta,

@@ -5,8 +5,9 @@ No paper equation of its own. Three workloads:
 * **Image classification** (E5-E9, and E13's digits task): :mod:`pipecomm.lab.workloads.models` classifiers on
   :mod:`pipecomm.lab.workloads.data` images (scikit-learn's 8x8 digits offline; MNIST / CIFAR-10 of the gpu
   profile), each rank reading its own shard epoch after epoch (:func:`batch_stream`), evaluated
-  on the held-out split (:func:`evaluate`). A training configuration (a dict) names it:
-  ``model``, ``model_kw``, ``dataset``, ``data_root``, ``data_seed``, ``seed``, ``batch_size``.
+  on the held-out split (:func:`evaluate`). A training configuration
+  (:class:`~pipecomm.lab.training.pipesgd_config.TrainConfig`) names it: ``model``,
+  ``model_kw``, ``dataset``, ``data_root``, ``data_seed``, ``seed``, ``batch_size``.
 * **Tasks of the DAdam experiments** (E10, E13): :data:`TASK_MODELS`, an MLP on the digits and a
   character-level transformer on the pydoc corpus (:func:`corpus`).
 * **The timing workload** (E11, E12): :class:`TimingNet`, bias-free ``width x width`` linear layers
@@ -22,8 +23,8 @@ buckets the trainers communicate.
 
 Example::
 
-    >>> cfg = {"model": "mlp", "model_kw": {"hidden": [64]}, "dataset": "digits", "data_root": None,
-    ...        "data_seed": 0, "seed": 0, "batch_size": 32}
+    >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+    >>> cfg = TrainConfig(model="mlp", model_kw={"hidden": [64]}, dataset="digits", batch_size=32)
     >>> model, batches = build_model(cfg), batch_stream(cfg, rank=0, world=2)
     >>> x, y = next(batches)
     >>> model(x).shape
@@ -35,7 +36,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,7 @@ __all__ = [
     "TASK_BUCKET_MB",
     "TASK_MODELS",
     "EmulatedCompute",
+    "ImageConfig",
     "TimingNet",
     "batch_stream",
     "bucket_bytes_forward",
@@ -74,6 +76,28 @@ __all__ = [
 # --------------------------------------------------------------------------- image classification
 
 
+class ImageConfig(Protocol):
+    """What the image-classification workload reads of a training configuration (a
+    :class:`pipecomm.lab.training.pipesgd_config.TrainConfig`).
+
+    Example::
+
+        >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+        >>> cfg: ImageConfig = TrainConfig(model="mlp", model_kw={"hidden": [64]})
+        >>> cfg.dataset, cfg.batch_size, cfg.eval_part
+        ('digits', 64, 'all')
+    """
+
+    model: str
+    model_kw: dict[str, Any]
+    dataset: str
+    data_root: str | None
+    data_seed: int
+    seed: int
+    batch_size: int
+    eval_part: str
+
+
 @functools.lru_cache(maxsize=4)
 def dataset(
     name: str, split: str, seed: int, root: str | None = None
@@ -94,60 +118,60 @@ _TRAIN_SIZES = {"mnist": 60_000, "cifar10": 50_000}
 _IMAGE_SHAPES = {"mnist": (1, 28), "cifar10": (3, 32)}
 
 
-def build_model(cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """The configuration's model, initialised from ``torch.manual_seed(cfg["seed"])``.
+def build_model(cfg: ImageConfig) -> torch.nn.Module:
+    """The configuration's model, initialised from ``torch.manual_seed(cfg.seed)``.
 
     Example::
 
-        >>> from pipecomm.lab.training.pipesgd_config import DEFAULT_CONFIG
-        >>> model = build_model(dict(DEFAULT_CONFIG, model="mlp", model_kw={"hidden": [64]}))
+        >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+        >>> model = build_model(TrainConfig(model="mlp", model_kw={"hidden": [64]}))
         >>> type(model).__name__
         'MLP'
     """
-    torch.manual_seed(cfg["seed"])
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg["model_kw"].items()}
-    if cfg["dataset"] in _IMAGE_SHAPES:
-        channels, size = _IMAGE_SHAPES[cfg["dataset"]]
+    torch.manual_seed(cfg.seed)
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.model_kw.items()}
+    if cfg.dataset in _IMAGE_SHAPES:
+        channels, size = _IMAGE_SHAPES[cfg.dataset]
     else:
-        x, _ = dataset(cfg["dataset"], "train", cfg["data_seed"], cfg["data_root"])
+        x, _ = dataset(cfg.dataset, "train", cfg.data_seed, cfg.data_root)
         channels, size = x.shape[1], x.shape[2]
-    return models.get_model(cfg["model"], in_channels=channels, image_size=size, **kw)
+    return models.get_model(cfg.model, in_channels=channels, image_size=size, **kw)
 
 
-def gradient_bytes(cfg: Mapping[str, Any]) -> int:
+def gradient_bytes(cfg: ImageConfig) -> int:
     """Bytes of one rank's flattened gradient (what every AllReduce of the run moves).
 
     Example::
 
-        >>> from pipecomm.lab.training.pipesgd_config import DEFAULT_CONFIG
-        >>> gradient_bytes(dict(DEFAULT_CONFIG))      # the default CNN's float32 parameters
+        >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+        >>> gradient_bytes(TrainConfig())      # the default CNN's float32 parameters
         833576
     """
     return models.param_bytes(build_model(cfg))
 
 
-def batch_stream(cfg: Mapping[str, Any], rank: int, world: int) -> Iterator[tuple]:
+def batch_stream(cfg: ImageConfig, rank: int, world: int) -> Iterator[tuple]:
     """Endless minibatches of this rank's shard of the training split, epoch after epoch
-    (disjoint shards per epoch, deterministic per ``cfg["seed"]``).
+    (disjoint shards per epoch, deterministic per ``cfg.seed``).
 
     Example::
 
-        >>> cfg = {"model": "mlp", "dataset": "digits", "data_root": None, "data_seed": 0,
-        ...        "seed": 0, "batch_size": 16}
+        >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+        >>> cfg = TrainConfig(dataset="digits", batch_size=16)
         >>> rank, world = 1, 4
         >>> xb, yb = next(batch_stream(cfg, rank, world))
         >>> xb.shape, yb.shape
         (torch.Size([16, 1, 8, 8]), torch.Size([16]))
     """
-    X, y = dataset(cfg["dataset"], "train", cfg["data_seed"], cfg["data_root"])
+    X, y = dataset(cfg.dataset, "train", cfg.data_seed, cfg.data_root)
     epoch = 0
     while True:
-        idx = data.shard(len(X), rank, world, cfg["seed"], epoch)
-        if len(idx) < cfg["batch_size"]:
+        idx = data.shard(len(X), rank, world, cfg.seed, epoch)
+        if len(idx) < cfg.batch_size:
             raise ValueError(
-                f"batch_size={cfg['batch_size']} exceeds the {len(idx)} samples of a rank's shard"
+                f"batch_size={cfg.batch_size} exceeds the {len(idx)} samples of a rank's shard"
             )
-        yield from data.batches(X, y, idx, cfg["batch_size"], cfg["seed"], epoch)
+        yield from data.batches(X, y, idx, cfg.batch_size, cfg.seed, epoch)
         epoch += 1
 
 
@@ -177,21 +201,20 @@ def heldout(name: str, part: str = "all", seed: int = 0,
     return X[half], y[half]
 
 
-def evaluate(model: torch.nn.Module, cfg: Mapping[str, Any]) -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, cfg: ImageConfig) -> tuple[float, float]:
     """``(accuracy in percent, loss)`` of ``model`` on the configuration's held-out data
-    (``cfg["eval_part"]`` of :func:`heldout`; all of it when the key is absent).
+    (``cfg.eval_part`` of :func:`heldout`).
 
     Example::
 
-        >>> cfg = {"model": "mlp", "model_kw": {"hidden": [64]}, "dataset": "digits", "data_root": None,
-        ...        "data_seed": 0, "seed": 0, "batch_size": 32}
+        >>> from pipecomm.lab.training.pipesgd_config import TrainConfig
+        >>> cfg = TrainConfig(model="mlp", model_kw={"hidden": [64]}, dataset="digits", batch_size=32)
         >>> model = build_model(cfg)
         >>> acc, loss = evaluate(model, cfg)            # untrained: about chance
         >>> round(acc, 1), round(loss, 2)
         (5.0, 2.35)
     """
-    Xt, yt = heldout(cfg["dataset"], cfg.get("eval_part", "all"), cfg["data_seed"],
-                     cfg["data_root"])
+    Xt, yt = heldout(cfg.dataset, cfg.eval_part, cfg.data_seed, cfg.data_root)
     device = next(model.parameters()).device
     Xt, yt = Xt.to(device), yt.to(device)
     with torch.no_grad():
@@ -208,7 +231,7 @@ def fetch_data(params: Params) -> None:
 
     Example::
 
-        fetch_data(params)   # a PoolParams (E5, E7-E9), e.g. dataset="cifar10", data_root="data"
+        fetch_data(params)   # E5's or E7-E9's, e.g. dataset="cifar10", data_root="data"
     """
     if params.dataset != "digits":
         data.fetch(params.dataset, params.data_root)
