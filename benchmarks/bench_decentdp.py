@@ -103,9 +103,9 @@ def rank_bench(cfg: dict) -> dict:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from pipecomm.lab.workloads.tasks import build_task_model, corpus
 
     from pipecomm.lab.measure import bench
+    from pipecomm.lab.workloads.tasks import build_task_model, corpus
 
     if cfg["target"] not in sys.path:
         sys.path.insert(0, cfg["target"])

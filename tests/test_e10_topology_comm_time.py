@@ -5,7 +5,6 @@ import math
 import pandas as pd
 import pytest
 from claimdata import repeats_around
-from pipecomm.lab.workloads.tasks import workload_bucket_bytes
 
 from pipecomm.decentralized import topology
 from pipecomm.lab import claims
@@ -17,6 +16,7 @@ from pipecomm.lab.training.dadam_timing import (
     overlapped_gossip_time,
     replay_ring_allreduces,
 )
+from pipecomm.lab.workloads.tasks import workload_bucket_bytes
 
 
 def _table(error=0.1, aer_factor=0.6, spread=0.01):

@@ -8,14 +8,6 @@ import pandas as pd
 import pytest
 import torch
 from claimdata import repeats_around
-from pipecomm.lab.workloads.tasks import (
-    EmulatedCompute,
-    bucket_bytes_forward,
-    bucket_layout,
-    build_timing_net,
-    timing_bucket_mb,
-    timing_spec,
-)
 
 from pipecomm.lab import claims
 from pipecomm.lab.experiments import e11_runtime_model as e11
@@ -28,6 +20,14 @@ from pipecomm.lab.training.dadam_timing import (
     _factors,
     method_name,
     predict_training,
+)
+from pipecomm.lab.workloads.tasks import (
+    EmulatedCompute,
+    bucket_bytes_forward,
+    bucket_layout,
+    build_timing_net,
+    timing_bucket_mb,
+    timing_spec,
 )
 
 
