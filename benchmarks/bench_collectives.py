@@ -3,17 +3,17 @@
 For every algorithm (``lp``, ``mst``, ``be``, ``ring`` and ``torch``, the backend's built-in),
 op (``broadcast``, ``allreduce``, ``reduce``), world size p and message size it prints one line:
 the time (median over ``--repeats`` repeats and its bootstrap 95% interval), algbw and busbw
-(nccl-tests' definitions, :func:`pipecomm.lab.bench.busbw`), ``#wrong`` (elements that differ from the
+(nccl-tests' definitions, :func:`pipecomm.lab.measure.bench.busbw`), ``#wrong`` (elements that differ from the
 built-in's result on the same random input beyond float32 round-off; broadcast and integer-valued
 results must match exactly) and the ratio of the median to the built-in's median measured in the
-same run, with its bootstrap 95% interval (:func:`pipecomm.lab.stats.ratio_ci`). LP rows also give
+same run, with its bootstrap 95% interval (:func:`pipecomm.lab.measure.stats.ratio_ci`). LP rows also give
 the default block size (:func:`pipecomm.collectives.lp.default_block_bytes`) and the host model's
-prediction for it (:func:`pipecomm.lab.cost.lp_time_on_host` on the link ``PIPECOMM_CALIBRATION``
+prediction for it (:func:`pipecomm.lab.networks.cost.lp_time_on_host` on the link ``PIPECOMM_CALIBRATION``
 names, else the fallback table), with its signed error.
 
 Every repeat runs all selected algorithms back to back (so drifts of a shared machine hit all of
-them alike; :func:`pipecomm.lab.sweep.measure_points` with ``interleave=True``, the protocol of E2's
-real section too), each timed by :func:`pipecomm.lab.bench.time_fn`: all ranks start at one common instant
+them alike; :func:`pipecomm.lab.measure.sweep.measure_points` with ``interleave=True``, the protocol of E2's
+real section too), each timed by :func:`pipecomm.lab.measure.bench.time_fn`: all ranks start at one common instant
 (an allreduce MAX of ``time.monotonic()`` plus a margin, then a sleep; ``CLOCK_MONOTONIC`` is
 shared by the processes of one host) and a repeat's time is the last rank's end minus that start,
 so barrier-exit skew is not measured. One pool of ``max(p)`` local gloo ranks serves every p; a
@@ -21,17 +21,17 @@ smaller p runs on the subgroup of ranks ``0..p-1`` (as experiment E2 does).
 
 ``paired`` (CSV columns ``pratio``, ``pratio_lo``, ``pratio_hi``): the median of the
 per-repeat ratios to the built-in with its bootstrap interval over the repeats
-(:func:`pipecomm.lab.stats.paired_ratio_ci`; repeat ``i`` of every algorithm runs in one round, in
+(:func:`pipecomm.lab.measure.stats.paired_ratio_ci`; repeat ``i`` of every algorithm runs in one round, in
 an order rotated from round to round), which a drift of the host between rounds does not widen.
 It is reported beside the unpaired ratio; ``--targets`` decides with the unpaired one;
 ``--targets CSV --paired`` adds the same targets on the paired ratios as a secondary reading,
 once the paired A/A rows pass their check (no more of their intervals excluding 1 than
-:func:`pipecomm.lab.stats.misses_allowed` allows for their number).
+:func:`pipecomm.lab.measure.stats.misses_allowed` allows for their number).
 
 Every repeat also records the call's CPU time on every rank (``time.process_time``: all threads,
 the backend's included), summed over the ranks (CSV ``cpu_s``, the median, ``cpu_times_s``
 every repeat): its ratio to the built-in's (``cpu_ratio``, with a bootstrap 95% interval) and
-the share of the host's core-seconds the call used (``busy``, :func:`pipecomm.lab.bench.host_busy`).
+the share of the host's core-seconds the call used (``busy``, :func:`pipecomm.lab.measure.bench.host_busy`).
 With 8 ranks on 2 cores a call that keeps the cores busy takes its CPU divided by the cores;
 a wall-time ratio above the CPU ratio means cores left idle (``--cpu-summary``).
 
@@ -55,9 +55,9 @@ Usage::
     .venv/bin/python benchmarks/bench_collectives.py --targets out.csv --paired  # + paired reading
 
 On a real, bandwidth-limited network: ``--cluster RATE`` (root) runs the same job on a virtual
-cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network namespace per node, every node
+cluster (:class:`pipecomm.lab.networks.cluster.VirtualCluster`: one network namespace per node, every node
 link shaped to RATE bytes/s each way by tc tbf; ``--ranks-per-node 2`` for two-level nodes) and
-adds each point's link limit (:func:`pipecomm.lab.bench.link_limit_s`; CSV ``link_s``); the goals on
+adds each point's link limit (:func:`pipecomm.lab.measure.bench.link_limit_s`; CSV ``link_s``); the goals on
 such a network are claims C15.1-C15.3 of E15 (profile ``shaped``). ``--check-cost`` times the ranks' agreement check
 alone beside each call (rows ``check``; ``--check-summary CSV``), each call without it (rows
 ``unchecked:ALG``) and, with ``torch`` among the algorithms, the built-in behind torch's own
@@ -97,7 +97,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm.lab import bench, cluster, cost, launch, netem, stats, sweep
+from pipecomm.lab.measure import bench, stats, sweep
+from pipecomm.lab.networks import cluster, cost, launch, netem
 
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
@@ -386,7 +387,7 @@ def cpu_summary(csv_path: Path, min_bytes: int = 16 << 20) -> str:
     """Where the time goes on a host with fewer cores than ranks: per op, p and size (messages of
     at least ``min_bytes``), each algorithm's wall-time ratio to the built-in next to its CPU
     ratio (core-seconds per call summed over the ranks, every thread, with its 95% interval),
-    and how busy each kept the host's cores (:func:`pipecomm.lab.bench.host_busy`). A wall ratio
+    and how busy each kept the host's cores (:func:`pipecomm.lab.measure.bench.host_busy`). A wall ratio
     above the CPU ratio means the algorithm left cores idle that the built-in kept busy (waits
     on its critical path); one below it, that it spent more core-seconds on cores the built-in
     left idle.
@@ -553,7 +554,7 @@ def paired_targets(csv_path: Path) -> str:
     the same bounds and rule, and parity against the A/A rows' paired intervals, applied to the
     median of the per-round ratios. First the method's own check on the ``torch-aa`` rows: it
     passes when no more of their paired intervals exclude 1 than
-    :func:`pipecomm.lab.stats.misses_allowed` allows; when it fails, the paired verdicts are
+    :func:`pipecomm.lab.measure.stats.misses_allowed` allows; when it fails, the paired verdicts are
     printed as not usable. The targets themselves are decided by :func:`targets`.
 
     Example::

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":  # the fallback: small sizes, the same code path without streams
         args.n, args.matmuls, args.numel = min(args.n, 256), min(args.matmuls, 4), 1 << 16
     if args.job == "lp-allreduce":
-        from pipecomm.lab import launch
+        from pipecomm.lab.networks import launch
 
         with launch.Ranks(2) as ranks:
             outs = ranks.run(rank_lp_allreduce, args.n, args.matmuls, args.numel, args.repeats,

@@ -7,12 +7,12 @@ under both wrappers, on the real gloo backend (no emulation; both use the backen
 subgroup allreduce: pipecomm ``algorithm="torch"``; ``--algorithm`` gives pipecomm one of its own
 collectives instead), in one pool of ranks, alternating the two
 ``--repeats`` times, and prints pipecomm's per-iteration time divided by decent-dp's: the ratio
-of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.lab.stats.ratio_ci`;
+of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.lab.measure.stats.ratio_ci`;
 the target: at most 1), and the ratio of the best repeats. ``--aa`` runs decent-dp a second time
 in every alternation and prints its ratio to the first: an A/A comparison, the interval a wrapper
 exactly as fast as decent-dp gets in the same run. Each alternation starts one run further on
 (the order rotates), and beside the ratio of the medians the script prints the paired one: the
-median of the per-alternation ratios (:func:`pipecomm.lab.stats.paired_ratio_ci`), which a drift of
+median of the per-alternation ratios (:func:`pipecomm.lab.measure.stats.paired_ratio_ci`), which a drift of
 the host between alternations does not widen.
 
 decent-dp is *not* a dependency: the script installs it (and its one dependency, loguru) with pip
@@ -104,8 +104,8 @@ def rank_bench(cfg: dict) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from pipecomm.lab import bench
-    from pipecomm.lab.workloads import build_task_model, corpus
+    from pipecomm.lab.measure import bench
+    from pipecomm.lab.workloads.tasks import build_task_model, corpus
 
     if cfg["target"] not in sys.path:
         sys.path.insert(0, cfg["target"])
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> float:
         [str(args.target), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
 
-    from pipecomm.lab import launch, stats, sweep
+    from pipecomm.lab.measure import stats, sweep
+    from pipecomm.lab.networks import launch
 
     cfg = {
         "model": args.model,

@@ -6,7 +6,7 @@ waiting through ``netem.wait_until`` (the virtual clock). The two alternate mess
 (paired samples under the same machine load). Reports the median relative error of the one-way
 time on the wall clock and on ``netem.clock()`` over all samples.
 
-``--check-host`` instead runs :func:`pipecomm.lab.netem.check_host` at p = 8 on the networks of
+``--check-host`` instead runs :func:`pipecomm.lab.networks.netem.check_host` at p = 8 on the networks of
 E0 (2 ms, 50 MB/s), E11's flat network (1 ms, 400 MB/s) and the two-level network of E10-E12.
 
 Run::
@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import rankfns_netem as rf  # noqa: E402
 
-from pipecomm.lab import launch, netem  # noqa: E402
+from pipecomm.lab.networks import (
+    launch,  # noqa: E402
+    netem,
+)
 
 
 def check_hosts(world: int = 8) -> None:

@@ -28,7 +28,7 @@ import time
 import torch
 
 from pipecomm import observe
-from pipecomm.lab import launch
+from pipecomm.lab.networks import launch
 
 
 def per_call_us(fn: object, calls: int, repeats: int) -> float:

@@ -12,7 +12,7 @@ Each measurement: warm-up iterations, then ``--repeats`` repeats of ``--iters`` 
 variants alternate within every repeat (so drifts of the machine hit all of them), a repeat's time
 is the mean per-iteration time (at p = 2 the maximum over ranks), and the reported value is the
 median over repeats; a ratio is the median of the per-repeat ratios, with the percentile-bootstrap
-95% interval of that median (:func:`pipecomm.lab.stats.median_ci`).
+95% interval of that median (:func:`pipecomm.lab.measure.stats.median_ci`).
 
 On a shared, busy machine ``--cpu-time`` measures p = 1 in CPU seconds of this process with one
 torch thread (other processes then barely change the result).
@@ -34,7 +34,8 @@ import time
 import torch
 from torch import nn
 
-from pipecomm.lab import launch, stats
+from pipecomm.lab.measure import stats
+from pipecomm.lab.networks import launch
 from pipecomm.pipesgd import PipeSGD
 
 

@@ -2,7 +2,7 @@
 pipecomm's strategies, same model, data and seeds.
 
 Each run is ``examples/train_gpt.py`` (a nanoGPT-style GPT on pydoc text) under one torchrun
-agent per node of a virtual cluster (:class:`pipecomm.lab.cluster.VirtualCluster`: one network
+agent per node of a virtual cluster (:class:`pipecomm.lab.networks.cluster.VirtualCluster`: one network
 namespace per node, every node link shaped to ``--cluster`` bytes/s each way by tc tbf; root
 only; everything is removed afterwards). A strategy is ``NAME[:ALGORITHM][+CODEC]``:
 
@@ -41,7 +41,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipecomm.lab import cluster, results, shaped_training
+from pipecomm.lab import results
+from pipecomm.lab.networks import cluster
+from pipecomm.lab.training import shaped_training
 
 DEFAULT_STRATEGIES = ("ddp", "ddp+fp16", "ddp-pipecomm:ring", "ddp-pipecomm:lp", "ddp-pipecomm:ring+fp16",
                       "ddp-pipecomm:ring+int8", "ddp-pipelined-hook:ring", "pipesgd:ring",
@@ -51,7 +53,7 @@ COLUMNS = shaped_training.COLUMNS
 
 def summary(csv_path: Path) -> str:
     """The markdown table of a CSV this script wrote
-    (:func:`pipecomm.lab.shaped_training.step_table`): per strategy, the median over seeds of the
+    (:func:`pipecomm.lab.training.shaped_training.step_table`): per strategy, the median over seeds of the
     runs' median step time with its bootstrap 95% interval, the ratio to ``ddp`` (median of the
     per-seed ratios, bootstrap interval over seeds), MB sent per rank per step and the final
     training and validation losses (mean, spread over seeds); failed runs below.

@@ -1,7 +1,7 @@
 """What gloo over loopback can move on this host, and where an LP rank's time goes.
 
-``flows``: one local pool of 8 gloo ranks; one flow alone (:func:`pipecomm.lab.cluster.link_bandwidth`)
-against every hop of an 8-rank chain at once (:func:`pipecomm.lab.cluster.chain_bandwidth`, what LP's
+``flows``: one local pool of 8 gloo ranks; one flow alone (:func:`pipecomm.lab.networks.cluster.link_bandwidth`)
+against every hop of an 8-rank chain at once (:func:`pipecomm.lab.networks.cluster.chain_bandwidth`, what LP's
 pipeline runs) and 3 flows at once, ``--nbytes`` each: the host's aggregate byte rate, which
 bounds every schedule's time on one machine (ARTIFACT.md, "Where LP's time goes").
 
@@ -22,7 +22,7 @@ all busy.
 pipecomm's ring allreduce, the built-in, and :func:`lean_ring` -- the same ring schedule (receives
 posted ahead, sends waited lazily, the same TCP connections) written straight on
 ``ProcessGroup.send`` / ``recv`` with none of pipecomm's layers -- timed round-robin, ``--iters``
-rounds from common starts (:func:`pipecomm.lab.bench.time_fn`), each with its median ratio to the
+rounds from common starts (:func:`pipecomm.lab.measure.bench.time_fn`), each with its median ratio to the
 built-in and the bootstrap 95% interval. pipecomm's ring against the lean ring is what its own
 layers cost; the lean ring against the built-in is what the backend's point-to-point path costs
 against the backend's own ring, which no schedule written in Python can remove.
@@ -52,7 +52,8 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import collectives
-from pipecomm.lab import bench, cluster, launch, stats
+from pipecomm.lab.measure import bench, stats
+from pipecomm.lab.networks import cluster, launch
 
 
 def rank_pid() -> int:
@@ -214,7 +215,7 @@ def lean_ring(x: torch.Tensor, slots: list[torch.Tensor]) -> None:
     """Ring allreduce (sum) of ``x`` over the world on bare ``ProcessGroup.send`` / ``recv``:
     reduce-scatter of ``p`` chunks, every receive posted ahead into ``slots`` (``p - 1`` chunk
     buffers), then allgather straight into place. Messages to a lower rank take pipecomm's reverse
-    connection (:func:`pipecomm.lab.launch.reverse_transport`), as pipecomm's ring does. ``x.numel()``
+    connection (:func:`pipecomm.lab.networks.launch.reverse_transport`), as pipecomm's ring does. ``x.numel()``
     must be a multiple of the world size.
 
     Example::

@@ -6,7 +6,7 @@ labelled as such) and writes two PNGs:
 
 * ``collectives.png``: time per call against message size, one panel per (op, p), one line per
   algorithm with its 95% interval, the built-in as ``torch``, and the link limit
-  (:func:`pipecomm.lab.bench.link_limit_s`, CSV ``link_s``). A CSV with one size per panel gives
+  (:func:`pipecomm.lab.measure.bench.link_limit_s`, CSV ``link_s``). A CSV with one size per panel gives
   bars instead of lines.
 * ``training.png``: time per training step per strategy (median over seeds of each run's median
   step, with its bootstrap 95% interval), stock DDP over gloo first, each bar labelled with its
@@ -30,7 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipecomm.lab import results, shaped_training  # noqa: E402
+from pipecomm.lab import results  # noqa: E402
+from pipecomm.lab.training import shaped_training
 
 ORDER = ("torch", "lp", "ring", "mst", "be")
 

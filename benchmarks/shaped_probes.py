@@ -1,7 +1,7 @@
 """Probes of why multi-step schedules are slower on the shaped network than on the emulator.
 
-Each builds a virtual cluster of single-port nodes (``pipecomm.lab.cluster``, root only; everything
-is removed afterwards) and times collectives with :func:`pipecomm.lab.sweep.measure_points`
+Each builds a virtual cluster of single-port nodes (``pipecomm.lab.networks.cluster``, root only; everything
+is removed afterwards) and times collectives with :func:`pipecomm.lab.measure.sweep.measure_points`
 (median of ``--iters`` after one warm-up). ARTIFACT.md's shaped section quotes their output.
 
 Usage (as root, on a quiet machine)::
@@ -11,7 +11,7 @@ Usage (as root, on a quiet machine)::
     .venv/bin/python benchmarks/shaped_probes.py slow-start 1 0         # TCP slow start after idle
 
 ``steps``: ring and BE allreduce of ``--nbytes`` on p nodes at ``--rate``, against the alpha-beta
-model on that cluster's own calibration (:func:`pipecomm.lab.network.ranks_on`): the
+model on that cluster's own calibration (:func:`pipecomm.lab.networks.kinds.ranks_on`): the
 excess per step of each schedule. ``tbf-latency``: the same 8-node timings with the token
 bucket's queue limit set to each value (the cluster's default is 100ms). ``slow-start``: with
 ``net.ipv4.tcp_slow_start_after_idle`` set in every node's namespace.
@@ -25,8 +25,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from pipecomm.lab import cluster, cost, netem, sweep
-from pipecomm.lab.network import ranks_on
+from pipecomm.lab.measure import sweep
+from pipecomm.lab.networks import cluster, cost, netem
+from pipecomm.lab.networks.kinds import ranks_on
 
 
 def _points(nbytes: int, p: int, iters: int, cases: tuple[tuple[str, str], ...]) -> list[dict]:

@@ -1,7 +1,7 @@
 """Train a character-level GPT data-parallel with torch DDP or one of pipecomm's strategies.
 
 A nanoGPT-style training script (one file, read it top to bottom): a small GPT
-(:class:`pipecomm.lab.models.CharTransformer`) on CPython's pydoc topics (:class:`pipecomm.lab.data.
+(:class:`pipecomm.lab.workloads.models.CharTransformer`) on CPython's pydoc topics (:class:`pipecomm.lab.workloads.data.
 CharCorpus`, offline), AdamW, gradient accumulation, linear warm-up + cosine learning rate set
 every step, gradient clipping, checkpoint and resume, launched with torchrun. ``--strategy``
 picks how the replicas stay in sync; every other line is the same:
@@ -92,7 +92,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipecomm import backend, hooks, observe, vocab
 from pipecomm.decentralized import DecentralizedDataParallel
-from pipecomm.lab import data, launch, models
+from pipecomm.lab.networks import launch
+from pipecomm.lab.workloads import data, models
 from pipecomm.pipesgd import PipeSGD
 
 STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized",

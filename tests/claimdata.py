@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import stats
+from pipecomm.lab.measure import stats
 
 
 def repeats_around(median: float, spread: float, n: int = 10) -> str:

@@ -10,7 +10,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, launch, report, results
+from pipecomm.lab import artifact, report, results
+from pipecomm.lab.networks import launch
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 

@@ -445,7 +445,7 @@ def torchrun_main(out_dir: str) -> None:
     dist.init_process_group(backend="pipecomm", timeout=datetime.timedelta(seconds=60))
     rank, p = dist.get_rank(), dist.get_world_size()
     world = dist.group.WORLD
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     early = dist.new_group(list(range(p)), backend="pipecomm")
     half = dist.new_group([0], backend="pipecomm")  # a subgroup that not every rank is in

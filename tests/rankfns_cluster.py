@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from pipecomm.lab import cluster
+from pipecomm.lab.networks import cluster
 
 
 def where(n: int = 0) -> dict:

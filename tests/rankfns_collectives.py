@@ -553,7 +553,7 @@ def under_emulation(numel: int):
     """Every pipecomm algorithm under the emulated network, default LP blocks; returns the
     failures and the default LP block size this rank computed per collective."""
     from pipecomm.collectives import lp
-    from pipecomm.lab import netem
+    from pipecomm.lab.networks import netem
 
     me, p = dist.get_rank(), dist.get_world_size()
     failures = []
@@ -664,7 +664,7 @@ def batched_posts():
 def duplex_routes():
     """Each direction of a pair on its own connection: where messages toward lower ranks go."""
     from pipecomm.collectives._group import make_comm
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     failures = []
     world = launch.reverse_transport(None)
@@ -754,7 +754,7 @@ def _staged_cases(numel: int) -> list[str]:
 def interleaved_order(points: list) -> dict:
     """``sweep.measure_points(points, interleave=True)`` with every timed collective call
     recorded: the algorithms in call order (rank 0) and the rows."""
-    from pipecomm.lab import sweep
+    from pipecomm.lab.measure import sweep
 
     calls: list[str] = []
     real = sweep.collective_call
@@ -844,7 +844,7 @@ def mismatched_calls() -> list[str]:
 def torch_detail_mismatch() -> list[str]:
     """On a group of ``sweep.detail_group`` (torch's own agreement check) rank r's allreduce of
     ``10 + r`` elements raises on every member, before any of them returns."""
-    from pipecomm.lab import sweep
+    from pipecomm.lab.measure import sweep
 
     g = sweep.detail_group(list(range(dist.get_world_size())))
     me = dist.get_rank()

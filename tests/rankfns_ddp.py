@@ -491,7 +491,7 @@ def torch_under_emulation() -> str:
 
 
 def train_emulated(cfg: dict) -> dict:
-    from pipecomm.lab import netem
+    from pipecomm.lab.networks import netem
 
     netem.reset_stats()
     out = train(cfg)

@@ -14,7 +14,7 @@ Under torchrun (``torchrun --standalone --nproc-per-node 2 tests/rankfns_faults.
 --timeout 4 --fault sleep --record DIR``) the script initialises ``torch.distributed`` itself
 with ``timeout=``, as a user's script does (its rendezvous store waits longer, so that ranks
 starting on a loaded host do not fail before the fault); :func:`train` is the same loop for
-``pipecomm.lab.launch`` pools (``launch.spawn(train, 2, ..., pg_timeout_s=4)``).
+``pipecomm.lab.networks.launch`` pools (``launch.spawn(train, 2, ..., pg_timeout_s=4)``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from pipecomm import backend, hooks
 from pipecomm.collectives import p2p
 from pipecomm.decentralized import DecentralizedDataParallel
-from pipecomm.lab import launch
+from pipecomm.lab.networks import launch
 from pipecomm.pipesgd import PipeSGD
 
 #: strategy -> the backend the world is initialised with under torchrun

@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipecomm.lab import launch
+from pipecomm.lab.networks import launch
 
 
 def identity_and_tensor(x):
@@ -40,7 +40,7 @@ def sleep_on(rank_to_sleep, seconds):
 
 
 def timed_sleep(seconds_by_rank):
-    from pipecomm.lab import bench
+    from pipecomm.lab.measure import bench
 
     s = seconds_by_rank[dist.get_rank()]
     return bench.time_fn(lambda: time.sleep(s), warmup=0, repeats=3)
@@ -48,7 +48,7 @@ def timed_sleep(seconds_by_rank):
 
 def timed_burn(cpu_seconds_by_rank):
     """time_fn(cpu=True) of a busy loop that burns each rank's share of CPU seconds."""
-    from pipecomm.lab import bench
+    from pipecomm.lab.measure import bench
 
     s = cpu_seconds_by_rank[dist.get_rank()]
 

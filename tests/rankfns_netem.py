@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm.collectives.p2p import exchange
-from pipecomm.lab import launch, netem
+from pipecomm.lab.networks import launch, netem
 
 
 def _fill(nbytes: int, src: int, dst: int, k: int) -> torch.Tensor:
@@ -253,7 +253,7 @@ def late_chain(nbytes: int, hops: int, late_s: float, virtual: bool, reps: int =
         time.sleep(seconds + late_s)
 
     late = types.SimpleNamespace(monotonic=time.monotonic, sleep=late_sleep)
-    from pipecomm.lab.netem import emulation
+    from pipecomm.lab.networks.netem import emulation
 
     saved = (p2p.time, emulation.time, use_virtual_clock(virtual))  # p2p.time: its own sleep
     p2p.time = emulation.time = late

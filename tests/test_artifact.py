@@ -145,7 +145,7 @@ def test_python_versions_agree():
 
     spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert spec["requires-python"] == ">=3.11"
-    assert any(d.startswith("scipy") for d in spec["dependencies"])  # pipecomm.lab.stats imports it
+    assert any(d.startswith("scipy") for d in spec["dependencies"])  # pipecomm.lab.measure.stats imports it
     assert "sys.version_info < (3, 11)" in (ROOT / "run_all.sh").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "Python 3.11" in readme and "3.10+" not in readme
@@ -202,7 +202,8 @@ class _ReachedRanks(Exception):
 @pytest.mark.parametrize("eid", ["E0", "E5", "E7", "E8", "E9", "E13"])
 def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     """The gpu profile's NCCL experiments get as far as starting their NCCL pool (GPUs assumed)."""
-    from pipecomm.lab import data, launch
+    from pipecomm.lab.networks import launch
+    from pipecomm.lab.workloads import data
 
     exp = artifact.load_profile("gpu", artifact.discover())[eid]
     module = importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
@@ -329,7 +330,7 @@ def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     exps = artifact.discover()
     files = {p.relative_to(ROOT).as_posix() for p in reuse.code_files(exps["E1"].notebook)}
     assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
-            "src/pipecomm/lab/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
+            "src/pipecomm/lab/networks/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
     assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
     assert not any(f.endswith(".md") for f in files)
     before = artifact.code_hash(exps["E1"])

@@ -1,4 +1,4 @@
-"""The virtual cluster (pipecomm.lab.cluster): namespaces, shaped links, torchrun per node, clean-up.
+"""The virtual cluster (pipecomm.lab.networks.cluster): namespaces, shaped links, torchrun per node, clean-up.
 
 Tests that build namespaces need root, iproute2 and the tbf qdisc; without them they skip with
 ``cluster.available()``'s reason. Oracles: the built-in gloo allreduce, the configured link rate,
@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 import rankfns_cluster as rf
 
-from pipecomm.lab import cluster, launch
-from pipecomm.lab.cluster import VirtualCluster
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
+from pipecomm.lab.networks import cluster, launch
+from pipecomm.lab.networks.cluster import VirtualCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 OK, REASON = cluster.available()
@@ -251,7 +251,7 @@ def test_per_neighbor_links_do_not_share_a_port():
 
 _ORCHESTRATOR = """
 import signal, sys, time
-from pipecomm.lab import cluster
+from pipecomm.lab.networks import cluster
 # a Ctrl-C as in a terminal, also when the test runner ignores SIGINT (a background job does)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 c = cluster.VirtualCluster(2, bandwidth_Bps=50e6)
@@ -352,7 +352,7 @@ def test_training_benchmark_strategies_and_summary(tmp_path):
     stock DDP and the loss spread over seeds, and bad arguments refused before any cluster."""
     import csv as csvmod
 
-    from pipecomm.lab import shaped_training
+    from pipecomm.lab.training import shaped_training
 
     bt = _bench_training()
     assert shaped_training.strategy_args("ddp") == ["--strategy", "ddp"]

@@ -870,7 +870,7 @@ def test_compressed_allreduce(pool):
 
 @pytest.mark.timeout(240)
 def test_under_emulated_network(pool):
-    from pipecomm.lab import netem
+    from pipecomm.lab.networks import netem
 
     net = netem.Network(5e-3, 10e6, ports="single")  # the pool test_netem.py uses as well
     numel = 12000
@@ -1192,7 +1192,7 @@ def test_link_limits_and_parity(tmp_path):
     on A/A rows and --cluster's argument checks."""
     import csv as csvmod
 
-    from pipecomm.lab import bench
+    from pipecomm.lab.measure import bench
 
     bc = _benchmark("bench_collectives")
     n = 16 << 20

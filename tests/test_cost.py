@@ -1,4 +1,4 @@
-"""Tests of pipecomm.lab.cost: hand-computed cases, a lock-step schedule simulator as oracle, limits,
+"""Tests of pipecomm.lab.networks.cost: hand-computed cases, a lock-step schedule simulator as oracle, limits,
 the LP optimum against a brute-force scan, fits on synthetic data, and the E1 claims' shapes."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipecomm.lab import cost
-from pipecomm.lab.cost import LinkModel
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.cost import LinkModel
 
 ALPHA, BETA, GAMMA = 1e-3, 1e-6, 1e-7
 LINK = LinkModel(ALPHA, BETA, GAMMA)

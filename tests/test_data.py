@@ -1,4 +1,4 @@
-"""pipecomm.lab.data: offline digits and text, IDX/CIFAR loaders on files written here, fetch, sharding.
+"""pipecomm.lab.workloads.data: offline digits and text, IDX/CIFAR loaders on files written here, fetch, sharding.
 
 Nothing here touches the network: fetch is exercised with urllib.request.urlopen replaced.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipecomm.lab import data, download
+from pipecomm.lab.workloads import data, download
 
 # ---------------------------------------------------------------------------------------------
 # helpers that write files in the official formats

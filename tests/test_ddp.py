@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import rankfns_ddp as fns
 
-from pipecomm.lab import netem
+from pipecomm.lab.networks import netem
 
 TIMEOUT = 90
 

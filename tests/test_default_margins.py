@@ -15,7 +15,8 @@ import importlib
 
 import pytest
 
-from pipecomm.lab import netem, network
+from pipecomm.lab.networks import kinds as network
+from pipecomm.lab.networks import netem
 
 HOST_STEP_S = {2: 0.5e-3, 4: 1.31e-3}  # worst real ring step of a few KiB, quiet 2-core host
 HOST_BANDWIDTH_BPS = 500e6

@@ -80,11 +80,11 @@ def test_other_pages_name_existing_code(page):
 
 
 def test_resolve_reports_what_is_missing():
-    assert resolve("pipecomm.lab.cost.allreduce_time") is importlib.import_module(
-        "pipecomm.lab.cost"
+    assert resolve("pipecomm.lab.networks.cost.allreduce_time") is importlib.import_module(
+        "pipecomm.lab.networks.cost"
     ).allreduce_time
     with pytest.raises(AttributeError):
-        resolve("pipecomm.lab.cost.no_such_function")
+        resolve("pipecomm.lab.networks.cost.no_such_function")
     with pytest.raises(ModuleNotFoundError):
         resolve("nosuchpackage.x")
 

@@ -102,7 +102,8 @@ def test_host_links_from_the_host_section(tmp_path, monkeypatch):
     f = e0.fit(df)
     assert f["host_links"] == pytest.approx(1.75) and "host_links" not in e0.fit(_real())
     # the real backend's LP model reads it from calibration.json
-    from pipecomm.lab import cost, results
+    from pipecomm.lab import results
+    from pipecomm.lab.networks import cost
 
     path = tmp_path / "calibration.json"
     results.write_json(path, f)

@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm.lab import claims, cost
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e02_collectives_vs_size as e2
+from pipecomm.lab.networks import cost
 
 PROFILE = {  # the cpu profile's emulated configuration (the claims' synthetic data use it)
     "world_size": 8,
@@ -318,7 +319,7 @@ def test_measure_points_interleaved(pool):
 def test_rotated_round_order():
     """sweep.rotated: round i starts at contender i mod k; over k rounds every contender takes
     every place once (what measure_points and bench_decentdp time in); no contenders, no order."""
-    from pipecomm.lab import sweep
+    from pipecomm.lab.measure import sweep
 
     names = ["lp", "ring", "torch"]
     assert sweep.rotated(names, 0) == names and sweep.rotated(names, 4) == ["ring", "torch", "lp"]

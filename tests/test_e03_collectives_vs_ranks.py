@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm.lab import claims, cost
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e03_collectives_vs_ranks as e3
+from pipecomm.lab.networks import cost
 
 CLAIM_ARGS = {
     "e3_lp_flat_mst_grows": {"p_lo": 2, "p_hi": 16, "op": "broadcast", "tolerance": 0.15},

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 from claimdata import with_repeats
 
-from pipecomm.lab import claims, cost
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e04_lp_block_size as e4
+from pipecomm.lab.networks import cost
 
 CLAIM_ARGS = {
     "e4_best_block_near_model": {"op": "broadcast", "factor": 2.0},

@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from pipecomm.lab import claims, cost, netem
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e05_bsp_sgd as e5
-from pipecomm.lab.network import network_and_link, network_text
-from pipecomm.lab.pipesgd_training import iteration_rows
+from pipecomm.lab.networks import cost, netem
+from pipecomm.lab.networks.kinds import network_and_link, network_text
+from pipecomm.lab.training.pipesgd_training import iteration_rows
 
 MODEL_MS = {"lp": 50.0, "mst": 100.0, "be": 40.0, "ring": 42.0}
 PORTS = ("single", "per-neighbor")

@@ -4,9 +4,10 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm.lab import cost, stats
-from pipecomm.lab import pipesgd_timing_model as timing_model
 from pipecomm.lab.experiments import e06_pipesgd_timing_model as e6
+from pipecomm.lab.measure import stats
+from pipecomm.lab.networks import cost
+from pipecomm.lab.training import pipesgd_timing_model as timing_model
 
 
 def _points(errors, spread=0.01):

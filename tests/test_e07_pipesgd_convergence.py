@@ -1,17 +1,21 @@
 """E7 Pipe-SGD convergence (and the shared training helpers of E5-E9): claims' synthetic PASS /
 FAIL cases, helpers against hand-computed values, a tiny run."""
 
+import dataclasses
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from pipecomm.lab import cost, schedules
 from pipecomm.lab.experiments import e07_pipesgd_convergence as e7
-from pipecomm.lab.network import choose_bandwidth
-from pipecomm.lab.pipesgd_analysis import first_reach, per_iteration, steady
-from pipecomm.lab.pipesgd_config import check_config, lr_scale, parse_method
-from pipecomm.lab.pipesgd_training import eval_rows, iteration_rows
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.kinds import choose_bandwidth
+from pipecomm.lab.training.pipesgd_analysis import first_reach, per_iteration, steady
+from pipecomm.lab.training.pipesgd_config import TrainConfig, config, lr_scale, parse_method
+from pipecomm.lab.training.pipesgd_training import eval_rows, iteration_rows
+from pipecomm.lab.workloads import schedules
 
 METHODS = ("sync", "pipe", "pipe+fp16", "pipe+int8")
 
@@ -189,16 +193,28 @@ def test_parse_method():
             parse_method(bad)
 
 
-def test_check_config_rejects_bad_settings():
-    with pytest.raises(ValueError, match="unknown"):
-        check_config({"speed": 1})
+def test_train_config_rejects_bad_settings():
+    with pytest.raises(ValueError, match=r"unknown training setting\(s\) \['speed'\]"):
+        config(e7.Params.make(), speed=1)
     with pytest.raises(ValueError, match="batch_size"):
-        check_config({"batch_size": 0})
+        TrainConfig(batch_size=0)
     with pytest.raises(ValueError, match="model"):
-        check_config({"model": "vgg"})
+        TrainConfig(model="vgg")
     with pytest.raises(ValueError, match="lr"):
-        check_config({"lr": float("nan")})
-    assert check_config({"method": "delayed-1"})["method"] == "delayed-1"
+        TrainConfig(lr=float("nan"))
+    with pytest.raises(ValueError, match="warmup_steps"):  # a variant is checked too
+        dataclasses.replace(TrainConfig(schedule="warmup-cosine", warmup_steps=5), iterations=3)
+    assert TrainConfig(method="delayed-1").method == "delayed-1"
+
+
+def test_train_config_takes_the_parameters_and_keeps_its_own_model_kw():
+    params = e7.Params.make(**TINY)
+    cfg = config(params, seed=3, method="pipe")
+    assert (cfg.model, cfg.batch_size, cfg.schedule, cfg.seed, cfg.method) == (
+        "mlp", 8, "warmup-cosine", 3, "pipe")
+    cfg.model_kw["hidden"].append(99)  # the parameters' dict is not the configuration's
+    assert params.model_kw == {"hidden": [16]}
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # what a rank receives
 
 
 @pytest.mark.parametrize(
@@ -450,7 +466,7 @@ def test_checks_work_on_data_read_back_from_csv(tmp_path):
 
 
 def test_rounds_interleave_and_rotate():
-    from pipecomm.lab.pipesgd_training import rounds
+    from pipecomm.lab.training.pipesgd_training import rounds
 
     out = rounds(["a", "b", "c"], 5)
     assert [r for r, _ in out] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
@@ -465,7 +481,7 @@ def test_rounds_interleave_and_rotate():
 def test_speed_claims_take_one_repeat_per_run():
     """The timing runs are the repeats (5 per method), never the iterations of one run; without
     timing runs the seeds are, and 3 seeds cannot decide."""
-    from pipecomm.lab.pipesgd_analysis import run_samples, timing_kind
+    from pipecomm.lab.training.pipesgd_analysis import run_samples, timing_kind
 
     df = _e7()
     assert timing_kind(df) == "timing"

@@ -7,15 +7,16 @@ import pytest
 from claimdata import repeats_around
 
 from pipecomm.decentralized import topology
-from pipecomm.lab import claims, cost
-from pipecomm.lab.dadam_timing import (
+from pipecomm.lab import claims
+from pipecomm.lab.experiments import e10_topology_comm_time as e10
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.training.dadam_timing import (
     model_gossip_time,
     overlapped_gossip_time,
     replay_ring_allreduces,
 )
-from pipecomm.lab.experiments import e10_topology_comm_time as e10
-from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
-from pipecomm.lab.workloads import workload_bucket_bytes
+from pipecomm.lab.workloads.tasks import workload_bucket_bytes
 
 
 def _table(error=0.1, aer_factor=0.6, spread=0.01):

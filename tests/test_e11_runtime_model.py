@@ -9,13 +9,19 @@ import pytest
 import torch
 from claimdata import repeats_around
 
-from pipecomm.lab import claims, netem
-from pipecomm.lab import dadam_runtime_model as runtime_model
-from pipecomm.lab.calibration import summarize_buckets
-from pipecomm.lab.dadam_timing import OverlappedRing, _factors, method_name, predict_training
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e11_runtime_model as e11
-from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
-from pipecomm.lab.workloads import (
+from pipecomm.lab.measure.calibration import summarize_buckets
+from pipecomm.lab.networks import netem
+from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.training import dadam_runtime_model as runtime_model
+from pipecomm.lab.training.dadam_timing import (
+    OverlappedRing,
+    _factors,
+    method_name,
+    predict_training,
+)
+from pipecomm.lab.workloads.tasks import (
     EmulatedCompute,
     bucket_bytes_forward,
     bucket_layout,

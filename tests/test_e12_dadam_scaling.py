@@ -5,10 +5,10 @@ import pytest
 from claimdata import repeats_around
 
 from pipecomm.lab import claims
-from pipecomm.lab import dadam_runtime_model as runtime_model
-from pipecomm.lab.dadam_timing import method_name
 from pipecomm.lab.experiments import e12_dadam_scaling as e12
-from pipecomm.lab.network import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, link_models, make_network
+from pipecomm.lab.training import dadam_runtime_model as runtime_model
+from pipecomm.lab.training.dadam_timing import method_name
 
 
 def _rows(aer_ms_at_8=70.0, spread=0.01, runs=5):

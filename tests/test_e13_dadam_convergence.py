@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipecomm.lab import cluster
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
-from pipecomm.lab.trainers import AllReduceTrainer
-from pipecomm.lab.workloads import corpus
+from pipecomm.lab.networks import cluster
+from pipecomm.lab.training.trainers import AllReduceTrainer
+from pipecomm.lab.workloads.tasks import corpus
 
 # ----------------------------------------------------------------------------- rank functions
 

@@ -5,8 +5,9 @@ import pandas as pd
 import pytest
 from claimdata import repeats_around
 
-from pipecomm.lab import claims, cluster
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e14_emulator_vs_shaped as e14
+from pipecomm.lab.networks import cluster
 
 ARGS = {"min_bytes": 1 << 20, "tolerance": 0.15, "may_miss": "none"}
 

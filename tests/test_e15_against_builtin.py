@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipecomm.lab import bench, shaped_training, stats
 from pipecomm.lab.experiments import e15_against_builtin as e15
+from pipecomm.lab.measure import bench, stats
+from pipecomm.lab.training import shaped_training
 
 
 def _coll(points, spread=0.01, n=6):
@@ -187,7 +188,7 @@ class _FakeNet:
         import json
         from pathlib import Path
 
-        from pipecomm.lab import cluster
+        from pipecomm.lab.networks import cluster
 
         steps, abort = self.plan[self.calls]
         self.calls += 1
@@ -216,7 +217,7 @@ TINY = dict(world_sizes=[2], sizes=[1 << 20], iters=2, warmup=1, link_sizes=[1 <
 
 
 def test_small_run_on_a_shaped_cluster(notebook_run):
-    from pipecomm.lab import cluster
+    from pipecomm.lab.networks import cluster
 
     ok, why = cluster.available()
     if not ok:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from pipecomm import backend
 from pipecomm.decentralized import gossip
-from pipecomm.lab import launch
+from pipecomm.lab.networks import launch
 
 #: the world's timeout in these tests (s): 4 on a quiet host; a loaded one stretches it (at a
 #: load of 4.5 per core a rank's comm-group set-up once took > 4 s, before any fault), up to 10
@@ -248,7 +248,7 @@ def test_torchrun_survivor_names_the_dead_peer():
         assert "from rank 1 failed (rank 1 died or stalled)" in error, error
 
 
-# --------------------------------------------------------------------------- pipecomm.lab.launch
+# --------------------------------------------------------------------------- pipecomm.lab.networks.launch
 
 
 @pytest.mark.parametrize("strategy", LAUNCH_SLEEP)

@@ -1,4 +1,4 @@
-"""pipecomm.lab.launch: results in rank order, failures surface fast, nothing left running."""
+"""pipecomm.lab.networks.launch: results in rank order, failures surface fast, nothing left running."""
 
 import multiprocessing as mp
 import os
@@ -12,7 +12,8 @@ import rankfns_launch as fns
 import torch
 from test_run import GLOO_EXIT_ABORT
 
-from pipecomm.lab import bench, launch
+from pipecomm.lab.measure import bench
+from pipecomm.lab.networks import launch
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +196,7 @@ def test_init_from_env_under_torchrun(tmp_path: Path):
     script = tmp_path / "job.py"
     script.write_text(
         "import torch, torch.distributed as dist\n"
-        "from pipecomm.lab import launch\n"
+        "from pipecomm.lab.networks import launch\n"
         "info = launch.init_from_env()\n"
         "t = torch.ones(2); dist.all_reduce(t)\n"
         f"open(f'{tmp_path}/rank{{info.rank}}.txt', 'w').write(\n"
@@ -236,7 +237,7 @@ def test_a_new_world_never_reuses_the_destroyed_worlds_comm_group():
     the new world's messages."""
     import torch.distributed as dist
 
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     def one_rank_world():
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
@@ -264,7 +265,8 @@ def test_every_rank_pool_offers_the_one_interface():
     NetworkRanks: ``run(fn, *args, timeout_s=...)`` -> results in rank order (launch.RankPool)."""
     import inspect
 
-    from pipecomm.lab import cluster, network
+    from pipecomm.lab.networks import cluster
+    from pipecomm.lab.networks import kinds as network
 
     pools = [launch.Ranks, launch.TorchrunJob, cluster.VirtualCluster, cluster.job.ClusterJob,
              network.NetworkRanks]

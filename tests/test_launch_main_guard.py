@@ -10,7 +10,7 @@ def test_ranks_at_module_level_without_main_guard_is_one_clear_error(tmp_path):
     script = tmp_path / "noguard.py"
     script.write_text(textwrap.dedent("""
         import os
-        from pipecomm.lab import launch
+        from pipecomm.lab.networks import launch
 
         def f():
             return os.getpid()

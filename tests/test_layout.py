@@ -31,7 +31,7 @@ def _resolve(name: str) -> str:
 
 def _package(module: str, path: Path) -> str:
     """The package whose private names ``module`` may use: its own package, or for a module at
-    the top (``pipecomm.lab.netem``) the module itself."""
+    the top (``pipecomm.lab.networks.netem``) the module itself."""
     if path.name == "__init__.py":
         return module
     parent = module.rsplit(".", 1)[0]

@@ -1,4 +1,4 @@
-"""pipecomm.lab.models: shapes for digits/MNIST/CIFAR inputs, backward, determinism, sizes, errors."""
+"""pipecomm.lab.workloads.models: shapes for digits/MNIST/CIFAR inputs, backward, determinism, sizes, errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipecomm.lab import models
-from pipecomm.lab.models import count_parameters, get_model, param_bytes
+from pipecomm.lab.workloads import models
+from pipecomm.lab.workloads.models import count_parameters, get_model, param_bytes
 
 IMAGE_MODELS = ("mlp", "cnn", "alexnet_like", "resnet18_like")
 INPUTS = {"digits": (1, 8), "mnist": (1, 28), "cifar10": (3, 32)}

@@ -1,4 +1,4 @@
-"""The emulated network (pipecomm.lab.netem) and its hook in p2p.exchange.
+"""The emulated network (pipecomm.lab.networks.netem) and its hook in p2p.exchange.
 
 Part 1 tests the pure reservation arithmetic (LinkSchedule) against a brute-force reference of
 the documented rule. Part 2 measures real ranks: every time is checked against the model from
@@ -19,9 +19,9 @@ import rankfns_netem as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipecomm.lab import launch, netem
-from pipecomm.lab.netem import LinkSchedule, Network
-from pipecomm.lab.network import emulated_pool
+from pipecomm.lab.networks import launch, netem
+from pipecomm.lab.networks.kinds import emulated_pool
+from pipecomm.lab.networks.netem import LinkSchedule, Network
 
 KiB = 1024
 
@@ -661,7 +661,8 @@ def test_late_wakeups_do_not_accumulate_along_a_chain(pool, virtual):
     """Every emulated wait wakes 10 ms late (the host's scheduling, made large and certain).
     Without the virtual clock each hop of a lock-step chain pays it; with it the chain's
     emulated time is never below the model and its wall time pays the lateness about once
-    (the bound leaves half of the other hops' lateness for a loaded machine)."""
+    (the bound leaves half of the other hops' lateness for a loaded machine); without it the wall
+    time lies above that bound."""
     net = Network(1e-3, 50e6)
     ranks = pool(4, network=net)
     n, hops, late = 64 * KiB, 8, 10e-3
@@ -671,11 +672,14 @@ def test_late_wakeups_do_not_accumulate_along_a_chain(pool, virtual):
     emulated = statistics.median(v for _, v in out)
     print(f"virtual={virtual}: model {model * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms, "
           f"emulated {emulated * 1e3:.1f} ms")
+    # the virtual clock's ceiling; without it the chain pays more: a hop whose receiver comes
+    # after the deadline (a loaded host) does not sleep, so not every hop pays the lateness
+    ceiling = model + late + 0.5 * (hops - 1) * late
     if not virtual:
-        assert wall >= model + (hops - 1) * late
+        assert wall > ceiling
     else:
         assert emulated >= model - 1e-4
-        assert wall <= model + late + 0.5 * (hops - 1) * late
+        assert wall <= ceiling
 
 
 def test_pool_refuses_a_network_the_host_cannot_deliver():

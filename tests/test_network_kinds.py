@@ -13,10 +13,13 @@ import importlib
 
 import pytest
 
-from pipecomm.lab import cluster, netem, network, results, sweep
+from pipecomm.lab import results
 from pipecomm.lab.experiments import e02_collectives_vs_size as e2
 from pipecomm.lab.experiments import e05_bsp_sgd as e5
 from pipecomm.lab.experiments import e10_topology_comm_time as e10
+from pipecomm.lab.measure import sweep
+from pipecomm.lab.networks import cluster, netem
+from pipecomm.lab.networks import kinds as network
 
 OK, REASON = cluster.available()
 needs_ns = pytest.mark.skipif(not OK, reason=f"no virtual cluster: {REASON}")
@@ -156,7 +159,7 @@ def assert_calibrated_within_the_shaper(link: dict, rate: float, burst: int) -> 
 def _tbf_link(rate: float, burst: int, latency_s: float, sizes=(4 << 10, 1 << 20, 4 << 20),
               latency_noise_s: float = 0.0) -> dict:
     """What cluster.calibrate records for an ideal tbf link (the bucket full at each start)."""
-    from pipecomm.lab import cost
+    from pipecomm.lab.networks import cost
 
     times = [latency_s + max(0, n - burst) / rate for n in sizes]
     times[0] += latency_noise_s

@@ -20,7 +20,7 @@ import rankfns_pipesgd as fns
 import torch
 from torch import nn
 
-from pipecomm.lab import netem
+from pipecomm.lab.networks import netem
 from pipecomm.pipesgd import TIMING_KEYS, PipeSGD
 
 STEPS = 7

@@ -1,4 +1,4 @@
-"""Tests of pipecomm.lab.dadam_runtime_model: closed-form limits, the three factors, errors."""
+"""Tests of pipecomm.lab.training.dadam_runtime_model: closed-form limits, the three factors, errors."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from pipecomm.decentralized.topology import get_topology
-from pipecomm.lab import dadam_runtime_model as rm
+from pipecomm.lab.training import dadam_runtime_model as rm
 
 
 @dataclass(frozen=True)
 class Link:
-    """Stand-in for pipecomm.lab.cost.LinkModel (the model only reads alpha, beta, gamma, ports)."""
+    """Stand-in for pipecomm.lab.networks.cost.LinkModel (the model only reads alpha, beta, gamma, ports)."""
 
     alpha: float
     beta: float
@@ -323,7 +323,7 @@ def test_result_fields_and_topology_object():
 
 
 def test_with_pipecomm_cost():
-    cost = pytest.importorskip("pipecomm.lab.cost")
+    cost = pytest.importorskip("pipecomm.lab.networks.cost")
     intra = cost.LinkModel(alpha=5e-6, beta=1 / 100e9)
     inter = cost.LinkModel(alpha=20e-6, beta=1 / 1e9)
     kw = dict(
@@ -394,7 +394,7 @@ def test_bad_arguments(kw, exc, match):
 
 
 def test_bad_algorithm_reaches_cost():
-    cost = pytest.importorskip("pipecomm.lab.cost")
+    cost = pytest.importorskip("pipecomm.lab.networks.cost")
     args = base(intra=cost.LinkModel(1e-5, 1e-10), inter=cost.LinkModel(1e-4, 1e-9))
     args.pop("collective_time_fn")
     with pytest.raises(ValueError, match="algorithm"):
@@ -403,11 +403,11 @@ def test_bad_algorithm_reaches_cost():
 
 def test_overlapped_ring_is_a_collective_time_fn_of_the_runtime_model():
     """E11/E12's overlapped model: simulate's schedule with each group allreduce replayed on
-    the emulator's port arithmetic (pipecomm.lab.dadam_timing.OverlappedRing)."""
+    the emulator's port arithmetic (pipecomm.lab.training.dadam_timing.OverlappedRing)."""
     import pytest as _pytest
 
-    from pipecomm.lab.dadam_timing import OverlappedRing, overlapped_gossip_time
-    from pipecomm.lab.network import DEFAULT_NETWORK, make_network
+    from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, make_network
+    from pipecomm.lab.training.dadam_timing import OverlappedRing, overlapped_gossip_time
 
     net = make_network(DEFAULT_NETWORK)
     n = 1 << 20

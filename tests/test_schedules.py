@@ -1,11 +1,11 @@
-"""pipecomm.lab.schedules against the closed form, and its argument errors."""
+"""pipecomm.lab.workloads.schedules against the closed form, and its argument errors."""
 
 import math
 
 import pytest
 import torch
 
-from pipecomm.lab import schedules
+from pipecomm.lab.workloads import schedules
 
 
 def _closed_form(step: int, total: int, warmup: int, lo: float) -> float:

@@ -1,4 +1,4 @@
-"""The SLURM path on a real SLURM (pipecomm.lab.cluster.slurm): slurmctld and one slurmd per node
+"""The SLURM path on a real SLURM (pipecomm.lab.networks.cluster.slurm): slurmctld and one slurmd per node
 namespace of the virtual cluster, munge between them; ``artifact/slurm/run_gpu_profile.sbatch``
 submitted with sbatch as a user would (cpu profile, a short E13, 2 nodes).
 
@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipecomm.lab import cluster
-from pipecomm.lab.cluster import slurm
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
+from pipecomm.lab.networks import cluster
+from pipecomm.lab.networks.cluster import slurm
 
 OK, REASON = slurm.available()
 needs_slurm = pytest.mark.skipif(not OK, reason=f"no SLURM cluster here: {REASON}")

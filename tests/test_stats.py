@@ -1,9 +1,9 @@
-"""pipecomm.lab.stats: the intervals that decide timed claims and benchmark targets."""
+"""pipecomm.lab.measure.stats: the intervals that decide timed claims and benchmark targets."""
 
 import numpy as np
 import pytest
 
-from pipecomm.lab import stats
+from pipecomm.lab.measure import stats
 
 
 def _drifting(ratio: float, n: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Tests of pipecomm.lab.pipesgd_timing_model: closed-form limits, breakdown bookkeeping, monotonicity,
+"""Tests of pipecomm.lab.training.pipesgd_timing_model: closed-form limits, breakdown bookkeeping, monotonicity,
 compression ratios and bad arguments."""
 
 from __future__ import annotations
@@ -9,10 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipecomm.lab import cost
-from pipecomm.lab import pipesgd_timing_model as timing_model
-from pipecomm.lab.cost import LinkModel
-from pipecomm.lab.pipesgd_timing_model import breakdown, compression_ratio, iteration_time, speedup
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.cost import LinkModel
+from pipecomm.lab.training import pipesgd_timing_model as timing_model
+from pipecomm.lab.training.pipesgd_timing_model import (
+    breakdown,
+    compression_ratio,
+    iteration_time,
+    speedup,
+)
 
 # alpha = 0, gamma = 0: ring allreduce of n bytes over p = 2 ranks costs exactly n * beta
 BW_ONLY = LinkModel(alpha=0.0, beta=1e-9)

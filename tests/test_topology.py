@@ -374,7 +374,7 @@ def test_random_matching_gap_over_documented_window():
 def test_package_surface():
     import pipecomm.decentralized as dec
     from pipecomm.decentralized import AccumAdam, AccumAdamW, optim, topology
-    from pipecomm.lab import dadam_runtime_model as runtime_model
+    from pipecomm.lab.training import dadam_runtime_model as runtime_model
 
     assert topology is T and dec.get_topology is T.get_topology
     assert AccumAdam is optim.AccumAdam and AccumAdamW is optim.AccumAdamW

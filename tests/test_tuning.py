@@ -1,4 +1,4 @@
-"""Learning-rate selection (pipecomm.lab.tuning) and the budget a run used (claims.budget_used)."""
+"""Learning-rate selection (pipecomm.lab.training.tuning) and the budget a run used (claims.budget_used)."""
 
 import doctest
 import math
@@ -6,7 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from pipecomm.lab import claims, tuning
+from pipecomm.lab import claims
+from pipecomm.lab.training import tuning
 
 
 def test_doctests():

@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipecomm.lab import claims, stats
+from pipecomm.lab import claims
 from pipecomm.lab.experiments import e04_lp_block_size as e4
+from pipecomm.lab.measure import stats
 
 REASON = "the block grid lacks b*/8, b* or 8 b*: use block_range >= 8"
 
@@ -45,7 +46,7 @@ def test_prediction_is_the_runs_not_the_profiles():
 def test_profile_configuration_reproduces_claims_yaml():
     """On the cpu profile's parameters (and the reference E0's 124 us per block) the run's
     prediction is claims.yaml's."""
-    from pipecomm.lab import cost
+    from pipecomm.lab.networks import cost
 
     entries = {e["id"]: e for e in claims.load_claims()}
     params = e4.Params.make(**dict(e4.DEFAULTS, world_size=8, nbytes=4 << 20, emu_alpha_s=2e-3,

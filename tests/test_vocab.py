@@ -51,9 +51,10 @@ def test_checks_reject(call, words: str) -> None:
 
 def test_modules_share_the_vocabulary() -> None:
     from pipecomm import collectives, compress, pipesgd
-    from pipecomm.lab import cost, pipesgd_config
-    from pipecomm.lab import pipesgd_timing_model as timing_model
     from pipecomm.lab.experiments import e05_bsp_sgd
+    from pipecomm.lab.networks import cost
+    from pipecomm.lab.training import pipesgd_config
+    from pipecomm.lab.training import pipesgd_timing_model as timing_model
 
     assert collectives.ALGORITHMS is vocab.ALGORITHMS
     assert collectives.COMPRESSIONS is vocab.CODECS

@@ -14,7 +14,7 @@ Two comparisons, same seed, same data, parameter vectors compared element-wise:
     ``--k`` (accum_iter) and ``--weight-decay`` (L2, both add ``wd * x`` to the gradient).
     A control (pipecomm's AccumAdam against ``torch.optim.Adam``, K > 1) shows that the tolerance
     is tight enough to see a different rule.
-(b) decentralized training (``--ranks`` p > 0, gloo, ``pipecomm.lab.launch.Ranks``): every rank
+(b) decentralized training (``--ranks`` p > 0, gloo, ``pipecomm.lab.networks.launch.Ranks``): every rank
     trains the MLP on its own fixed batches under pipecomm's ``DecentralizedDataParallel`` +
     AccumAdam and under decent-dp's ``DecentralizedDataParallel`` + its AccumAdam; each rank's
     local parameters ``x_i`` after ``--steps`` iterations are compared. ``--topology complete``
@@ -217,7 +217,7 @@ def part_b(args, dtype) -> bool:
     """Decentralized training on ``args.ranks`` ranks; True if every rank's parameters agree."""
     import torch
 
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     rpn = 2 if args.topology == "alternating-exp-ring" else None
     print(f"(b) decentralized: p={args.ranks}, topology {args.topology}"

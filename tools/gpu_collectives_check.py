@@ -47,7 +47,7 @@ def check_rank(numel: int) -> list[str]:
 
 
 def main() -> int:
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     with launch.Ranks(2) as ranks:
         per_rank = ranks.run(check_rank, 1 << 20, timeout_s=300)

@@ -1,10 +1,10 @@
 """LP broadcast on the emulated network: measured time against the lock-step model and against the
-overlapped form of the progress engine's schedule (``pipecomm.lab.cost.lp_overlapped_time`` is that
+overlapped form of the progress engine's schedule (``pipecomm.lab.networks.cost.lp_overlapped_time`` is that
 model, with the host's cost per block; docs/algorithms.md, "LP as the engine runs it").
 
 The cost model prices LP broadcast lock-step, ``(k + p - 2) alpha + (n + (p - 2) b) beta``: every
 pipeline step pays the latency. On the progress engine a rank forwards a block the moment it has
-arrived, and the emulator's latency does not occupy a port (pipecomm.lab.netem), so a block's latency
+arrived, and the emulator's latency does not occupy a port (pipecomm.lab.networks.netem), so a block's latency
 is in flight while the port sends the next one: the last block arrives after
 ``(p - 1) alpha + (n + (p - 2) b) beta``. This script reads E2's data (the emulated single-port
 broadcast rows) and prints both forms beside the measurement. It is an analysis, not a claim.

@@ -10,7 +10,7 @@
 #
 # Environment: NNODES, NODE_RANK, NPROC_PER_NODE, HEAD_ADDR (required); RDZV_PORT (29500),
 # RDZV_ID (pipecomm), OUT (results/gpu-cluster), PROFILE (gpu), PYTHON (.venv/bin/python),
-# TORCHRUN_EXTRA (more torchrun options; pipecomm.lab.cluster's virtual cluster passes
+# TORCHRUN_EXTRA (more torchrun options; pipecomm.lab.networks.cluster's virtual cluster passes
 # --local-addr and --rdzv-conf is_host=, since its nodes share one host name).
 set -euo pipefail
 E=${1:?usage: node.sh EXPERIMENT [-p NAME=VALUE ...]}
@@ -28,7 +28,7 @@ if [ "$E" = E0 ]; then
     nproc=1
     if [ "$NODE_RANK" -ge 2 ]; then exit 0; fi
 fi
-program=$("$PYTHON" -m pipecomm.lab.cluster program "$PROFILE" "$E" --out "$OUT/$E" \
+program=$("$PYTHON" -m pipecomm.lab.networks.cluster program "$PROFILE" "$E" --out "$OUT/$E" \
     --world-size $((nnodes * nproc)) --ranks-per-node "$nproc" "$@")
 mapfile -t PROGRAM <<< "$program"
 # shellcheck disable=SC2086  # TORCHRUN_EXTRA is a list of options

@@ -712,7 +712,7 @@ def new_group(
     if not dist.is_initialized():
         raise RuntimeError(
             "pipecomm.backend.new_group: torch.distributed is not initialised; call "
-            "dist.init_process_group (or start ranks with pipecomm.lab.launch) first"
+            "dist.init_process_group (or start ranks with pipecomm.lab.networks.launch) first"
         )
     if timeout is None:
         timeout = group_timeout()

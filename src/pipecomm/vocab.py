@@ -51,7 +51,7 @@ __all__ = [
 BACKEND_NAME: str = "pipecomm"
 #: Every algorithm :func:`pipecomm.collectives.allreduce` runs; ``"torch"`` stays last.
 ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
-#: The algorithms with a cost model (:mod:`pipecomm.lab.cost`); they run over the emulated network.
+#: The algorithms with a cost model (:mod:`pipecomm.lab.networks.cost`); they run over the emulated network.
 MODELLED_ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
 #: The algorithms that carry a codec (compression happens inside their transfers).
 COMPRESSING_ALGORITHMS: tuple[str, ...] = ("lp", "ring")
@@ -65,7 +65,7 @@ COMPRESSIONS: tuple[str | None, ...] = (None, *CODECS)
 
 #: PipeSGD's modes (:class:`pipecomm.pipesgd.PipeSGD`).
 MODES: tuple[str, ...] = ("sync", "layerwise", "pipe")
-#: The timing model's modes (:func:`pipecomm.lab.pipesgd_timing_model.iteration_time`): PipeSGD's, plus
+#: The timing model's modes (:func:`pipecomm.lab.training.pipesgd_timing_model.iteration_time`): PipeSGD's, plus
 #: ``"nocomm"`` (no communication) and ``"delayed"`` (delayed GD, the pipe with staleness k).
 TIMING_MODES: tuple[str, ...] = ("nocomm", "sync", "layerwise", "pipe", "delayed")
 

@@ -4,7 +4,7 @@ LP — Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large
 Networks" (arXiv 1611.04255) — against minimum-spanning-tree (``"mst"``), bidirectional-exchange
 (``"be"``) and ring (``"ring"``) schedules, and the backend's built-in (``"torch"``). Every
 algorithm but ``"torch"`` is built only on :mod:`pipecomm.collectives.p2p` (single messages
-posted and waited for later), so the emulated network (:mod:`pipecomm.lab.netem`) sees all of their
+posted and waited for later), so the emulated network (:mod:`pipecomm.lab.networks.netem`) sees all of their
 transfers. Exact schedules: ``lp``, ``mst``, ``be``, ``ring`` modules, run by the progress engine
 ``_engine`` (receives posted ahead, blocks forwarded on arrival, sends waited lazily); dispatch
 and argument checks: ``api``; the communication thread of ``async_op=True``: ``async_`` (its CUDA

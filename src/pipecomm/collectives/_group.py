@@ -143,8 +143,8 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
     """
     if not dist.is_initialized():
         raise RuntimeError(
-            "torch.distributed is not initialised: start ranks with pipecomm.lab.launch.spawn / "
-            "Ranks, or call pipecomm.lab.launch.init_from_env() (or dist.init_process_group) first"
+            "torch.distributed is not initialised: start ranks with pipecomm.lab.networks.launch.spawn / "
+            "Ranks, or call pipecomm.lab.networks.launch.init_from_env() (or dist.init_process_group) first"
         )
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         return None

@@ -251,7 +251,7 @@ def group_timeout(group: Any = None) -> timedelta:
     if not dist.is_initialized():
         raise RuntimeError(
             "group_timeout: torch.distributed is not initialised (call init_process_group, or "
-            "start ranks with pipecomm.lab.launch.spawn / Ranks, first)"
+            "start ranks with pipecomm.lab.networks.launch.spawn / Ranks, first)"
         )
     pg = dist.group.WORLD if group is None else group
     if not isinstance(pg, dist.ProcessGroup):
@@ -285,8 +285,8 @@ def comm_group() -> dist.ProcessGroup:
     if _COMM_GROUP is None:
         if not dist.is_initialized():
             raise RuntimeError(
-                "torch.distributed is not initialised: start ranks with pipecomm.lab.launch.spawn "
-                "/ Ranks, or call dist.init_process_group (pipecomm.lab.launch.init_from_env() "
+                "torch.distributed is not initialised: start ranks with pipecomm.lab.networks.launch.spawn "
+                "/ Ranks, or call dist.init_process_group (pipecomm.lab.networks.launch.init_from_env() "
                 "under torchrun)"
             )
         backend = dist.get_backend()

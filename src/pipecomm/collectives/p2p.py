@@ -6,7 +6,7 @@ done (one lock-step step; batching keeps NCCL free of deadlocks). :func:`post_se
 progress engine (:mod:`pipecomm.collectives._engine`) builds on. Both pass every message through
 the process's :class:`Interposer` (:func:`set_interposer`), if one is installed: an observer
 counts what moved (:meth:`Interposer.on_done`); a delaying one (the lab's emulated network,
-:mod:`pipecomm.lab.netem`) also gives each message a delivery deadline (:meth:`Interposer.on_send`)
+:mod:`pipecomm.lab.networks.netem`) also gives each message a delivery deadline (:meth:`Interposer.on_send`)
 and waits for it (:meth:`Interposer.on_wait`), with the same rules on both paths (the
 framing of the deadline: docs/network_model.md, "Where it is applied").
 

@@ -163,8 +163,8 @@ class DecentralizedDataParallel(nn.Module):
         checks.flag(init_sync, "init_sync", _NAME)
         if not dist.is_initialized():
             raise RuntimeError(f"{_NAME}: torch.distributed is not initialised: start ranks with "
-                               "pipecomm.lab.launch.spawn / Ranks, or call "
-                               "pipecomm.lab.launch.init_from_env() first")
+                               "pipecomm.lab.networks.launch.spawn / Ranks, or call "
+                               "pipecomm.lab.networks.launch.init_from_env() first")
         pg, members = group_members(process_group)
         self.process_group = pg
         self._members = members

@@ -8,7 +8,7 @@ threshold as an argument without a default.
 A *check* is a function registered here by name that reads an experiment's tidy DataFrame and
 returns a :class:`Verdict`: the measured value with its interval, the threshold, and one of PASS,
 FAIL or INCONCLUSIVE. Timed quantities are decided on their 95% confidence intervals
-(:mod:`pipecomm.lab.stats`): a claim "x <= t" passes only when the whole interval is at or below t,
+(:mod:`pipecomm.lab.measure.stats`): a claim "x <= t" passes only when the whole interval is at or below t,
 fails when the whole interval is above it, and is INCONCLUSIVE otherwise (:func:`at_most`,
 :func:`at_least`, :func:`within`). A point with fewer than :data:`MIN_REPEATS` repeats cannot be
 decided. Claims of several points combine with :func:`combine` (any FAIL fails; all PASS pass).
@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import schema, stats
+from pipecomm.lab import schema
+from pipecomm.lab.measure import stats
 from pipecomm.lab.results import REPO_ROOT, load_csv
 
 CLAIMS_FILE = REPO_ROOT / "artifact" / "claims.yaml"
@@ -211,7 +212,7 @@ FAMILY_ERROR = 0.05
 def allowance(n_points: int, rule: str | int) -> int:
     """How many of ``n_points`` may miss in a claim over many points, fixed by ``rule`` before
     the run: an int is that count; ``"none"`` is 0 (every point must hold); ``"binomial"`` is
-    :func:`pipecomm.lab.stats.misses_allowed` at :data:`FAMILY_ERROR`: the smallest m with
+    :func:`pipecomm.lab.measure.stats.misses_allowed` at :data:`FAMILY_ERROR`: the smallest m with
     P(Binomial(n_points, 1 - CONFIDENCE) > m) <= 5%, so that a claim true at every point fails
     by chance at most 5% of the time.
 
@@ -955,7 +956,7 @@ def model_points(
     may_miss: str | int = "none",
 ) -> Verdict:
     """The one model-error claim: every point's signed error ``(measured - model) / model``
-    (:func:`pipecomm.lab.stats.model_error`) lies within ``tolerance`` (or within
+    (:func:`pipecomm.lab.measure.stats.model_error`) lies within ``tolerance`` (or within
     ``abs_tolerance_s`` seconds, when that is the larger bound for the point), decided on the
     interval of the measured median, except for the :func:`allowance` of ``may_miss`` points.
     Reports the worst error with its interval, the mean signed bias, how many errors share the

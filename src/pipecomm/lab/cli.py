@@ -10,7 +10,7 @@ Every experiment module ``pipecomm.lab.experiments.eNN_name`` follows the shape 
         -p backend=nccl -p world_size=8
 
 Under torchrun the experiments that measure the real network (E0, E2, E5, E7-E9, E13) run on the
-job's ranks (:func:`pipecomm.lab.launch.pool`); the others need the emulated network of local ranks
+job's ranks (:func:`pipecomm.lab.networks.launch.pool`); the others need the emulated network of local ranks
 and say so.
 """
 
@@ -114,7 +114,7 @@ def check_backend(backend: Any, world_size: int, *, emulated: bool) -> None:
         Traceback (most recent call last):
         ValueError: the emulated network is a gloo (cpu profile) tool: with backend='nccl' ...
     """
-    from pipecomm.lab import launch
+    from pipecomm.lab.networks import launch
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"parameter backend must be 'gloo' or 'nccl', got {backend!r}")
@@ -213,8 +213,8 @@ def _leave_job() -> None:
     """Under torchrun: wait until rank 0 has written its files, then exit at once. Exiting through
     the interpreter's shutdown (with or without ``destroy_process_group``) aborted a rank in about
     one run of ten here ("terminate called without an active exception" in a backend thread's
-    destructor); local pool ranks leave the same way (:mod:`pipecomm.lab.launch`)."""
-    from pipecomm.lab import launch
+    destructor); local pool ranks leave the same way (:mod:`pipecomm.lab.networks.launch`)."""
+    from pipecomm.lab.networks import launch
 
     if launch.under_torchrun():
         import torch.distributed as dist

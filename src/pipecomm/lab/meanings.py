@@ -16,7 +16,7 @@ __all__ = ["MEANINGS", "OWN", "meaning"]
 
 MEANINGS: dict[str, str] = {
     # the network an experiment runs on
-    "network": "where it measures: emulated (pipecomm.lab.netem) or shaped (tc-shaped namespaces)",
+    "network": "where it measures: emulated (pipecomm.lab.networks.netem) or shaped (tc-shaped namespaces)",
     "emulated": "run on the emulated network (False: the real backend only)",
     "backend": "gloo (CPU ranks) or nccl (one GPU per rank)",
     "ports": "port model of the emulated link: single (one transfer at a time) or per-neighbor",

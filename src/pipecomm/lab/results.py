@@ -45,7 +45,7 @@ NETWORK_KINDS = ("real", "emulated", "shaped", "analytic")
 
 
 def network_kind(text: Any) -> str:
-    """The kind of a ``network`` column's text: ``"real"``, ``"emulated"`` (pipecomm.lab.netem),
+    """The kind of a ``network`` column's text: ``"real"``, ``"emulated"`` (pipecomm.lab.networks.netem),
     ``"shaped"`` (a real network shaped by Linux tc) or ``"analytic"``.
 
     Example::

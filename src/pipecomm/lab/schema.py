@@ -21,11 +21,14 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
 KINDS = ["paper", "method", "illustration"]
@@ -137,6 +140,21 @@ def _first(errors: list[jsonschema.ValidationError]) -> jsonschema.ValidationErr
     return min(errors, key=place)
 
 
+def _jsonschema() -> Any:
+    """jsonschema, imported when a file is first checked (a rank process never checks one) and
+    without the optional ``rfc3987_syntax`` it would load for the "iri" formats: that import
+    builds a grammar and costs about 2 s of CPU per process, and these schemas use no format."""
+    if "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # import -> ImportError
+        try:
+            import jsonschema
+        finally:
+            del sys.modules["rfc3987_syntax"]
+    import jsonschema
+
+    return jsonschema
+
+
 def load(path: str | Path, schema: dict[str, Any]) -> Any:
     """Read the YAML file ``path`` and check it against ``schema``; returns its contents.
 
@@ -158,7 +176,7 @@ def load(path: str | Path, schema: dict[str, Any]) -> Any:
         raise ConfigError(f"{shown}: YAML syntax error at {at}{problem}") from None
     if doc is None and schema.get("type") == "array":
         doc = []
-    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    errors = list(_jsonschema().Draft202012Validator(schema).iter_errors(doc))
     if errors:
         raise ConfigError(f"{shown}: {_message(_first(errors), doc)}")
     return doc

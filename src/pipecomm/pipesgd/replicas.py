@@ -110,7 +110,7 @@ def resolve_group(group: Any) -> tuple[int, ...]:
         if group is not None:
             raise ValueError(
                 "group was given but torch.distributed is not initialised; start ranks with "
-                "pipecomm.lab.launch, or pass group=None for single-process training"
+                "pipecomm.lab.networks.launch, or pass group=None for single-process training"
             )
         return (0,)
     if group is not None and not isinstance(group, dist.ProcessGroup):

@@ -6,7 +6,7 @@ of the LP paper uses: a message of n bytes costs ``alpha + n * beta``; reducing 
 ``cost.fit_alpha_beta`` fits alpha and beta, and ``gamma`` is the time of an in-place float32
 add per byte. A host section measures ``host_links`` (how many lone loopback links' worth of
 bytes the host moves at once) for the real backend's LP model. With an emulated network
-(``pipecomm.lab.netem``) the same ping-pong measures the emulated alpha and bandwidth: claim C0.2
+(``pipecomm.lab.networks.netem``) the same ping-pong measures the emulated alpha and bandwidth: claim C0.2
 (artifact/claims.yaml). ``network="shaped"`` runs that section on a shaped real network,
 ``backend="nccl"`` (gpu profile) the ping-pong between two GPUs.
 
@@ -32,10 +32,12 @@ import torch
 import torch.distributed as dist
 
 from pipecomm.collectives.p2p import exchange
-from pipecomm.lab import bench, claims, cost, experiment, launch, results, stats
+from pipecomm.lab import claims, experiment, results
 from pipecomm.lab.cli import check_backend, main
-from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
-from pipecomm.lab.sweep import message_sizes
+from pipecomm.lab.measure import bench, stats
+from pipecomm.lab.measure.sweep import message_sizes
+from pipecomm.lab.networks import cost, launch
+from pipecomm.lab.networks.kinds import NETWORK_KINDS, check_network_kind, ranks_on
 
 ID = "E0"
 NOTEBOOK = "00_calibrate"
@@ -156,7 +158,7 @@ def _measure_rank(sizes, iters, warmup, gamma_bytes) -> list[dict[str, Any]]:
 def _host_rank(nbytes: int, iters: int, messages: int) -> list[dict[str, Any]]:
     """On every rank of a local pool: one link alone, then every hop of the chain streaming
     ``messages`` messages at once."""
-    from pipecomm.lab import cluster
+    from pipecomm.lab.networks import cluster
 
     lone = cluster.link_bandwidth([nbytes], iters)
     per_link = cluster.chain_bandwidth(nbytes, iters, messages=messages)
@@ -172,7 +174,7 @@ def host_links(df: pd.DataFrame) -> float | None:
     """``(p - 1) x`` the chain's rate per link over one link's rate alone (section ``host``), or
     ``None`` without that section. One link's rate is the ping-pong's at its largest size
     (section ``real``: the per-size table the LP model reads, whose
-    :attr:`pipecomm.lab.cost.HostLink.rate_Bps` the model multiplies by ``host_links``) when it was
+    :attr:`pipecomm.lab.networks.cost.HostLink.rate_Bps` the model multiplies by ``host_links``) when it was
     measured, else the host section's own lone link.
 
     Example::
@@ -218,7 +220,7 @@ def run(**params: Any) -> pd.DataFrame:
                                                    world_size=params.host_world_size,
                                                    network="real"))
     if params.emulated:
-        from pipecomm.lab import netem
+        from pipecomm.lab.networks import netem
 
         net = netem.Network(alpha_s=params.emu_alpha_s, bandwidth_Bps=params.emu_bandwidth_Bps)
         emu_sizes = message_sizes(params.sizes_min, params.emu_sizes_max, params.size_factor)
@@ -361,7 +363,7 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> points = [(p, pair, n) for p in (2, 8) for pair in range(p // 2) for n in (65536, 1 << 20)]
         >>> df = pd.DataFrame([{"section": "emulated", "world_size": p, "pair": pair, "nbytes": n,
         ...                     "emu_alpha_s": 1e-3, "emu_bandwidth_Bps": 50e6, "time_s": 1e-3 + n / 50e6,

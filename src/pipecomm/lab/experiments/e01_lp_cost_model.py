@@ -7,7 +7,7 @@ model: LP broadcast costs ``(p + k - 2)(alpha + b beta)`` -- almost independent 
 ranks p once the message is cut into ``k* = sqrt((p - 2) n beta / alpha)`` blocks -- while MST
 costs ``ceil(log2 p)(alpha + n beta)`` and BE ``2 log2 p alpha + 2 (p - 1)/p n beta``.
 
-Nothing is measured here: every number is :mod:`pipecomm.lab.cost` evaluated for the schedules that
+Nothing is measured here: every number is :mod:`pipecomm.lab.networks.cost` evaluated for the schedules that
 pipecomm implements (``cost.model_table``), for every algorithm (lp, mst, be, ring), op
 (broadcast, reduce, allreduce) and port model ("single": one full-duplex port per rank;
 "per-neighbor": one link per pair -- only LP allreduce, which sends both ways along the chain at
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import cost, experiment
+from pipecomm.lab import experiment
 from pipecomm.lab.cli import main
-from pipecomm.lab.sweep import ALG_COLORS, message_sizes
+from pipecomm.lab.measure.sweep import ALG_COLORS, message_sizes
+from pipecomm.lab.networks import cost
 
 ID = "E1"
 NOTEBOOK = "01_lp_cost_model"

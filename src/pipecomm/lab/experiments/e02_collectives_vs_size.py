@@ -6,7 +6,7 @@ and bidirectional-exchange (BE) collectives for the large messages of data-paral
 to 2x" the bandwidth of BE; its allreduce uses both directions of every link of the chain.
 
 Two sections, one tidy table (column ``section``): ``emulated`` -- lp, mst, be and ring on
-``world_size`` ranks over the emulated network (:mod:`pipecomm.lab.netem`; ``emu_cases`` maps
+``world_size`` ranks over the emulated network (:mod:`pipecomm.lab.networks.netem`; ``emu_cases`` maps
 ``"ports/op"`` to the algorithms), every point with the alpha-beta-gamma model beside it
 (``model_s``, ``model_lockstep_s``), or with ``network="shaped"`` on a virtual cluster of
 tc-shaped links (section ``shaped``); ``real`` -- no emulation (loopback gloo, or NCCL on the
@@ -36,10 +36,10 @@ import pandas as pd
 import torch
 
 from pipecomm import collectives
-from pipecomm.lab import bench, checks, claims, cost, experiment, launch, stats
+from pipecomm.lab import checks, claims, experiment
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import NETWORK_KINDS, check_network_kind, ranks_on
-from pipecomm.lab.sweep import (
+from pipecomm.lab.measure import bench, stats
+from pipecomm.lab.measure.sweep import (
     ALG_COLORS,
     measure_points,
     measured_crossover_bytes,
@@ -47,6 +47,8 @@ from pipecomm.lab.sweep import (
     model_crossover_bytes,
     network,
 )
+from pipecomm.lab.networks import cost, launch
+from pipecomm.lab.networks.kinds import NETWORK_KINDS, check_network_kind, ranks_on
 
 ID = "E2"
 NOTEBOOK = "02_collectives_vs_size"
@@ -394,7 +396,7 @@ def run(**params: Any) -> pd.DataFrame:
 
 def host_block_s() -> float:
     """The host's cost of one LP block on the critical path, for the overlapped model
-    (:func:`pipecomm.lab.cost.lp_overlapped_time`): E0's per-message latency of the real backend
+    (:func:`pipecomm.lab.networks.cost.lp_overlapped_time`): E0's per-message latency of the real backend
     (``cost.calibrated_link().alpha``; its documented fallback without E0).
 
     Example::
@@ -406,7 +408,7 @@ def host_block_s() -> float:
 
 
 def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
-    """LP rows of the real gloo section: :func:`pipecomm.lab.cost.lp_time_on_host` on this host's
+    """LP rows of the real gloo section: :func:`pipecomm.lab.networks.cost.lp_time_on_host` on this host's
     ``link`` (E0's per-size table and ``host_links`` when the artifact set
     ``PIPECOMM_CALIBRATION``) with the block the collective used; NaN for the other
     algorithms."""
@@ -472,7 +474,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -659,7 +661,7 @@ def predict_lp_fastest_broadcast(df: pd.DataFrame, ports: str, algorithms: list[
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -684,7 +686,7 @@ def predict_crossover(df: pd.DataFrame, ports: str, other: str) -> str:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -713,7 +715,7 @@ def predict_allreduce_ports(df: pd.DataFrame) -> str:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -741,7 +743,7 @@ def check_lp_fastest_broadcast(df: pd.DataFrame, ports: str,
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -773,7 +775,7 @@ def predict_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str) ->
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -798,7 +800,7 @@ def check_ratio_vs_model(df: pd.DataFrame, op: str, ports: str, other: str,
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -828,7 +830,7 @@ def check_ratio_above(df: pd.DataFrame, op: str, ports: str, other: str,
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -851,7 +853,7 @@ def check_ratio_below(df: pd.DataFrame, op: str, ports: str, other: str,
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -927,7 +929,7 @@ def check_allreduce_ports(df: pd.DataFrame, min_ratio: float) -> claims.Verdict:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -955,7 +957,7 @@ def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, sizes_max=64 << 20)     # the model's points, measured = model here
         >>> df = df.assign(section="emulated", world_size=8, time_s=df.model_s, emu_alpha_s=3e-3,
         ...                emu_bandwidth_Bps=100e6, model_gamma_s_per_byte=0.0,
@@ -983,7 +985,7 @@ def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [(op, a, base * f) for op, base in (("broadcast", 0.050), ("allreduce", 0.100))
         ...          for a, f in (("lp", 0.9), ("ring", 1.05), ("torch", 1.0))]    # real section, p = 8
         >>> df = pd.DataFrame([{"section": "real", "op": op, "algorithm": a, "nbytes": 16 << 20,

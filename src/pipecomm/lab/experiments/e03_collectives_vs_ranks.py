@@ -30,15 +30,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, cost, experiment, stats
+from pipecomm.lab import claims, experiment
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import check_network_kind, ranks_on
-from pipecomm.lab.sweep import (
+from pipecomm.lab.measure import stats
+from pipecomm.lab.measure.sweep import (
     ALG_COLORS,
     check_link_params,
     measure_points,
     network,
 )
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.kinds import check_network_kind, ranks_on
 
 ID = "E3"
 NOTEBOOK = "03_collectives_vs_ranks"
@@ -178,7 +180,7 @@ def growth(df: pd.DataFrame) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -211,7 +213,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -327,7 +329,7 @@ def predict_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int) -> str
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -349,7 +351,7 @@ def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -371,7 +373,7 @@ def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -395,7 +397,7 @@ def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -432,7 +434,7 @@ def predict_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str) -> str:
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,
@@ -460,7 +462,7 @@ def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("lp", 2, 1.30), ("lp", 8, 1.40), ("mst", 2, 1.30), ("mst", 8, 3.90)]   # seconds
         >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
         ...                     "time_s": s, "model_s": s, "emu_alpha_s": 2e-3, "emu_bandwidth_Bps": 50e6,

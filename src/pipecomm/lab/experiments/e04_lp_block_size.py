@@ -3,11 +3,11 @@
 Paper: Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training Large Scale Neural
 Networks" (arXiv 1611.04255). Linear pipelining cuts an n-byte message into k blocks of b bytes;
 in the paper's lock-step model its broadcast costs ``(p + k - 2)(alpha + b beta)``, optimum
-``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.lab.cost.lp_optimal_block_bytes``). pipecomm's
+``k* = sqrt((p - 2) n beta / alpha)`` (``pipecomm.lab.networks.cost.lp_optimal_block_bytes``). pipecomm's
 progress engine overlaps a block's latency with the next block's bytes, so its broadcast costs
 ``(p - 1) alpha + (n + (p - 2) b) beta + k h`` with ``h`` the host's cost per block (E0's
 per-message latency): the optimum is ``k* = sqrt((p - 2) n beta / h)``
-(``pipecomm.lab.cost.lp_overlapped_block_bytes``; docs/algorithms.md, "LP as the engine runs it").
+(``pipecomm.lab.networks.cost.lp_overlapped_block_bytes``; docs/algorithms.md, "LP as the engine runs it").
 The grid is centred on that optimum; ``model_s`` is the overlapped model, ``model_lockstep_s``
 and ``lockstep_block_bytes`` the paper's.
 
@@ -34,10 +34,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, cost, experiment, stats
+from pipecomm.lab import claims, experiment
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import check_network_kind, ranks_on
-from pipecomm.lab.sweep import ALG_COLORS, check_link_params, network
+from pipecomm.lab.measure import stats
+from pipecomm.lab.measure.sweep import ALG_COLORS, check_link_params, network
+from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.kinds import check_network_kind, ranks_on
 
 ID = "E4"
 NOTEBOOK = "04_lp_block_size"
@@ -114,7 +116,7 @@ def block_grid(
 
 def optimum(op: str, nbytes: int, p: int, link: cost.LinkModel, host_block_s: float) -> int:
     """The modelled optimal LP block (bytes), a multiple of 8: the overlapped model's
-    (:func:`pipecomm.lab.cost.lp_overlapped_block_bytes`, ``host_block_s`` host seconds per block).
+    (:func:`pipecomm.lab.networks.cost.lp_overlapped_block_bytes`, ``host_block_s`` host seconds per block).
 
     Example::
 
@@ -200,7 +202,7 @@ def measure_blocks(
     import torch.distributed as dist
 
     from pipecomm import collectives
-    from pipecomm.lab import bench
+    from pipecomm.lab.measure import bench
 
     t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
     rows = []
@@ -282,7 +284,7 @@ def best_blocks(df: pd.DataFrame) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
@@ -321,7 +323,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
@@ -442,7 +444,7 @@ def predict_best_block(df: pd.DataFrame, op: str) -> str:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
@@ -466,7 +468,7 @@ def predict_penalty(df: pd.DataFrame, op: str) -> str:
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
@@ -489,7 +491,7 @@ def check_best_block(df: pd.DataFrame, op: str, factor: float) -> claims.Verdict
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),
@@ -525,7 +527,7 @@ def check_penalty(df: pd.DataFrame, op: str, tolerance: float) -> claims.Verdict
     Example::
 
         >>> import numpy as np
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> df = plan(world_size=8, nbytes=4 << 20)     # the model's points, measured = model here
         >>> df = df.assign(time_s=df.model_s, nbytes=4 << 20, world_size=8, emu_alpha_s=2e-3,
         ...                emu_bandwidth_Bps=100e6, model_host_block_s=host_block_s(),

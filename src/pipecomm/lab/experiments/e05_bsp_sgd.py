@@ -30,42 +30,59 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import vocab
-from pipecomm.lab import claims, cost, netem
+from pipecomm.lab import claims
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import network_and_link, ranks_on
-from pipecomm.lab.pipesgd_analysis import steady
-from pipecomm.lab.pipesgd_config import PoolParams, check_config, config
-from pipecomm.lab.pipesgd_training import iteration_rows, rounds, train_rank
-from pipecomm.lab.workloads import fetch_data, gradient_bytes
+from pipecomm.lab.networks import cost, netem
+from pipecomm.lab.networks.kinds import network_and_link, ranks_on
+from pipecomm.lab.training.pipesgd_analysis import steady
+from pipecomm.lab.training.pipesgd_config import (
+    TrainConfig,
+    TrainingParams,
+    check_pool,
+    check_pool_backend,
+    config,
+)
+from pipecomm.lab.training.pipesgd_training import iteration_rows, rounds, train_rank
+from pipecomm.lab.workloads.tasks import fetch_data, gradient_bytes
 
 ID = "E5"
 NOTEBOOK = "05_bsp_sgd"
 
 
 @dataclass(frozen=True)
-class Params(PoolParams):
+class Params(TrainingParams):
     """E5's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E5-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.PoolParams`'. ``port_models`` replaces the shared
-    ``ports`` (unused here): one pool per port model."""
+    :class:`~pipecomm.lab.training.pipesgd_config.TrainingParams`'; the pool's (``world_size`` to
+    ``network``) are those of
+    :class:`~pipecomm.lab.training.pipesgd_config.CalibratedPoolParams`, checked alike
+    (:func:`~pipecomm.lab.training.pipesgd_config.check_pool`). ``port_models`` replaces the
+    shared ``ports`` (unused here): one pool per port model."""
 
+    world_size: int = 2
+    batch_size: int = 32
+    bandwidth_Bps: float | None = 50e6
+    backend: str = "gloo"
+    dataset: str = "digits"
+    data_root: str | None = None
+    network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on; gloo only)
     algorithms: list[str] = field(default_factory=lambda: ["lp", "mst", "be", "ring"])
     port_models: list[str] = field(default_factory=lambda: ["single", "per-neighbor"])
     runs: int = 5
     model: str = "mlp"
     model_kw: dict[str, Any] = field(default_factory=lambda: {"hidden": [256, 256]})
-    batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.9
     iterations: int = 6
     skip: int = 2
     seed: int = 0
-    bandwidth_Bps: float | None = 50e6
     timeout_s: float = 300.0
 
     def validate(self) -> None:
+        check_pool_backend(self)
         super().validate()
+        check_pool(self, bandwidth_optional=False)
         algs = list(self.algorithms)
         require(
             len(algs) >= 2 and len(set(algs)) == len(algs) and set(algs) <= set(ALGORITHMS),
@@ -80,13 +97,13 @@ class Params(PoolParams):
         require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
                 and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        check_config(_config(self, algs[0]))
+        _config(self, algs[0])  # a valid training configuration
 
 DEFAULTS = Params.defaults()
 ALGORITHMS = vocab.MODELLED_ALGORITHMS  # the algorithms that run over the emulated network
 
 
-def _config(params: Params, algorithm: str) -> dict[str, Any]:
+def _config(params: Params, algorithm: str) -> TrainConfig:
     return config(params, method="sync", algorithm=algorithm, barrier_before_step=True)
 
 

@@ -3,7 +3,7 @@
 Paper: Pipe-SGD — Li, Yu, Li, Avestimehr, Kim, Schwing, NeurIPS 2018 (arXiv 1811.03619): a
 timing model of AllReduce SGD from network latency, bandwidth, cluster size and compute time;
 synchronous SGD costs ``C + A + U`` per iteration (compute, AllReduce, update) and the pipeline of
-width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.lab.pipesgd_timing_model`).
+width 2 costs ``max(C + U, A)`` (:mod:`pipecomm.lab.training.pipesgd_timing_model`).
 
 Measures, for each (world size p, emulated bandwidth) pair in ``pools`` and each batch size,
 ``PipeSGD(mode="sync")`` and ``PipeSGD(mode="pipe")`` iteration times over ``runs`` independent
@@ -29,15 +29,18 @@ import numpy as np
 import pandas as pd
 
 from pipecomm import vocab
-from pipecomm.lab import claims, cost, netem, network, stats
-from pipecomm.lab import pipesgd_timing_model as timing_model
-from pipecomm.lab.calibration import rank_calibrate_step, summarize_step
+from pipecomm.lab import claims
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
-from pipecomm.lab.pipesgd_analysis import per_iteration, steady
-from pipecomm.lab.pipesgd_config import CalibratedParams, check_config, config
-from pipecomm.lab.pipesgd_training import iteration_rows, rounds, train_rank
-from pipecomm.lab.workloads import check_batch_size, gradient_bytes
+from pipecomm.lab.measure import stats
+from pipecomm.lab.measure.calibration import rank_calibrate_step, summarize_step
+from pipecomm.lab.networks import cost, netem
+from pipecomm.lab.networks import kinds as network
+from pipecomm.lab.training import pipesgd_timing_model as timing_model
+from pipecomm.lab.training.pipesgd_analysis import per_iteration, steady
+from pipecomm.lab.training.pipesgd_config import CalibratedParams, TrainConfig, config
+from pipecomm.lab.training.pipesgd_training import iteration_rows, rounds, train_rank
+from pipecomm.lab.workloads.tasks import check_batch_size, gradient_bytes
 
 ID = "E6"
 NOTEBOOK = "06_pipesgd_timing_model"
@@ -47,7 +50,7 @@ NOTEBOOK = "06_pipesgd_timing_model"
 class Params(CalibratedParams):
     """E6's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E6-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.CalibratedParams`'."""
+    :class:`~pipecomm.lab.training.pipesgd_config.CalibratedParams`'."""
 
     pools: list[Any] = field(default_factory=lambda: [[2, 30e6]])
     batch_sizes: list[int] = field(default_factory=lambda: [64])
@@ -97,7 +100,7 @@ class Params(CalibratedParams):
                 and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
         for b in self.batch_sizes:
-            check_config(_config(self, b, "sync"))
+            _config(self, b, "sync")  # a valid training configuration
             for p, _ in pools:
                 check_batch_size(b, p, name="batch_sizes")
 
@@ -105,7 +108,7 @@ DEFAULTS = Params.defaults()
 MODES = tuple(m for m in vocab.MODES if m != "layerwise")  # E6 compares BSP-SGD and Pipe-SGD
 
 
-def _config(params: Params, batch: int, mode: str) -> dict[str, Any]:
+def _config(params: Params, batch: int, mode: str) -> TrainConfig:
     return config(params, batch_size=batch, method=mode)
 
 
@@ -384,7 +387,7 @@ def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int,
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [("sync", 2, 0.030), ("pipe", 2, 0.021), ("sync", 4, 0.036), ("pipe", 4, 0.024)]
         >>> df = pd.DataFrame([{"kind": "point", "mode": m, "world_size": p, "bandwidth_Bps": 60e6,
         ...                     "batch_size": 32, "measured_s": s * 1.02, "predicted_s": s,

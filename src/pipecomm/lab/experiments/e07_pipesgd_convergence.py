@@ -31,10 +31,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, launch, results, tuning
+from pipecomm.lab import claims, results
 from pipecomm.lab.checks import require
 from pipecomm.lab.cli import main
-from pipecomm.lab.pipesgd_analysis import (
+from pipecomm.lab.networks import launch
+from pipecomm.lab.training import tuning
+from pipecomm.lab.training.pipesgd_analysis import (
     accuracy_rise,
     accuracy_within,
     final_accuracy,
@@ -45,13 +47,13 @@ from pipecomm.lab.pipesgd_analysis import (
     steady,
     timing_kind,
 )
-from pipecomm.lab.pipesgd_config import (
+from pipecomm.lab.training.pipesgd_config import (
     ConvergenceParams,
-    check_config,
+    TrainConfig,
     config,
     parse_methods,
 )
-from pipecomm.lab.pipesgd_training import calibrate_and_train, train_rank
+from pipecomm.lab.training.pipesgd_training import calibrate_and_train, train_rank
 
 ID = "E7"
 NOTEBOOK = "07_pipesgd_convergence"
@@ -61,7 +63,7 @@ NOTEBOOK = "07_pipesgd_convergence"
 class Params(ConvergenceParams):
     """E7's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.ConvergenceParams`'."""
+    :class:`~pipecomm.lab.training.pipesgd_config.ConvergenceParams`'."""
 
     ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
     ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
@@ -124,7 +126,7 @@ class Params(ConvergenceParams):
         require(isinstance(self.control_seeds, int) and not isinstance(self.control_seeds, bool)
                 and self.control_seeds >= 0, "control_seeds", self.control_seeds,
                 "must be an int >= 0 (0: every seed)")
-        check_config(config(self, seed=self.seeds[0], method="sync", eval_part="test"))
+        config(self, seed=self.seeds[0], method="sync", eval_part="test")  # a valid one
 
 DEFAULTS = Params.defaults()
 
@@ -142,7 +144,7 @@ def base_method(method: str) -> str:
 
 def select_rates(params: Params) -> tuple[dict[str, float], pd.DataFrame]:
     """Each base method's peak learning rate, chosen on the selection seeds: every rate of
-    ``lrs`` (extended while the best is at an edge, :func:`pipecomm.lab.tuning.select_rate`)
+    ``lrs`` (extended while the best is at an edge, :func:`pipecomm.lab.training.tuning.select_rate`)
     trained from each of ``selection_seeds``, scored by the final loss on the held-out split's
     "val" half, mean over the selection seeds. The runs take place in a pool without an emulated
     network (the accuracy of a run does not depend on the network's speed). Without a grid of
@@ -166,7 +168,7 @@ def select_rates(params: Params) -> tuple[dict[str, float], pd.DataFrame]:
                 for seed in sel:
                     cfg = config(params, seed=seed, method=method, lr=lr, eval_part="val",
                                  eval_every=0)
-                    res = runs({"select": cfg}, ranks.run, train_rank, cfg,
+                    res = runs({"select": cfg.asdict()}, ranks.run, train_rank, cfg,
                                timeout_s=params.timeout_s)
                     final = res[0]["evals"][-1]
                     scored.append({"kind": "sweep", "method": method, "seed": seed,
@@ -191,7 +193,7 @@ def run(**params: Any) -> pd.DataFrame:
     params = Params.make(**params)
     rates, sweep = select_rates(params)
 
-    def cfg_of(params: Params, seed: int, method: str) -> dict[str, Any]:
+    def cfg_of(params: Params, seed: int, method: str) -> TrainConfig:
         return config(params, seed=seed, method=method, lr=rates[base_method(method)],
                       eval_part="test")
 
@@ -445,7 +447,7 @@ def check_pipe_speedup(df: pd.DataFrame, method: str, tolerance: float) -> claim
     )
 
 
-# C7.2 and C7.3: the paired accuracy comparisons E7 and E9 share (pipecomm.lab.pipesgd_analysis)
+# C7.2 and C7.3: the paired accuracy comparisons E7 and E9 share (pipecomm.lab.training.pipesgd_analysis)
 check_accuracy_within = claims.check("e7_accuracy_within")(accuracy_within)
 check_stale_hurts = claims.check("e7_stale_hurts")(stale_hurts)
 

@@ -31,15 +31,15 @@ import pandas as pd
 from pipecomm.lab import claims
 from pipecomm.lab.checks import positive_float, require
 from pipecomm.lab.cli import main
-from pipecomm.lab.pipesgd_analysis import run_medians, run_samples, steady
-from pipecomm.lab.pipesgd_config import (
+from pipecomm.lab.training.pipesgd_analysis import run_medians, run_samples, steady
+from pipecomm.lab.training.pipesgd_config import (
     CalibratedPoolParams,
-    check_config,
+    TrainConfig,
     config,
     parse_method,
     parse_methods,
 )
-from pipecomm.lab.pipesgd_training import TIMING_COLUMNS, calibrate_and_train
+from pipecomm.lab.training.pipesgd_training import TIMING_COLUMNS, calibrate_and_train
 
 ID = "E8"
 NOTEBOOK = "08_pipesgd_breakdown"
@@ -49,7 +49,7 @@ NOTEBOOK = "08_pipesgd_breakdown"
 class Params(CalibratedPoolParams):
     """E8's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E7-E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.CalibratedPoolParams`'."""
+    :class:`~pipecomm.lab.training.pipesgd_config.CalibratedPoolParams`'."""
 
     ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "ring")
     ALGORITHMS_WHY: ClassVar[str] = " (the algorithms that compress)"
@@ -82,13 +82,13 @@ class Params(CalibratedPoolParams):
         require(isinstance(self.runs, int) and not isinstance(self.runs, bool)
                 and self.runs >= 1, "runs", self.runs,
                 f"must be an int >= 1 (claims need >= {claims.MIN_REPEATS})")
-        check_config(_config(self, self.seed, "sync"))
+        _config(self, self.seed, "sync")  # a valid training configuration
 
 DEFAULTS = Params.defaults()
 PARTS = ("compute", "allreduce", "wait", "compression", "update", "other")
 
 
-def _config(params: Params, seed: int, method: str) -> dict[str, Any]:
+def _config(params: Params, seed: int, method: str) -> TrainConfig:
     return config(params, seed=seed, method=method)
 
 

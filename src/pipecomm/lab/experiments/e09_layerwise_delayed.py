@@ -35,7 +35,7 @@ import pandas as pd
 from pipecomm.lab import claims
 from pipecomm.lab.checks import positive_float, positive_int, require
 from pipecomm.lab.cli import main
-from pipecomm.lab.pipesgd_analysis import (
+from pipecomm.lab.training.pipesgd_analysis import (
     accuracy_rise,
     first_reach,
     is_true,
@@ -44,13 +44,13 @@ from pipecomm.lab.pipesgd_analysis import (
     stale_hurts,
     timing_kind,
 )
-from pipecomm.lab.pipesgd_config import (
+from pipecomm.lab.training.pipesgd_config import (
     ConvergenceParams,
-    check_config,
+    TrainConfig,
     config,
     parse_methods,
 )
-from pipecomm.lab.pipesgd_training import calibrate_and_train
+from pipecomm.lab.training.pipesgd_training import calibrate_and_train
 
 ID = "E9"
 NOTEBOOK = "09_layerwise_delayed"
@@ -60,7 +60,7 @@ NOTEBOOK = "09_layerwise_delayed"
 class Params(ConvergenceParams):
     """E9's parameters with their quick defaults (the notebook's parameters cell); the
     profiles in artifact/profiles/*.yaml override them. The fields E7 and E9 share are
-    :class:`~pipecomm.lab.pipesgd_config.ConvergenceParams`'."""
+    :class:`~pipecomm.lab.training.pipesgd_config.ConvergenceParams`'."""
 
     ALGORITHMS: ClassVar[tuple[str, ...]] = ("lp", "mst", "be", "ring")
     ALGORITHMS_WHY: ClassVar[str] = " (emulated algorithms)"
@@ -115,7 +115,7 @@ class Params(ConvergenceParams):
             self.target_acc,
             "must be a percentage in (0, 100]",
         )
-        check_config(_config(self, self.seeds[0], "sync"))
+        _config(self, self.seeds[0], "sync")  # a valid training configuration
 
 DEFAULTS = Params.defaults()
 # Timing-model predictions shown beside the measurements (layer-wise has none: its time depends
@@ -128,7 +128,7 @@ MODEL_OF = {
 }
 
 
-def _config(params: Params, seed: int, method: str) -> dict[str, Any]:
+def _config(params: Params, seed: int, method: str) -> TrainConfig:
     return config(params, seed=seed, method=method, evaluate=method != "nocomm")
 
 

@@ -31,18 +31,19 @@ import numpy as np
 import pandas as pd
 
 from pipecomm.decentralized import topology
-from pipecomm.lab import claims, stats
+from pipecomm.lab import claims
 from pipecomm.lab.checks import check_int, check_world_sizes
 from pipecomm.lab.cli import main
-from pipecomm.lab.dadam_timing import (
+from pipecomm.lab.measure import stats
+from pipecomm.lab.networks.kinds import TwoLevelParams, make_network, ranks_on
+from pipecomm.lab.training.dadam_timing import (
     bars_with_markers,
     model_gossip_time,
     overlapped_gossip_time,
     rank_gossip_times,
 )
-from pipecomm.lab.network import TwoLevelParams, make_network, ranks_on
-from pipecomm.lab.pipesgd_training import rounds
-from pipecomm.lab.workloads import TASK_MODELS, workload_bucket_bytes
+from pipecomm.lab.training.pipesgd_training import rounds
+from pipecomm.lab.workloads.tasks import TASK_MODELS, workload_bucket_bytes
 
 ID = "E10"
 NOTEBOOK = "10_topology_comm_time"
@@ -257,7 +258,7 @@ def iteration_samples(df: pd.DataFrame) -> dict[tuple, list[float]]:
     Example::
 
         >>> import pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
         >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
         ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
@@ -290,7 +291,7 @@ def check_within_model(df: pd.DataFrame, tolerance: float, may_miss: str | int
     Example::
 
         >>> import pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
         >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
         ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
@@ -317,7 +318,7 @@ def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
     Example::
 
         >>> import pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
         >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
         ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
@@ -345,7 +346,7 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
     Example::
 
         >>> import pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> cells = [("complete", 0.040), ("alternating-exp-ring", 0.021)]   # model s per iteration
         >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
         ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),

@@ -4,7 +4,7 @@ Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performanc
 Training" (ICLR 2025) explain when decentralized training is faster per iteration than AllReduce
 with a runtime model of three factors: (1) overlap of communication with computation, (2)
 heterogeneous intra- vs inter-node links, (3) sensitivity to varying compute times. Their equations
-(appendix A.5) could not be recovered; ``pipecomm.lab.dadam_runtime_model.simulate`` is this
+(appendix A.5) could not be recovered; ``pipecomm.lab.training.dadam_runtime_model.simulate`` is this
 artifact's discrete-event version. This experiment checks its predictions against measured
 training iterations, sweeping each factor:
 
@@ -34,26 +34,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, experiment, stats
-from pipecomm.lab.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab import claims, experiment
 from pipecomm.lab.checks import check_int, check_world_sizes
 from pipecomm.lab.cli import main
-from pipecomm.lab.dadam_timing import (
-    bars_with_markers,
-    check_timing_workload,
-    method_name,
-    predict_training,
-    rank_time_training,
-)
-from pipecomm.lab.network import (
+from pipecomm.lab.measure import stats
+from pipecomm.lab.measure.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab.networks.kinds import (
     DEFAULT_NETWORK,
     FLAT_NETWORK,
     check_network_kind,
     make_network,
     ranks_on,
 )
-from pipecomm.lab.pipesgd_training import rounds
-from pipecomm.lab.workloads import timing_spec
+from pipecomm.lab.training.dadam_timing import (
+    bars_with_markers,
+    check_timing_workload,
+    method_name,
+    predict_training,
+    rank_time_training,
+)
+from pipecomm.lab.training.pipesgd_training import rounds
+from pipecomm.lab.workloads.tasks import timing_spec
 
 ID = "E11"
 NOTEBOOK = "11_runtime_model"

@@ -30,19 +30,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import claims, stats
-from pipecomm.lab.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab import claims
 from pipecomm.lab.checks import check_int, check_world_sizes
 from pipecomm.lab.cli import main
-from pipecomm.lab.dadam_timing import (
+from pipecomm.lab.measure import stats
+from pipecomm.lab.measure.calibration import rank_calibrate_buckets, summarize_buckets
+from pipecomm.lab.networks.kinds import TwoLevelParams, make_network, ranks_on
+from pipecomm.lab.training.dadam_timing import (
     check_timing_workload,
     method_name,
     predict_training,
     rank_time_training,
 )
-from pipecomm.lab.network import TwoLevelParams, make_network, ranks_on
-from pipecomm.lab.pipesgd_training import rounds
-from pipecomm.lab.workloads import timing_spec
+from pipecomm.lab.training.pipesgd_training import rounds
+from pipecomm.lab.workloads.tasks import timing_spec
 
 ID = "E12"
 NOTEBOOK = "12_dadam_scaling"

@@ -39,12 +39,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipecomm.decentralized import AccumAdam, topology
-from pipecomm.lab import bench, claims, experiment, launch, results, schedules, stats, tuning
+from pipecomm.lab import claims, experiment, results
 from pipecomm.lab.checks import check_int, check_world_sizes
 from pipecomm.lab.cli import check_backend, main
-from pipecomm.lab.network import DEFAULT_NETWORK, make_network, network_text
-from pipecomm.lab.trainers import make_trainer
-from pipecomm.lab.workloads import (
+from pipecomm.lab.measure import bench, stats
+from pipecomm.lab.networks import launch
+from pipecomm.lab.networks.kinds import DEFAULT_NETWORK, make_network, network_text
+from pipecomm.lab.training import tuning
+from pipecomm.lab.training.pipesgd_config import TrainConfig
+from pipecomm.lab.training.trainers import make_trainer
+from pipecomm.lab.workloads import schedules
+from pipecomm.lab.workloads.tasks import (
     TASK_BUCKET_MB,
     batch_stream,
     build_task_model,
@@ -223,11 +228,11 @@ def _evaluate(model: torch.nn.Module, task: str, part: str, seq_len: int) -> tup
 
 def _batches(task: str, cfg: dict[str, Any], rank: int, world: int):
     """Endless minibatches for this rank: disjoint digits shards per epoch
-    (:func:`~pipecomm.lab.workloads.batch_stream`), or LM windows."""
+    (:func:`~pipecomm.lab.workloads.tasks.batch_stream`), or LM windows."""
     seed = cfg["seed"]
     if task == "digits":
-        yield from batch_stream({"dataset": "digits", "data_seed": 0, "data_root": None,
-                                 "seed": seed, "batch_size": cfg["digits_batch"]}, rank, world)
+        yield from batch_stream(TrainConfig(dataset="digits", seed=seed,
+                                            batch_size=cfg["digits_batch"]), rank, world)
     g = torch.Generator().manual_seed(1_000_003 * seed + rank)
     while True:
         yield corpus().batch(cfg["lm_batch"], cfg["seq_len"], g)
@@ -322,7 +327,7 @@ def eval_seeds(params: Params, task: str) -> list[int]:
 
 def run(**params: Any) -> pd.DataFrame:
     """For every task and configuration: the learning rate chosen on the selection seeds
-    (:func:`pipecomm.lab.tuning.select_rate` over the task's grid, extended up to ``max_extend``
+    (:func:`pipecomm.lab.training.tuning.select_rate` over the task's grid, extended up to ``max_extend``
     times; phase "sweep"; no selection runs for a single-rate grid), then every evaluation seed
     of the task at that rate (phase "final"); tidy rows of curves and final metrics."""
     params = Params.make(**params)
@@ -591,7 +596,7 @@ def protocol_gaps(df: pd.DataFrame, task: str, confs: list[tuple[str, int]],
                   level_frac: float) -> list[str]:
     """Why a comparison of ``confs`` on ``task`` cannot be decided: a configuration's rate was
     not chosen fairly (fewer than ``min_lrs`` rates swept on the selection seeds, or the chosen
-    one at an edge of them: :func:`pipecomm.lab.tuning.sweep_gaps`), or a reference's mean
+    one at an edge of them: :func:`pipecomm.lab.training.tuning.sweep_gaps`), or a reference's mean
     validation curve had not levelled off -- over the last ``tail`` of its steps (and at least
     its last 3 evaluations, :func:`pipecomm.lab.claims.still_improving`) it still improved by
     more than ``level_frac`` of its improvement from its first evaluation to its last.

@@ -1,16 +1,16 @@
 """E14 — the emulated network checked against a real shaped one: same collectives, same p.
 
-Every network-dependent result of the cpu profile runs on :mod:`pipecomm.lab.netem`, pipecomm's own
+Every network-dependent result of the cpu profile runs on :mod:`pipecomm.lab.networks.netem`, pipecomm's own
 model of the network (per-message deadlines ``alpha + n / B`` on single-port ranks). This
 experiment carries the same bytes over a network pipecomm does not model itself -- the kernel's
 TCP stack and its token-bucket shaper -- and compares the same collective points on
-``shaped``, a :class:`pipecomm.lab.cluster.VirtualCluster` of ``world_size`` single-port nodes
+``shaped``, a :class:`pipecomm.lab.networks.cluster.VirtualCluster` of ``world_size`` single-port nodes
 whose link is calibrated first, and ``emulated``, a local pool of the same p on
-:class:`pipecomm.lab.netem.Network` configured with that link's *fitted* alpha and bandwidth.
+:class:`pipecomm.lab.networks.netem.Network` configured with that link's *fitted* alpha and bandwidth.
 
 Claim C14.1 (artifact/claims.yaml) compares every bandwidth-dominated point (at least
 ``min_bytes``): signed error ``emulated / shaped - 1`` on its interval. Needs root, iproute2 and
-the tbf qdisc (:func:`pipecomm.lab.cluster.available`); without them it stops with that reason.
+the tbf qdisc (:func:`pipecomm.lab.networks.cluster.available`); without them it stops with that reason.
 Its profile is ``shaped`` (``./run_all.sh --profile shaped``), not the quick cpu run.
 
 The two networks, the link calibration and the host check: docs/experiments.md, "E14: protocol
@@ -30,9 +30,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import checks, claims, cluster, cost, experiment, netem, network, stats, sweep
+from pipecomm.lab import checks, claims, experiment
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import ranks_on
+from pipecomm.lab.measure import stats, sweep
+from pipecomm.lab.networks import cluster, cost, netem
+from pipecomm.lab.networks import kinds as network
+from pipecomm.lab.networks.kinds import ranks_on
 
 ID = "E14"
 NOTEBOOK = "14_emulator_vs_shaped"
@@ -177,7 +180,7 @@ def compare(df: pd.DataFrame, min_bytes: int = 0) -> pd.DataFrame:
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("emulated", 0.0105), ("shaped", 0.0100)]      # one point, median seconds
         >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": "lp",
         ...                     "nbytes": 1 << 20, "world_size": 4, "network_kind": k, "time_s": s,
@@ -252,7 +255,7 @@ def plot(df: pd.DataFrame, **params: Any):
                title=f"{op}, p={int(col.world_size.max())}, single-port")
         ax.legend(fontsize=6, ncol=2)
     shaped = col[col.network_kind == "shaped"].network.iloc[0] if len(col) else ""
-    fig.suptitle(f"E14 — solid: {shaped}\ndashed: emulated: pipecomm.lab.netem with the fitted link",
+    fig.suptitle(f"E14 — solid: {shaped}\ndashed: emulated: pipecomm.lab.networks.netem with the fitted link",
                  fontsize=8)
     fig.tight_layout()
     return fig
@@ -272,7 +275,7 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
     Example::
 
         >>> import numpy as np, pandas as pd
-        >>> from pipecomm.lab import stats
+        >>> from pipecomm.lab.measure import stats
         >>> rows = [("emulated", 0.0105), ("shaped", 0.0100)]      # one point, median seconds
         >>> df = pd.DataFrame([{"section": "collective", "op": "broadcast", "algorithm": "lp",
         ...                     "nbytes": 1 << 20, "world_size": 4, "network_kind": k, "time_s": s,

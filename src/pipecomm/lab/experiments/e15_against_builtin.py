@@ -1,17 +1,17 @@
 """E15 — pipecomm against the backend's built-in on a real shaped network: collectives and
 whole training steps.
 
-Everything runs on :class:`pipecomm.lab.cluster.VirtualCluster` s of single-port nodes (one rank
+Everything runs on :class:`pipecomm.lab.networks.cluster.VirtualCluster` s of single-port nodes (one rank
 per Linux network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by ``tc
 tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this host's cores.
 
 1. **Collectives** (``section="collective"``): every op of ``cases`` with pipecomm's algorithm
    and gloo's own (``"torch"``: ``dist.broadcast`` / ``reduce`` / ``all_reduce`` on a gloo group),
    at each p of ``world_sizes`` (ranks 0..p-1 of one cluster of max(p) nodes) and each size of
-   ``sizes``; the algorithms of a point are timed round-robin (:func:`pipecomm.lab.sweep.
+   ``sizes``; the algorithms of a point are timed round-robin (:func:`pipecomm.lab.measure.sweep.
    measure_points` with ``interleave``), each repeat a separate call from a common start, so
    repeat i of two algorithms is a pair. Beside each point its link limit
-   (:func:`pipecomm.lab.bench.link_limit_s`: ``n / B`` for broadcast and reduce, ``2 (p - 1) / p
+   (:func:`pipecomm.lab.measure.bench.link_limit_s`: ``n / B`` for broadcast and reduce, ``2 (p - 1) / p
    * n / B`` for allreduce).
 2. **Training steps** (``section="training"``): ``examples/train_gpt.py`` (:mod:`pipecomm.lab.
    shaped_training`) on a cluster of ``train_nodes`` nodes for each configuration of
@@ -21,7 +21,7 @@ tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this
    seeds are the independent repeats.
 
 Claims: C15.1-C15.3 on the collectives, C15.4-C15.5 on the training steps (artifact/claims.yaml).
-Needs root, iproute2 and tc tbf (:func:`pipecomm.lab.cluster.available`); profile ``shaped``.
+Needs root, iproute2 and tc tbf (:func:`pipecomm.lab.networks.cluster.available`); profile ``shaped``.
 
 Run::
 
@@ -37,20 +37,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.lab import (
-    bench,
-    checks,
-    claims,
-    cluster,
-    experiment,
-    netem,
-    results,
-    shaped_training,
-    stats,
-    sweep,
-)
+from pipecomm.lab import checks, claims, experiment, results
 from pipecomm.lab.cli import main
-from pipecomm.lab.network import ranks_on
+from pipecomm.lab.measure import bench, stats, sweep
+from pipecomm.lab.networks import cluster, netem
+from pipecomm.lab.networks.kinds import ranks_on
+from pipecomm.lab.training import shaped_training
 
 ID = "E15"
 NOTEBOOK = "15_against_builtin"
@@ -188,7 +180,7 @@ def run(**params: Any) -> pd.DataFrame:
 def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
     """Per collective point of pipecomm's algorithms: median time, ratio to the built-in of the
     same (op, size, p) -- the median of the paired ratios of the repeats with its bootstrap 95%
-    interval (:func:`pipecomm.lab.stats.paired_ratio_ci`) -- and time over the link limit with
+    interval (:func:`pipecomm.lab.measure.stats.paired_ratio_ci`) -- and time over the link limit with
     its interval (the median's).
 
     Example::
@@ -224,7 +216,7 @@ def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per training configuration: :func:`pipecomm.lab.shaped_training.step_table` (ratios to
+    """Per training configuration: :func:`pipecomm.lab.training.shaped_training.step_table` (ratios to
     stock DDP, ``ddp``)."""
     tr = df[df.section == "training"]
     return {name: shaped_training.step_table(g) for name, g in tr.groupby("config", sort=False)}
@@ -336,7 +328,7 @@ def check_collective_vs_link(df: pd.DataFrame, op: str, algorithm: str, world_si
                              min_bytes: int, at_most: float,
                              may_miss: str | int) -> claims.Verdict:
     """pipecomm's ``algorithm`` for ``op`` takes at most ``at_most`` times the link limit
-    (:func:`pipecomm.lab.bench.link_limit_s`) at every p of ``world_sizes`` and every size of at
+    (:func:`pipecomm.lab.measure.bench.link_limit_s`) at every p of ``world_sizes`` and every size of at
     least ``min_bytes``, decided on the 95% interval of the median time, except for the
     allowance of ``may_miss`` points.
 

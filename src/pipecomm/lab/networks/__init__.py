@@ -1,0 +1,1 @@
+"""Networks the ranks run on: the emulated network (netem), the virtual cluster of shaped links (cluster), their cost models (cost), starting ranks (launch), and an experiment's choice among them (kinds)."""
