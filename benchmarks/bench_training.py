@@ -11,7 +11,8 @@ only; everything is removed afterwards). A strategy is ``NAME[:ALGORITHM][+CODEC
 * ``ddp-pipecomm:ring``, ``ddp-pipecomm:lp+fp16``: the same DDP over pipecomm's process group;
 * ``ddp-pipelined-hook:ring``: Pipe-SGD inside stock DDP (the average of one step ago);
 * ``pipesgd:ring``: PipeSGD wrapping AdamW;
-* ``decentralized``: DecentralizedDataParallel (one-peer-exp gossip).
+* ``decentralized``: DecentralizedDataParallel (one-peer-exp gossip);
+* ``ddp-gossip-hook``: the same rule inside stock DDP (``pipecomm.hooks.gossip_hook``).
 
 Per run (one strategy, one seed): rank 0's median step time over the steps after
 ``--warmup-steps`` (the run's unit: the seeds are the independent repeats), the loss of the last
@@ -46,7 +47,7 @@ from pipecomm.lab.training import shaped_training
 
 DEFAULT_STRATEGIES = ("ddp", "ddp+fp16", "ddp-pipecomm:ring", "ddp-pipecomm:lp", "ddp-pipecomm:ring+fp16",
                       "ddp-pipecomm:ring+int8", "ddp-pipelined-hook:ring", "pipesgd:ring",
-                      "decentralized")
+                      "decentralized", "ddp-gossip-hook")
 COLUMNS = shaped_training.COLUMNS
 
 

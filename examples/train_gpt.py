@@ -19,6 +19,10 @@ picks how the replicas stay in sync; every other line is the same:
   without DDP.
 * ``decentralized`` - ``pipecomm.decentralized.DecentralizedDataParallel`` (DAdam, Wang et al.,
   ICLR 2025): parameters gossiped over ``--topology``, the optimizer steps inside backward.
+* ``ddp-gossip-hook`` - DDP with ``pipecomm.hooks.gossip_hook``: the same decentralized rule
+  inside stock DDP (``--gossip-mix parameters``; ``gradients`` averages the gradients instead),
+  each bucket averaged with the peers of the step during backward, the loop's own
+  ``optimizer.step()``.
 
 How each strategy does the training-loop features:
 
@@ -34,6 +38,8 @@ pipesgd                grads add up        applied (stale) average, in a    rank
                                                                             error feedback)
 decentralized          ``no_sync()``       local gradient (``"global"``     one per rank, exact
                                            scope)
+ddp-gossip-hook        ``no_sync()``       local gradient (``parameters``)  one per rank, exact
+                                                                            (+ its hook state)
 =====================  ==================  ===============================  ===================
 
 Usage (CPU, 2 ranks; each rank prints nothing but rank 0's log)::
@@ -50,10 +56,11 @@ collectives appear as ``pipecomm.allreduce.<algorithm>`` ranges beside the compu
 and the communication thread.
 
 Rank 0 writes ``OUT/log.jsonl`` (one JSON object per step: step, loss, lr, dt_ms; then the
-validation loss and this rank's pipecomm counters, ``pipecomm.observe.counters()``) and
-``OUT/ckpt.pt`` (``decentralized``, and ``pipesgd`` with error feedback: ``OUT/ckpt_rank{r}.pt``,
-the replicas or residuals differ); the DDP hook strategies add ``OUT/hook_rank{r}.pt``, every
-rank's hook state (averages in flight, residuals) with its step. Every file holds only tensors
+validation loss -- of the replicas' average for the decentralized strategies -- and this rank's
+pipecomm counters, ``pipecomm.observe.counters()``) and ``OUT/ckpt.pt`` (``decentralized``,
+``ddp-gossip-hook``, and ``pipesgd`` with error feedback: ``OUT/ckpt_rank{r}.pt``, the replicas
+or residuals differ); the DDP hook strategies add ``OUT/hook_rank{r}.pt``, every rank's hook
+state (averages in flight, residuals, the gossip's step) with its step. Every file holds only tensors
 and plain containers: it loads with ``torch.load(..., weights_only=True)``.
 
 ``--resume`` first checks, on every rank, that every rank's checkpoint files (its own, or rank
@@ -89,7 +96,8 @@ from pipecomm.lab.networks import launch
 from pipecomm.lab.workloads import data, models
 from pipecomm.pipesgd import PipeSGD
 
-STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
+STRATEGIES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized",
+              "ddp-gossip-hook")
 
 
 class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -111,7 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")
     p.add_argument("--error-feedback", action="store_true",
                    help="feed each bucket's compression error into its next gradient")  # fmt: skip
-    p.add_argument("--topology", default="one-peer-exp", help="gossip topology (decentralized)")
+    p.add_argument("--topology", default="one-peer-exp",
+                   help="gossip topology (decentralized, ddp-gossip-hook)")
+    p.add_argument("--gossip-mix", choices=hooks.MIXES, default="parameters",
+                   help="what ddp-gossip-hook averages with the step's peers")
     # model and data
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
@@ -144,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("max_iters", "grad_accum", "batch_size", "lr_decay_iters"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.compression is not None and args.strategy == "decentralized":
+    if args.compression is not None and args.strategy in ("decentralized", "ddp-gossip-hook"):
         p.error("--compression applies to ddp-pipecomm, ddp-pipelined-hook and pipesgd (and "
                 "fp16 to ddp: torch's own fp16_compress_hook)")
     if args.strategy == "ddp" and args.compression not in (None, "fp16"):
@@ -215,6 +226,11 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
         )
         hooks.register(ddp, state, hooks.pipelined_hook)
         return ddp, opt, state
+    if args.strategy == "ddp-gossip-hook":
+        ddp = DDP(model, init_sync=not args.resume)  # resumed: every rank loaded its own replica
+        state = hooks.GossipState(args.topology, args.gossip_mix, args.algorithm)
+        hooks.register(ddp, state, hooks.gossip_hook)
+        return ddp, opt, state
     if args.strategy == "pipesgd":
         opt = PipeSGD(model, opt, mode="pipe", staleness=args.staleness,
                       algorithm=args.algorithm, compression=args.compression,
@@ -236,7 +252,8 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace) -> tuple[Any, Any, An
 
 def per_rank(args: argparse.Namespace) -> bool:
     """Decentralized replicas differ, and so do PipeSGD's error-feedback residuals."""
-    return args.strategy == "decentralized" or (args.strategy == "pipesgd" and args.error_feedback)
+    return args.strategy in ("decentralized", "ddp-gossip-hook") or (
+        args.strategy == "pipesgd" and args.error_feedback)
 
 
 def ckpt_path(args: argparse.Namespace, rank: int) -> Path:
@@ -251,7 +268,7 @@ def hook_path(args: argparse.Namespace, rank: int) -> Path:
 
 def hooked(args: argparse.Namespace) -> bool:
     """The strategies whose DDP hook state is checkpointed (``wrap`` returns it as ``pipe``)."""
-    return args.strategy == "ddp-pipelined-hook" or (
+    return args.strategy in ("ddp-pipelined-hook", "ddp-gossip-hook") or (
         args.strategy == "ddp-pipecomm" and args.error_feedback
     )
 
@@ -393,12 +410,31 @@ def log(args: argparse.Namespace, **record: Any) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+@contextlib.contextmanager
+def replicas_averaged(model: torch.nn.Module) -> Any:
+    """Within the block ``model`` holds the mean over ranks of the parameters (each rank's own
+    come back afterwards): gossip leaves the replicas apart."""
+    own = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.all_reduce(p.data)
+            p.data /= dist.get_world_size()
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for p, mine in zip(model.parameters(), own):
+                p.copy_(mine)
+
+
 @torch.no_grad()
 def evaluate(fwd: Any, corpus: data.CharCorpus, args: argparse.Namespace, device: Any) -> float:
     """Validation loss (nats per character) over ``--eval-iters`` batches per rank, averaged
-    over ranks; ``decentralized`` evaluates the average of the replicas."""
+    over ranks; ``decentralized`` and ``ddp-gossip-hook`` evaluate the average of the replicas."""
     g = torch.Generator().manual_seed(args.seed + dist.get_rank())
     averaged = fwd.averaged() if isinstance(fwd, DecentralizedDataParallel) else None
+    if args.strategy == "ddp-gossip-hook":
+        averaged = replicas_averaged(fwd.module)
     with averaged or contextlib.nullcontext(fwd):
         net = fwd.module if hasattr(fwd, "module") else fwd
         net.eval()

@@ -1,11 +1,14 @@
 """Rank functions for tests/test_hooks.py (pipecomm.hooks).
 
-Oracles: DDP's own averaging over gloo for :func:`pipecomm.hooks.allreduce_hook`, and
-:class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``) for :func:`pipecomm.hooks.pipelined_hook`.
+Oracles: DDP's own averaging over gloo for :func:`pipecomm.hooks.allreduce_hook`,
+:class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``) for :func:`pipecomm.hooks.pipelined_hook`,
+and for :func:`pipecomm.hooks.gossip_hook` a float64 simulation of all ranks in one process
+(:func:`gossip_simulation`) and DecentralizedDataParallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -15,6 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipecomm import backend, hooks
+from pipecomm.decentralized.topology import get_topology
 from pipecomm.pipesgd import PipeSGD
 
 
@@ -386,3 +390,164 @@ def pipelined_resume(
         in_flight=len(hook_sd["in_flight"]),
         residuals=len(hook_sd["residuals"]),
     )
+
+
+# --------------------------------------------------------------------------- gossip_hook
+
+
+def gossip_topology(spec: Any, world: int) -> Any:
+    """A topology name, or ``("aer", ranks_per_node)`` (an AlternatingExpRingTopology)."""
+    if isinstance(spec, str):
+        return spec
+    return get_topology("alternating-exp-ring", world, ranks_per_node=spec[1])
+
+
+def _gossip_loss(model: nn.Module, rank: int, step: int, m: int, accum: int) -> torch.Tensor:
+    x, y = _batch(rank, 10 * step + m)
+    return nn.functional.mse_loss(model(x.double()), y.double()) / accum
+
+
+def _train_gossip(
+    model: nn.Module, state: hooks.GossipState, steps: range, optim: tuple, accum: int = 1,
+    plain: bool = False, resume: tuple | None = None,
+) -> tuple[list, torch.optim.Optimizer]:
+    """DDP + gossip_hook (several buckets, rebuilt after the first iteration); ``accum``
+    micro-batches per step, all but the last under ``no_sync``; ``plain``: registered with
+    ``register_comm_hook`` itself; ``resume``: (optimizer state, hook state) to load first, DDP
+    built without its broadcast (every rank holds its own replica). The trajectory."""
+    rank = dist.get_rank()
+    ddp = DDP(model, bucket_cap_mb=0.0005, init_sync=resume is None)
+    if plain:
+        ddp.register_comm_hook(state, hooks.gossip_hook)
+    else:
+        hooks.register(ddp, state, hooks.gossip_hook)
+    opt = _optimizer(model.parameters(), optim)
+    if resume is not None:
+        opt.load_state_dict(resume[0])
+        state.load_state_dict(resume[1])
+    traj = []
+    for step in steps:
+        opt.zero_grad()
+        for m in range(accum):
+            with ddp.no_sync() if m < accum - 1 else contextlib.nullcontext():
+                _gossip_loss(ddp, rank, step, m, accum).backward()
+        opt.step()
+        traj.append(_params(model))
+    return traj, opt
+
+
+def gossip_vs_simulation(cases: list[tuple]) -> list[dict]:
+    """Per case ``(topology, mix, algorithm, optim, accum, plain)``: this rank's parameters
+    after every step of DDP + gossip_hook (float64), and the hook's iteration; with
+    ``mix="parameters"`` also DecentralizedDataParallel's on the same data (the same rule)."""
+    from pipecomm.decentralized import DecentralizedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = []
+    for topology, mix, algorithm, optim, accum, plain in cases:
+        state = hooks.GossipState(gossip_topology(topology, world), mix, algorithm)
+        traj, _ = _train_gossip(_model(torch.float64), state, range(GOSSIP_STEPS), optim,
+                                accum, plain)
+        res = dict(traj=traj, iteration=state.iteration)
+        if mix == "parameters" and accum == 1:
+            model = _model(torch.float64)
+            wrapper = DecentralizedDataParallel(
+                model, _optimizer(model.parameters(), optim), gossip_topology(topology, world),
+                bucket_mb=1e-6, algorithm=algorithm)
+            res["decentralized"] = []
+            for step in range(GOSSIP_STEPS):
+                _gossip_loss(wrapper, rank, step, 0, 1).backward()  # mixes and steps inside
+                res["decentralized"].append(_params(model))
+            wrapper.close()
+        out.append(res)
+    return out
+
+
+GOSSIP_STEPS = 5
+
+
+def gossip_simulation(topology: Any, mix: str, optim: tuple, accum: int, world: int) -> list:
+    """The oracle: all ranks in one process, float64, from ``W_t = mixing_matrix(t)``. Per step
+    every rank's gradient ``g_i`` (at its own ``x_i``, summed over micro-batches), then
+    ``mix="gradients"``: ``x_i <- step(x_i, sum_j (W_t)_ij g_j)``; ``mix="parameters"``:
+    ``x_i <- step(sum_j (W_t)_ij x_j, g_i)``. Every rank's trajectory."""
+    topo = get_topology(gossip_topology(topology, world), world)
+    torch.manual_seed(0)  # rank 0's replica, which DDP broadcasts
+    start = Net().to(torch.float64)
+    models = [Net().to(torch.float64) for _ in range(world)]
+    for m in models:
+        m.load_state_dict(start.state_dict())
+    opts = [_optimizer(m.parameters(), optim) for m in models]
+    traj: list[list] = [[] for _ in range(world)]
+    for t in range(GOSSIP_STEPS):
+        grads = []
+        for i, m in enumerate(models):
+            m.zero_grad()
+            for mb in range(accum):
+                _gossip_loss(m, i, t, mb, accum).backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        w = torch.from_numpy(topo.mixing_matrix(t))
+        xs = [torch.stack([list(m.parameters())[k].detach() for m in models])
+              for k in range(len(grads[0]))]
+        gs = [torch.stack([g[k] for g in grads]) for k in range(len(grads[0]))]
+        for i, m in enumerate(models):
+            with torch.no_grad():
+                for k, p in enumerate(m.parameters()):
+                    if mix == "parameters":
+                        p.copy_(torch.tensordot(w[i], xs[k], dims=1))
+                        p.grad = grads[i][k]
+                    else:
+                        p.grad = torch.tensordot(w[i], gs[k], dims=1)
+            opts[i].step()
+            traj[i].append(_params(m))
+    return traj
+
+
+def gossip_resume(topology: Any, mix: str, stop: int, steps: int = 6) -> dict:
+    """Parameters after ``steps`` iterations of DDP + gossip_hook (Adam): uninterrupted, and
+    stopped after ``stop``, every rank's model, optimizer and hook state saved and loaded into a
+    fresh model, DDP and state; and resumed without the hook state (its step restarts at 0)."""
+    import io
+
+    world, optim = dist.get_world_size(), ("adam", 0.01)
+
+    def state() -> hooks.GossipState:
+        return hooks.GossipState(gossip_topology(topology, world), mix, "lp")
+
+    whole, _ = _train_gossip(_model(torch.float64), state(), range(steps), optim)
+    first = _model(torch.float64)
+    hook_state = state()
+    _, opt = _train_gossip(first, hook_state, range(stop), optim)
+    buf = io.BytesIO()
+    torch.save({"model": first.state_dict(), "opt": opt.state_dict(),
+                "hook": hook_state.state_dict()}, buf)
+    out = dict(whole=whole[-1], saved_iteration=hook_state.iteration)
+    for name in ("resumed", "fresh_state"):
+        buf.seek(0)
+        ckpt = torch.load(buf, weights_only=True)
+        model = _model(torch.float64)  # a rank-dependent replica, overwritten by this rank's own
+        model.load_state_dict(ckpt["model"])
+        hook = ckpt["hook"] if name == "resumed" else state().state_dict()
+        traj, _ = _train_gossip(model, state(), range(stop, steps), optim,
+                                resume=(ckpt["opt"], hook))
+        out[name] = traj[-1]
+    return out
+
+
+def gossip_refusals() -> dict[str, str]:
+    """What the hook refuses on the ranks: a topology that does not fit the world size (at
+    register), a state of another kind."""
+    out = {}
+    for name, fn in (
+        ("ring", lambda: hooks.register(DDP(_model()), hooks.GossipState("ring"),
+                                        hooks.gossip_hook)),
+        ("one-peer-exp", lambda: hooks.register(DDP(_model()), hooks.GossipState(),
+                                                hooks.gossip_hook)),
+        ("not_a_state", lambda: hooks.gossip_hook(hooks.CollectiveState(), None)),
+    ):
+        try:
+            fn()
+            out[name] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out

@@ -23,6 +23,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.networks.cluster.host",
     "pipecomm.lab.networks.cluster.job",
     "pipecomm.lab.networks.cluster.programs",
+    "pipecomm.lab.networks.cluster.slurm",
     "pipecomm.lab.networks.cluster.virtual",
     "pipecomm.lab.workloads.corpus",
     "pipecomm.lab.networks.cost",

@@ -31,7 +31,7 @@ STEPS = 4
 COMMON = ["--max-iters", str(STEPS), "--lr-decay-iters", str(STEPS), "--warmup-iters", "1",
           "--grad-accum", "2", "--batch-size", "4", "--eval-iters", "1", "--timeout", "120"]  # fmt: skip
 #: strategies whose resume is exact (every one: the hook states are checkpointed too)
-EXACT_RESUME = ("ddp", "ddp-pipelined-hook", "pipesgd", "decentralized")
+EXACT_RESUME = ("ddp", "ddp-pipelined-hook", "pipesgd", "decentralized", "ddp-gossip-hook")
 #: PipeSGD with int8 and error feedback (its residuals differ per rank: one checkpoint per rank)
 EF = ["--strategy", "pipesgd", "--compression", "int8", "--error-feedback"]
 TIMEOUT_S = 420
@@ -165,9 +165,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize(
-    "strategy", ["ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized"]
-)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd",
+                                      "decentralized", "ddp-gossip-hook"])
 def test_strategy_trains_and_checkpoints(runs: Path, strategy: str) -> None:
     steps, rest = read_log(runs / strategy)
     assert [r["step"] for r in steps] == list(range(STEPS))
@@ -179,7 +178,8 @@ def test_strategy_trains_and_checkpoints(runs: Path, strategy: str) -> None:
     assert rest["val_loss"] < losses[0]
     lrs = [r["lr"] for r in steps]
     assert lrs[0] < lrs[1] and lrs[-1] < lrs[1]  # warm-up, then cosine decay
-    names = ["ckpt_rank0.pt", "ckpt_rank1.pt"] if strategy == "decentralized" else ["ckpt.pt"]
+    per_rank = strategy in ("decentralized", "ddp-gossip-hook")
+    names = ["ckpt_rank0.pt", "ckpt_rank1.pt"] if per_rank else ["ckpt.pt"]
     for name in names:
         ckpt = torch.load(runs / strategy / name, weights_only=True)
         assert ckpt["step"] == STEPS and ckpt["args"]["strategy"] == strategy
@@ -195,6 +195,15 @@ def test_pipelined_hook_trains_like_pipesgd(runs: Path) -> None:
     hook, _ = read_log(runs / "ddp-pipelined-hook")
     pipe, _ = read_log(runs / "pipesgd")
     assert [r["loss"] for r in hook] == pytest.approx([r["loss"] for r in pipe], rel=1e-4)
+
+
+def test_gossip_hook_trains_like_decentralized(runs: Path) -> None:
+    """The same rule (one-peer-exp at p = 2: each step the two replicas' average, then the local
+    step with the own, clipped gradient) inside stock DDP and in DecentralizedDataParallel."""
+    hook, rest = read_log(runs / "ddp-gossip-hook")
+    wrapper, wrapper_rest = read_log(runs / "decentralized")
+    assert [r["loss"] for r in hook] == pytest.approx([r["loss"] for r in wrapper], rel=1e-4)
+    assert rest["val_loss"] == pytest.approx(wrapper_rest["val_loss"], rel=1e-4)
 
 
 @pytest.mark.parametrize("strategy", [*EXACT_RESUME, "pipesgd-ef"])

@@ -282,3 +282,80 @@ def test_load_state_dict_refuses_what_does_not_fit():
         )
     with pytest.raises(RuntimeError, match="register"):
         hooks.PipelinedState(1, "lp", "int8", error_feedback=True).load_state_dict(saved)
+
+
+# --------------------------------------------------------------------------- gossip
+
+
+def test_gossip_state_checks_its_arguments():
+    assert (hooks.GossipState().topology, hooks.GossipState().mix) == ("one-peer-exp", "parameters")
+    for kwargs, name in ((dict(topology="fancy"), "topology"), (dict(topology=4), "topology"),
+                         (dict(mix="both"), "mix"), (dict(algorithm="fancy"), "algorithm"),
+                         (dict(timeout_s=0), "timeout_s"), (dict(block_bytes=-1), "block_bytes")):
+        with pytest.raises(ValueError, match=name):
+            hooks.GossipState(**kwargs)
+    with pytest.raises(TypeError, match="GossipState"):
+        hooks.gossip_hook(hooks.PipelinedState(), None)
+    saved = hooks.GossipState("ring", "gradients").state_dict()
+    assert saved == {"kind": "GossipState", "iteration": 0, "mix": "gradients", "topology": "ring"}
+    for other, name in ((hooks.GossipState("ring"), "mix"),
+                        (hooks.GossipState("complete", "gradients"), "topology")):
+        with pytest.raises(ValueError, match=name):
+            other.load_state_dict(saved)
+    with pytest.raises(TypeError, match="GossipState.state_dict"):
+        hooks.GossipState().load_state_dict(hooks.PipelinedState().__dict__)
+
+
+GOSSIP_CASES = [  # (topology, mix, algorithm, optimizer, micro-batches, register_comm_hook itself)
+    ("one-peer-exp", "parameters", "lp", MOMENTUM, 1, False),
+    (("aer", 2), "parameters", "ring", ADAM, 1, True),
+    ("ring", "parameters", "lp", SGD, 2, False),
+    ("complete", "parameters", "torch", ADAM, 1, False),
+    ("one-peer-exp", "gradients", "lp", ADAM, 2, True),
+    (("aer", 2), "gradients", "ring", MOMENTUM, 1, False),
+    ("ring", "gradients", "mst", SGD, 1, False),
+    ("complete", "gradients", "lp", MOMENTUM, 1, False),
+]
+
+
+def test_gossip_hook_follows_the_simulated_mixing(pool):
+    """DDP + gossip_hook on 4 ranks against all ranks simulated in one process with the mixing
+    matrix W_t of each step (float64): the parameters after every step, every rank, every
+    topology, both mixes; ``no_sync`` micro-batches do not advance the topology's step. With
+    ``mix="parameters"`` it is DecentralizedDataParallel's rule: the two agree too."""
+    world = 4
+    results = pool(world).run(fns.gossip_vs_simulation, GOSSIP_CASES, timeout_s=TIMEOUT)
+    for c, (topology, mix, _, optim, accum, _) in enumerate(GOSSIP_CASES):
+        sim = fns.gossip_simulation(topology, mix, optim, accum, world)
+        for rank, res in enumerate(r[c] for r in results):
+            assert res["iteration"] == fns.GOSSIP_STEPS
+            for t, params in enumerate(res["traj"]):
+                for a, b in zip(params, sim[rank][t]):
+                    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-12,
+                                               err_msg=f"{topology} {mix} rank {rank} step {t}")
+            for t, params in enumerate(res.get("decentralized", [])):
+                for a, b in zip(params, res["traj"][t]):
+                    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-9, atol=1e-12)
+        last = [torch.cat([p.reshape(-1) for p in sim[r][-1]]) for r in range(world)]
+        spread = max(float((x - last[0]).abs().max()) for x in last)
+        # the replicas differ, except where every rank steps with the exact average (complete,
+        # gradients: one model); mixed parameters step with the rank's own gradient afterwards
+        assert (spread > 1e-4) == (topology != "complete" or mix == "parameters"), (c, spread)
+
+
+@pytest.mark.parametrize("topology, mix", [("one-peer-exp", "parameters"), ("ring", "gradients")])
+def test_gossip_state_resumes_exactly(pool, topology, mix):
+    """Stopped after 3 of 6 steps, every rank's model, Adam and hook state saved and loaded into
+    a fresh DDP (no broadcast): the uninterrupted run's parameters; with a fresh hook state the
+    topology's step restarts at 0 and the run differs."""
+    for res in pool(4).run(fns.gossip_resume, topology, mix, 3, timeout_s=TIMEOUT):
+        assert res["saved_iteration"] == 3
+        close(res["resumed"], res["whole"], exact=False)
+        assert any(not torch.allclose(a, b) for a, b in zip(res["fresh_state"], res["whole"]))
+
+
+def test_gossip_hook_refuses_a_topology_that_does_not_fit(pool):
+    for res in pool(3).run(fns.gossip_refusals, timeout_s=TIMEOUT):
+        assert "topology 'ring' needs an even world_size" in res["ring"]
+        assert "power-of-two world_size" in res["one-peer-exp"]
+        assert "must be a GossipState" in res["not_a_state"]

@@ -1,25 +1,25 @@
-"""DDP communication hooks on pipecomm's collectives: averaging, and Pipe-SGD inside stock DDP.
+"""DDP communication hooks on pipecomm's collectives: averaging, Pipe-SGD and gossip in DDP.
 
 A DDP communication hook (``model.register_comm_hook(state, hook)``) receives each gradient
 bucket, ``hook(state, bucket)``, and returns a ``torch.futures.Future`` of the tensor DDP writes
 back into the gradients, as torch's own ``allreduce_hook`` and PowerSGD do.
 
-* :func:`allreduce_hook` with :class:`CollectiveState` -- the bucket averaged over the state's
-  group with pipecomm's AllReduce (``"lp"``, Wang et al., arXiv 1611.04255, or another of
+* :func:`allreduce_hook` with :class:`CollectiveState` -- the bucket averaged over the group
+  with pipecomm's AllReduce (``"lp"``, Wang et al., arXiv 1611.04255, or another of
   :data:`pipecomm.vocab.ALGORITHMS`), optionally compressed.
-* :func:`pipelined_hook` with :class:`PipelinedState` -- Pipe-SGD (Li, Yu, Li, Avestimehr, Kim,
-  Schwing, "Pipe-SGD: A Decentralized Pipelined SGD Framework for Distributed Deep Net
-  Training", NeurIPS 2018) with staleness k: ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``,
-  the rule of :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``). While the pipeline fills
-  (``t < k``) the hook returns zero gradients; with any optimizer other than plain SGD without
-  weight decay, skip ``optimizer.step()`` while :attr:`PipelinedState.filling` is True.
+* :func:`pipelined_hook` with :class:`PipelinedState` -- Pipe-SGD (Li et al., NeurIPS 2018)
+  with staleness k, ``w_{t+1} = step(w_t, g(w_{t-k}))`` for ``t >= k``: the rule of
+  :class:`pipecomm.pipesgd.PipeSGD` (``mode="pipe"``). While the pipeline fills the hook returns
+  zero gradients: skip ``optimizer.step()`` while :attr:`PipelinedState.filling` is True.
+* :func:`gossip_hook` with :class:`GossipState` -- decentralized training: each step, the
+  parameters (or the gradients) averaged with the peers of a topology's step.
 
 A state averages over ``process_group`` (``None``: the world), which must be the DDP model's
-group (:func:`register` checks it). Both states have ``state_dict()`` / ``load_state_dict()``;
-save every rank's state and register the state before loading into it.
-
-Rules, the filling phase, error feedback and checkpoints: docs/update_rules.md, "The same rules
-inside torch's DistributedDataParallel" and "Error feedback for compressed AllReduce".
+group (:func:`register` checks it). Every state has ``state_dict()`` / ``load_state_dict()``;
+save every rank's state and register the state before loading into it. Rules, the filling
+phase, error feedback, gossip and checkpoints: docs/update_rules.md, "The same rules inside
+torch's DistributedDataParallel", "Error feedback for compressed AllReduce" and "Gossip inside
+torch's DDP".
 
 Example::
 
@@ -58,24 +58,15 @@ import torch.distributed as dist
 
 from pipecomm import backend, checks, collectives, compress, vocab
 from pipecomm.collectives.async_ import CompletedHandle
+from pipecomm.decentralized.gossip import topology_groups
+from pipecomm.decentralized.topology import Topology, available_topologies, get_topology
 
-__all__ = [
-    "CollectiveState",
-    "PipelinedState",
-    "allreduce_hook",
-    "pipelined_hook",
-    "register",
-]
+__all__ = ["MIXES", "CollectiveState", "GossipState", "PipelinedState", "allreduce_hook",
+           "gossip_hook", "pipelined_hook", "register"]
 
 
-def _check_common(
-    where: str,
-    algorithm: Any,
-    compression: Any,
-    block_bytes: Any,
-    timeout_s: Any,
-    error_feedback: Any = False,
-) -> None:
+def _check_common(where: str, algorithm: Any, compression: Any, block_bytes: Any,
+                  timeout_s: Any, error_feedback: Any = False) -> None:
     vocab.check_algorithm(algorithm, where=where)
     vocab.check_compression(compression, algorithm=algorithm, where=where)
     compress.check_error_feedback(error_feedback, compression, where)
@@ -85,16 +76,12 @@ def _check_common(
 
 def _group_of(where: str, process_group: Any) -> dist.ProcessGroup | None:
     """The state's group, checked at the hook: this rank must be one of its members."""
-    if process_group is dist.GroupMember.NON_GROUP_MEMBER or (
-        process_group is not None
-        and dist.get_rank() not in dist.get_process_group_ranks(process_group)
-    ):
-        raise ValueError(
-            f"{where}: the state is bound to another process group: this rank "
-            f"({dist.get_rank()}) is not a member of state.process_group. Build the state with "
-            "process_group=<the DDP model's process_group> on every rank of that group (or use "
-            "pipecomm.hooks.register, which checks this)"
-        )
+    if process_group is dist.GroupMember.NON_GROUP_MEMBER or process_group is not None and (
+            dist.get_rank() not in dist.get_process_group_ranks(process_group)):
+        raise ValueError(f"{where}: the state is bound to another process group: this rank "
+                         f"({dist.get_rank()}) is not a member of state.process_group. Build the "
+                         "state with process_group=<the DDP model's process_group> on every rank "
+                         "of that group (or use pipecomm.hooks.register, which checks this)")
     return process_group
 
 
@@ -140,14 +127,8 @@ class CollectiveState:
     _params: list | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_common(
-            "CollectiveState",
-            self.algorithm,
-            self.compression,
-            self.block_bytes,
-            self.timeout_s,
-            self.error_feedback,
-        )
+        _check_common("CollectiveState", self.algorithm, self.compression, self.block_bytes,
+                      self.timeout_s, self.error_feedback)
 
     def state_dict(self) -> dict[str, Any]:
         """The residuals of error feedback (this rank's; per parameter index), for a checkpoint
@@ -175,18 +156,13 @@ class CollectiveState:
         _load_state_dict(self, "CollectiveState", state_dict)
 
 
-def _launch(state: Any, where: str, t: torch.Tensor) -> collectives.Handle:
-    """Start the average of ``t`` over the state's group on the communication thread."""
-    group = _group_of(where, state.process_group)
-    return collectives.allreduce(
-        t,
-        algorithm=state.algorithm,
-        op="avg",
-        group=group,
-        block_bytes=state.block_bytes,
-        async_op=True,
-        compression=state.compression,
-    )
+def _launch(state: Any, where: str, t: torch.Tensor, group: Any = None) -> collectives.Handle:
+    """Start the average of ``t`` over ``group`` (default: the state's) on the communication
+    thread."""
+    group = _group_of(where, state.process_group) if group is None else group
+    return collectives.allreduce(t, algorithm=state.algorithm, op="avg", group=group,
+                                 block_bytes=state.block_bytes, async_op=True,
+                                 compression=getattr(state, "compression", None))
 
 
 def allreduce_hook(
@@ -209,9 +185,8 @@ def allreduce_hook(
         >>> dist.destroy_process_group()
     """
     if not isinstance(state, CollectiveState):
-        raise TypeError(
-            f"allreduce_hook: state must be a CollectiveState, got {type(state).__name__}"
-        )
+        raise TypeError("allreduce_hook: state must be a CollectiveState, got "
+                        f"{type(state).__name__}")
     buf = bucket.buffer()
     if state.error_feedback:
         _group_of("allreduce_hook", state.process_group)
@@ -287,14 +262,8 @@ class PipelinedState:
         k = self.staleness
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"PipelinedState: staleness must be an int >= 0, got {k!r}")
-        _check_common(
-            "PipelinedState",
-            self.algorithm,
-            self.compression,
-            self.block_bytes,
-            self.timeout_s,
-            self.error_feedback,
-        )
+        _check_common("PipelinedState", self.algorithm, self.compression, self.block_bytes,
+                      self.timeout_s, self.error_feedback)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's iteration, averages in flight and residuals (waits for the AllReduces in
@@ -305,9 +274,8 @@ class PipelinedState:
             [it, _by_index(self, {key: (item.offsets, item.avg) for key, item in launched.items()})]
             for it, launched in self._history
         ]
-        return _state_dict(
-            self, "PipelinedState", {"iteration": self.iteration, "in_flight": in_flight}
-        )
+        extra = {"iteration": self.iteration, "in_flight": in_flight}
+        return _state_dict(self, "PipelinedState", extra)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (same staleness, same rank) into a fresh, registered state:
@@ -333,14 +301,11 @@ class PipelinedState:
         """
         sd = state_dict
         if self._history:
-            raise RuntimeError(
-                "PipelinedState.load_state_dict needs a fresh state (nothing launched yet)"
-            )
+            raise RuntimeError("PipelinedState.load_state_dict needs a fresh state (nothing "
+                               "launched yet)")
         if isinstance(sd, dict) and sd.get("staleness", self.staleness) != self.staleness:
-            raise ValueError(
-                f"PipelinedState.load_state_dict: state_dict was saved with staleness="
-                f"{sd['staleness']}, this state has staleness={self.staleness}"
-            )
+            raise ValueError(f"PipelinedState.load_state_dict: state_dict was saved with staleness"
+                             f"={sd['staleness']}, this state has staleness={self.staleness}")
         _load_state_dict(self, "PipelinedState", sd, ("iteration", "in_flight", "staleness"))
         for it, pieces in sd["in_flight"]:
             key, offsets, avg = _from_index(self, pieces, "in_flight")
@@ -356,11 +321,8 @@ class PipelinedState:
     @property
     def in_flight(self) -> int:
         """AllReduces launched by the hook that have not finished yet."""
-        return sum(
-            not item.handle.is_completed()
-            for _, launched in self._history
-            for item in launched.values()
-        )
+        return sum(not item.handle.is_completed() for _, launched in self._history
+                   for item in launched.values())
 
     def wait(self) -> None:
         """Wait for every AllReduce still in flight (their averages are not applied): call it
@@ -375,50 +337,17 @@ class PipelinedState:
             h.wait(0)  # re-raises a failed AllReduce's error
 
 
-def _layout(
-    bucket: dist.GradBucket, buf: torch.Tensor, where: str = "pipelined_hook"
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _layout(bucket: dist.GradBucket, buf: torch.Tensor,
+            where: str = "pipelined_hook") -> tuple[tuple[int, ...], tuple[int, ...]]:
     params = bucket.parameters()
     offsets, n = [], 0
     for p in params:
         offsets.append(n)
         n += p.numel()
     if n != buf.numel():
-        raise RuntimeError(
-            f"{where}: bucket {bucket.index()} holds {buf.numel()} elements but its "
-            f"parameters have {n} (sparse gradients are not supported)"
-        )
+        raise RuntimeError(f"{where}: bucket {bucket.index()} holds {buf.numel()} elements but "
+                           f"its parameters have {n} (sparse gradients are not supported)")
     return tuple(id(p) for p in params), tuple(offsets)
-
-
-def _from_history(
-    params: tuple[int, ...],
-    offsets: tuple[int, ...],
-    sizes: list[int],
-    buf: torch.Tensor,
-    launched: dict[tuple[int, ...], _Launched],
-) -> tuple[list[collectives.Handle], Callable[[], torch.Tensor]]:
-    """The handles to wait for and the assembly of this bucket's average from an earlier
-    iteration's buckets: the same bucket, or (after DDP rebuilt its buckets) its parameters'
-    pieces of the earlier buckets."""
-    same = launched.get(params)
-    if same is not None:
-        return [same.handle], lambda: same.avg
-    where: dict[int, tuple[_Launched, int]] = {}
-    for item in launched.values():
-        for pid, off in zip(item.params, item.offsets):
-            where[pid] = (item, off)
-    needed = {id(where[pid][0]): where[pid][0] for pid in params if pid in where}
-
-    def assemble() -> torch.Tensor:
-        out = torch.zeros_like(buf)
-        for pid, off, n in zip(params, offsets, sizes):
-            if pid in where:
-                item, old = where[pid]
-                out[off : off + n].copy_(item.avg[old : old + n])
-        return out
-
-    return [item.handle for item in needed.values()], assemble
 
 
 def pipelined_hook(
@@ -447,9 +376,8 @@ def pipelined_hook(
         >>> dist.destroy_process_group()
     """
     if not isinstance(state, PipelinedState):
-        raise TypeError(
-            f"pipelined_hook: state must be a PipelinedState, got {type(state).__name__}"
-        )
+        raise TypeError("pipelined_hook: state must be a PipelinedState, got "
+                        f"{type(state).__name__}")
     buf = bucket.buffer()
     params, offsets = _layout(bucket, buf)
     t, k = state.iteration, state.staleness
@@ -465,10 +393,19 @@ def pipelined_hook(
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(torch.zeros_like(buf))
     else:
+        # the average of t - k for these parameters: the same bucket's, or (after DDP rebuilt
+        # its buckets) their pieces of the earlier buckets; zeros for parameters it lacked
         old = next(launched for it, launched in state._history if it == t - k)
         sizes = [p.numel() for p in bucket.parameters()]
-        handles, value = _from_history(params, offsets, sizes, buf, old)
-        fut = backend.future_of(handles, value, timeout_s=state.timeout_s)
+        needed = [old[params]] if params in old else [
+            item for item in old.values() if set(item.params) & set(params)]
+        entries = {key: (item.offsets, item.avg) for key, item in old.items()}
+
+        def value() -> torch.Tensor:
+            avg = _gather(entries, params, offsets, sizes)
+            return torch.zeros_like(buf) if avg is None else avg
+
+        fut = backend.future_of([i.handle for i in needed], value, timeout_s=state.timeout_s)
     if bucket.is_last():
         state.iteration = t + 1
         while state._history and state._history[0][0] <= t - k:
@@ -476,7 +413,154 @@ def pipelined_hook(
     return fut
 
 
-def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable[..., Any]) -> None:
+# --------------------------------------------------------------------------- gossip
+
+#: what :func:`gossip_hook` averages with the peers of the step
+MIXES = ("parameters", "gradients")
+
+
+@dataclass
+class GossipState:
+    """The state of :func:`gossip_hook`: decentralized averaging over a topology, inside DDP.
+
+    Args:
+        topology: a name of :func:`pipecomm.decentralized.topology.get_topology`
+            (``"one-peer-exp"``, ``"aer"``, ``"ring"``, ``"complete"``, ``"random-matching"``)
+            built for the group's size (``"aer"``: ``LOCAL_WORLD_SIZE`` ranks per node), or a
+            ``Topology`` over its ranks.
+        mix: ``"parameters"`` (D-PSGD / DAdam: the bucket's parameters are averaged with the
+            peers' and the optimizer steps from there with the rank's own gradient, the rule of
+            DecentralizedDataParallel) or ``"gradients"`` (the gradient is averaged with the
+            peers'; nothing pulls the replicas together). Exact rules: docs/update_rules.md,
+            "Gossip inside torch's DDP".
+        algorithm, process_group, block_bytes, timeout_s: as in :class:`CollectiveState`.
+
+    Attributes:
+        iteration: synchronised backward passes so far, the topology's step of the next one (the
+            same on every rank; :meth:`state_dict` holds it).
+
+    Example::
+
+        >>> import io
+        >>> from pipecomm import hooks
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> state = GossipState(topology="one-peer-exp", mix="parameters")
+        >>> ddp_model.register_comm_hook(state, hooks.gossip_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> state.iteration
+        1
+        >>> torch.save(state.state_dict(), io.BytesIO())      # every rank (the same iteration)
+        >>> dist.destroy_process_group()
+    """
+
+    topology: str | Topology = "one-peer-exp"
+    mix: str = "parameters"
+    algorithm: str = vocab.DEFAULT_ALGORITHM
+    process_group: dist.ProcessGroup | None = None
+    block_bytes: int | None = field(default=None, kw_only=True)
+    timeout_s: float | None = field(default=None, kw_only=True)
+    iteration: int = field(default=0, init=False)
+    _topo: Any = field(default=None, init=False, repr=False)  # (topology, this rank's index)
+    _groups: dict = field(default_factory=dict, init=False, repr=False)
+    _params: list | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, Topology) and self.topology not in available_topologies():
+            raise ValueError(f"GossipState: topology must be one of {available_topologies()} or "
+                             f"a Topology, got {self.topology!r}")
+        if self.mix not in MIXES:
+            raise ValueError(f"GossipState: mix must be one of {MIXES}, got {self.mix!r}")
+        _check_common("GossipState", self.algorithm, None, self.block_bytes, self.timeout_s)
+
+    def _setup(self) -> tuple[Topology, int]:
+        """The topology over the group and this rank's index; its groups' process groups are
+        made on the first call (:func:`register`, or the first hook: every rank, one order)."""
+        if self._topo is None:
+            group = _group_of("gossip_hook", self.process_group)
+            members = dist.get_process_group_ranks(group or dist.group.WORLD)
+            topo = get_topology(self.topology, len(members))
+            self._groups = topology_groups(topo, members)
+            self._topo = (topo, members.index(dist.get_rank()))
+        return self._topo
+
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration (the topology's next step) and what the state mixes, for a checkpoint
+        (the example of :class:`GossipState` saves one)."""
+        return {"kind": "GossipState", "iteration": self.iteration, "mix": self.mix,
+                "topology": getattr(self.topology, "name", self.topology)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` of a state with the same ``mix`` and topology: the next
+        backward mixes over the step the uninterrupted run would. The replicas differ: resume
+        each rank's own model (``DistributedDataParallel(..., init_sync=False)``, or load it
+        after wrapping: DDP's construction broadcasts rank 0's).
+
+        Example::
+
+            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+            >>> old = GossipState("ring", mix="gradients"); old.iteration = 7
+            >>> state = GossipState("ring", mix="gradients")
+            >>> state.load_state_dict(old.state_dict())        # hook_rank{dist.get_rank()}.pt
+            >>> state.iteration
+            7
+            >>> dist.destroy_process_group()
+        """
+        sd, where = state_dict, "GossipState.load_state_dict"
+        if not isinstance(sd, dict) or sd.get("kind") != "GossipState":
+            raise TypeError(f"{where}: state_dict must come from GossipState.state_dict()")
+        for key, mine in (("mix", self.mix), ("topology", self.state_dict()["topology"])):
+            if sd.get(key) != mine:
+                raise ValueError(f"{where}: state_dict was saved with {key}={sd.get(key)!r}, "
+                                 f"this state has {key}={mine!r}")
+        self.iteration = int(sd["iteration"])
+
+
+def gossip_hook(
+    state: GossipState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket's parameters (or gradient) with this rank's peers of the iteration.
+
+    Iteration t (:attr:`GossipState.iteration`) averages over this rank's group of
+    ``topology.groups(t)`` (``W_t = topology.mixing_matrix(t)``) with pipecomm's AllReduce
+    (``op="avg"``) on the communication thread. ``mix="parameters"``: once the average is in, the
+    bucket's parameters hold ``y_i = sum_j (W_t)_ij x_j`` (inside backward, before the
+    optimizer's step) and DDP gets the rank's own gradient; ``mix="gradients"``: DDP gets
+    ``sum_j (W_t)_ij g_j``. A group of one rank returns at once.
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> ddp_model.register_comm_hook(GossipState("ring", mix="gradients"), gossip_hook)
+        >>> ddp_model(torch.ones(1, 2)).sum().backward()
+        >>> ddp_model.module.bias.grad                       # p = 1: its own
+        tensor([1.])
+        >>> dist.destroy_process_group()
+    """
+    if not isinstance(state, GossipState):
+        raise TypeError(f"gossip_hook: state must be a GossipState, got {type(state).__name__}")
+    buf = bucket.buffer()
+    topo, me = state._setup()
+    group = topo.group_of(me, state.iteration)
+    if bucket.is_last():
+        state.iteration += 1
+    params = [p.detach() for p in bucket.parameters()]
+    mixes = state.mix == "parameters" and len(group) > 1
+    x = torch.cat([p.reshape(-1) for p in params]) if mixes else buf
+    handles = [_launch(state, "gossip_hook", x, state._groups[group])] if len(group) > 1 else []
+
+    def value() -> torch.Tensor:
+        if mixes:  # y_i = sum_j (W_t)_ij x_j into the parameters; DDP gets the own gradient
+            for p, v in zip(params, x.split([p.numel() for p in params])):
+                p.copy_(v.view_as(p))
+        return buf
+
+    return backend.future_of(handles, value, timeout_s=state.timeout_s)
+
+
+def register(model: Any, state: CollectiveState | PipelinedState | GossipState,
+             hook: Callable[..., Any]) -> None:
     """``model.register_comm_hook(state, hook)`` after checking that ``state`` averages over the
     model's process group (``state.process_group=None`` is bound to it). No communication.
 
@@ -487,25 +571,23 @@ def register(model: Any, state: CollectiveState | PipelinedState, hook: Callable
         >>> register(ddp_model, PipelinedState(staleness=1), pipelined_hook)
         >>> dist.destroy_process_group()
     """
-    if not isinstance(state, CollectiveState | PipelinedState):
-        raise TypeError(
-            "register: state must be a CollectiveState or a PipelinedState, got "
-            f"{type(state).__name__}"
-        )
+    if not isinstance(state, CollectiveState | PipelinedState | GossipState):
+        raise TypeError("register: state must be a CollectiveState, a PipelinedState or a "
+                        f"GossipState, got {type(state).__name__}")
     if not hasattr(model, "register_comm_hook") or not hasattr(model, "process_group"):
-        raise TypeError(
-            f"register: model must be a DistributedDataParallel, got {type(model).__name__}"
-        )
+        raise TypeError("register: model must be a DistributedDataParallel, got "
+                        f"{type(model).__name__}")
     group = model.process_group
     if state.process_group is None:
         state.process_group = group
     elif state.process_group is not group:
-        raise ValueError(
-            "register: the state is bound to another process group than the model's "
-            f"(state.process_group has ranks {_ranks(state.process_group)}, the model's "
-            f"{_ranks(group)}); build the state with process_group=model.process_group or None"
-        )
+        raise ValueError("register: the state is bound to another process group than the model's "
+                         f"(state.process_group has ranks {_ranks(state.process_group)}, the "
+                         f"model's {_ranks(group)}); build the state with "
+                         "process_group=model.process_group or None")
     state._params = list(model.parameters())
+    if isinstance(state, GossipState):
+        state._setup()  # the topology's process groups, on every rank in the same order
     model.register_comm_hook(state, hook)
 
 
@@ -518,13 +600,8 @@ def _ranks(group: Any) -> list[int] | str:
 # --------------------------------------------------------------------------- error feedback
 
 
-def _compensate(
-    state: Any,
-    bucket: dist.GradBucket,
-    x: torch.Tensor,
-    params: tuple[int, ...],
-    offsets: tuple[int, ...],
-) -> None:
+def _compensate(state: Any, bucket: dist.GradBucket, x: torch.Tensor, params: tuple[int, ...],
+                offsets: tuple[int, ...]) -> None:
     """``x += e`` and keep ``e = x - D(C(x))`` for this bucket (``e`` from the same parameters'
     residuals, also when DDP rebuilt its buckets); drop stale buckets after the last one."""
     residual = _gather(state._residuals, params, offsets, [p.numel() for p in bucket.parameters()])
@@ -538,9 +615,8 @@ def _compensate(
         state._fresh.clear()
 
 
-def _gather(
-    entries: dict, params: tuple[int, ...], offsets: tuple[int, ...], sizes: list[int]
-) -> torch.Tensor | None:
+def _gather(entries: dict, params: tuple[int, ...], offsets: tuple[int, ...],
+            sizes: list[int]) -> torch.Tensor | None:
     """The flat tensor of ``params`` assembled from ``entries`` ({key: (offsets, tensor)}, keys
     being tuples of parameter ids); None if no parameter has an entry (``e_0 = 0``)."""
     same = entries.get(params)
@@ -563,10 +639,9 @@ def _gather(
 
 def _registered(state: Any, what: str) -> list[torch.Tensor]:
     if state._params is None:
-        raise RuntimeError(
-            f"{type(state).__name__}.{what}: the state does not know the model's parameters; "
-            "register it with pipecomm.hooks.register(ddp_model, state, hook) first"
-        )
+        raise RuntimeError(f"{type(state).__name__}.{what}: the state does not know the model's "
+                           "parameters; register it with pipecomm.hooks.register(ddp_model, "
+                           "state, hook) first")
     return state._params
 
 
@@ -588,10 +663,9 @@ def _from_index(state: Any, pieces: dict, what: str) -> tuple[tuple[int, ...], t
     key, offsets, parts, n = [], [], [], 0
     for i, piece in sorted(pieces.items()):
         if not 0 <= int(i) < len(params) or piece.numel() != params[int(i)].numel():
-            raise ValueError(
-                f"{type(state).__name__}.load_state_dict: {what} holds a piece for parameter "
-                f"{i} of {tuple(piece.shape)} elements, which this model does not have"
-            )
+            raise ValueError(f"{type(state).__name__}.load_state_dict: {what} holds a piece for "
+                             f"parameter {i} of {tuple(piece.shape)} elements, which this model "
+                             "does not have")
         p = params[int(i)]
         key.append(id(p))
         offsets.append(n)
@@ -606,15 +680,9 @@ def _rank() -> int:
 
 
 def _state_dict(state: Any, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "kind": kind,
-        "rank": _rank(),
-        "staleness": getattr(state, "staleness", 0),
-        "compression": state.compression,
-        "error_feedback": state.error_feedback,
-        "residuals": _by_index(state, state._residuals),
-        **extra,
-    }
+    return {"kind": kind, "rank": _rank(), "staleness": getattr(state, "staleness", 0),
+            "compression": state.compression, "error_feedback": state.error_feedback,
+            "residuals": _by_index(state, state._residuals), **extra}
 
 
 def _load_state_dict(state: Any, kind: str, sd: Any, keys: tuple[str, ...] = ()) -> None:
@@ -627,16 +695,14 @@ def _load_state_dict(state: Any, kind: str, sd: Any, keys: tuple[str, ...] = ())
     if missing:
         raise ValueError(f"{where}: state_dict is missing {sorted(missing)}")
     if sd["error_feedback"] != state.error_feedback or sd["compression"] != state.compression:
-        raise ValueError(
-            f"{where}: state_dict was saved with compression={sd['compression']!r}, "
-            f"error_feedback={sd['error_feedback']}; this state has compression="
-            f"{state.compression!r}, error_feedback={state.error_feedback}"
-        )
+        raise ValueError(f"{where}: state_dict was saved with compression={sd['compression']!r}, "
+                         f"error_feedback={sd['error_feedback']}; this state has "
+                         f"compression={state.compression!r}, "
+                         f"error_feedback={state.error_feedback}")
     if sd["residuals"] and sd["rank"] != _rank():
-        raise ValueError(
-            f"{where}: state_dict holds the error-feedback residuals of rank {sd['rank']}, "
-            f"loaded on rank {_rank()}; the residuals differ per rank: load each rank's own"
-        )
+        raise ValueError(f"{where}: state_dict holds the error-feedback residuals of rank "
+                         f"{sd['rank']}, loaded on rank {_rank()}; the residuals differ per rank: "
+                         "load each rank's own")
     state._residuals.clear()
     state._fresh.clear()
     if sd["residuals"]:

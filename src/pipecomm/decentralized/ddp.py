@@ -48,7 +48,7 @@ from torch import nn
 from pipecomm import checks, collectives
 from pipecomm.bucketing import bucket_bytes, bucket_indices
 from pipecomm.collectives import api
-from pipecomm.decentralized.gossip import Bucket, as_one_block, subgroup
+from pipecomm.decentralized.gossip import Bucket, as_one_block, topology_groups
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
 from pipecomm.decentralized.replicas import (
     check_max_norm,
@@ -84,8 +84,8 @@ class DecentralizedDataParallel(nn.Module):
             ``optim_fn(list of (name, parameter)) -> optimizer``, called once here. Exposed as
             :attr:`optimizer`; do not call its ``step()`` yourself.
         topology: a name of :func:`~pipecomm.decentralized.topology.get_topology` (size of the
-            process group, ranks per node from :func:`pipecomm.decentralized.topology.env_ranks_per_node` where
-            needed) or a :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
+            process group, ranks per node from ``LOCAL_WORLD_SIZE`` where needed) or a
+            :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
         bucket_mb: bucket size in MiB (a bucket closes once it reaches it; a tiny value gives one
             parameter per bucket).
         algorithm: collective of the gossip: ``"lp"`` (default), ``"mst"``, ``"be"``, ``"ring"``
@@ -154,29 +154,25 @@ class DecentralizedDataParallel(nn.Module):
         if not isinstance(model, nn.Module):
             raise TypeError(f"{_NAME}: model must be a torch.nn.Module, got {type(model).__name__}")
         if not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
-            raise TypeError(
-                f"{_NAME}: optimizer must be a torch.optim.Optimizer or a function "
-                f"optim_fn(list of (name, parameter)) -> optimizer, got {type(optimizer).__name__}"
-            )
+            raise TypeError(f"{_NAME}: optimizer must be a torch.optim.Optimizer or a function "
+                            "optim_fn(list of (name, parameter)) -> optimizer, got "
+                            f"{type(optimizer).__name__}")
         bucket_bytes_ = bucket_bytes(bucket_mb, where=_NAME)
         algorithm = api.check_algorithm(algorithm, _NAME)
         max_norm = check_max_norm(max_grad_norm, grad_norm_scope)
         checks.flag(init_sync, "init_sync", _NAME)
         if not dist.is_initialized():
-            raise RuntimeError(
-                f"{_NAME}: torch.distributed is not initialised: start ranks with "
-                "pipecomm.lab.networks.launch.spawn / Ranks, or call pipecomm.lab.networks.launch.init_from_env() first"
-            )
+            raise RuntimeError(f"{_NAME}: torch.distributed is not initialised: start ranks with "
+                               "pipecomm.lab.networks.launch.spawn / Ranks, or call "
+                               "pipecomm.lab.networks.launch.init_from_env() first")
         pg, members = group_members(process_group)
         self.process_group = pg
         self._members = members
         self.rank = members.index(dist.get_rank())  # rank in the process group
         self.world_size = len(members)
         if not isinstance(topology, (str, Topology)):
-            raise TypeError(
-                f"{_NAME}: topology must be a topology name or a Topology, "
-                f"got {type(topology).__name__}"
-            )
+            raise TypeError(f"{_NAME}: topology must be a topology name or a Topology, got "
+                            f"{type(topology).__name__}")
         try:
             topo = get_topology(topology, self.world_size)
         except (ValueError, TypeError) as exc:
@@ -187,10 +183,8 @@ class DecentralizedDataParallel(nn.Module):
         for n, p in named:
             owner = _OWNERS.get(id(p))
             if owner is not None and not owner._closed and any(q is p for q in owner._params):
-                raise ValueError(
-                    f"{_NAME}: parameter {n!r} already belongs to a live "
-                    f"{_NAME}; call its close() before wrapping the model again"
-                )
+                raise ValueError(f"{_NAME}: parameter {n!r} already belongs to a live {_NAME}; "
+                                 "call its close() before wrapping the model again")
         opt = make_optimizer(optimizer, named)
         scaler = check_scaler(grad_scaler, [p for _, p in named])
 
@@ -205,9 +199,7 @@ class DecentralizedDataParallel(nn.Module):
         self.grad_norm: torch.Tensor | None = None
         self.require_backward_grad_sync = True
         self._bucket_bytes = bucket_bytes_
-        self._deferred = scaler is not None or (
-            max_norm is not None and grad_norm_scope == "global"
-        )
+        self._deferred = scaler is not None or max_norm is not None and grad_norm_scope == "global"
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         self._index = {id(p): i for i, p in enumerate(self._params)}
@@ -230,21 +222,12 @@ class DecentralizedDataParallel(nn.Module):
         self._check_same_model()
         if init_sync:
             self._broadcast_from_rank0()
-        # every group any step uses, created on every member in the same order
-        whole_world = self.world_size == dist.get_world_size()
-        self._groups = {
-            g: subgroup(tuple(members[r] for r in g), whole_world)
-            for g in topo.distinct_groups()
-            if len(g) > 1
-        }
-        self._hooks: list[Any] = [
-            opt.register_state_dict_post_hook(self._optimizer_state_dict_hook),
-            opt.register_load_state_dict_pre_hook(self._optimizer_load_hook),
-        ]
+        self._groups = topology_groups(topo, members)  # every group a step uses, made once
+        self._hooks = [opt.register_state_dict_post_hook(self._optimizer_state_dict_hook),
+                       opt.register_load_state_dict_pre_hook(self._optimizer_load_hook)]
         for i, p in enumerate(self._params):
-            self._hooks.append(
-                p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
-            )
+            hook = functools.partial(self._grad_ready, i)
+            self._hooks.append(p.register_post_accumulate_grad_hook(hook))
             _OWNERS[id(p)] = self
 
     # ------------------------------------------------------------------ construction helpers
@@ -254,11 +237,9 @@ class DecentralizedDataParallel(nn.Module):
         dist.all_gather_object(gathered, sig, group=self.process_group)
         for r, other in enumerate(gathered):
             if other != gathered[0]:
-                raise ValueError(
-                    f"{_NAME}: the models differ across ranks: "
-                    f"{describe_mismatch(gathered[0], other, r)}. Build the same model "
-                    "(same names, shapes and dtypes) on every rank"
-                )
+                raise ValueError(f"{_NAME}: the models differ across ranks: "
+                                 f"{describe_mismatch(gathered[0], other, r)}. Build the same "
+                                 "model (same names, shapes and dtypes) on every rank")
 
     @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
@@ -342,19 +323,14 @@ class DecentralizedDataParallel(nn.Module):
             >>> ddp.close(); dist.destroy_process_group()
         """
         if assign:
-            raise ValueError(
-                f"{_NAME}.load_state_dict: assign=True would replace the parameters that the "
-                "hooks and optimizer hold; use assign=False (copy in place)"
-            )
+            raise ValueError(f"{_NAME}.load_state_dict: assign=True would replace the parameters "
+                             "that the hooks and optimizer hold; use assign=False (copy in place)")
         return self.module.load_state_dict(state_dict, strict=strict)
 
     # ------------------------------------------------------------------ optimizer state hooks
     def _optimizer_state_dict_hook(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
-        state[STATE_KEY] = {
-            "step_count": self.step_count,
-            "rank": self.rank,
-            "world_size": self.world_size,
-        }
+        state[STATE_KEY] = {"step_count": self.step_count, "rank": self.rank,
+                            "world_size": self.world_size}
         return state
 
     def _optimizer_load_hook(self, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
@@ -363,19 +339,16 @@ class DecentralizedDataParallel(nn.Module):
         if ours is None:
             return state
         if (ours["rank"], ours["world_size"]) != (self.rank, self.world_size):
-            raise ValueError(
-                f"{_NAME}: optimizer.load_state_dict: the state was saved by rank "
-                f"{ours['rank']} of {ours['world_size']}, this is rank {self.rank} of "
-                f"{self.world_size}; every rank loads its own state (remove the key "
-                f"{STATE_KEY!r} to load another rank's state on purpose)"
-            )
+            raise ValueError(f"{_NAME}: optimizer.load_state_dict: the state was saved by rank "
+                             f"{ours['rank']} of {ours['world_size']}, this is rank {self.rank} "
+                             f"of {self.world_size}; every rank loads its own state (remove the "
+                             f"key {STATE_KEY!r} to load another rank's state on purpose)")
         if ours["step_count"] != self.step_count:
             if self._buckets is not None:
-                raise RuntimeError(
-                    f"{_NAME}: optimizer.load_state_dict: the state is of iteration "
-                    f"{ours['step_count']} but this wrapper is at {self.step_count} with gossip "
-                    "in flight; load checkpoints into a new wrapper before its first backward"
-                )
+                raise RuntimeError(f"{_NAME}: optimizer.load_state_dict: the state is of "
+                                   f"iteration {ours['step_count']} but this wrapper is at "
+                                   f"{self.step_count} with gossip in flight; load checkpoints "
+                                   "into a new wrapper before its first backward")
             self.step_count = int(ours["step_count"])
         return state
 
@@ -427,10 +400,9 @@ class DecentralizedDataParallel(nn.Module):
 
     def _check_no_accumulation(self, what: str) -> None:
         if self._accumulated or not self.require_backward_grad_sync:
-            raise RuntimeError(
-                f"{_NAME}.{what}: gradients accumulated under no_sync() have not been applied "
-                "yet (call it outside no_sync(), after a synchronising backward)"
-            )
+            raise RuntimeError(f"{_NAME}.{what}: gradients accumulated under no_sync() have not "
+                               "been applied yet (call it outside no_sync(), after a "
+                               "synchronising backward)")
 
     def reset_timing(self) -> None:
         """Zero :attr:`timing`.
@@ -524,18 +496,15 @@ class DecentralizedDataParallel(nn.Module):
         out: dict[str, torch.Tensor] = {}
         for keys in by_kind.values():
             flat = torch.cat([state[k].reshape(-1) for k in keys])
-            collectives.allreduce(
-                flat, algorithm=self.algorithm, op="avg", group=self.process_group
-            )
+            collectives.allreduce(flat, algorithm=self.algorithm, op="avg",
+                                  group=self.process_group)
             off = 0
             for k in keys:
                 n = state[k].numel()
                 out[k] = flat[off : off + n].view(state[k].shape).clone()
                 off += n
-        result = OrderedDict(
-            (k, out[k] if k in out else (v.clone() if torch.is_tensor(v) else v))
-            for k, v in state.items()
-        )
+        result = OrderedDict((k, out[k] if k in out else (v.clone() if torch.is_tensor(v) else v))
+                             for k, v in state.items())
         if not inplace:
             self._local_state = {k: v.clone() for k, v in state.items()}
         self.module.load_state_dict(result)
@@ -571,10 +540,8 @@ class DecentralizedDataParallel(nn.Module):
             self._restore_local()
 
     def extra_repr(self) -> str:
-        return (
-            f"topology={self.topology!r}, algorithm={self.algorithm!r}, "
-            f"bucket_mb={self.bucket_mb}, step_count={self.step_count}"
-        )
+        return (f"topology={self.topology!r}, algorithm={self.algorithm!r}, "
+                f"bucket_mb={self.bucket_mb}, step_count={self.step_count}")
 
     # ------------------------------------------------------------------ the iteration
     def _grad_ready(self, index: int, param: torch.Tensor) -> None:
@@ -582,11 +549,10 @@ class DecentralizedDataParallel(nn.Module):
         task = torch._C._current_graph_task_id()
         if task != self._backward_task:
             if self._backward_task is not None:
-                raise RuntimeError(
-                    f"{_NAME}: an earlier backward through the model stopped before its end "
-                    "(an exception inside backward?), leaving the replicas mid-update; build a "
-                    f"new {_NAME} (after close()) to go on"
-                )
+                raise RuntimeError(f"{_NAME}: an earlier backward through the model stopped "
+                                   "before its end (an exception inside backward?), leaving the "
+                                   f"replicas mid-update; build a new {_NAME} (after close()) to "
+                                   "go on")
             self._backward_task = task
             sync = self._forward_sync
             self._task_syncs = self.require_backward_grad_sync if sync is None else sync
@@ -665,9 +631,8 @@ class DecentralizedDataParallel(nn.Module):
         t1 = time.perf_counter()
         self._fill_missing_grads(b)
         if self.max_grad_norm is not None:
-            self._bucket_norms.append(
-                torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm).to(b.params[0].device)
-            )
+            norm = torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm)
+            self._bucket_norms.append(norm.to(b.params[0].device))
         opt = self.optimizer
         saved_groups = opt.param_groups
         saved_params = [g["params"] for g in saved_groups]
@@ -701,10 +666,8 @@ class DecentralizedDataParallel(nn.Module):
             if self.grad_norm_scope == "global":
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
             else:
-                norms = [
-                    torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm)
-                    for b in self._buckets
-                ]
+                norms = [torch.nn.utils.clip_grad_norm_(b.params, self.max_grad_norm)
+                         for b in self._buckets]
                 self.grad_norm = torch.linalg.vector_norm(torch.stack(norms))
         if scaler is not None:
             scaler.step(self.optimizer)
@@ -731,13 +694,8 @@ class DecentralizedDataParallel(nn.Module):
                 continue
             t0 = time.perf_counter()
             b.to_flat()
-            b.handle = collectives.allreduce(
-                b.flat,
-                algorithm=self.algorithm,
-                op="avg",
-                group=self._groups[group],
-                async_op=True,
-            )
+            b.handle = collectives.allreduce(b.flat, algorithm=self.algorithm, op="avg",
+                                             group=self._groups[group], async_op=True)
             self.timing["launch_s"] += time.perf_counter() - t0
             self.timing["gossip_bytes"] += b.flat.numel() * b.flat.element_size()
 
@@ -749,9 +707,8 @@ class DecentralizedDataParallel(nn.Module):
         dist.broadcast_object_list(box, src=self._members[0], group=self.process_group)
         order = box[0]
         chunks = bucket_indices(self._params, self._bucket_bytes, order=order)
-        group_of = {
-            id(p): gi for gi, g in enumerate(self.optimizer.param_groups) for p in g["params"]
-        }
+        group_of = {id(p): gi for gi, g in enumerate(self.optimizer.param_groups)
+                    for p in g["params"]}
         buckets = []
         self._bucket_of = [None] * len(self._params)  # type: ignore[list-item]
         for bi, idx in enumerate(chunks):

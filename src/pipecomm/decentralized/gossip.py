@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +29,9 @@ from torch import nn
 from torch.distributed import distributed_c10d as c10d
 
 from pipecomm.collectives.async_ import group_timeout
+from pipecomm.decentralized.topology import Topology
 
-__all__ = ["Bucket", "as_one_block", "subgroup"]
+__all__ = ["Bucket", "as_one_block", "subgroup", "topology_groups"]
 
 # Process groups of the topologies' groups (global ranks), created once per process and reused:
 # key -> (the world they were made in, the group).
@@ -99,6 +101,24 @@ def subgroup(ranks: tuple[int, ...], whole_world: bool) -> dist.ProcessGroup:
         c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
     _PROCESS_GROUPS[key] = (dist.group.WORLD, pg)  # the world kept: its id is never reused
     return pg
+
+
+def topology_groups(topo: Topology, members: Sequence[int]) -> dict[tuple[int, ...], Any]:
+    """{group: its process group} of ``topo``'s groups of more than one rank that this rank is
+    in (``topo`` over the indices of ``members``, the global ranks that train; every group
+    where they are the world, made on every rank in the same order): :func:`subgroup`.
+
+    Example::
+
+        >>> from pipecomm.decentralized.topology import get_topology
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> topology_groups(get_topology("ring", 1), [0])     # a group of one never communicates
+        {}
+        >>> dist.destroy_process_group()
+    """
+    whole, me = len(members) == dist.get_world_size(), list(members).index(dist.get_rank())
+    return {g: subgroup(tuple(members[r] for r in g), whole) for g in topo.distinct_groups()
+            if len(g) > 1 and (whole or me in g)}
 
 
 @dataclass(eq=False)

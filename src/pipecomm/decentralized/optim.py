@@ -42,13 +42,8 @@ __all__ = ["AccumAdam", "AccumAdamW"]
 
 
 def _check_hparams(group: dict[str, Any]) -> None:
-    lr, betas, eps, wd, k = (
-        group["lr"],
-        group["betas"],
-        group["eps"],
-        group["weight_decay"],
-        group["accum_iter"],
-    )
+    lr, betas, eps, wd, k = (group[key] for key in ("lr", "betas", "eps", "weight_decay",
+                                                     "accum_iter"))
     for name, value in (("lr", lr), ("eps", eps), ("weight_decay", wd)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -98,13 +93,8 @@ class AccumAdam(Optimizer):
         weight_decay: float = 0.0,
         accum_iter: int = 4,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas) if isinstance(betas, list) else betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            accum_iter=accum_iter,
-        )
+        defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
+                        weight_decay=weight_decay, accum_iter=accum_iter)
         _check_hparams(defaults)
         super().__init__(params, defaults)
 

@@ -21,15 +21,8 @@ from torch import nn
 
 from pipecomm import checks
 
-__all__ = [
-    "NORM_SCOPES",
-    "check_max_norm",
-    "check_scaler",
-    "describe_mismatch",
-    "group_members",
-    "make_optimizer",
-    "model_signature",
-]
+__all__ = ["NORM_SCOPES", "check_max_norm", "check_scaler", "describe_mismatch", "group_members",
+           "make_optimizer", "model_signature"]
 
 _NAME = "DecentralizedDataParallel"
 #: values of ``grad_norm_scope``
@@ -67,26 +60,21 @@ def check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.Grad
     if grad_scaler is None:
         return None
     if not isinstance(grad_scaler, torch.amp.GradScaler):
-        raise TypeError(
-            f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, "
-            f"got {type(grad_scaler).__name__}"
-        )
+        raise TypeError(f"{_NAME}: grad_scaler must be a torch.amp.GradScaler or None, got "
+                        f"{type(grad_scaler).__name__}")
     if not grad_scaler.is_enabled():
         return None
     half = [p for p in params if p.dtype == torch.float16]
     if half:
-        raise ValueError(
-            f"{_NAME}: grad_scaler with float16 parameters: torch's GradScaler cannot unscale "
-            "float16 gradients; keep the parameters in float32 and run the forward under "
-            "torch.autocast(device_type, dtype=torch.float16)"
-        )
+        raise ValueError(f"{_NAME}: grad_scaler with float16 parameters: torch's GradScaler "
+                         "cannot unscale float16 gradients; keep the parameters in float32 and "
+                         "run the forward under torch.autocast(device_type, dtype=torch.float16)")
     devices = {p.device.type for p in params}
     scaler_device = getattr(grad_scaler, "_device", None)
     if scaler_device is not None and devices != {scaler_device}:
-        raise ValueError(
-            f"{_NAME}: grad_scaler is for device {scaler_device!r} but the parameters are on "
-            f"{sorted(devices)}; make it with torch.amp.GradScaler({sorted(devices)[0]!r})"
-        )
+        raise ValueError(f"{_NAME}: grad_scaler is for device {scaler_device!r} but the "
+                         f"parameters are on {sorted(devices)}; make it with "
+                         f"torch.amp.GradScaler({sorted(devices)[0]!r})")
     return grad_scaler
 
 
@@ -105,20 +93,15 @@ def group_members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...
     if process_group is None:
         process_group = dist.group.WORLD
     if process_group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(
-            f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; construct "
-            "the wrapper on the group's ranks only"
-        )
+        raise ValueError(f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; "
+                         "construct the wrapper on the group's ranks only")
     if not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(
-            f"{_NAME}: process_group must be a torch.distributed ProcessGroup or None, "
-            f"got {type(process_group).__name__}"
-        )
+        raise TypeError(f"{_NAME}: process_group must be a torch.distributed ProcessGroup or "
+                        f"None, got {type(process_group).__name__}")
     members = tuple(dist.get_process_group_ranks(process_group))
     if dist.get_rank() not in members:
-        raise ValueError(
-            f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks {members}"
-        )
+        raise ValueError(f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks "
+                         f"{members}")
     return process_group, members
 
 
@@ -184,16 +167,12 @@ def make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> tor
     elif callable(optimizer):
         opt = optimizer(list(named))
         if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
-                f"{_NAME}: optimizer (a function) must return a torch.optim.Optimizer, "
-                f"got {type(opt).__name__}"
-            )
+            raise TypeError(f"{_NAME}: optimizer (a function) must return a "
+                            f"torch.optim.Optimizer, got {type(opt).__name__}")
     else:
-        raise TypeError(
-            f"{_NAME}: optimizer must be a torch.optim.Optimizer over the model's parameters or "
-            "a function optim_fn(list of (name, parameter)) -> optimizer, "
-            f"got {type(optimizer).__name__}"
-        )
+        raise TypeError(f"{_NAME}: optimizer must be a torch.optim.Optimizer over the model's "
+                        "parameters or a function optim_fn(list of (name, parameter)) -> "
+                        f"optimizer, got {type(optimizer).__name__}")
     seen: dict[int, int] = {}
     for g in opt.param_groups:
         for p in g["params"]:
@@ -201,10 +180,8 @@ def make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> tor
     want = {id(p): n for n, p in named}
     missing = [n for n, p in named if id(p) not in seen]
     if missing or set(seen) != set(want) or any(v > 1 for v in seen.values()):
-        raise ValueError(
-            f"{_NAME}: the optimizer must hold exactly the model's parameters that require "
-            f"grad, each once (missing: {missing[:5]}, others: "
-            f"{len(set(seen) - set(want))}); build it from model.parameters() or, in optim_fn, "
-            "from [p for _, p in named]"
-        )
+        raise ValueError(f"{_NAME}: the optimizer must hold exactly the model's parameters that "
+                         f"require grad, each once (missing: {missing[:5]}, others: "
+                         f"{len(set(seen) - set(want))}); build it from model.parameters() or, in "
+                         "optim_fn, from [p for _, p in named]")
     return opt

@@ -1,4 +1,4 @@
-"""Communication topologies for decentralized training (DAdam; Wang, Zhang, Wu, Johansson, ICLR 2025).
+"""Communication topologies for decentralized training (DAdam; Wang et al., ICLR 2025).
 
 One concept: *which ranks average their parameters at iteration k*. A topology hands out, for
 every iteration ``step``, a partition of the ranks into groups; each group averages exactly (every
@@ -30,18 +30,9 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = [
-    "AlternatingExpRingTopology",
-    "CompleteTopology",
-    "Group",
-    "OnePeerExpTopology",
-    "RandomMatchingTopology",
-    "RingTopology",
-    "Topology",
-    "available_topologies",
-    "get_topology",
-    "register_topology",
-]
+__all__ = ["AlternatingExpRingTopology", "CompleteTopology", "Group", "OnePeerExpTopology",
+           "RandomMatchingTopology", "RingTopology", "Topology", "available_topologies",
+           "get_topology", "register_topology"]
 
 Partition = list[tuple[int, ...]]
 
@@ -234,10 +225,8 @@ class Topology:
         out = sorted(tuple(sorted(int(r) for r in g)) for g in groups)
         seen: list[int] = [r for g in out for r in g]
         if any(len(g) == 0 for g in out) or sorted(seen) != list(range(self.world_size)):
-            raise RuntimeError(
-                f"{type(self).__name__}.groups({step}) is not a partition of "
-                f"range({self.world_size}): {out}"
-            )
+            raise RuntimeError(f"{type(self).__name__}.groups({step}) is not a partition of "
+                               f"range({self.world_size}): {out}")
         return out
 
 
@@ -316,17 +305,15 @@ def get_topology(
     """
     if isinstance(name, Topology):
         if name.world_size != world_size:
-            raise ValueError(
-                f"topology {name!r} is for world_size={name.world_size}, not {world_size}"
-            )
+            raise ValueError(f"topology {name!r} is for world_size={name.world_size}, not "
+                             f"{world_size}")
         return name
     if not isinstance(name, str):
         raise TypeError(f"name must be a topology name or a Topology, got {type(name).__name__}")
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise ValueError(
-            f"unknown topology {name!r}; available: {', '.join(available_topologies())}"
-        )
+        raise ValueError(f"unknown topology {name!r}; available: "
+                         f"{', '.join(available_topologies())}")
     if ranks_per_node is None and cls.needs_ranks_per_node:
         ranks_per_node = env_ranks_per_node()
     return cls(world_size, ranks_per_node=ranks_per_node, **kw)
@@ -371,9 +358,8 @@ class RingTopology(Topology):
         super().__init__(world_size, ranks_per_node)
         p = self.world_size
         if p > 1 and p % 2:
-            raise ValueError(
-                f"topology 'ring' needs an even world_size (2, 4, 6, ...) or 1, got {p}"
-            )
+            raise ValueError("topology 'ring' needs an even world_size (2, 4, 6, ...) or 1, got "
+                             f"{p}")
 
     def _partition(self, step: int) -> Partition:
         p = self.world_size
@@ -399,9 +385,8 @@ class OnePeerExpTopology(Topology):
         super().__init__(world_size, ranks_per_node)
         p = self.world_size
         if not _is_power_of_two(p):
-            raise ValueError(
-                f"topology 'one-peer-exp' needs a power-of-two world_size (1, 2, 4, 8, ...), got {p}"
-            )
+            raise ValueError("topology 'one-peer-exp' needs a power-of-two world_size (1, 2, 4, "
+                             f"8, ...), got {p}")
         self.period = max(1, p.bit_length() - 1)
 
     def _partition(self, step: int) -> Partition:
@@ -434,23 +419,18 @@ class AlternatingExpRingTopology(Topology):
         super().__init__(world_size, ranks_per_node)
         p, rpn = self.world_size, self.ranks_per_node
         if rpn is None:
-            raise ValueError(
-                "topology 'alternating-exp-ring' needs ranks_per_node: pass it, or run under "
-                "launch/torchrun so that LOCAL_WORLD_SIZE is set"
-            )
+            raise ValueError("topology 'alternating-exp-ring' needs ranks_per_node: pass it, or "
+                             "run under launch/torchrun so that LOCAL_WORLD_SIZE is set")
         if p % rpn:
-            raise ValueError(
-                f"topology 'alternating-exp-ring' needs world_size a multiple of "
-                f"ranks_per_node={rpn} (a power-of-two number of nodes: {rpn}, {2 * rpn}, "
-                f"{4 * rpn}, ...), got world_size={p}"
-            )
+            raise ValueError("topology 'alternating-exp-ring' needs world_size a multiple of "
+                             f"ranks_per_node={rpn} (a power-of-two number of nodes: {rpn}, "
+                             f"{2 * rpn}, {4 * rpn}, ...), got world_size={p}")
         self.num_nodes = p // rpn
         if not _is_power_of_two(self.num_nodes):
-            raise ValueError(
-                f"topology 'alternating-exp-ring' needs a power-of-two number of nodes; "
-                f"world_size={p} with ranks_per_node={rpn} gives {self.num_nodes}. Accepted "
-                f"world sizes: {rpn}, {2 * rpn}, {4 * rpn}, {8 * rpn}, ..."
-            )
+            raise ValueError("topology 'alternating-exp-ring' needs a power-of-two number of "
+                             f"nodes; world_size={p} with ranks_per_node={rpn} gives "
+                             f"{self.num_nodes}. Accepted world sizes: {rpn}, {2 * rpn}, "
+                             f"{4 * rpn}, {8 * rpn}, ...")
         self.rounds = self.num_nodes.bit_length() - 1
         self.period = 2 * self.rounds if self.rounds else 1
 

@@ -5,7 +5,8 @@ text) with one agent per node of a :class:`pipecomm.lab.networks.cluster.Virtual
 ``NAME[:ALGORITHM][+CODEC]`` (:func:`strategy_args`): ``ddp`` is torch's DDP on gloo, ``ddp+fp16``
 the same with torch's own ``fp16_compress_hook``; ``ddp-pipecomm:ring`` DDP over pipecomm's
 process group; ``ddp-pipelined-hook:ring`` Pipe-SGD inside DDP; ``pipesgd:ring``;
-``decentralized`` (DecentralizedDataParallel).
+``decentralized`` (DecentralizedDataParallel); ``ddp-gossip-hook`` (its rule inside DDP, with
+``pipecomm.hooks.gossip_hook``).
 
 A run's row (:data:`COLUMNS`): rank 0's median step time over the steps after ``warmup_steps``
 (a run is the unit of repeat: its seed makes it independent of the others), the last step's
@@ -35,7 +36,8 @@ __all__ = ["COLUMNS", "NAMES", "SCRIPT", "check_strategy", "is_stock", "run_once
            "run_or_error", "run_rounds", "step_table", "strategy_args"]
 
 SCRIPT = results.REPO_ROOT / "examples" / "train_gpt.py"
-NAMES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized")
+NAMES = ("ddp", "ddp-pipecomm", "ddp-pipelined-hook", "pipesgd", "decentralized",
+         "ddp-gossip-hook")
 COLUMNS = ("strategy", "seed", "nodes", "ranks_per_node", "bandwidth_Bps", "steps", "step_ms",
            "step_times_ms", "loss", "val_loss", "tx_bytes_per_rank_step", "attempts",
            "exit_abort", "error")
@@ -81,7 +83,7 @@ def check_strategy(spec: str) -> None:
         >>> check_strategy("dp")
         Traceback (most recent call last):
         ...
-        ValueError: unknown strategy 'dp': NAME[:ALGORITHM][+CODEC] with NAME in ddp, ddp-pipecomm, ddp-pipelined-hook, pipesgd, decentralized
+        ValueError: unknown strategy 'dp': NAME[:ALGORITHM][+CODEC] with NAME in ddp, ddp-pipecomm, ddp-pipelined-hook, pipesgd, decentralized, ddp-gossip-hook
     """
     if not isinstance(spec, str) or strategy_args(spec)[1] not in NAMES:
         raise ValueError(f"unknown strategy {spec!r}: NAME[:ALGORITHM][+CODEC] with NAME in "
