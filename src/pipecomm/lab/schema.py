@@ -29,6 +29,8 @@ import yaml
 
 PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
 KINDS = ["paper", "method", "illustration"]
+#: Whose number a paper claim's threshold is: the paper's, pipecomm's model's, the artifact's margin.
+BARS = ["paper", "model", "margin"]
 _TEXT = {"type": "string", "minLength": 1}
 
 #: One entry of artifact/claims.yaml: what each kind must state (docs/experiments.md, "Claims").
@@ -49,11 +51,17 @@ CLAIM: dict[str, Any] = {
         "check": _TEXT,
         "args": {"type": ["object", "null"]},
         "profiles": {"type": "array", "minItems": 1, "items": {"enum": PROFILE_NAMES}},
+        "bar": {"enum": BARS},
+        "supersedes": _TEXT,
+        "superseded_by": _TEXT,
+        "change": _TEXT,
     },
     "allOf": [
         {"if": {"properties": {"kind": {"enum": ["paper", "method"]}}},
          "then": {"required": ["check", "prediction", "threshold_reason"]}},
-        {"if": {"properties": {"kind": {"const": "paper"}}}, "then": {"required": ["source"]}},
+        {"if": {"properties": {"kind": {"const": "paper"}}},
+         "then": {"required": ["source", "bar"]}},
+        {"if": {"required": ["supersedes"]}, "then": {"required": ["change"]}},
     ],
 }
 CLAIMS: dict[str, Any] = {"type": "array", "items": CLAIM}
