@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import hashlib
 import json
 import subprocess
@@ -44,6 +45,7 @@ import yaml
 from pipecomm.lab import claims
 from pipecomm.lab.results import REPO_ROOT
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where there is one: 30 files
 LEDGER_FILE = REPO_ROOT / "artifact" / "claims-ledger.yaml"
 REFERENCE = REPO_ROOT / "artifact" / "reference"
 #: The profiles whose reference claims tables the ledger reads (those that exist).
@@ -180,7 +182,7 @@ def claims_history(root: Path = REPO_ROOT) -> list[tuple[str, str, dict[str, str
         sha, date = line.split()
         text = _git("show", f"{sha}:artifact/claims.yaml", root=root)
         try:
-            doc = yaml.safe_load(text or "") or []
+            doc = yaml.load(text or "", Loader=_LOADER) or []
         except yaml.YAMLError:
             continue
         defs = {e["id"]: claims.definition(e) for e in doc
@@ -210,14 +212,32 @@ def first_stated(claim_id: str, definition: str,
     return found
 
 
-def written_by(path: Path, root: Path = REPO_ROOT) -> str | None:
-    """The last commit that changed ``path`` (a reference claims table), None if untracked."""
-    out = _git("log", "-1", "--format=%H", "--", str(path.relative_to(root)), root=root)
-    if out is None:
-        return None
-    return out.strip() or None
+@functools.lru_cache(maxsize=64)
+def decided_at(path: Path, root: Path = REPO_ROOT) -> str | None:
+    """The commit that recorded the verdicts of a reference claims table: the newest commit
+    that changed any claim's verdict, runs or measured value in it (a commit that only added a
+    column, such as the definitions, decided nothing); None if git does not track it."""
+    rel = str(path.relative_to(root))
+    log = _git("log", "--first-parent", "--format=%H", "--", rel, root=root)
+    shas = (log or "").split()
+
+    def verdicts(sha: str) -> set[tuple[str, ...]]:
+        import io
+
+        text = _git("show", f"{sha}:{rel}", root=root)
+        if not text:
+            return set()
+        t = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+        cols = [c for c in ("claim", "verdict", "runs", "measured") if c in t.columns]
+        return set(t[cols].itertuples(index=False, name=None))
+
+    for sha, older in zip(shas, [*shas[1:], None]):
+        if older is None or verdicts(sha) != verdicts(older):
+            return sha
+    return None
 
 
+@functools.lru_cache(maxsize=1024)
 def is_ancestor(a: str, b: str, root: Path = REPO_ROOT) -> bool:
     """Whether commit ``a`` is ``b`` or one of its ancestors."""
     try:
@@ -345,9 +365,9 @@ def problems(entries: list[dict[str, Any]] | None = None,
             elif git:
                 commit = (ledger.get(row.claim) or {}).get("commit")
                 path = root / "artifact" / "reference" / label / "claims.csv"
-                wrote = written_by(path, root)
+                wrote = decided_at(path, root)
                 if commit and wrote and not is_ancestor(commit, wrote, root):
-                    out.append(f"{row.claim}: the {label} reference was written at "
+                    out.append(f"{row.claim}: the {label} reference was decided at "
                                f"{wrote[:10]}, before the commit {commit[:10]} that states "
                                f"it: a version is committed before its first run")
     for cid, rec in ledger.items():
@@ -393,7 +413,7 @@ def update(today: str | None = None, root: Path = REPO_ROOT,
         if e.get("superseded_by"):
             frozen = dict(rec.get("verdicts") or {})
             for name, v in ran.items():
-                wrote = written_by(root / "artifact" / "reference" / name / "claims.csv", root)
+                wrote = decided_at(root / "artifact" / "reference" / name / "claims.csv", root)
                 frozen.setdefault(name, {**v, "reference": wrote or ""})
             if frozen:
                 rec["verdicts"] = frozen
@@ -453,8 +473,8 @@ def _ordered(rec: dict[str, Any]) -> dict[str, Any]:
 
 def backfill_definitions(root: Path = REPO_ROOT) -> list[Path]:
     """Give each reference claims table written before tables recorded definitions its
-    ``definition`` column: each claim's definition in the claims.yaml of the commit that wrote
-    the table (git), blank for a claim that file did not state. Returns the tables written.
+    ``definition`` column: each claim's definition in the claims.yaml of the commit that
+    recorded its verdicts (:func:`decided_at`) (git), blank for a claim that file did not state. Returns the tables written.
 
     Example::
 
@@ -466,10 +486,10 @@ def backfill_definitions(root: Path = REPO_ROOT) -> list[Path]:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
         if "definition" in table.columns:
             continue
-        commit = written_by(path, root)
+        commit = decided_at(path, root)
         text = _git("show", f"{commit}:artifact/claims.yaml", root=root) if commit else None
         if text is None:
-            raise RuntimeError(f"{path}: no commit wrote it: its definitions cannot be known")
+            raise RuntimeError(f"{path}: no commit recorded it: its definitions cannot be known")
         defs = {e["id"]: claims.definition(e) for e in yaml.safe_load(text)}
         table["definition"] = [defs.get(c, "") for c in table["claim"]]
         table.to_csv(path, index=False)
