@@ -64,6 +64,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.netem.schedule",
     "pipecomm.lab.network",
     "pipecomm.lab.notebook",
+    "pipecomm.lab.paper_claims",
     "pipecomm.lab.pipesgd_config",
     "pipecomm.lab.pipesgd_timing_model",
     "pipecomm.lab.pipesgd_training",

@@ -474,7 +474,8 @@ def _ordered(rec: dict[str, Any]) -> dict[str, Any]:
 def backfill_definitions(root: Path = REPO_ROOT) -> list[Path]:
     """Give each reference claims table written before tables recorded definitions its
     ``definition`` column: each claim's definition in the claims.yaml of the commit that
-    recorded its verdicts (:func:`decided_at`) (git), blank for a claim that file did not state. Returns the tables written.
+    recorded its verdicts (:func:`decided_at`, from git), blank for a claim that file did not
+    state. Returns the tables written.
 
     Example::
 

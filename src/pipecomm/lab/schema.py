@@ -66,6 +66,34 @@ CLAIM: dict[str, Any] = {
 }
 CLAIMS: dict[str, Any] = {"type": "array", "items": CLAIM}
 
+#: One claim of the papers in artifact/paper-claims.yaml (pipecomm.lab.paper_claims).
+PAPER_CLAIM: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "paper", "claim", "source", "meaning", "claims", "related"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^(LP|PS|DG|DA)-[0-9]+$"},
+        "paper": {"enum": ["LP", "Pipe-SGD", "LW/DGD", "DAdam"]},
+        "claim": _TEXT,
+        "source": _TEXT,
+        "meaning": _TEXT,
+        "claims": {"type": "array", "items": _TEXT},
+        "related": {"type": "array", "items": _TEXT},
+        "decided_in": {"type": "array", "minItems": 1, "items": {"enum": PROFILE_NAMES}},
+        "timed": {"type": "boolean"},
+        "comparison": _TEXT,
+        "regime": _TEXT,
+        "why": _TEXT,
+        "primary": {"type": "boolean"},
+    },
+    "allOf": [
+        {"if": {"properties": {"claims": {"minItems": 1}}},
+         "then": {"required": ["decided_in", "timed", "comparison", "regime"]},
+         "else": {"required": ["why"]}},
+    ],
+}
+PAPER_CLAIMS: dict[str, Any] = {"type": "array", "items": PAPER_CLAIM}
+
 #: artifact/profiles/<name>.yaml: which experiments a profile runs, their budgets and parameters.
 PROFILE: dict[str, Any] = {
     "type": "object",

@@ -365,7 +365,8 @@ def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
 
 @claims.prediction("e3_mst_log_growth")
 def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
-    """C3.2's prediction for the run: MST's growth from ``p_lo`` in the model, against
+    """C3.2's (superseded by C3.2b) prediction for the run: MST's growth from ``p_lo`` in the
+    model, against
     ceil(log2 p) / ceil(log2 p_lo), at every p of the run.
 
     Example::

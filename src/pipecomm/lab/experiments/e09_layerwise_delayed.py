@@ -342,7 +342,8 @@ def predict_delayed_faster(df: pd.DataFrame) -> str:
 
 @claims.prediction("e9_layerwise_not_slower")
 def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
-    """C9.2's prediction for the run: the bucket-schedule model's layer-wise / sync time.
+    """C9.2's (superseded by C9.2b) prediction for the run: the bucket-schedule model's
+    layer-wise / sync time.
 
     Example::
 

@@ -10,8 +10,8 @@ For every step of one period of each topology (complete, ring, one-peer-exp, AER
 all-reduces each bucket over its group, all groups at once, on the two-level emulated network;
 ``runs`` interleaved runs, one repeat each. The model (column ``model_s``) is
 ``dadam_timing.replay_ring_allreduces``, the lock-step closed form beside it (``lockstep_s``).
-Claims (artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2
-AER's time against complete's.
+Claims (artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2b
+AER's time against the one-peer exponential graph's (C10.2, against complete's, superseded).
 
 Timing, the models' inputs and the network: docs/experiments.md, "E10: protocol in detail"; the
 overlapped model: docs/experiments.md, E10.
@@ -311,7 +311,8 @@ def check_within_model(df: pd.DataFrame, tolerance: float, may_miss: str | int
 
 @claims.prediction("e10_aer_below_complete")
 def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
-    """C10.2's prediction for the run: the model's AER / complete communication time per
+    """C10.2's (superseded by C10.2b) prediction for the run: the model's AER / complete
+    communication time per
     iteration at p = ``world_size``, per model (an error when the run lacks that p).
 
     Example::
