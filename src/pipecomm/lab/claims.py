@@ -986,7 +986,7 @@ def paper_line(table: pd.DataFrame) -> str:
         return ""
     sub = table[table["kind"] == PAPER]
     counts = sub["verdict"].value_counts().to_dict()
-    line = (f"papers' claims: {len(sub)} coded checks: "
+    line = (f"papers' claims: {len(sub)} coded check{'s' if len(sub) != 1 else ''}: "
             + ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS if k != MODEL))
     if "bar" in sub.columns:
         model = [f"{r.claim} ({r.verdict})" for r in sub.itertuples() if r.bar == BAR_MODEL]

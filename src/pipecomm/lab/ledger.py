@@ -168,8 +168,12 @@ def _git(*args: str, root: Path = REPO_ROOT) -> str | None:
 
 
 def has_git(root: Path = REPO_ROOT) -> bool:
-    """Whether ``root`` is a git checkout (an archived snapshot has no history to check)."""
-    return _git("rev-parse", "--verify", "HEAD", root=root) is not None
+    """Whether ``root`` is a git checkout with its whole history (an archived snapshot or a
+    shallow clone cannot show where a version was first stated: the checks that need git are
+    left out there)."""
+    if _git("rev-parse", "--verify", "HEAD", root=root) is None:
+        return False
+    return (_git("rev-parse", "--is-shallow-repository", root=root) or "").strip() != "true"
 
 
 def claims_history(root: Path = REPO_ROOT) -> list[tuple[str, str, dict[str, str]]]:
