@@ -148,7 +148,8 @@ def test_convergence_gate():
 
 
 def test_kind_and_source_are_required(tmp_path):
-    """Every entry says its kind; a paper claim says where the paper says it."""
+    """Every entry says its kind; a paper claim says where the paper says it and whose number
+    its threshold is (the paper's, pipecomm's model's or the artifact's margin)."""
     base = {"id": "X", "paper": "p", "experiment": "E0", "statement": "s", "prediction": "p",
             "threshold_reason": "r", "check": "e0_emulated_within",
             "args": {"min_bytes": 1, "tolerance": 0.1, "abs_tolerance_s": 0.0,
@@ -156,11 +157,14 @@ def test_kind_and_source_are_required(tmp_path):
     path = tmp_path / "claims.yaml"
     for entry, match in ((base, "claim X: 'kind' is required"),
                          (dict(base, kind="claim"), "claim X.kind: 'claim' is not allowed"),
-                         (dict(base, kind="paper"), "claim X: 'source' is required")):
+                         (dict(base, kind="paper", bar="paper"), "claim X: 'source' is required"),
+                         (dict(base, kind="paper", source="abstract"), "claim X: 'bar' is required"),
+                         (dict(base, kind="paper", source="abstract", bar="mine"),
+                          "claim X.bar: 'mine' is not allowed")):
         path.write_text(yaml.safe_dump([entry]))
         with pytest.raises(ValueError, match=match):
             claims.load_claims(path)
-    path.write_text(yaml.safe_dump([dict(base, kind="paper", source="abstract")]))
+    path.write_text(yaml.safe_dump([dict(base, kind="paper", source="abstract", bar="model")]))
     assert claims.load_claims(path)[0]["source"] == "abstract"
 
 

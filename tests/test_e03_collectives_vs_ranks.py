@@ -1,6 +1,8 @@
 """E3 (collectives vs ranks): growth table, runtime estimate, one tiny end-to-end run on an
 emulated network with subgroups, and the claim's synthetic PASS / FAIL cases."""
 
+import math
+
 import pandas as pd
 import pytest
 from claimdata import with_repeats
@@ -13,6 +15,7 @@ CLAIM_ARGS = {
     "e3_lp_flat_mst_grows": {"p_lo": 2, "p_hi": 16, "op": "broadcast", "tolerance": 0.15},
     "e3_lp_invariant": {"op": "broadcast", "p_lo": 2, "p_hi": 16, "max_growth": 1.35},
     "e3_mst_log_growth": {"op": "broadcast", "p_lo": 2, "tolerance": 0.15, "may_miss": "none"},
+    "e3_mst_log_shape": {"op": "broadcast", "p_lo": 2, "tolerance": 0.1},
 }
 PROFILE = {
     "world_sizes": [2, 4, 8, 16],
@@ -60,6 +63,17 @@ def _synthetic(lp_top=1.0, mst_top=1.0, spread=0.01) -> pd.DataFrame:
     return with_repeats(pd.DataFrame(rows), spread)
 
 
+def _mst_shaped(shape: str, spread: float = 0.01) -> pd.DataFrame:
+    """:func:`_synthetic` with MST's growth from p = 2 made linear in p (``"linear"``: p / 2
+    instead of ceil(log2 p)) or flat (``"flat"``)."""
+    df = _synthetic(spread=spread).drop(columns="times_s")
+    mst = df.algorithm == "mst"
+    factor = {"linear": lambda q: (q / 2) / math.ceil(math.log2(q)),
+              "flat": lambda q: 1 / math.ceil(math.log2(q))}[shape]
+    df.loc[mst, "time_s"] *= [factor(q) for q in df.loc[mst, "world_size"]]
+    return with_repeats(df, spread)
+
+
 CLAIM_CASES = {
     "e3_lp_flat_mst_grows": (_synthetic, lambda: _synthetic(lp_top=1.2),
                              lambda: _synthetic(lp_top=1.14, spread=0.1)),
@@ -69,6 +83,10 @@ CLAIM_CASES = {
     # MST 4x from 2 to 16 ranks; 0.6 of it fails, 0.85 of it straddles the 15%
     "e3_mst_log_growth": (_synthetic, lambda: _synthetic(mst_top=0.6),
                           lambda: _synthetic(mst_top=0.85, spread=0.1)),
+    # the shape: log growth (x 1.05 + 20 ms: a constant factor and overhead) fits, linear
+    # growth fails the log fit, a p = 16 point 1.2x off with 10% noise straddles 10%
+    "e3_mst_log_shape": (_synthetic, lambda: _mst_shaped("linear"),
+                         lambda: _synthetic(mst_top=1.2, spread=0.1)),
 }
 
 
@@ -92,6 +110,20 @@ def test_mst_log_growth_reports_every_p():
     assert all(f"p={q}" in v.measured for q in (4, 8, 16)) and "log x4" in v.measured
     assert "4.00x" in e3.predict_mst_log(_synthetic(), "broadcast", 2)
     assert "1.17" in e3.predict_lp_invariant(_synthetic(), "broadcast", 2, 16)
+
+
+def test_mst_log_shape_needs_ranks_that_tell_the_shapes_apart():
+    args = CLAIM_ARGS["e3_mst_log_shape"]
+    flat = e3.check_mst_log_shape(_mst_shaped("flat"), **args)
+    assert flat.verdict == claims.INCONCLUSIVE and "cannot tell log p from p" in flat.reason
+    v = e3.check_mst_log_shape(_synthetic(), **args)
+    assert "log fit 0.0%" in v.measured and "linear fit 39" in v.measured
+    assert "log fit residual 0.0%, linear fit 40.0%" in e3.predict_mst_log_shape(
+        _synthetic(), "broadcast", 2)
+    with pytest.raises(ValueError, match="a shape needs"):
+        e3.check_mst_log_shape(_synthetic().query("world_size <= 4"), **args)
+    few = with_repeats(_synthetic().drop(columns="times_s"), n=3)
+    assert e3.check_mst_log_shape(few, **args).verdict == claims.INCONCLUSIVE
 
 
 def test_growth_and_summary():

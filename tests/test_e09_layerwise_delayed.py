@@ -40,6 +40,11 @@ CLAIM_CASES = {
                           lambda: _e9(delayed2_ms=90.0, noise=0.2)),
     "e9_layerwise_not_slower": (lambda: _e9(), lambda: _e9(layerwise_ms=99.0),
                                 lambda: _e9(layerwise_ms=90.0, noise=0.2)),
+    # the bucket model has layer-wise at 0.9 of sync: 110 ms (about 1.24, +37%) falls short of it
+    # by more than 25% and is slower than delayed-1 (60 ms); 85 ms performs as modelled; 112 ms
+    # with runs 20% apart straddles the bound
+    "e9_layerwise_short": (lambda: _e9(layerwise_ms=110.0), lambda: _e9(),
+                           lambda: _e9(layerwise_ms=112.0, noise=0.2)),
     # efficiency 30 / 60 = 0.5 passes the bound 0.3; 15 / 61 = 0.25 fails; 18.3 / 61 = 0.3
     # with runs 20% apart straddles it
     "e9_efficiency": (lambda: _e9(), lambda: _e9(nocomm_ms=15.0),
@@ -70,6 +75,19 @@ def test_timed_claims_take_one_repeat_per_timing_run():
 def test_layerwise_tolerance_is_a_ratio():
     assert e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), max_ratio=1.1).passed
     assert not e9.check_layerwise_not_slower(_e9(layerwise_ms=93.0), max_ratio=1.0).passed
+
+
+def test_layerwise_short_needs_both_parts():
+    args = {"tolerance": 0.25, "against": "delayed-1", "min_ratio": 1.0}
+    v = e9.check_layerwise_short(_e9(layerwise_ms=110.0), **args)
+    assert v.passed and "against the model 0.9x: +37%" in v.measured
+    assert "2 of 2 points PASS" in v.reason
+    # short of its model, but faster than the method it is compared with: FAIL
+    v = e9.check_layerwise_short(_e9(layerwise_ms=110.0, delayed2_ms=150.0),
+                                 **{**args, "against": "delayed-2"})
+    assert v.verdict == "FAIL" and "layerwise / delayed-2 0.73" in v.measured
+    p = e9.predict_layerwise_short(_e9(), "delayed-1")
+    assert "layer-wise / sync 0.90" in p and "layer-wise / delayed-1 1.35" in p
 
 
 def test_iterations_to_target_and_summary():

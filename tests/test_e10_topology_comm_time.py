@@ -19,15 +19,15 @@ from pipecomm.lab.training.dadam_timing import (
 from pipecomm.lab.workloads.tasks import workload_bucket_bytes
 
 
-def _table(error=0.1, aer_factor=0.6, spread=0.01):
-    """Per-step rows for p=4 and p=8, one model: measured = model * (1 + error)."""
+def _table(error=0.1, aer_factor=0.6, spread=0.01, one_peer=False):
+    """Per-step rows for p=4 and p=8, one model: measured = model * (1 + error); with
+    ``one_peer`` the one-peer exponential graph too, at complete's time."""
     rows = []
+    topologies = [("complete", 100.0), ("ring", 50.0), ("alternating-exp-ring", 100.0 * aer_factor)]
+    if one_peer:
+        topologies.append(("one-peer-exp", 100.0))
     for world in (4, 8):
-        for topo, model_ms in (
-            ("complete", 100.0),
-            ("ring", 50.0),
-            ("alternating-exp-ring", 100.0 * aer_factor),
-        ):
+        for topo, model_ms in topologies:
             for step in range(2):
                 rows.append(
                     {
@@ -49,10 +49,10 @@ def _table(error=0.1, aer_factor=0.6, spread=0.01):
     return pd.DataFrame(rows)
 
 
-def _runs(error=0.1, aer_factor=0.6, spread=0.01, runs=5):
+def _runs(error=0.1, aer_factor=0.6, spread=0.01, runs=5, one_peer=False):
     """The run structure: one row per step and run, each run's calls around its own median;
     run r's times scaled by 1 + spread * (r - 2) (independent runs that differ)."""
-    base = _table(error, aer_factor, 0.0)
+    base = _table(error, aer_factor, 0.0, one_peer)
     frames = []
     for r in range(runs):
         f = base.copy()
@@ -68,7 +68,21 @@ CLAIM_CASES = {
                          lambda: _runs(error=0.24, spread=0.1)),
     "e10_aer_below_complete": (lambda: _runs(aer_factor=0.6), lambda: _runs(aer_factor=1.2),
                                lambda: _runs(aer_factor=1.0, spread=0.2)),
+    # AER against one-peer-exp (at complete's 100 ms here): 0.6 passes, 1.2 fails, 1.0 with
+    # runs 20% apart straddles 1
+    "e10_aer_below": (lambda: _runs(aer_factor=0.6, one_peer=True),
+                      lambda: _runs(aer_factor=1.2, one_peer=True),
+                      lambda: _runs(aer_factor=1.0, spread=0.2, one_peer=True)),
 }
+
+
+def test_aer_below_names_the_other_topology():
+    v = e10.check_aer_below(_runs(one_peer=True), 8, "one-peer-exp", 1.0)
+    assert v.passed and v.measured.startswith("p=8: timing: AER/one-peer-exp 0.6")
+    assert e10.predict_aer_below(_runs(one_peer=True), 8, "one-peer-exp") == \
+        "model AER/one-peer-exp at p = 8: timing 0.60"
+    with pytest.raises(ValueError, match="'one-peer-exp' at p=8"):
+        e10.check_aer_below(_runs(), 8, "one-peer-exp", 1.0)
 
 
 def test_model_gossip_time_is_the_ring_formula_on_each_level():

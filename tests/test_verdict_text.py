@@ -109,13 +109,14 @@ def test_every_registered_prediction_runs_on_the_reference_run(entry):
 
 
 def test_a_run_without_the_claims_world_size_says_the_prediction_is_the_profiles():
-    """C10.2 is stated at p = 8: a quick run at p = 4 shows claims.yaml's text as the
+    """C10.2b is stated at p = 8: a quick run at p = 4 shows claims.yaml's text as the
     profile's, with the reason."""
-    entry = next(e for e in claims.load_claims() if e["id"] == "C10.2")
+    entry = next(e for e in claims.load_claims() if e["id"] == "C10.2b")
     df = pd.read_csv(REFERENCE / "E10" / "data.csv.gz")
-    assert claims.predict(entry, df).startswith("model AER/complete at p = 8: ")
+    assert claims.predict(entry, df).startswith("model AER/one-peer-exp at p = 8: ")
     text = claims.predict(entry, df[df.world_size == 4])
-    assert text.startswith("for the profile's configuration: ") and "no AER and complete" in text
+    assert text.startswith("for the profile's configuration: ") and \
+        "no AER and one-peer-exp" in text
 
 
 def test_a_closed_gate_is_said_once_in_why():

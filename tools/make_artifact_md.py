@@ -1,7 +1,9 @@
-"""Fill the generated sections of artifact/ARTIFACT.md from artifact/claims.yaml and the profiles.
+"""Fill the generated sections of artifact/ARTIFACT.md and docs/papers.md from
+artifact/claims.yaml, artifact/paper-claims.yaml, artifact/claims-ledger.yaml, the reference
+claims tables and the profiles.
 
     .venv/bin/python tools/make_artifact_md.py          # rewrite in place
-    .venv/bin/python tools/make_artifact_md.py --check  # exit 1 if ARTIFACT.md is out of date
+    .venv/bin/python tools/make_artifact_md.py --check  # exit 1 if either file is out of date
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "artifact" / "ARTIFACT.md"
+PAPERS_DOC = ROOT / "docs" / "papers.md"
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def _claims(superseded: bool = False) -> list[dict]:
+    """claims.yaml's entries, checked (the current versions, or every version)."""
+    from pipecomm.lab import claims
+
+    return claims.load_claims(superseded=superseded)
 
 
 def _cell(text: object) -> str:
@@ -51,7 +62,7 @@ def _meaning(profile: str, row) -> str:
     if verdict == "PASS":
         return f"{profile}: reproduced{runs}"
     if verdict == "FAIL":
-        return f"{profile}: contradicted{runs}: {measured}"
+        return f"{profile}: contradicted in the regime tested{runs}: {measured}"
     if verdict == "UNSTABLE":
         return f"{profile}: not decidable here, the independent runs disagree ({row['runs']}): " \
                f"{measured}"
@@ -66,8 +77,7 @@ def _meaning(profile: str, row) -> str:
 def paper_verdicts_section() -> str:
     """The papers' claims first: one row per paper claim, its verdict per profile, what it
     means."""
-    claims = [c for c in yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
-              if c.get("kind") == "paper"]
+    claims = [c for c in _claims() if c.get("kind") == "paper"]
     refs = {name: _reference(name) for name in REFERENCE_PROFILES}
     refs = {k: v.set_index("claim") for k, v in refs.items() if v is not None}
     lines = ["| claim | the paper says (source) | checked here | "
@@ -85,13 +95,16 @@ def paper_verdicts_section() -> str:
             if row["verdict"] not in ("NOT RUN",):
                 meaning.append(_meaning(name, row))
         said = f"{_cell(c.get('paper_value', ''))} ({_cell(c['source'])})"
-        lines.append(f"| {c['id']} | {said} | {_cell(c['statement'])} | " + " | ".join(cells)
-                     + f" | {_cell('; '.join(meaning)) or 'not run in any reference'} |")
+        bar = " (threshold from pipecomm's model)" if c.get("bar") == "model" else ""
+        never = (f"a new version of {c['supersedes']} (history table), not run yet"
+                 if c.get("supersedes") else "not run in any reference")
+        lines.append(f"| {c['id']} | {said} | {_cell(c['statement'])}{bar} | " + " | ".join(cells)
+                     + f" | {_cell('; '.join(meaning)) or never} |")
     return "\n".join(lines)
 
 
 def claims_section() -> str:
-    claims = yaml.safe_load((ROOT / "artifact" / "claims.yaml").read_text())
+    claims = _claims()
     titles = {"paper": "The papers' claims", "method": "Method claims (pipecomm's own models, "
               "emulator and targets)", "illustration": "Model illustrations (no verdict)"}
     parts = []
@@ -123,11 +136,16 @@ def reference_section(profile: str) -> str:
     runs = "runs" in table.columns
     n = len(list(path.parent.glob("run-*"))) + 1
     what = f"{n} independent runs" if runs else "reference run"
-    lines = [f"The `{profile}` profile's {what} (`artifact/reference/{profile}/`):", "",
+    kinds = {c["id"]: c for c in _claims(superseded=True)}
+    lines = [f"The `{profile}` profile's {what} (`artifact/reference/{profile}/`; kind as "
+             f"claims.yaml states it now, a superseded version marked):", "",
              "| claim | kind | measured (95% interval) | threshold | " + ("runs | " if runs else "")
              + "verdict |", "|---|---|---|---|" + ("---|" if runs else "") + "---|"]
     for _, r in table.iterrows():
-        kind = r.get("kind", "")
+        entry = kinds.get(r["claim"], {})
+        kind = entry.get("kind", r.get("kind", ""))
+        if entry.get("superseded_by"):
+            kind += f" (superseded by {entry['superseded_by']})"
         extra = f"{_cell(r['runs'])} | " if runs else ""
         lines.append(f"| {r['claim']} | {kind} | {_cell(r['measured'])} | "
                      f"{_cell(r['threshold'])} | {extra}{r['verdict']} |")
@@ -137,7 +155,6 @@ def reference_section(profile: str) -> str:
 
 
 def experiments_section() -> str:
-    sys.path.insert(0, str(ROOT / "src"))
     from pipecomm.lab import artifact
 
     found = artifact.discover()
@@ -168,8 +185,72 @@ def experiments_section() -> str:
     return "\n".join(lines)
 
 
+def paper_claims_section(brief: bool = False) -> str:
+    """The papers' 36 claims in categories, computed from the reference verdicts
+    (pipecomm.lab.paper_claims)."""
+    from pipecomm.lab import paper_claims
+
+    return paper_claims.to_markdown(paper_claims.table(), brief=brief)
+
+
+def _verdict_cell(v: dict | None) -> str:
+    if not v:
+        return "-"
+    runs = f" ({v['runs']})" if v.get("runs") and v["runs"] != v["verdict"] else ""
+    return f"{v['verdict']}{runs}"
+
+
+def _runs_experiment(table, experiment: str) -> bool:
+    """Whether a reference claims table decided anything of ``experiment``."""
+    rows = table[table["experiment"] == experiment]
+    return bool((~rows["verdict"].isin(["NOT RUN", "MODEL (no verdict)", ""])).any())
+
+
+def history_section() -> str:
+    """Every claim with more than one version or an amendment: each version, when and at which
+    commit it was stated, its status and its verdicts (a superseded version's frozen in the
+    ledger, never re-evaluated; a current one's from the references)."""
+    from pipecomm.lab import claims, ledger
+
+    entries = _claims(superseded=True)
+    book = ledger.load_ledger()
+    tables = ledger.reference_tables()
+    families: dict[str, list[dict]] = {}
+    for e in entries:
+        families.setdefault(claims.split_id(e["id"])[0], []).append(e)
+    profiles = [p for p in REFERENCE_PROFILES if p in tables]
+    lines = ["| claim | version | stated (commit) | status | " + " | ".join(profiles)
+             + " | what changed |", "|---|---|---|---|" + "---|" * len(profiles) + "---|"]
+    for family, versions in families.items():
+        amended = any(book.get(e["id"], {}).get("amendments") for e in versions)
+        if len(versions) < 2 and not amended:
+            continue
+        for e in versions:
+            rec = book.get(e["id"], {})
+            commit = (rec.get("commit") or "")[:7] or "not committed"
+            frozen = rec.get("verdicts") or {}
+            live = ledger.decided(tables, e["id"])
+            if e.get("superseded_by"):
+                status = (f"superseded by {e['superseded_by']}: its verdicts frozen, never "
+                          f"re-evaluated")
+                cells = [_verdict_cell(frozen.get(p)) for p in profiles]
+            else:
+                status = f"current ({e['kind']})"
+                cells = [_verdict_cell(live.get(p)) if live.get(p) else
+                         "not run yet" if _runs_experiment(tables[p], e["experiment"]) else "-"
+                         for p in profiles]
+            changed = [e.get("change", "")] if e.get("change") else []
+            changed += [f"{a['date']}: {a['changed']} -- {a['reason']}"
+                        for a in rec.get("amendments", [])]
+            lines.append(f"| {family} | {claims.split_id(e['id'])[1]} ({e['id']}) | "
+                         f"{rec.get('stated', '')} ({commit}) | {status} | " + " | ".join(cells)
+                         + f" | {_cell(' '.join(changed)) or '-'} |")
+    return "\n".join(lines)
+
+
 def render(text: str) -> str:
-    sections = (("paper-verdicts", paper_verdicts_section()), ("claims", claims_section()),
+    sections = (("paper-claims", paper_claims_section()), ("claim-history", history_section()),
+                ("paper-verdicts", paper_verdicts_section()), ("claims", claims_section()),
                 ("experiments", experiments_section()),
                 ("reference-cpu", reference_section("cpu")),
                 ("reference-cpu-full", reference_section("cpu-full")),
@@ -180,16 +261,27 @@ def render(text: str) -> str:
     return text
 
 
+def render_papers(text: str) -> str:
+    """docs/papers.md's generated list of the papers' claims in categories."""
+    body = paper_claims_section(brief=True)
+    pattern = re.compile(r"(<!-- paper-claims:begin[^>]*-->\n).*?(<!-- paper-claims:end -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+
+
 def main() -> int:
-    old = DOC.read_text()
-    new = render(old)
-    if "--check" in sys.argv:
-        if new != old:
-            print("artifact/ARTIFACT.md is out of date: run tools/make_artifact_md.py")
-            return 1
-        return 0
-    DOC.write_text(new)
-    print("wrote", DOC.relative_to(ROOT))
+    stale = []
+    for doc, fill in ((DOC, render), (PAPERS_DOC, render_papers)):
+        old = doc.read_text()
+        new = fill(old)
+        if "--check" in sys.argv:
+            if new != old:
+                stale.append(str(doc.relative_to(ROOT)))
+            continue
+        doc.write_text(new)
+        print("wrote", doc.relative_to(ROOT))
+    if stale:
+        print(f"{', '.join(stale)} out of date: run tools/make_artifact_md.py")
+        return 1
     return 0
 
 

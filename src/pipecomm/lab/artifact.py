@@ -1205,10 +1205,14 @@ def interrupted_line(current: str | None, finished: list[str], word: str = "inte
            "; re-run to resume"
 
 
-def claims_report(table: Any, selected: list[str]) -> str:
-    """The claims rows of the experiments run now, and one line on how many others there are
-    (the whole table is in claims.md)."""
+def claims_report(table: Any, selected: list[str], profile: str | None = None) -> str:
+    """The claims rows of the experiments run now, one line on how many others there are (the
+    whole table is in claims.md) and, given the ``profile``, the papers' 36 claims in
+    categories on this run's verdicts (:func:`pipecomm.lab.paper_claims.run_summary`: C2.9 and
+    the other method claims are not the papers', and a threshold that is pipecomm's model is
+    named)."""
     from pipecomm.lab import claims as claims_mod
+    from pipecomm.lab import paper_claims
 
     mine = table[table.experiment.isin(selected)]
     text = claims_mod.to_text(mine) if len(mine) else "(these experiments have no claims)\n"
@@ -1217,6 +1221,8 @@ def claims_report(table: Any, selected: list[str]) -> str:
         not_run = int((others.verdict == claims_mod.NOT_RUN).sum())
         text += (f"{len(others)} claims of other experiments are not shown ({not_run} of them "
                  f"NOT RUN)\n")
+    if profile is not None:
+        text += "\n" + paper_claims.run_summary(table, profile) + "\n"
     return text
 
 
@@ -1343,7 +1349,7 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
         print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides (with their "
               f"statements, predictions and references: {shown}):")
     print()
-    print(claims_report(table, list(dirs)), end="")
+    print(claims_report(table, list(dirs), profile), end="")
     over = f", {runs} independent runs" if runs > 1 else ""
     print(f"(all claims of profile {profile}, default parameters{over}: "
           f"{_shown_path(base / 'claims.md')})")

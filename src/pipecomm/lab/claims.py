@@ -26,10 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 import math
 import pkgutil
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,18 @@ MIN_REPEATS = 5  # fewer repeats than this cannot decide a timed claim
 #: analytic model statement shown without a verdict.
 PAPER, METHOD, ILLUSTRATION = schema.KINDS
 KINDS = tuple(schema.KINDS)
+#: Whose number a paper claim's threshold is (claims.yaml ``bar``): the paper's own statement
+#: (its direction or number), pipecomm's own model (a PASS is against pipecomm's model, not a
+#: number of the paper), or a margin the artifact chose (an accuracy point, a fit tolerance).
+BAR_PAPER, BAR_MODEL, BAR_MARGIN = schema.BARS
+#: The fields of a claims.yaml entry that define what its verdict decides: the experiment (and
+#: so the measurement protocol), the statement, the check and its arguments (thresholds and
+#: gates) and the profiles it is decided in. Changing any of them after a run makes a new
+#: version of the claim (docs/experiments.md, "Versions"); its kind, prediction, reasons and
+#: citations are not part of the definition (a reclassification is recorded in
+#: artifact/claims-ledger.yaml, not hidden).
+DEFINITION_FIELDS = ("experiment", "statement", "check", "args", "profiles")
+_ID = re.compile(r"^(C[0-9]+\.[0-9]+)([b-z]?)$")
 
 
 class Decision(str):
@@ -496,14 +511,93 @@ def _check_signature(entry: dict[str, Any], fn: CheckFn, path: Any) -> None:
                                  f"unknown {unknown} for check {entry['check']!r}")
 
 
-def load_claims(path: str | Path | None = None) -> list[dict[str, Any]]:
+def split_id(claim_id: str) -> tuple[str, str]:
+    """A claim id as its family and version: ``C9.2b`` is version ``b`` of ``C9.2``; an id
+    without a letter is version ``a`` (docs/experiments.md, "Versions").
+
+    Example::
+
+        >>> split_id("C9.2b"), split_id("C13.1")
+        (('C9.2', 'b'), ('C13.1', 'a'))
+    """
+    m = _ID.match(claim_id)
+    if m is None:
+        raise ValueError(f"claim id {claim_id!r} is not C<experiment>.<n> with an optional "
+                         f"version letter b-z (C9.2, C9.2b)")
+    return m.group(1), m.group(2) or "a"
+
+
+def definition(entry: dict[str, Any]) -> str:
+    """The hash of what a claim's verdict decides (:data:`DEFINITION_FIELDS` of its claims.yaml
+    entry; the statement with its whitespace folded, as YAML may wrap it): 16 hex digits of
+    SHA-256 over their canonical JSON. Claims tables record it beside each verdict, and
+    artifact/claims-ledger.yaml beside each version, so that a definition changed after a run
+    is refused (tests/test_claims_ledger.py) instead of re-deciding the old verdict silently.
+
+    Example::
+
+        >>> e = {"experiment": "E3", "statement": "MST grows  like log p", "check": "c",
+        ...      "args": {"tolerance": 0.1}}
+        >>> definition(e) == definition({**e, "statement": "MST grows like log p",
+        ...                               "prediction": "any text"})
+        True
+        >>> definition(e) == definition({**e, "args": {"tolerance": 0.15}})
+        False
+    """
+    fields = {k: entry.get(k) for k in DEFINITION_FIELDS}
+    fields["statement"] = " ".join(str(fields["statement"] or "").split())
+    fields["args"] = fields["args"] or {}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_versions(entries: list[dict[str, Any]], path: Any) -> None:
+    """``supersedes`` and ``superseded_by`` name each other, within one family, the new
+    version one letter on."""
+    by_id = {e["id"]: e for e in entries}
+    for e in entries:
+        old = e.get("supersedes")
+        if old is None and not _ID.match(e["id"]):
+            continue  # an id outside the scheme (a test's) has no versions
+        try:
+            family, version = split_id(e["id"])
+        except ValueError as exc:
+            raise schema.ConfigError(f"{path}: {exc}") from None
+        if old is not None:
+            if old not in by_id or by_id[old].get("superseded_by") != e["id"]:
+                raise schema.ConfigError(f"{path}: claim {e['id']}: supersedes {old!r}, whose "
+                                         f"entry must stay in the file with superseded_by: "
+                                         f"{e['id']}")
+            try:
+                old_family, old_version = split_id(old)
+            except ValueError as exc:
+                raise schema.ConfigError(f"{path}: {exc}") from None
+            if old_family != family or ord(version) != ord(old_version) + 1:
+                raise schema.ConfigError(f"{path}: claim {e['id']}: a new version of {old} "
+                                         f"is {old_family}{chr(ord(old_version) + 1)}")
+        elif version != "a":
+            raise schema.ConfigError(f"{path}: claim {e['id']}: version {version} needs "
+                                     f"supersedes: (the version it replaces)")
+        new = e.get("superseded_by")
+        if new is not None and (new not in by_id or by_id[new].get("supersedes") != e["id"]):
+            raise schema.ConfigError(f"{path}: claim {e['id']}: superseded_by {new!r}, which "
+                                     f"must state supersedes: {e['id']}")
+
+
+def load_claims(path: str | Path | None = None,
+                superseded: bool = False) -> list[dict[str, Any]]:
     """Read artifact/claims.yaml, checked against :data:`pipecomm.lab.schema.CLAIMS` (the keys
     each kind states: a checked claim its ``check``, ``prediction`` and ``threshold_reason`` --
-    why this threshold, chosen before the run --, a paper claim its ``source``; an entry with
-    ``kind: illustration`` is an analytic statement shown without a verdict), then: ids unique,
-    each check known and given every argument of it. An optional ``profiles`` list limits the
-    profiles whose claims table lists the claim (for example the real-backend targets, which
-    the ``shaped`` profile's network runs do not measure).
+    why this threshold, chosen before the run --, a paper claim its ``source`` and ``bar``; an
+    entry with ``kind: illustration`` is an analytic statement shown without a verdict), then:
+    ids unique, versions that name each other (``supersedes`` / ``superseded_by``), each check
+    known and given every argument of it. An optional ``profiles`` list limits the profiles
+    whose claims table lists the claim (for example the real-backend targets, which the
+    ``shaped`` profile's network runs do not measure).
+
+    A version that a newer one replaced (``superseded_by``) stays in the file with its
+    definition, is never evaluated on a new run, and keeps the verdicts it had (ARTIFACT.md's
+    history table); it is returned only with ``superseded=True``.
 
     Raises:
         pipecomm.lab.schema.ConfigError: one line naming the file, the claim and the key.
@@ -527,10 +621,13 @@ def load_claims(path: str | Path | None = None) -> list[dict[str, Any]]:
         entry.setdefault("prediction", "")
         if entry["kind"] != ILLUSTRATION:
             if entry["check"] not in checks:
+                if entry.get("superseded_by"):  # never evaluated again: its check may be gone
+                    continue
                 raise schema.ConfigError(f"{path}: claim {entry['id']}: unknown check "
                                          f"{entry['check']!r}")
             _check_signature(entry, checks[entry["check"]], path)
-    return entries
+    _check_versions(entries, path)
+    return entries if superseded else [e for e in entries if not e.get("superseded_by")]
 
 
 def run_check(entry: dict[str, Any], df: pd.DataFrame) -> Verdict:
@@ -628,7 +725,10 @@ def evaluate(
     experiment id to how its result stands (``current``, ``stale: <why>``, ``old result: its
     re-run failed``), shown in a ``result`` column beside each verdict decided on it. The
     ``why`` column gives each verdict's reason (:attr:`Verdict.reason`; an ERROR's exception).
-    Illustrations get the verdict :data:`MODEL` without running anything.
+    Illustrations get the verdict :data:`MODEL` without running anything. Each row records the
+    claim's ``definition`` (:func:`definition`: what its verdict decided, checked against
+    artifact/claims-ledger.yaml) and, for a paper claim, whose number its threshold is
+    (``bar``, :data:`BAR_MODEL` when it is pipecomm's model's).
 
     Example::
 
@@ -651,6 +751,8 @@ def evaluate(
             "threshold": "",
             "verdict": NOT_RUN,
             "why": f"{exp} has no data.csv here",
+            "bar": entry.get("bar", "") or "",
+            "definition": definition(entry),
         }
         csv = d / "data.csv"
         if entry["kind"] == ILLUSTRATION:
@@ -808,7 +910,8 @@ def to_markdown(table: pd.DataFrame) -> str:
             if len(sub):
                 own = [c for c in cols if kind == PAPER or c not in ("source", "paper_value")]
                 parts.append(f"## {title}\n\n{_md_rows(sub, own)}")
-    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n"
+    papers = paper_line(table)
+    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n" + (f"\n{papers}\n" if papers else "")
 
 
 #: The columns of the terminal's claims table (claims.md holds every column).
@@ -831,7 +934,8 @@ def to_text(table: pd.DataFrame) -> str:
         return _text_rows(table, cols) + f"\n\n{count_line(table)}\n"
     parts = [f"{title}:\n{_text_rows(table[table['kind'] == kind], cols)}"
              for kind, title in SECTIONS if (table["kind"] == kind).any()]
-    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n"
+    papers = paper_line(table)
+    return "\n\n".join(parts) + f"\n\n{count_line(table)}\n" + (f"{papers}\n" if papers else "")
 
 
 def _text_rows(table: pd.DataFrame, cols: list[str]) -> str:
@@ -863,6 +967,33 @@ def count_line(table: pd.DataFrame) -> str:
         old = int((~table["result"].isin(["", "current"])).sum())
         if old:
             line += f" ({old} decided on results that are not current: see the result column)"
+    return line
+
+
+def paper_line(table: pd.DataFrame) -> str:
+    """The papers' claims of a claims table counted on their own (method claims and
+    illustrations are not the papers'), naming those whose threshold is pipecomm's own model
+    (``bar``: a PASS there is against pipecomm's model, not against a number of the paper);
+    "" for a table without paper claims.
+
+    Example::
+
+        >>> t = pd.DataFrame({"claim": ["C2.1", "C7.1", "C2.9"], "kind": ["paper", "paper", "method"],
+        ...                   "verdict": ["PASS", "UNSTABLE", "PASS"], "bar": ["paper", "model", ""]})
+        >>> paper_line(t)
+        "papers' claims: 2 coded checks: 1 PASS, 0 FAIL, 0 INCONCLUSIVE, 1 UNSTABLE, 0 ERROR, 0 NOT RUN; threshold from pipecomm's own model (a PASS is against its model, not the paper's number): C7.1 (UNSTABLE)"
+    """
+    if "kind" not in table.columns or not (table["kind"] == PAPER).any():
+        return ""
+    sub = table[table["kind"] == PAPER]
+    counts = sub["verdict"].value_counts().to_dict()
+    line = (f"papers' claims: {len(sub)} coded check{'s' if len(sub) != 1 else ''}: "
+            + ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS if k != MODEL))
+    if "bar" in sub.columns:
+        model = [f"{r.claim} ({r.verdict})" for r in sub.itertuples() if r.bar == BAR_MODEL]
+        if model:
+            line += ("; threshold from pipecomm's own model (a PASS is against its model, not "
+                     "the paper's number): " + ", ".join(model))
     return line
 
 

@@ -198,7 +198,7 @@ def reasons(table: pd.DataFrame, base: Path) -> list[str]:
     """
     if "why" in table.columns:
         return [str(w) if isinstance(w, str) else "" for w in table["why"]]
-    entries = {e["id"]: e for e in claims.load_claims()}
+    entries = {e["id"]: e for e in claims.load_claims(superseded=True)}
     data: dict[str, pd.DataFrame | None] = {}
     out = []
     for _, row in table.iterrows():

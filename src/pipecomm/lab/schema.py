@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 PROFILE_NAMES = ["cpu", "cpu-full", "gpu", "shaped"]
 KINDS = ["paper", "method", "illustration"]
+#: Whose number a paper claim's threshold is: the paper's, pipecomm's model's, the artifact's margin.
+BARS = ["paper", "model", "margin"]
 _TEXT = {"type": "string", "minLength": 1}
 
 #: One entry of artifact/claims.yaml: what each kind must state (docs/experiments.md, "Claims").
@@ -52,14 +54,48 @@ CLAIM: dict[str, Any] = {
         "check": _TEXT,
         "args": {"type": ["object", "null"]},
         "profiles": {"type": "array", "minItems": 1, "items": {"enum": PROFILE_NAMES}},
+        "bar": {"enum": BARS},
+        "supersedes": _TEXT,
+        "superseded_by": _TEXT,
+        "change": _TEXT,
     },
     "allOf": [
         {"if": {"properties": {"kind": {"enum": ["paper", "method"]}}},
          "then": {"required": ["check", "prediction", "threshold_reason"]}},
-        {"if": {"properties": {"kind": {"const": "paper"}}}, "then": {"required": ["source"]}},
+        {"if": {"properties": {"kind": {"const": "paper"}}},
+         "then": {"required": ["source", "bar"]}},
+        {"if": {"required": ["supersedes"]}, "then": {"required": ["change"]}},
     ],
 }
 CLAIMS: dict[str, Any] = {"type": "array", "items": CLAIM}
+
+#: One claim of the papers in artifact/paper-claims.yaml (pipecomm.lab.paper_claims).
+PAPER_CLAIM: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["id", "paper", "claim", "source", "meaning", "claims", "related"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^(LP|PS|DG|DA)-[0-9]+$"},
+        "paper": {"enum": ["LP", "Pipe-SGD", "LW/DGD", "DAdam"]},
+        "claim": _TEXT,
+        "source": _TEXT,
+        "meaning": _TEXT,
+        "claims": {"type": "array", "items": _TEXT},
+        "related": {"type": "array", "items": _TEXT},
+        "decided_in": {"type": "array", "minItems": 1, "items": {"enum": PROFILE_NAMES}},
+        "timed": {"type": "boolean"},
+        "comparison": _TEXT,
+        "regime": _TEXT,
+        "why": _TEXT,
+        "primary": {"type": "boolean"},
+    },
+    "allOf": [
+        {"if": {"properties": {"claims": {"minItems": 1}}},
+         "then": {"required": ["decided_in", "timed", "comparison", "regime"]},
+         "else": {"required": ["why"]}},
+    ],
+}
+PAPER_CLAIMS: dict[str, Any] = {"type": "array", "items": PAPER_CLAIM}
 
 #: artifact/profiles/<name>.yaml: which experiments a profile runs, their budgets and parameters.
 PROFILE: dict[str, Any] = {

@@ -367,7 +367,8 @@ def check_lp_invariant(df: pd.DataFrame, op: str, p_lo: int, p_hi: int,
 
 @claims.prediction("e3_mst_log_growth")
 def predict_mst_log(df: pd.DataFrame, op: str, p_lo: int) -> str:
-    """C3.2's prediction for the run: MST's growth from ``p_lo`` in the model, against
+    """C3.2's (superseded by C3.2b) prediction for the run: MST's growth from ``p_lo`` in the
+    model, against
     ceil(log2 p) / ceil(log2 p_lo), at every p of the run.
 
     Example::
@@ -423,6 +424,138 @@ def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
                           + f"; {claims.missed(verdicts, allowed)}",
                           f"within {tolerance:.0%} of ceil(log2 p) / ceil(log2 {p_lo}) at every "
                           f"p but {allowed}", claims.combine(verdicts, allowed))
+
+
+SHAPES = ("log", "linear")  # MST growth t(p) / t(p_lo) fitted by a + b ceil(log2 p), a + b p
+
+
+def fit_residuals(ps: list[int], growth: np.ndarray) -> np.ndarray:
+    """The largest relative residual ``|fit - g| / g`` of the least-squares lines ``g = a + b
+    ceil(log2 p)`` and ``g = a + b p`` through the growths ``g`` at ranks ``ps`` (one row per
+    sample of growths, or one vector): column 0 the log fit's, column 1 the linear fit's. The
+    free ``a`` and ``b`` absorb a constant factor and a constant overhead per step, so only
+    the shape decides.
+
+    Example::
+
+        >>> import numpy as np
+        >>> fit_residuals([2, 4, 8, 16], np.array([1.0, 2.0, 3.0, 4.0])).round(2)   # log growth
+        array([0. , 0.4])
+        >>> fit_residuals([2, 4, 8, 16], np.array([1.0, 3.0, 7.0, 15.0])).round(2)  # linear
+        array([1.4, 0. ])
+    """
+    g = np.atleast_2d(np.asarray(growth, dtype=float))
+    out = []
+    for x in (np.array([math.ceil(math.log2(p)) for p in ps], float), np.array(ps, float)):
+        dx = x - x.mean()
+        b = ((g - g.mean(axis=1, keepdims=True)) * dx).sum(axis=1, keepdims=True) / (dx @ dx)
+        a = g.mean(axis=1, keepdims=True) - b * x.mean()
+        out.append(np.max(np.abs(a + b * x - g) / g, axis=1))
+    res = np.stack(out, axis=1)
+    return res[0] if np.ndim(growth) == 1 else res
+
+
+def _shape_ranks(df: pd.DataFrame, alg: str, op: str, p_lo: int) -> list[int]:
+    claims.require_columns(df, "op", "algorithm", "nbytes", "world_size", "times_s")
+    d = df[(df.op == op) & (df.algorithm == alg)]
+    ps = sorted(int(p) for p in set(d.world_size) if p >= p_lo)
+    if len(ps) < 3 or ps[0] != p_lo or len({math.ceil(math.log2(p)) for p in ps}) < 2:
+        raise ValueError(f"a shape needs {alg} {op} at p={p_lo} and at >= 2 larger p spanning "
+                         f">= 2 values of ceil(log2 p); measured p={ps}")
+    return ps
+
+
+@claims.prediction("e3_mst_log_shape")
+def predict_mst_log_shape(df: pd.DataFrame, op: str, p_lo: int) -> str:
+    """C3.2b's prediction for the run: the fits of :func:`fit_residuals` to the model's MST
+    times at the run's ranks and largest message.
+
+    Example::
+
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab.measure import stats
+        >>> rows = [("mst", p, 1.3 * k) for p, k in ((2, 1), (4, 2), (8, 3), (16, 4))]
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> predict_mst_log_shape(df, "broadcast", 2)
+        'model MST growth from p = 2 at p = 4, 8, 16: x2.00, x3.00, x4.00; log fit residual 0.0%, linear fit 40.0%'
+    """
+    ps = _shape_ranks(df, "mst", op, p_lo)
+    d = df[(df.op == op) & (df.algorithm == "mst") & (df.nbytes == df.nbytes.max())]
+    model = np.array([float(d[d.world_size == p].model_s.median()) for p in ps])
+    g = model / model[0]
+    r_log, r_lin = fit_residuals(ps, g)
+    return (f"model MST growth from p = {p_lo} at p = {', '.join(map(str, ps[1:]))}: "
+            + ", ".join(f"x{v:.2f}" for v in g[1:])
+            + f"; log fit residual {r_log:.1%}, linear fit {r_lin:.1%}")
+
+
+@claims.check("e3_mst_log_shape")
+def check_mst_log_shape(df: pd.DataFrame, op: str, p_lo: int,
+                        tolerance: float) -> claims.Verdict:
+    """MST grows like log p and not like p, whatever the constant factor: at the largest
+    message, MST ``op``'s growth ``t(p) / t(p_lo)`` over every measured p is fitted by ``a + b
+    ceil(log2 p)`` and by ``a + b p`` (:func:`fit_residuals`); the largest relative residual of
+    each fit has a bootstrap interval (each p's repeats resampled, the growth of their medians
+    refitted). PASS when the log fit's interval lies within ``tolerance`` and the linear fit's
+    above it (the log shape fits, the linear one is rejected); FAIL when the log fit's lies
+    above ``tolerance`` (the growth is not log-shaped); INCONCLUSIVE otherwise -- also when both
+    fit, where the ranks measured cannot tell the two shapes apart.
+
+    Example::
+
+        >>> import numpy as np, pandas as pd
+        >>> from pipecomm.lab.measure import stats
+        >>> rows = [("mst", p, 0.1 + 1.3 * k) for p, k in ((2, 1), (4, 2), (8, 3), (16, 4))]
+        >>> df = pd.DataFrame([{"op": "broadcast", "algorithm": a, "nbytes": 64 << 20, "world_size": p,
+        ...                     "time_s": s, "model_s": s,
+        ...                     "times_s": stats.join_repeats(s * np.linspace(0.99, 1.01, 10))}
+        ...                    for a, p, s in rows])
+        >>> check_mst_log_shape(df, "broadcast", 2, 0.1).verdict
+        'PASS'
+    """
+    ps = _shape_ranks(df, "mst", op, p_lo)
+    d = df[(df.op == op) & (df.algorithm == "mst") & (df.nbytes == df.nbytes.max())]
+    samples = [np.array([t for c in d[d.world_size == p].times_s for t in stats.repeats(c)])
+               for p in ps]
+    if any(s.size == 0 for s in samples):
+        raise ValueError(f"no MST {op} repeats at some p of {ps} at the largest message")
+    medians = np.array([claims.interval(list(s))[0] for s in samples])
+    est = fit_residuals(ps, medians / medians[0])
+    if min(s.size for s in samples) < claims.MIN_REPEATS:
+        spans = [(0.0, math.inf), (0.0, math.inf)]
+    else:
+        rng = np.random.default_rng(stats._SEED)
+        boots = np.stack([np.median(s[rng.integers(0, s.size, (stats.N_BOOT, s.size))], axis=1)
+                          for s in samples], axis=1)
+        res = fit_residuals(ps, boots / boots[:, :1])
+        tail = (1 - stats.CONFIDENCE) / 2
+        spans = [tuple(float(q) for q in np.quantile(res[:, k], [tail, 1 - tail]))
+                 for k in range(2)]
+    log_v = claims.at_most(*spans[0], tolerance)
+    lin_v = claims.at_least(*spans[1], tolerance)
+    t = f"{tolerance:.0%}"
+    if log_v == claims.FAIL:
+        verdict = claims.Decision(claims.FAIL, f"the log fit misses by more than {t}: "
+                                  + log_v.reason)
+    elif log_v == claims.PASS and lin_v == claims.PASS:
+        verdict = claims.Decision(claims.PASS, f"the log fit holds within {t} ({log_v.reason}); "
+                                  f"the linear fit misses by more ({lin_v.reason})")
+    elif log_v == claims.PASS and lin_v == claims.FAIL:
+        verdict = claims.Decision(claims.INCONCLUSIVE, f"both shapes fit within {t}: these "
+                                  f"ranks cannot tell log p from p ({lin_v.reason})")
+    else:
+        undecided = log_v if log_v == claims.INCONCLUSIVE else lin_v
+        verdict = claims.Decision(claims.INCONCLUSIVE, undecided.reason)
+    g = medians / medians[0]
+    return claims.Verdict(
+        f"MST from p={p_lo} at {int(d.nbytes.max()) / 2**20:g} MiB: "
+        + ", ".join(f"p={p} x{v:.3g}" for p, v in zip(ps[1:], g[1:]))
+        + f"; largest residual: log fit {est[0]:.1%} [{spans[0][0]:.1%}, {spans[0][1]:.1%}], "
+        f"linear fit {est[1]:.1%} [{spans[1][0]:.1%}, {spans[1][1]:.1%}]",
+        f"log fit within {t}, linear fit off by more than {t} (95% intervals)", verdict)
 
 
 @claims.prediction("e3_lp_flat_mst_grows")

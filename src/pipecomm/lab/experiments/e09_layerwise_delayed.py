@@ -342,7 +342,8 @@ def predict_delayed_faster(df: pd.DataFrame) -> str:
 
 @claims.prediction("e9_layerwise_not_slower")
 def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
-    """C9.2's prediction for the run: the bucket-schedule model's layer-wise / sync time.
+    """C9.2's (superseded by C9.2b) prediction for the run: the bucket-schedule model's
+    layer-wise / sync time.
 
     Example::
 
@@ -499,6 +500,68 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
     return claims.Verdict(f"layerwise / sync {claims.fmt_ci(r, lo, hi)}x "
                           f"({_runs_text(df, len(sync))})",
                           f"<= {max_ratio:g}x (95% interval)", claims.at_most(lo, hi, max_ratio))
+
+
+@claims.prediction("e9_layerwise_short")
+def predict_layerwise_short(df: pd.DataFrame, against: str) -> str:
+    """C9.2b's prediction for the run: the bucket-schedule model's layer-wise / sync time and
+    the timing model's ``against`` (a delayed method) / layer-wise time, from the run's
+    calibration -- what layer-wise would reach if it performed as its model expects.
+
+    Example::
+
+        >>> import pandas as pd
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> print(predict_layerwise_short(pd.DataFrame([cal]), "delayed-1"))  # doctest: +ELLIPSIS
+        bucket-schedule model: layer-wise / sync 0.89, so a layer-wise that met it would fail ...
+    """
+    lw = _calibrated_model(df, "model_layerwise_s")
+    d = _calibrated_model(df, "model_pipe_s")
+    return (f"bucket-schedule model: layer-wise / sync {lw:.2f}, so a layer-wise that met it "
+            f"would fail the shortfall part; timing model layer-wise / {against} {lw / d:.2f} "
+            f"(slower than {against} even as modelled), from this run's calibration")
+
+
+@claims.check("e9_layerwise_short")
+def check_layerwise_short(df: pd.DataFrame, tolerance: float, against: str,
+                          min_ratio: float) -> claims.Verdict:
+    """Layer-wise GD does not perform as well as expected (Daily et al.): (a) its time per
+    batch / sync's exceeds the bucket-schedule model's ratio (``model_layerwise_s /
+    model_sync_s`` of the calibration) by more than ``tolerance``: the signed error ``measured
+    / model - 1`` of the ratio has its interval at or above ``tolerance`` (below it: layer-wise
+    performed as its model expects, FAIL); and (b) it is slower than ``against`` (a delayed
+    method): layer-wise / ``against`` time per batch has its interval at or above
+    ``min_ratio``. Both must hold; either failing fails (medians over the independent runs).
+
+    Example::
+
+        >>> import pandas as pd
+        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.038,
+        ...          "nocomm": 0.020}                                   # seconds per batch
+        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+        ...         for m, t in times.items() for r in range(5) for i in range(3)]
+        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+        >>> check_layerwise_short(pd.DataFrame(rows + [cal]), 0.1, "delayed-1", 1.0).measured
+        'layerwise / sync 1.06 [1.03, 1.09]x against the model 0.889x: +19% [+15%, +22%]; layerwise / delayed-1 1.58 [1.54, 1.63]x (5 training runs (seeds))'
+    """
+    claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
+    sync, lw = run_samples(df, "sync"), run_samples(df, "layerwise")
+    model = _calibrated_model(df, "model_layerwise_s")
+    r, lo, hi = claims.ratio(lw, sync)
+    e = [v / model - 1 for v in (r, lo, hi)]
+    short = claims.at_least(e[1], e[2], tolerance)
+    q, qlo, qhi = claims.ratio(lw, run_samples(df, against))
+    slower = claims.at_least(qlo, qhi, min_ratio)
+    return claims.Verdict(
+        f"layerwise / sync {claims.fmt_ci(r, lo, hi)}x against the model {model:.3g}x: "
+        f"{e[0]:+.0%} [{e[1]:+.0%}, {e[2]:+.0%}]; layerwise / {against} "
+        f"{claims.fmt_ci(q, qlo, qhi)}x ({_runs_text(df, len(sync))})",
+        f"layerwise / sync >= model x (1 + {tolerance:g}) and layerwise / {against} >= "
+        f"{min_ratio:g} (95% intervals)", claims.combine([short, slower]))
 
 
 # C9.3: a delay of 2 costs accuracy at a fixed step budget (the paired comparison of E7's C7.3)

@@ -10,8 +10,8 @@ For every step of one period of each topology (complete, ring, one-peer-exp, AER
 all-reduces each bucket over its group, all groups at once, on the two-level emulated network;
 ``runs`` interleaved runs, one repeat each. The model (column ``model_s``) is
 ``dadam_timing.replay_ring_allreduces``, the lock-step closed form beside it (``lockstep_s``).
-Claims (artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2
-AER's time against complete's.
+Claims (artifact/claims.yaml): C10.1 the model's signed error for every measured time; C10.2b
+AER's time against the one-peer exponential graph's (C10.2, against complete's, superseded).
 
 Timing, the models' inputs and the network: docs/experiments.md, "E10: protocol in detail"; the
 overlapped model: docs/experiments.md, E10.
@@ -312,7 +312,8 @@ def check_within_model(df: pd.DataFrame, tolerance: float, may_miss: str | int
 
 @claims.prediction("e10_aer_below_complete")
 def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
-    """C10.2's prediction for the run: the model's AER / complete communication time per
+    """C10.2's (superseded by C10.2b) prediction for the run: the model's AER / complete
+    communication time per
     iteration at p = ``world_size``, per model (an error when the run lacks that p).
 
     Example::
@@ -371,6 +372,72 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
                          f"p={world_size}")
     return claims.Verdict(f"p={world_size}: " + "; ".join(parts),
                           f"AER / complete < {max_ratio:g} for every model (95% interval)",
+                          claims.combine(verdicts))
+
+
+@claims.prediction("e10_aer_below")
+def predict_aer_below(df: pd.DataFrame, world_size: int, other: str) -> str:
+    """C10.2b's prediction for the run: the overlapped model's AER / ``other`` communication
+    time per iteration at p = ``world_size``, per model (an error when the run lacks them).
+
+    Example::
+
+        >>> import pandas as pd
+        >>> from pipecomm.lab.measure import stats
+        >>> cells = [("one-peer-exp", 0.009), ("alternating-exp-ring", 0.024)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> predict_aer_below(df, 8, "one-peer-exp")
+        'model AER/one-peer-exp at p = 8: mlp 2.67'
+    """
+    t = per_iteration(df)
+    t = t[t.world_size == world_size].set_index(["model", "topology"]).model_s
+    name = SHORT.get(other, other)
+    parts = [f"{m} {t[(m, 'alternating-exp-ring')] / t[(m, other)]:.2f}"
+             for m in dict.fromkeys(t.index.get_level_values(0))
+             if (m, "alternating-exp-ring") in t and (m, other) in t]
+    if not parts:
+        raise ValueError(f"this run has no AER and {other} at p = {world_size}")
+    return f"model AER/{name} at p = {world_size}: " + ", ".join(parts)
+
+
+@claims.check("e10_aer_below")
+def check_aer_below(df: pd.DataFrame, world_size: int, other: str,
+                    max_ratio: float) -> claims.Verdict:
+    """At ``world_size`` ranks, AER's communication time per iteration / topology ``other``'s
+    has its interval below ``max_ratio`` for every model (medians over independent runs).
+
+    Example::
+
+        >>> import pandas as pd
+        >>> from pipecomm.lab.measure import stats
+        >>> cells = [("one-peer-exp", 0.030), ("alternating-exp-ring", 0.021)]   # model s per iteration
+        >>> df = pd.DataFrame([{"world_size": 8, "model": "mlp", "topology": top, "run": r,
+        ...                     "model_s": s, "time_s": s * (1 + 0.01 * r),
+        ...                     "times_s": stats.join_repeats([s * (1 + 0.01 * r)] * 3)}
+        ...                    for top, s in cells for r in range(5)])                  # 5 runs
+        >>> check_aer_below(df, 8, "one-peer-exp", 1.0).measured
+        'p=8: mlp: AER/one-peer-exp 0.7 [0.68, 0.721]'
+    """
+    samples = iteration_samples(df)
+    t = per_iteration(df)
+    name = SHORT.get(other, other)
+    parts, verdicts = [], []
+    for model in t[t.world_size == world_size].model.unique():
+        aer = samples.get((world_size, model, "alternating-exp-ring"))
+        com = samples.get((world_size, model, other))
+        if aer is None or com is None:
+            continue
+        r, lo, hi = claims.ratio(aer, com)
+        verdicts.append(claims.at_most(lo, hi, max_ratio))
+        parts.append(f"{model}: AER/{name} {claims.fmt_ci(r, lo, hi)}")
+    if not verdicts:
+        raise ValueError(f"need measurements of both 'alternating-exp-ring' and {other!r} at "
+                         f"p={world_size}")
+    return claims.Verdict(f"p={world_size}: " + "; ".join(parts),
+                          f"AER / {name} < {max_ratio:g} for every model (95% interval)",
                           claims.combine(verdicts))
 
 
