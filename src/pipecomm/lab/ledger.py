@@ -216,6 +216,18 @@ def first_stated(claim_id: str, definition: str,
     return found
 
 
+def states(commit: str, claim_id: str, definition: str, root: Path = REPO_ROOT) -> bool:
+    """Whether claims.yaml at ``commit`` states ``claim_id`` with ``definition`` (a version
+    stated on a branch: the first-parent history of main shows it first at the merge)."""
+    text = _git("show", f"{commit}:artifact/claims.yaml", root=root)
+    try:
+        doc = yaml.load(text or "", Loader=_LOADER) or []
+    except yaml.YAMLError:
+        return False
+    return any(isinstance(e, dict) and e.get("id") == claim_id
+               and claims.definition(e) == definition for e in doc)
+
+
 @functools.lru_cache(maxsize=64)
 def decided_at(path: Path, root: Path = REPO_ROOT) -> str | None:
     """The commit that recorded the verdicts of a reference claims table: the newest commit
@@ -343,7 +355,8 @@ def problems(entries: list[dict[str, Any]] | None = None,
             commit = rec.get("commit")
             if commit and rec.get("definition") == d:
                 stated = first_stated(cid, d, history)
-                if stated is None or stated[0] != commit:
+                if stated is None or not (stated[0] == commit or states(commit, cid, d, root)
+                                          and is_ancestor(commit, stated[0], root)):
                     where = "no commit states it yet" if stated is None else \
                         f"the first commit that states it is {stated[0][:10]}"
                     out.append(f"{cid}: the ledger's commit {commit[:10]} is not where this "

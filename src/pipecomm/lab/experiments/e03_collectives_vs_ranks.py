@@ -527,7 +527,7 @@ def check_mst_log_shape(df: pd.DataFrame, op: str, p_lo: int,
     if min(s.size for s in samples) < claims.MIN_REPEATS:
         spans = [(0.0, math.inf), (0.0, math.inf)]
     else:
-        rng = np.random.default_rng(stats._SEED)
+        rng = np.random.default_rng(stats.BOOTSTRAP_SEED)
         boots = np.stack([np.median(s[rng.integers(0, s.size, (stats.N_BOOT, s.size))], axis=1)
                           for s in samples], axis=1)
         res = fit_residuals(ps, boots / boots[:, :1])

@@ -37,7 +37,7 @@ import numpy as np
 
 CONFIDENCE = 0.95
 N_BOOT = 2000
-_SEED = 20261125  # fixed: the same data always gives the same interval
+BOOTSTRAP_SEED = 20261125  # fixed: the same data always gives the same interval
 
 
 def _sample(x: Iterable[float], name: str) -> np.ndarray:
@@ -71,7 +71,7 @@ def median_ci(x: Iterable[float], confidence: float = CONFIDENCE,
     med = float(np.median(a))
     if a.size == 1:
         return med, med, med
-    rng = np.random.default_rng(_SEED)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     boots = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
     tail = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(boots, [tail, 1.0 - tail])
@@ -95,7 +95,7 @@ def ratio_ci(a: Iterable[float], b: Iterable[float], confidence: float = CONFIDE
     est = float(np.median(xa) / np.median(xb))
     if xa.size == 1 and xb.size == 1:
         return est, est, est
-    rng = np.random.default_rng(_SEED)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     ma = np.median(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], axis=1)
     mb = np.median(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], axis=1)
     tail = (1.0 - confidence) / 2.0
