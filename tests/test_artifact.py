@@ -220,8 +220,9 @@ def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     monkeypatch.setattr(launch, "Ranks", fake_ranks)
     with pytest.raises(_ReachedRanks):
         module.run(**params)
-    if params.get("dataset", "digits") != "digits":  # fetched (checksums) before ranks start
-        assert fetched == [(params["dataset"], params["data_root"])]
+    if params.get("dataset", "digits") != "digits":  # fetched (checksums) before ranks start,
+        # into the repository's data/ (a relative data_root), not the kernel's notebooks/data/
+        assert fetched == [(params["dataset"], str(ROOT / params["data_root"]))]
 
 
 def test_cpu_budgets_fit_20_minutes():
