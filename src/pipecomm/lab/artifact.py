@@ -469,8 +469,9 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
                    timeout_factor: float = 3.0, code: str | None = None,
                    keep_runs: bool = False) -> float:
-    """Execute the notebook into a temporary directory, record what it consists of
-    (:func:`pipecomm.lab.reuse.write_manifest`), then rename it to ``out``.
+    """Execute the notebook into a temporary directory, record what it consists of and the
+    inputs it read, as they are after it ran (:func:`pipecomm.lab.reuse.write_manifest`), then
+    rename it to ``out``.
 
     Args:
         exp: the experiment (its notebook and budget).
@@ -513,7 +514,9 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
         relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
         if not (tmp / "params.json").exists():  # the key of its reuse, whatever the notebook wrote
             results.write_json(tmp / "params.json", params)
-        reuse.write_manifest(tmp, inputs)
+        # the inputs as the notebook left them: an experiment that fetches its data set (E7, E9
+        # of the gpu profile) finds an empty data_root before it runs and the files after
+        reuse.write_manifest(tmp, reuse.inputs(exp.id, params, calibration_of(out.parent)))
         results.replace_dir(tmp, out)
         if not keep_runs:
             shutil.rmtree(runs_dir, ignore_errors=True)
