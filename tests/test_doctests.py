@@ -69,6 +69,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.schedules",
     "pipecomm.lab.schema",
     "pipecomm.lab.sharding",
+    "pipecomm.lab.standin",
     "pipecomm.lab.stats",
     "pipecomm.lab.sweep",
     "pipecomm.lab.trainers",
