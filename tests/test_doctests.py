@@ -65,6 +65,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.pipesgd_config",
     "pipecomm.lab.pipesgd_timing_model",
     "pipecomm.lab.pipesgd_training",
+    "pipecomm.lab.rehearsal",
     "pipecomm.lab.results",
     "pipecomm.lab.schedules",
     "pipecomm.lab.schema",
