@@ -221,8 +221,9 @@ def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     monkeypatch.setattr(launch, "Ranks", fake_ranks)
     with pytest.raises(_ReachedRanks):
         module.run(**params)
-    if params.get("dataset", "digits") != "digits":  # fetched (checksums) before ranks start
-        assert fetched == [(params["dataset"], params["data_root"])]
+    if params.get("dataset", "digits") != "digits":  # fetched (checksums) before ranks start,
+        # into the repository's data/ (a relative data_root), not the kernel's notebooks/data/
+        assert fetched == [(params["dataset"], str(ROOT / params["data_root"]))]
 
 
 def test_cpu_budgets_fit_20_minutes():
@@ -455,6 +456,29 @@ def test_a_successful_run_logs_no_error_and_records_relative_paths(tmp_path, cap
     assert "ERROR" not in captured.out + captured.err, captured.out + captured.err
     text = (out / "notebook.ipynb").read_text()
     assert ".E97.tmp-" not in text  # the temporary directory it ran in is not recorded
+
+
+def test_a_result_records_the_data_its_notebook_fetched(tmp_path):
+    """An experiment that fetches its data set into data_root as it runs (E7, E9 of the gpu
+    profile) is current afterwards: its manifest holds the files as the notebook left them, not
+    the empty folder it started from (which made every next run stale)."""
+    artifact.ensure_kernel()
+    book = nbformat.v4.new_notebook()
+    book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
+    cell = nbformat.v4.new_code_cell("out_dir = None\ndata_root = ''")
+    cell.metadata["tags"] = ["parameters"]
+    book.cells = [cell, nbformat.v4.new_code_cell(
+        "import pathlib\n(pathlib.Path(data_root) / 'batch').write_text('fetched')\n"
+        "(pathlib.Path(out_dir) / 'data.csv').write_text('a\\n1\\n')")]
+    nb = tmp_path / "96_fetch.ipynb"
+    nbformat.write(book, nb)
+    (tmp_path / "data").mkdir()
+    exp = artifact.Experiment("E96", nb, {}, budget_s=30)
+    params, out = {"data_root": str(tmp_path / "data")}, tmp_path / "results" / "E96"
+    artifact.run_experiment(exp, "cpu", params, out)
+    assert artifact.stale_reason(exp, out, params) is None
+    (tmp_path / "data" / "batch").write_text("another")
+    assert "batch changed since it ran" in artifact.stale_reason(exp, out, params)
 
 
 def test_a_finished_kernel_is_not_interrupted_before_its_shutdown(monkeypatch):

@@ -69,6 +69,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.training.pipesgd_config",
     "pipecomm.lab.training.pipesgd_timing_model",
     "pipecomm.lab.training.pipesgd_training",
+    "pipecomm.lab.rehearsal",
     "pipecomm.lab.results",
     "pipecomm.lab.workloads.schedules",
     "pipecomm.lab.schema",
@@ -78,6 +79,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.training.trainers",
     "pipecomm.lab.training.tuning",
     "pipecomm.lab.workloads.tasks",
+    "pipecomm.lab.standin",
 ]
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -42,7 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipecomm.lab import claims, guard, report, results, reuse, schema
+from pipecomm.lab import claims, guard, rehearsal, report, results, reuse, schema
 from pipecomm.lab.cli import parse_value
 
 ROOT = results.REPO_ROOT
@@ -66,6 +66,8 @@ class Experiment:
     defaults: dict[str, Any]
     budget_s: float = 60.0
     profile_params: dict[str, Any] = field(default_factory=dict)
+    #: a rehearsal's replaced parameters: name -> {"gpu", "rehearsal", "rule"} (rehearsal.derive)
+    replaced: dict[str, Any] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -118,7 +120,11 @@ def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Exp
     A profile with ``extends: <other>`` starts from the other profile's experiments and replaces
     the budgets and parameters it names (``cpu-full`` extends ``cpu``). An experiment no profile
     entry names does not run in that profile (E14 needs the virtual cluster: it is in
-    ``shaped`` only)."""
+    ``shaped`` only). ``gpu-rehearsal`` is the gpu profile's experiments with the rehearsal's
+    parameters (:func:`pipecomm.lab.rehearsal.derive`)."""
+    if rehearsal.is_rehearsal(name):
+        return rehearsal.derive(load_profile(rehearsal.SOURCE, experiments),
+                                data_root=_shown_path(RESULTS / name / rehearsal.DATA))
     path = PROFILES / f"{name}.yaml"
     if not path.exists():
         choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
@@ -163,14 +169,16 @@ def profile_runs(name: str) -> list[str] | None:
 
         profile_runs("shaped")   # ['E14']
     """
-    if not (PROFILES / f"{name}.yaml").exists():
+    if not (PROFILES / f"{name}.yaml").exists() and not rehearsal.is_rehearsal(name):
         return None
     return list(load_profile(name, discover()))
 
 
 def own_experiments(name: str) -> list[str] | None:
     """The experiments a profile that ``extends`` another sets itself (``cpu-full``: E7, E9,
-    E13); None for a self-contained profile (all of them)."""
+    E13); None for a self-contained profile (all of them) and for a rehearsal."""
+    if rehearsal.is_rehearsal(name):
+        return None
     spec = read_profile(name)
     return list(spec["experiments"]) if spec.get("extends") else None
 
@@ -469,8 +477,9 @@ def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> No
 def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
                    timeout_factor: float = 3.0, code: str | None = None,
                    keep_runs: bool = False) -> float:
-    """Execute the notebook into a temporary directory, record what it consists of
-    (:func:`pipecomm.lab.reuse.write_manifest`), then rename it to ``out``.
+    """Execute the notebook into a temporary directory, record what it consists of and the
+    inputs it read, as they are after it ran (:func:`pipecomm.lab.reuse.write_manifest`), then
+    rename it to ``out``.
 
     Args:
         exp: the experiment (its notebook and budget).
@@ -509,11 +518,15 @@ def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: P
         env |= {"profile": profile, "wall_time_s": wall, "budget_s": exp.budget_s,
                 "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name,
                 "code_hash": code}
+        if rehearsal.is_rehearsal(profile):  # what it replaced; that it decides nothing
+            env["rehearsal"] = rehearsal.record(exp)
         results.write_json(tmp / "env.json", env)
         relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
         if not (tmp / "params.json").exists():  # the key of its reuse, whatever the notebook wrote
             results.write_json(tmp / "params.json", params)
-        reuse.write_manifest(tmp, inputs)
+        # the inputs as the notebook left them: an experiment that fetches its data set (E7, E9
+        # of the gpu profile) finds an empty data_root before it runs and the files after
+        reuse.write_manifest(tmp, reuse.inputs(exp.id, params, calibration_of(out.parent)))
         results.replace_dir(tmp, out)
         if not keep_runs:
             shutil.rmtree(runs_dir, ignore_errors=True)
@@ -659,10 +672,12 @@ def run_dir(profile: str, run: int = 1) -> Path:
 
 def profile_claims(profile: str) -> list[dict[str, Any]]:
     """The claims a profile's table lists: those of the experiments it runs (E14's claims are
-    not in the cpu profile's table), less those that claims.yaml limits to other profiles."""
+    not in the cpu profile's table), less those that claims.yaml limits to other profiles (a
+    rehearsal lists the claims of the profile it rehearses)."""
     runs = profile_runs(profile)
+    own = rehearsal.SOURCE if rehearsal.is_rehearsal(profile) else profile
     return [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
-            and (e["profiles"] is None or profile in e["profiles"])]
+            and (e["profiles"] is None or own in e["profiles"])]
 
 
 def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool = True,
@@ -676,7 +691,9 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
     The ``result`` column says how the result each claim was decided on stands: ``states[k]``
     gives it for the experiments a run just ran or reused (``current``, ``old result: its
     re-run failed``); the others are looked up (:func:`result_state`: ``stale: <why>`` where
-    the profile's parameters, the code or an input changed since).
+    the profile's parameters, the code or an input changed since). A rehearsal's tables show
+    no verdict (:func:`pipecomm.lab.rehearsal.withhold`: REHEARSED or NOT DECIDED), and its
+    claims.md says what it replaced.
     """
     entries = profile_claims(profile)
     reference = reference_values(profile)
@@ -688,19 +705,31 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
         for eid, exp in experiments.items():
             out = dirs[eid] if dirs and k == 1 and eid in dirs else run_dir(profile, k) / eid
             own[eid] = known.get(eid) or result_state(exp, profile, out)
-        tables.append(claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
-                                      reference=reference, states=own))
+        table = claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
+                                reference=reference, states=own)
+        if rehearsal.is_rehearsal(profile):  # the checks ran; their verdicts decide nothing
+            where = {eid: dirs[eid] if dirs and k == 1 and eid in dirs else run_dir(profile, k) / eid
+                     for eid in experiments}
+            table = rehearsal.withhold(table, {e for e, d in where.items()
+                                               if (d / "data.csv").exists()})
+        tables.append(table)
     table = tables[0] if runs == 1 else claims.combine_runs(tables)
     if write:
         for k, own in enumerate(tables[1:], start=2):
             _write_claims(run_dir(profile, k), f"profile {profile}, run {k} of {runs}", own)
         title = f"profile {profile}" + (f", {runs} independent runs" if runs > 1 else "")
-        _write_claims(RESULTS / profile, title, table)
+        extra = ""
+        if rehearsal.is_rehearsal(profile):
+            title = f"{rehearsal.BANNER} (results/{profile})"
+            extra = rehearsal.replaced_markdown(experiments)
+        _write_claims(RESULTS / profile, title, table, extra=extra)
     return table
 
 
-def _write_claims(folder: Path, title: str, table: Any, name: str = "claims") -> None:
-    results.write_text(folder / f"{name}.md", f"# Claims, {title}\n\n" + claims.to_markdown(table))
+def _write_claims(folder: Path, title: str, table: Any, name: str = "claims",
+                  extra: str = "") -> None:
+    text = f"# Claims, {title}\n\n" + claims.to_markdown(table) + (f"\n{extra}" if extra else "")
+    results.write_text(folder / f"{name}.md", text)
     results.write_csv(folder / f"{name}.csv", table)
 
 
@@ -838,6 +867,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="with --report: the report of the committed reference run, "
                    "artifact/reference/<profile>/report/")
+    p.add_argument("--rehearse", action="store_true",
+                   help="with --profile gpu (the default with it): rehearse the gpu profile on "
+                   "CPUs -- every experiment with scaled-down parameters, gloo on CPU for NCCL, "
+                   "a generated stand-in for CIFAR-10 -- into results/gpu-rehearsal/; it "
+                   "decides nothing")
     p.add_argument("--timeout-factor", type=float, default=3.0,
                    help="hard limit per experiment = factor x budget (min 120 s)")
     return p
@@ -997,7 +1031,42 @@ def main(argv: list[str] | None = None) -> int:
     interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    profile = args.profile or auto_profile()
+    if not args.rehearse:
+        return _main(parser, args, args.profile or auto_profile())
+    try:
+        check_rehearse_options(args)
+    except UsageError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    # a loaded 2-core host: a rehearsal's hard limit is at least 5 x its budget
+    args.timeout_factor = max(args.timeout_factor, 5.0)
+    with rehearsal.session(RESULTS / rehearsal.NAME):  # the stand-ins, for check and run
+        return _main(parser, args, rehearsal.NAME)
+
+
+def check_rehearse_options(args: argparse.Namespace) -> None:
+    """Refuse (:class:`UsageError`) what ``--rehearse`` cannot go with: another profile than
+    gpu (the only one it rehearses), ``--save-reference`` and ``--reference`` (a rehearsal is
+    never a reference), ``--runs`` (it decides nothing, so repeating it decides nothing either).
+
+    Example::
+
+        check_rehearse_options(build_parser().parse_args(["--rehearse", "--profile", "cpu"]))
+        # UsageError: --rehearse rehearses the gpu profile only, not --profile cpu ...
+    """
+    if args.profile not in (None, rehearsal.SOURCE):
+        raise UsageError(f"--rehearse rehearses the {rehearsal.SOURCE} profile only, not "
+                         f"--profile {args.profile} (which runs on this machine as it is): use "
+                         f"--profile {rehearsal.SOURCE} --rehearse")
+    if args.save_reference or args.reference:
+        raise UsageError("a rehearsal is never a reference run: --rehearse takes no "
+                         "--save-reference or --reference")
+    if args.runs > 1:
+        raise UsageError("--rehearse runs once (it decides nothing, so repeats decide nothing "
+                         "either): it takes no --runs")
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, profile: str) -> int:
+    """:func:`main` for ``profile`` (``gpu-rehearsal`` with ``--rehearse``)."""
     try:
         claims.load_claims()  # a broken claims.yaml is one line now, not after hours of runs
         experiments = load_profile(profile, discover())
@@ -1023,7 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_profile_host(profile)
         check_params(selected, overrides)
-    except (UsageError, schema.ConfigError) as exc:  # one line: a value is wrong, not the syntax
+    except (UsageError, schema.ConfigError, rehearsal.RehearsalError) as exc:  # one line
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
                timeout_factor=args.timeout_factor, runs=args.runs,
@@ -1043,6 +1112,8 @@ def write_report(profile: str, reference: bool = False) -> Path:
     """
     base = (REFERENCE if reference else RESULTS) / profile
     title = f"{'reference run, ' if reference else ''}profile {profile}"
+    if rehearsal.is_rehearsal(profile):
+        title = f"{rehearsal.BANNER} (results/{profile})"
     try:
         return report.build(base, title=title)
     except FileNotFoundError as exc:
@@ -1218,9 +1289,11 @@ def claims_report(table: Any, selected: list[str], profile: str | None = None) -
     text = claims_mod.to_text(mine) if len(mine) else "(these experiments have no claims)\n"
     others = table[~table.experiment.isin(selected)]
     if len(others):
-        not_run = int((others.verdict == claims_mod.NOT_RUN).sum())
+        word = rehearsal.NOT_DECIDED if (others.verdict == rehearsal.NOT_DECIDED).any() \
+            else claims_mod.NOT_RUN  # a rehearsal's table has no NOT RUN
+        not_run = int((others.verdict == word).sum())
         text += (f"{len(others)} claims of other experiments are not shown ({not_run} of them "
-                 f"NOT RUN)\n")
+                 f"{word})\n")
     if profile is not None:
         text += "\n" + paper_claims.run_summary(table, profile) + "\n"
     return text
@@ -1254,6 +1327,8 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
         with guard.locked(base):
             guard.remove_debris(base)
             guard.remove_dead_kernel_dirs()
+            if rehearsal.is_rehearsal(profile):  # its data stand-ins and their record
+                rehearsal.prepare(base)
             status = _run_locked(profile, selected, overrides, force, timeout_factor, runs)
     except (guard.Busy, OSError) as exc:
         print(f"{Path(sys.argv[0]).name or 'pipecomm'}: {exc}", file=sys.stderr)
@@ -1280,6 +1355,10 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
             ensure_kernel()
             total = sum(e.budget_s for e in selected) * runs
             times = f" x {runs} independent runs" if runs > 1 else ""
+            if rehearsal.is_rehearsal(profile):
+                print(rehearsal.BANNER, flush=True)
+                for line in rehearsal.findings(load_profile(profile, discover())):
+                    print(f"found: {line}", flush=True)
             print(f"profile {profile}: {len(selected)} experiment(s){times}, budget "
                   f"{total / 60:.1f} min", flush=True)
             for k in range(1, runs + 1):
@@ -1353,6 +1432,9 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
     over = f", {runs} independent runs" if runs > 1 else ""
     print(f"(all claims of profile {profile}, default parameters{over}: "
           f"{_shown_path(base / 'claims.md')})")
+    if rehearsal.is_rehearsal(profile):
+        print(f"{rehearsal.BANNER}; what it replaced: {_shown_path(base / 'claims.md')} and "
+              f"each experiment's env.json (rehearsal)")
     if failures:
         print(f"experiments that failed: {', '.join(failures)} (their claims above are "
               "decided on the old result, where there is one: see the result column)",

@@ -962,7 +962,10 @@ def count_line(table: pd.DataFrame) -> str:
         count_line(table)   # '13 PASS, 6 FAIL, 7 INCONCLUSIVE, 1 UNSTABLE, 0 ERROR, ...'
     """
     counts = table["verdict"].value_counts().to_dict()
-    line = ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
+    others = [k for k in counts if k not in VERDICTS]  # a rehearsal's REHEARSED, NOT DECIDED
+    shown = VERDICTS if not others or set(counts) & set(VERDICTS) else ()
+    line = ", ".join([f"{counts.get(k, 0)} {k}" for k in shown] +
+                     [f"{counts[k]} {k}" for k in others])
     if "result" in table.columns:
         old = int((~table["result"].isin(["", "current"])).sum())
         if old:

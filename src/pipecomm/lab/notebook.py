@@ -106,7 +106,8 @@ def titled(fig: Any, module: ModuleType) -> Any:
 def save(module: ModuleType, out_dir: Any, df: pd.DataFrame, fig: Any = None,
          params: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> Any:
     """Write the run's files to ``out_dir`` (nothing when it is None;
-    :func:`pipecomm.lab.cli.save`), the figure titled "EN — ..." first (:func:`titled`).
+    :func:`pipecomm.lab.cli.save`), the figure titled "EN — ..." first (:func:`titled`) and, in
+    a rehearsal of the gpu profile, marked as one (:func:`pipecomm.lab.rehearsal.mark_figure`).
 
     Example::
 
@@ -114,7 +115,14 @@ def save(module: ModuleType, out_dir: Any, df: pd.DataFrame, fig: Any = None,
         >>> save(E, None, pd.DataFrame({"time_s": [0.1]}), None, E.DEFAULTS) is None
         True
     """
-    return cli.save(module, out_dir, df, titled(fig, module), params, extra)
+    from pipecomm.lab import standin
+
+    fig = titled(fig, module)
+    if standin.active():  # a rehearsal's figure says so (pipecomm.lab.rehearsal)
+        from pipecomm.lab import rehearsal
+
+        fig = rehearsal.mark_figure(fig)
+    return cli.save(module, out_dir, df, fig, params, extra)
 
 
 class Note:
@@ -195,7 +203,8 @@ def verdicts(module: ModuleType, df: pd.DataFrame) -> claims.VerdictTable:
     prediction computed from the parameters that ran, what was measured with its interval, the
     threshold, PASS / FAIL / INCONCLUSIVE and why, every cell in full
     (:func:`pipecomm.lab.claims.experiment_verdicts`; an illustration shows no verdict, a check that
-    cannot run on this data shows ERROR with the reason).
+    cannot run on this data shows ERROR with the reason). In a rehearsal of the gpu profile
+    every verdict is withheld (:func:`pipecomm.lab.rehearsal.withhold`).
 
     Example::
 
@@ -206,4 +215,11 @@ def verdicts(module: ModuleType, df: pd.DataFrame) -> claims.VerdictTable:
         >>> all(c.startswith("C3.") for c in table["claim"])
         True
     """
-    return claims.experiment_verdicts(module.ID, df)
+    from pipecomm.lab import standin
+
+    table = claims.experiment_verdicts(module.ID, df)
+    if standin.active():  # a rehearsal decides nothing: REHEARSED or NOT DECIDED
+        from pipecomm.lab import rehearsal
+
+        table = claims.VerdictTable(rehearsal.withhold(table))
+    return table

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from pipecomm import collectives
 from pipecomm.lab import checks, claims, experiment
@@ -372,7 +371,7 @@ def run(**params: Any) -> pd.DataFrame:
 
     ws = list(params.real_world_sizes)
     if ws and params.backend == "nccl":
-        have = torch.cuda.device_count()
+        have = launch.gpu_count()
         ws = [p for p in ws if p <= have]
     if ws and params.real_algorithms and params.real_ops:
         device = "cuda" if params.backend == "nccl" else None
@@ -421,8 +420,9 @@ def _host_model(real: pd.DataFrame, link: cost.HostLink) -> list[float]:
 
 
 def _measure_real(points: list[dict[str, Any]], device: str | None) -> list[dict]:
-    if device == "cuda":
-        device = f"cuda:{torch.cuda.current_device()}"
+    if device == "cuda":  # this rank's GPU (the CPU where a rehearsal runs gloo for NCCL)
+        here = launch.device()
+        device = str(here) if here.type == "cuda" else None
     return measure_points(points, device, interleave=True)
 
 

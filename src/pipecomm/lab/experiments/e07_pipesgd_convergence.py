@@ -54,6 +54,7 @@ from pipecomm.lab.training.pipesgd_config import (
     parse_methods,
 )
 from pipecomm.lab.training.pipesgd_training import calibrate_and_train, train_rank
+from pipecomm.lab.workloads.tasks import fetch_data
 
 ID = "E7"
 NOTEBOOK = "07_pipesgd_convergence"
@@ -189,8 +190,10 @@ def run(**params: Any) -> pd.DataFrame:
     """Choose each method's learning rate on the selection seeds (:func:`select_rates`), then
     train every method for every evaluation seed at its rate on the chosen emulated network
     (accuracy on the held-out split's "test" half; the controls, methods with ``@``, from the
-    first ``control_seeds`` seeds only); tidy rows."""
+    first ``control_seeds`` seeds only); tidy rows. A data set to download (``dataset="cifar10"``)
+    is fetched first, checksums verified (:func:`pipecomm.lab.workloads.tasks.fetch_data`)."""
     params = Params.make(**params)
+    fetch_data(params)  # before the rate selection's ranks read the data set (cifar10: fetched)
     rates, sweep = select_rates(params)
 
     def cfg_of(params: Params, seed: int, method: str) -> TrainConfig:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -63,6 +64,7 @@ __all__ = [
     "check_batch_size",
     "check_world",
     "corpus",
+    "data_dir",
     "dataset",
     "evaluate",
     "fetch_data",
@@ -98,11 +100,33 @@ class ImageConfig(Protocol):
     eval_part: str
 
 
+def data_dir(root: str | None) -> str | None:
+    """Where a ``data_root`` parameter points: a relative folder is relative to the repository
+    (``data`` is the repository's ``data/``, as ``run_all.sh`` and the result checks of
+    :func:`pipecomm.lab.reuse.inputs` read it), whatever the working directory of the process
+    that reads it (a notebook's kernel runs in ``notebooks/``, its ranks too); an absolute one,
+    or None, as it is.
+
+    Example::
+
+        >>> from pipecomm.lab.results import REPO_ROOT
+        >>> data_dir("data") == str(REPO_ROOT / "data"), data_dir(None)
+        (True, None)
+    """
+    from pipecomm.lab.results import REPO_ROOT
+
+    if not isinstance(root, str) or not root:
+        return root
+    path = Path(root).expanduser()
+    return str(path if path.is_absolute() else REPO_ROOT / path)
+
+
 @functools.lru_cache(maxsize=4)
 def dataset(
     name: str, split: str, seed: int, root: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(images, labels)`` of a :mod:`pipecomm.lab.workloads.data` split, loaded once per process.
+    """``(images, labels)`` of a :mod:`pipecomm.lab.workloads.data` split, loaded once per process
+    (``root``: a ``data_root``, :func:`data_dir`).
 
     Example::
 
@@ -110,7 +134,7 @@ def dataset(
         >>> X.shape
         torch.Size([1438, 1, 8, 8])
     """
-    return data.load_dataset(name, split=split, seed=seed, root=root)
+    return data.load_dataset(name, split=split, seed=seed, root=data_dir(root))
 
 
 # Official training-split sizes and image shapes (channels, side), known without the files.
@@ -225,8 +249,8 @@ def evaluate(model: torch.nn.Module, cfg: ImageConfig) -> tuple[float, float]:
 
 
 def fetch_data(params: Params) -> None:
-    """Before any rank starts: fetch ``params.dataset`` into ``params.data_root`` unless it is there
-    with the right checksums (:func:`pipecomm.lab.workloads.data.fetch`; network needed once). Nothing for
+    """Before any rank starts: fetch ``params.dataset`` into ``params.data_root`` (relative to the
+    repository, :func:`data_dir`) unless it is there with the right checksums (:func:`pipecomm.lab.workloads.data.fetch`; network needed once). Nothing for
     "digits", which ships with scikit-learn.
 
     Example::
@@ -234,7 +258,7 @@ def fetch_data(params: Params) -> None:
         fetch_data(params)   # E5's or E7-E9's, e.g. dataset="cifar10", data_root="data"
     """
     if params.dataset != "digits":
-        data.fetch(params.dataset, params.data_root)
+        data.fetch(params.dataset, data_dir(params.data_root))
 
 
 def check_batch_size(

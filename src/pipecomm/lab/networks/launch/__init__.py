@@ -88,6 +88,7 @@ __all__ = [
     "UnguardedMainError",
     "check_gpus",
     "comm_group",
+    "gpu_count",
     "reverse_transport",
     "device",
     "group_timeout",
@@ -152,16 +153,33 @@ def _validate(world_size: int, backend: str, ranks_per_node: int | None, network
         check_gpus(world_size)
 
 
+def gpu_count() -> int:
+    """The GPUs an NCCL pool may place its ranks on: torch's visible CUDA devices (0 without
+    CUDA), or a rehearsal's stand-in GPUs while one runs (:func:`pipecomm.lab.standin.gpu_count`).
+
+    Example::
+
+        launch.gpu_count()   # 8 on an 8-GPU node
+    """
+    import torch
+
+    from pipecomm.lab import standin
+
+    stand_in = standin.gpu_count()
+    if stand_in is not None:
+        return stand_in
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def check_gpus(world_size: int) -> None:
-    """Raise ValueError unless ``world_size`` GPUs are visible: NCCL places one rank per GPU.
+    """Raise ValueError unless ``world_size`` GPUs are visible (:func:`gpu_count`): NCCL places
+    one rank per GPU.
 
     Example::
 
         launch.check_gpus(8)   # before starting an 8-rank NCCL pool
     """
-    import torch
-
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have = gpu_count()
     if have < world_size:
         raise ValueError(
             f"backend='nccl' with {world_size} local ranks needs {world_size} visible GPUs "
@@ -178,7 +196,8 @@ class Ranks:
 
     Args:
         world_size: number of ranks (processes).
-        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank; gloo on CPU while a
+            rehearsal runs, :mod:`pipecomm.lab.standin`).
         network: an emulated network (``pipecomm.lab.networks.netem.Network``) applied to pipecomm's
             point-to-point transfers on every rank, or ``None`` for the real backend.
         ranks_per_node: ranks per emulated node (sets ``LOCAL_WORLD_SIZE`` in the ranks).
@@ -206,10 +225,12 @@ class Ranks:
         start_timeout_s: float = _STARTUP_TIMEOUT_S,
         pg_timeout_s: float = _PG_TIMEOUT_S,
     ) -> None:
+        from pipecomm.lab import standin
+
         _validate(world_size, backend, ranks_per_node, network)
         _check_pg_timeout(pg_timeout_s)
         self.world_size = world_size
-        self.backend = backend
+        self.backend = standin.process_backend(backend)  # a rehearsal's NCCL: gloo on CPU
         self.network = network
         self.ranks_per_node = ranks_per_node
         self.start_timeout_s = start_timeout_s
