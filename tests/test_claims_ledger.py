@@ -180,11 +180,13 @@ def test_amend_needs_a_reason_and_a_change(tmp_path):
     book = ledger.load_ledger(path)
     book["C5.4"]["kind"] = "method"
     book["C5.4"]["regime"]["cpu"] = "0" * 16
+    book["C5.4"]["regime"]["gpu"] = "0" * 16  # stated for a profile it is no longer run in
     ledger.write_ledger(book, path)
     amended = ledger.amend("C5.4", "a test", today="2026-12-02", path=path)["C5.4"]
-    assert amended["kind"] == "paper" and amended["amendments"] == [
-        {"date": "2026-12-02", "changed": "kind method -> paper; regime in cpu",
-         "reason": "a test"}]
+    assert amended["kind"] == "paper" and "gpu" not in amended["regime"]
+    assert amended["amendments"][-1] == {
+        "date": "2026-12-02", "reason": "a test",
+        "changed": "kind method -> paper; regime in cpu; no longer evaluated in gpu"}
 
 
 def test_backfill_reads_the_definitions_of_the_commit_that_wrote_a_table():

@@ -1294,7 +1294,7 @@ def claims_report(table: Any, selected: list[str], profile: str | None = None) -
         not_run = int((others.verdict == word).sum())
         text += (f"{len(others)} claims of other experiments are not shown ({not_run} of them "
                  f"{word})\n")
-    if profile is not None:
+    if profile is not None and not rehearsal.is_rehearsal(profile):  # a rehearsal decides nothing
         text += "\n" + paper_claims.run_summary(table, profile) + "\n"
     return text
 

@@ -67,7 +67,9 @@ BAR_PAPER, BAR_MODEL, BAR_MARGIN = schema.BARS
 #: version of the claim (docs/experiments.md, "Versions"); its kind, prediction, reasons and
 #: citations are not part of the definition (a reclassification is recorded in
 #: artifact/claims-ledger.yaml, not hidden).
-DEFINITION_FIELDS = ("experiment", "statement", "check", "args", "profiles")
+#: What a verdict decides. Where a claim is evaluated (``profiles``) is not in it: that is its
+#: regime, recorded per profile in the ledger (a profile added or dropped is an amendment).
+DEFINITION_FIELDS = ("experiment", "statement", "check", "args")
 _ID = re.compile(r"^(C[0-9]+\.[0-9]+)([b-z]?)$")
 
 

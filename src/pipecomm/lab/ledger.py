@@ -334,6 +334,12 @@ def problems(entries: list[dict[str, Any]] | None = None,
                        f"ledger: record the reclassification and why with "
                        f"tools/claims_ledger.py amend {cid} --reason TEXT")
         if not e.get("superseded_by"):
+            now = set(current_regimes.get(cid, {}))
+            was = set(rec.get("regime") or {})
+            if now != was:
+                out.append(f"{cid}: evaluated in {', '.join(sorted(now)) or 'no profile'}, "
+                           f"stated for {', '.join(sorted(was)) or 'no profile'}: record why "
+                           f"with tools/claims_ledger.py amend {cid} --reason TEXT")
             for name, h in current_regimes.get(cid, {}).items():
                 if rec.get("regime", {}).get(name) != h:
                     out.append(f"{cid}: {e['experiment']}'s parameters in profile {name} "
@@ -468,9 +474,16 @@ def amend(claim_id: str, reason: str, today: str | None = None,
     if rec.get("kind") != e["kind"]:
         changed.append(f"kind {rec.get('kind')} -> {e['kind']}")
         rec["kind"] = e["kind"]
-    moved = sorted(name for name in now if rec.get("regime", {}).get(name) != now[name])
+    was = rec.get("regime") or {}
+    moved = sorted(name for name in now if name in was and was[name] != now[name])
     if moved:
         changed.append("regime in " + ", ".join(moved))
+    added, dropped = sorted(set(now) - set(was)), sorted(set(was) - set(now))
+    if added:
+        changed.append("evaluated in " + ", ".join(added))
+    if dropped:
+        changed.append("no longer evaluated in " + ", ".join(dropped))
+    if moved or added or dropped:
         rec["regime"] = now
     if not changed:
         raise ValueError(f"{claim_id}: its kind and regime are as recorded: nothing to amend")
