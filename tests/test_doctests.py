@@ -16,6 +16,7 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 LAB_WITH_EXAMPLES = [
+    "pipecomm.lab.autotune",
     "pipecomm.lab.bench",
     "pipecomm.lab.calibration",
     "pipecomm.lab.checks",

@@ -17,7 +17,7 @@ Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
 * ``import pipecomm.backend`` registers the backend name ``"pipecomm"``, so
   ``dist.init_process_group(backend="pipecomm")`` (under torchrun) and
   ``dist.new_group(ranks, backend="pipecomm")`` work; their options come from the environment:
-  ``PIPECOMM_ALGORITHM`` (default ``"lp"``), ``PIPECOMM_COMPRESSION`` (default none),
+  ``PIPECOMM_ALGORITHM`` (default ``"auto"``), ``PIPECOMM_COMPRESSION`` (default none),
   ``PIPECOMM_BLOCK_BYTES`` (default: the cost model's optimum).
 
 What torch 2.13 allows here and where it stops (the inner backend, the trampoline and the GIL,
@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import checks, collectives, vocab
-from pipecomm.collectives import async_
+from pipecomm.collectives import async_, builtin
 from pipecomm.collectives.async_ import group_timeout
 
 __all__ = [
@@ -107,20 +107,20 @@ class Options:
         ValueError: pipecomm.backend: compression='fp16' needs algorithm 'lp' or 'ring' ...
     """
 
-    algorithm: str = vocab.DEFAULT_ALGORITHM
+    algorithm: str = vocab.AUTO
     compression: str | None = None
     block_bytes: int | None = None
 
     def __post_init__(self) -> None:
         where = "pipecomm.backend"
-        vocab.check_algorithm(self.algorithm, where=where)
+        vocab.check_algorithm(self.algorithm, allowed=vocab.ALGORITHM_CHOICES, where=where)
         vocab.check_compression(self.compression, algorithm=self.algorithm, where=where)
         checks.block_bytes(self.block_bytes, where)
 
 
 def options_from_env(environ: dict[str, str] | None = None) -> Options:
     """The :class:`Options` of ``PIPECOMM_ALGORITHM`` / ``PIPECOMM_COMPRESSION`` /
-    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"lp"``, no codec, the cost model's block).
+    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"auto"``, no codec, the cost model's block).
 
     Example::
 
@@ -128,7 +128,7 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
         Options(algorithm='ring', compression='bf16', block_bytes=None)
     """
     env = os.environ if environ is None else environ
-    algorithm = env.get(ENV_ALGORITHM) or vocab.DEFAULT_ALGORITHM
+    algorithm = env.get(ENV_ALGORITHM) or vocab.AUTO
     compression = env.get(ENV_COMPRESSION) or None
     if compression is not None and compression.lower() == "none":
         compression = None
@@ -379,7 +379,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
 
     @property
     def algorithm(self) -> str:
-        """The group's algorithm (``"lp"``, ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``)."""
+        """The group's algorithm (``"auto"``, ``"lp"``, ``"mst"``, ``"be"``, ``"ring"``, ``"torch"``)."""
         return self.options.algorithm
 
     def __repr__(self) -> str:
@@ -428,7 +428,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
                 f"pipecomm {what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
                 f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide"
             )
-        use = self.options.algorithm != "torch" and t.dtype in collectives.SUPPORTED_DTYPES
+        use = (self.options.algorithm != "torch" and not builtin.issuing()  # auto chose it
+               and t.dtype in collectives.SUPPORTED_DTYPES)
         return [t], use
 
     def _on_inner(self, kind: str, tensors: list[torch.Tensor], opts: Any, op: str | None) -> Any:
@@ -678,7 +679,7 @@ _register()
 def new_group(
     ranks: Sequence[int] | None = None,
     *,
-    algorithm: str = vocab.DEFAULT_ALGORITHM,
+    algorithm: str = vocab.AUTO,
     compression: str | None = None,
     block_bytes: int | None = None,
     timeout: datetime.timedelta | None = None,
@@ -687,8 +688,9 @@ def new_group(
 
     Like ``dist.new_group`` it must be called by every rank of the job, members or not, in the
     same order as the other group creations; non-members get ``GroupMember.NON_GROUP_MEMBER``.
-    AllReduce / Broadcast / Reduce run ``algorithm`` (LP: Wang et al., arXiv 1611.04255; or
-    ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
+    AllReduce / Broadcast / Reduce run ``algorithm`` (``"auto"``: per call the fastest measured,
+    :func:`pipecomm.collectives.builtin.choose`; LP: Wang et al., arXiv 1611.04255; ``"mst"``,
+    ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
     AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
     ``block_bytes`` per block (``None``: the cost model's optimum). The group's operations fail
     after ``timeout`` (``None``: the world's, :func:`pipecomm.collectives.async_.group_timeout`;

@@ -6,7 +6,8 @@ One concept: the vocabularies, defined once; the library and the lab import them
   et al., "Efficient Communications in Training Large Scale Neural Networks", arXiv 1611.04255),
   the baselines ``"mst"`` (minimum spanning tree), ``"be"`` (bidirectional exchange) and
   ``"ring"`` of that paper's Table 1, and ``"torch"`` (the backend's built-in, which has no cost
-  model and cannot run over the emulated network). :data:`DEFAULT_ALGORITHM` is ``"lp"``.
+  model and cannot run over the emulated network). :data:`DEFAULT_ALGORITHM` is ``"lp"``;
+  ``"auto"`` chooses one per call (:func:`pipecomm.collectives.builtin.choose`).
 * Codecs — Pipe-SGD's light-weight gradient compression (Li et al., NeurIPS 2018, Sec. 3.3):
   ``"fp16"``, ``"bf16"`` (16-bit truncation) and ``"int8"`` (8-bit quantization with per-chunk
   scales); only ``"lp"`` and ``"ring"`` carry them (compression happens inside their transfers).
@@ -33,6 +34,8 @@ from typing import Any
 
 __all__ = [
     "ALGORITHMS",
+    "ALGORITHM_CHOICES",
+    "AUTO",
     "BACKEND_NAME",
     "CODECS",
     "COMPRESSING_ALGORITHMS",
@@ -51,6 +54,9 @@ __all__ = [
 BACKEND_NAME: str = "pipecomm"
 #: Every algorithm :func:`pipecomm.collectives.allreduce` runs; ``"torch"`` stays last.
 ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
+#: The algorithm argument that chooses one of :data:`ALGORITHMS` per call, and every value one takes.
+AUTO: str = "auto"
+ALGORITHM_CHOICES: tuple[str, ...] = (*ALGORITHMS, AUTO)
 #: The algorithms with a cost model (:mod:`pipecomm.lab.cost`); they run over the emulated network.
 MODELLED_ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
 #: The algorithms that carry a codec (compression happens inside their transfers).
@@ -125,7 +131,7 @@ def check_compression(
         'fp16'
     """
     check_choice(name, compression, COMPRESSIONS, where=where)
-    if compression is not None and algorithm not in (None, *COMPRESSING_ALGORITHMS):
+    if compression is not None and algorithm not in (None, AUTO, *COMPRESSING_ALGORITHMS):
         prefix = f"{where}: " if where else ""
         raise ValueError(
             f"{prefix}{name}={compression!r} needs algorithm 'lp' or 'ring' (compression "

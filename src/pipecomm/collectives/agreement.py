@@ -232,3 +232,28 @@ def check(call: Call, comm: Any, like: torch.Tensor | None = None) -> None:
         f"({sides}); every rank must pass the same op, algorithm, root, numel, dtype and "
         "block size. Nothing was sent or changed"
     )
+
+
+def check_tuning(digest: int, comm: Any, like: torch.Tensor | None = None) -> None:
+    """Return on every member if every member of ``comm`` chooses ``algorithm="auto"``'s
+    algorithms from the same tuning (``digest``: :func:`pipecomm.collectives.builtin.
+    tuning_digest`), else raise :class:`MismatchError` on every member, naming each rank's.
+
+    Example::
+
+        check_tuning(builtin.tuning_digest(builtin.tune_table()), comm)
+    """
+    if getattr(_SKIP, "on", False):
+        return
+    rows = allgather_rows([digest], comm, like.device if like is not None and comm.batched
+                          else "cpu")
+    if any(r != rows[0] for r in rows):
+        by: dict[int, list[int]] = {}
+        for rank, (d,) in zip(comm.members, rows):
+            by.setdefault(d, []).append(rank)
+        sides = "; ".join(f"ranks {', '.join(map(str, rs))}: tuning {d:08x}" for d, rs in by.items())
+        raise MismatchError(
+            f"algorithm='auto': the {comm.size} ranks of the group would choose from different "
+            f"tunings ({sides}); every rank must read the same table (PIPECOMM_TUNE_FILE, "
+            "of the same network fingerprint) and set the same LP link. Nothing was sent"
+        )

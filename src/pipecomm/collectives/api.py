@@ -19,6 +19,7 @@ moves. The built-in (``"torch"``) is left to the backend's own checks.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -52,7 +53,7 @@ def _check_tensor(fn: str, t: Any) -> None:
 
 
 def check_algorithm(algorithm: Any, where: str) -> str:
-    """``algorithm`` if it is one of :data:`ALGORITHMS` and can run here: the backend's
+    """``algorithm`` if it is ``"auto"`` or one of :data:`ALGORITHMS` and can run here: the backend's
     built-in (``"torch"``) is refused while an emulated network delays pipecomm's messages
     (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
 
@@ -61,7 +62,7 @@ def check_algorithm(algorithm: Any, where: str) -> str:
         >>> check_algorithm("lp", "allreduce")
         'lp'
     """
-    vocab.check_algorithm(algorithm, where=where)
+    vocab.check_algorithm(algorithm, allowed=vocab.ALGORITHM_CHOICES, where=where)
     emulated = p2p.delaying()
     if algorithm == "torch" and emulated is not None:
         raise ValueError(
@@ -134,6 +135,46 @@ def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
     return members.index(value)
 
 
+# --------------------------------------------------------------------------- algorithm="auto"
+
+_AGREED: set[tuple] = set()  # (members, tuning digest) whose ranks were found to agree
+
+
+def _auto(kind: str, t: torch.Tensor, group: Any, compression: Any) -> str:
+    """The algorithm ``algorithm="auto"`` runs (:func:`.builtin.choose` on values alike on
+    every member: op, bytes, group size, dtype, device; a codec needs LP or ring, an emulated
+    network pipecomm's own)."""
+    p = len(members_of(group) or ())
+    allowed = ALGORITHMS if compression is None else vocab.COMPRESSING_ALGORITHMS
+    if p2p.delaying() is not None:
+        allowed = tuple(a for a in allowed if a != "torch")
+    if p < 2:  # nothing to move
+        return allowed[-1]
+    return builtin.choose(kind, t.numel() * t.element_size(), p, t.dtype, t.device.type,
+                          allowed)
+
+
+def _auto_name(kind: str) -> Any:
+    """The range name's algorithm of an ``algorithm="auto"`` call: ``auto:<chosen>``."""
+    def name(t: Any, *args: Any, group: Any = None, compression: Any = None, **_: Any) -> str:
+        try:
+            return f"auto:{_auto(kind, t, group, compression)}"
+        except Exception:  # the call itself raises, naming the argument
+            return "auto"
+    return name
+
+
+def _agree(members: tuple[int, ...], transport: Any, async_op: bool, t: torch.Tensor,
+           what: str) -> None:
+    """Once per group and tuning: every member checks that all chose from the same table."""
+    key = (members, builtin.tuning_digest(builtin.tune_table()))
+    if key not in _AGREED:
+        comm = make_comm(members, transport)
+        job = functools.partial(agreement.check_tuning, key[1], comm, t)
+        submit(job, t, what).wait() if async_op else job()
+        _AGREED.add(key)
+
+
 # --------------------------------------------------------------------------- execution
 
 
@@ -174,9 +215,12 @@ def _execute(
     codec: Any,
     async_op: bool,
     transport: dist.ProcessGroup | None,
+    auto: bool = False,
 ) -> Result:
     p = len(members)
     what = f"{kind}(algorithm={algorithm!r}, op={op!r}, numel={t.numel()}, group size {p})"
+    if auto and p > 1:
+        _agree(members, transport, async_op, t, what)
     if p == 1 or (t.numel() == 0 and algorithm == "torch"):
         return CompletedHandle(t, what) if async_op else t
     data = t.detach()
@@ -230,7 +274,7 @@ def _execute(
 # --------------------------------------------------------------------------- public API
 
 
-@observe.ranged("allreduce")
+@observe.ranged("allreduce", choose=_auto_name("allreduce"))
 def allreduce(
     t: torch.Tensor,
     *,
@@ -270,17 +314,19 @@ def allreduce(
     """
     fn = "allreduce"
     _check_call(fn, t, algorithm, op, block_bytes, async_op)
+    auto = algorithm == vocab.AUTO
+    algorithm = _auto(fn, t, group, compression) if auto else algorithm
     codec = _codec(fn, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
         return CompletedHandle(t, fn) if async_op else t
     return _execute(
-        fn, t, members, group, algorithm, op, None, block_bytes, codec, async_op, transport
+        fn, t, members, group, algorithm, op, None, block_bytes, codec, async_op, transport, auto
     )
 
 
-@observe.ranged("broadcast")
+@observe.ranged("broadcast", choose=_auto_name("broadcast"))
 def broadcast(
     t: torch.Tensor,
     src: int = 0,
@@ -306,17 +352,19 @@ def broadcast(
     """
     fn = "broadcast"
     _check_call(fn, t, algorithm, "sum", block_bytes, async_op)
+    auto = algorithm == vocab.AUTO
+    algorithm = _auto(fn, t, group, None) if auto else algorithm
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
         return CompletedHandle(t, fn) if async_op else t
     root = _root_index(fn, "src", src, members)
     return _execute(
-        fn, t, members, group, algorithm, "sum", root, block_bytes, None, async_op, transport
+        fn, t, members, group, algorithm, "sum", root, block_bytes, None, async_op, transport, auto
     )
 
 
-@observe.ranged("reduce")
+@observe.ranged("reduce", choose=_auto_name("reduce"))
 def reduce(
     t: torch.Tensor,
     dst: int = 0,
@@ -343,11 +391,13 @@ def reduce(
     """
     fn = "reduce"
     _check_call(fn, t, algorithm, op, block_bytes, async_op)
+    auto = algorithm == vocab.AUTO
+    algorithm = _auto(fn, t, group, None) if auto else algorithm
     members = members_of(group)
     transport = _transport(group, async_op)
     if members is None:
         return CompletedHandle(t, fn) if async_op else t
     root = _root_index(fn, "dst", dst, members)
     return _execute(
-        fn, t, members, group, algorithm, op, root, block_bytes, None, async_op, transport
+        fn, t, members, group, algorithm, op, root, block_bytes, None, async_op, transport, auto
     )
