@@ -197,11 +197,11 @@ _TABLES = itertools.count()
 def tables(tmp_path):
     """``tables(n)``: n valid tables for the ranks, each of a digest no other test used (ranks
     that agreed on a table once do not check it again)."""
-    def make(n: int) -> list[str]:
+    def make(n: int, fastest: dict = fns.FASTEST) -> list[str]:
         out = []
         for _ in range(n):
             i = next(_TABLES)
-            doc = _doc(fns.FASTEST)
+            doc = _doc(fastest)
             doc["points"]["allreduce:cpu:9:float32"] = {str(4096 + i): {"lp": 1.0}}
             doc["digest"] = builtin.tune_digest(doc["points"])
             out.append(str(autotune.write_table(doc, tmp_path / f"ranks{i}.json")))
@@ -225,7 +225,8 @@ def test_auto_matches_the_builtin_and_every_member_chooses_alike(pool, tables):
 
 @pytest.mark.timeout(120)
 def test_ranks_with_different_tables_all_raise(pool, tables):
-    _check(pool(3).run(fns.tables_differ, *tables(2), timeout_s=100))
+    builtin_only = {**fns.FASTEST, ("allreduce", 3): ("torch",) * 3}
+    _check(pool(3).run(fns.tables_differ, *tables(2), *tables(1, builtin_only), timeout_s=100))
 
 
 @pytest.mark.timeout(120)

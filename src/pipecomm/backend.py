@@ -428,7 +428,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
                 f"pipecomm {what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
                 f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide"
             )
-        use = (self.options.algorithm != "torch" and not builtin.issuing()  # auto chose it
+        use = (self.options.algorithm != "torch" and not getattr(builtin.ISSUING, "on", False)  # auto chose it
                and t.dtype in collectives.SUPPORTED_DTYPES)
         return [t], use
 

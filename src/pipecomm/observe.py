@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -112,7 +113,7 @@ def ranged(kind: str, choose: Callable[..., str] | None = None
            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator of a public collective ``fn(t, ..., algorithm=..., async_op=...)``: the call
     runs in the range ``pipecomm.<kind>.<algorithm>`` and is counted (on success); for
-    ``algorithm="auto"`` ``<algorithm>`` is ``choose(t, ...)``, e.g. ``auto:ring``.
+    ``algorithm="auto"`` it is ``auto:<choose(t, ...)>``, e.g. ``pipecomm.allreduce.auto:ring``.
 
     Example::
 
@@ -127,7 +128,8 @@ def ranged(kind: str, choose: Callable[..., str] | None = None
         def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
             alg = kwargs.get("algorithm", default)
             if alg == "auto" and choose is not None:
-                alg = choose(t, *args, **kwargs)
+                with contextlib.suppress(Exception):  # the call itself raises, naming why
+                    alg = f"auto:{choose(t, *args, **kwargs)}"
             call = _Call(f"pipecomm.{kind}.{alg}")
             token = _CURRENT.set(call)
             start = time.perf_counter()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import zlib
 from typing import Any
 
 import torch
@@ -137,13 +138,14 @@ def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
 
 # --------------------------------------------------------------------------- algorithm="auto"
 
-_AGREED: set[tuple] = set()  # (members, tuning digest) whose ranks were found to agree
+_AGREED: set[tuple] = set()  # (members, tuning) of groups whose ranks were found to agree
 
 
-def _auto(kind: str, t: torch.Tensor, group: Any, compression: Any) -> str:
-    """The algorithm ``algorithm="auto"`` runs (:func:`.builtin.choose` on values alike on
-    every member: op, bytes, group size, dtype, device; a codec needs LP or ring, an emulated
-    network pipecomm's own)."""
+def _auto(kind: str, t: torch.Tensor, *_: Any, group: Any = None, compression: Any = None,
+          **__: Any) -> str:
+    """What ``algorithm="auto"`` runs: :func:`.builtin.choose` of values alike on every member
+    (op, bytes, group size, dtype, device; a codec needs LP or ring, an emulated network
+    pipecomm's own algorithms)."""
     p = len(members_of(group) or ())
     allowed = ALGORITHMS if compression is None else vocab.COMPRESSING_ALGORITHMS
     if p2p.delaying() is not None:
@@ -154,25 +156,19 @@ def _auto(kind: str, t: torch.Tensor, group: Any, compression: Any) -> str:
                           allowed)
 
 
-def _auto_name(kind: str) -> Any:
-    """The range name's algorithm of an ``algorithm="auto"`` call: ``auto:<chosen>``."""
-    def name(t: Any, *args: Any, group: Any = None, compression: Any = None, **_: Any) -> str:
-        try:
-            return f"auto:{_auto(kind, t, group, compression)}"
-        except Exception:  # the call itself raises, naming the argument
-            return "auto"
-    return name
+def tuning() -> int:
+    """What ``algorithm="auto"``'s choices depend on beyond the call, as an int the ranks
+    compare (:class:`.agreement.Call`): the table's digest, a set LP link, an emulated network.
 
+    Example::
 
-def _agree(members: tuple[int, ...], transport: Any, async_op: bool, t: torch.Tensor,
-           what: str) -> None:
-    """Once per group and tuning: every member checks that all chose from the same table."""
-    key = (members, builtin.tuning_digest(builtin.tune_table()))
-    if key not in _AGREED:
-        comm = make_comm(members, transport)
-        job = functools.partial(agreement.check_tuning, key[1], comm, t)
-        submit(job, t, what).wait() if async_op else job()
-        _AGREED.add(key)
+        >>> tuning() == tuning() != 0
+        True
+    """
+    table, link = builtin.tune_table(), lp.link()
+    emulated = p2p.delaying() is not None
+    return zlib.crc32(f"{table and table['digest']}|{link != lp.DEFAULT_LINK and link}|"
+                      f"{emulated}".encode()) or 1
 
 
 # --------------------------------------------------------------------------- execution
@@ -203,24 +199,29 @@ def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessG
     return async_.comm_group()
 
 
-def _execute(
-    kind: str,
-    t: torch.Tensor,
-    members: tuple[int, ...],
-    group: dist.ProcessGroup | None,
-    algorithm: str,
-    op: str,
-    root: int | None,
-    block_bytes: int | None,
-    codec: Any,
-    async_op: bool,
-    transport: dist.ProcessGroup | None,
-    auto: bool = False,
-) -> Result:
+def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGroup | None,
+             block_bytes: Any, async_op: Any, compression: Any = None,
+             root: tuple[str, Any] | None = None) -> Result:
+    """Every public entry point: the checks, ``"auto"``'s choice, the call on this rank (now or
+    on the communication thread); ``root`` is ``("src" | "dst", global rank)`` of a rooted op."""
+    _check_call(kind, t, algorithm, op, block_bytes, async_op)
+    auto = algorithm == vocab.AUTO
+    algorithm = _auto(kind, t, group=group, compression=compression) if auto else algorithm
+    codec = _codec(kind, compression, algorithm, t)
+    members = members_of(group)
+    transport = _transport(group, async_op)
+    if members is None:
+        return CompletedHandle(t, kind) if async_op else t
+    root = None if root is None else _root_index(kind, *root, members)
     p = len(members)
     what = f"{kind}(algorithm={algorithm!r}, op={op!r}, numel={t.numel()}, group size {p})"
-    if auto and p > 1:
-        _agree(members, transport, async_op, t, what)
+    tune = tuning() if auto else 0
+    if tune and algorithm == "torch" and p > 1 and (members, tune) not in _AGREED:
+        # once per group: the built-in has no check of its own to see the ranks disagree
+        job = functools.partial(agreement.check, agreement.Call.of(
+            kind, t, algorithm, op, root, 0, None, tune), make_comm(members, transport), t)
+        submit(job, t, what).wait() if async_op else job()
+        _AGREED.add((members, tune))
     if p == 1 or (t.numel() == 0 and algorithm == "torch"):
         return CompletedHandle(t, what) if async_op else t
     data = t.detach()
@@ -249,7 +250,8 @@ def _execute(
     if codec is not None:
         kwargs["codec"] = codec
     comm = make_comm(members, transport)
-    call = agreement.Call.of(kind, t, algorithm, op, root, kwargs.get("block_elems", 0), codec)
+    call = agreement.Call.of(kind, t, algorithm, op, root, kwargs.get("block_elems", 0), codec,
+                             tune)
 
     def body() -> None:
         agreement.check(call, comm, t)  # every rank raises, before any data moves
@@ -274,7 +276,7 @@ def _execute(
 # --------------------------------------------------------------------------- public API
 
 
-@observe.ranged("allreduce", choose=_auto_name("allreduce"))
+@observe.ranged("allreduce", choose=functools.partial(_auto, "allreduce"))
 def allreduce(
     t: torch.Tensor,
     *,
@@ -312,21 +314,10 @@ def allreduce(
         True
         >>> dist.destroy_process_group()
     """
-    fn = "allreduce"
-    _check_call(fn, t, algorithm, op, block_bytes, async_op)
-    auto = algorithm == vocab.AUTO
-    algorithm = _auto(fn, t, group, compression) if auto else algorithm
-    codec = _codec(fn, compression, algorithm, t)
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    return _execute(
-        fn, t, members, group, algorithm, op, None, block_bytes, codec, async_op, transport, auto
-    )
+    return _execute("allreduce", t, algorithm, op, group, block_bytes, async_op, compression)
 
 
-@observe.ranged("broadcast", choose=_auto_name("broadcast"))
+@observe.ranged("broadcast", choose=functools.partial(_auto, "broadcast"))
 def broadcast(
     t: torch.Tensor,
     src: int = 0,
@@ -350,21 +341,11 @@ def broadcast(
         tensor([0., 1., 2., 3.])
         >>> dist.destroy_process_group()
     """
-    fn = "broadcast"
-    _check_call(fn, t, algorithm, "sum", block_bytes, async_op)
-    auto = algorithm == vocab.AUTO
-    algorithm = _auto(fn, t, group, None) if auto else algorithm
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    root = _root_index(fn, "src", src, members)
-    return _execute(
-        fn, t, members, group, algorithm, "sum", root, block_bytes, None, async_op, transport, auto
-    )
+    return _execute("broadcast", t, algorithm, "sum", group, block_bytes, async_op,
+                    root=("src", src))
 
 
-@observe.ranged("reduce", choose=_auto_name("reduce"))
+@observe.ranged("reduce", choose=functools.partial(_auto, "reduce"))
 def reduce(
     t: torch.Tensor,
     dst: int = 0,
@@ -389,15 +370,4 @@ def reduce(
         tensor([0.5000])
         >>> dist.destroy_process_group()
     """
-    fn = "reduce"
-    _check_call(fn, t, algorithm, op, block_bytes, async_op)
-    auto = algorithm == vocab.AUTO
-    algorithm = _auto(fn, t, group, None) if auto else algorithm
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    root = _root_index(fn, "dst", dst, members)
-    return _execute(
-        fn, t, members, group, algorithm, op, root, block_bytes, None, async_op, transport, auto
-    )
+    return _execute("reduce", t, algorithm, op, group, block_bytes, async_op, root=("dst", dst))
