@@ -32,23 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "ALGORITHMS",
-    "ALGORITHM_CHOICES",
-    "AUTO",
-    "BACKEND_NAME",
-    "CODECS",
-    "COMPRESSING_ALGORITHMS",
-    "COMPRESSIONS",
-    "DEFAULT_ALGORITHM",
-    "MODELLED_ALGORITHMS",
-    "MODES",
-    "TIMING_MODES",
-    "check_algorithm",
-    "check_choice",
-    "check_compression",
-    "check_mode",
-]
+__all__ = ["ALGORITHMS", "ALGORITHM_CHOICES", "AUTO", "BACKEND_NAME", "CODECS",
+           "COMPRESSING_ALGORITHMS", "COMPRESSIONS", "DEFAULT_ALGORITHM", "MODELLED_ALGORITHMS",
+           "MODES", "TIMING_MODES", "check_algorithm", "check_choice", "check_compression",
+           "check_mode"]
 
 #: The name of pipecomm's torch.distributed backend (:mod:`pipecomm.backend`).
 BACKEND_NAME: str = "pipecomm"
@@ -95,13 +82,8 @@ def check_choice(name: str, value: Any, choices: tuple, *, where: str = "") -> A
     return value
 
 
-def check_algorithm(
-    algorithm: Any,
-    *,
-    allowed: tuple[str, ...] = ALGORITHMS,
-    name: str = "algorithm",
-    where: str = "",
-) -> str:
+def check_algorithm(algorithm: Any, *, allowed: tuple[str, ...] = ALGORITHMS,
+                    name: str = "algorithm", where: str = "") -> str:
     """``algorithm`` if it is one of ``allowed`` (default: every algorithm), else a ValueError
     naming the argument.
 
@@ -113,13 +95,8 @@ def check_algorithm(
     return check_choice(name, algorithm, allowed, where=where)
 
 
-def check_compression(
-    compression: Any,
-    *,
-    algorithm: str | None = None,
-    name: str = "compression",
-    where: str = "",
-) -> str | None:
+def check_compression(compression: Any, *, algorithm: str | None = None, name: str = "compression",
+                      where: str = "") -> str | None:
     """``compression`` if it is None or a codec name that ``algorithm`` (when given) can carry,
     else a ValueError naming the argument.
 
@@ -141,9 +118,8 @@ def check_compression(
     return compression
 
 
-def check_mode(
-    mode: Any, *, allowed: tuple[str, ...] = MODES, name: str = "mode", where: str = ""
-) -> str:
+def check_mode(mode: Any, *, allowed: tuple[str, ...] = MODES, name: str = "mode",
+               where: str = "") -> str:
     """``mode`` if it is one of ``allowed`` (default: PipeSGD's modes), else a ValueError naming
     the argument.
 

@@ -54,9 +54,9 @@ def _check_tensor(fn: str, t: Any) -> None:
 
 
 def check_algorithm(algorithm: Any, where: str) -> str:
-    """``algorithm`` if it is ``"auto"`` or one of :data:`ALGORITHMS` and can run here: the backend's
-    built-in (``"torch"``) is refused while an emulated network delays pipecomm's messages
-    (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
+    """``algorithm`` if it is ``"auto"`` or one of :data:`ALGORITHMS` and can run here: the
+    backend's built-in (``"torch"``) is refused while an emulated network delays pipecomm's
+    messages (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
 
     Example::
 
@@ -69,8 +69,7 @@ def check_algorithm(algorithm: Any, where: str) -> str:
         raise ValueError(
             f"{where}: algorithm='torch' (the backend's built-in) cannot be emulated: it cannot "
             f"run on the emulated network ({emulated.describe()}); choose one of pipecomm's own "
-            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network="
-        )
+            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network=")
     return algorithm
 
 
@@ -80,8 +79,7 @@ def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
     if op == "avg" and not t.dtype.is_floating_point:
         raise TypeError(
             f"{fn}: op='avg' needs a floating-point tensor, got {t.dtype}; use op='sum' and "
-            "divide, or convert the tensor to a floating dtype"
-        )
+            "divide, or convert the tensor to a floating dtype")
 
 
 def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
@@ -89,26 +87,20 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
         return None
     if isinstance(compression, str) and compression not in COMPRESSIONS:
         raise ValueError(
-            f"{fn}: compression must be None or one of {COMPRESSIONS}, got {compression!r}"
-        )
+            f"{fn}: compression must be None or one of {COMPRESSIONS}, got {compression!r}")
     if not isinstance(compression, str) and not all(
         hasattr(compression, a) for a in ("encode", "decode", "payload_nbytes")
     ):
         raise ValueError(
             f"{fn}: compression must be None, one of {COMPRESSIONS} or a codec object, "
-            f"got {compression!r}"
-        )
+            f"got {compression!r}")
     if algorithm not in vocab.COMPRESSING_ALGORITHMS:
-        raise ValueError(
-            f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
-            f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
-            f"got algorithm={algorithm!r}"
-        )
+        raise ValueError(f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
+                         f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
+                         f"got algorithm={algorithm!r}")
     if not t.dtype.is_floating_point:
-        raise TypeError(
-            f"{fn}: compression applies to floating-point tensors only, got {t.dtype}; "
-            "pass compression=None"
-        )
+        raise TypeError(f"{fn}: compression applies to floating-point tensors only, got {t.dtype}; "
+                        "pass compression=None")
     if not isinstance(compression, str):
         return compression
     return compress.get_codec(compression)
@@ -131,8 +123,7 @@ def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
     if isinstance(root, bool) or value not in members:
         raise ValueError(
             f"{fn}: {name}={root!r} is not a member of the group (its global ranks are "
-            f"{list(members)}); {name} is a global rank, as in torch.distributed"
-        )
+            f"{list(members)}); {name} is a global rank, as in torch.distributed")
     return members.index(value)
 
 
@@ -277,16 +268,9 @@ def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGrou
 
 
 @observe.ranged("allreduce", choose=functools.partial(_auto, "allreduce"))
-def allreduce(
-    t: torch.Tensor,
-    *,
-    algorithm: str = "lp",
-    op: str = "sum",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-    compression: str | None = None,
-) -> Result:
+def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
+              group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+              async_op: bool = False, compression: str | None = None) -> Result:
     """Reduce ``t`` over the ranks of ``group`` in place; every member ends with the result.
 
     Args:
@@ -318,15 +302,9 @@ def allreduce(
 
 
 @observe.ranged("broadcast", choose=functools.partial(_auto, "broadcast"))
-def broadcast(
-    t: torch.Tensor,
-    src: int = 0,
-    *,
-    algorithm: str = "lp",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-) -> Result:
+def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
+              group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+              async_op: bool = False) -> Result:
     """Copy ``t`` of global rank ``src`` into ``t`` of every member of ``group``, in place.
 
     Arguments as in :func:`allreduce`; ``src`` is a global rank and must belong to ``group``.
@@ -346,16 +324,9 @@ def broadcast(
 
 
 @observe.ranged("reduce", choose=functools.partial(_auto, "reduce"))
-def reduce(
-    t: torch.Tensor,
-    dst: int = 0,
-    *,
-    algorithm: str = "lp",
-    op: str = "sum",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-) -> Result:
+def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = "lp", op: str = "sum",
+           group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+           async_op: bool = False) -> Result:
     """Reduce ``t`` over ``group`` into ``t`` of global rank ``dst``; other ranks' ``t`` is
     left with unspecified values (it serves as the working buffer).
 

@@ -84,8 +84,7 @@ class Handle:
             raise TimeoutError(
                 f"{self._what} still running after {timeout_s} s (the operation continues; "
                 "wait again, or check that every rank of the group issued the same operations "
-                "in the same order)"
-            )
+                "in the same order)")
         if self._error is not None:
             raise self._error
         if self._on_wait is not None:
@@ -112,13 +111,8 @@ class WorkHandle(Handle):
     thread that observes completion first, through :meth:`wait` or :meth:`is_completed`.
     """
 
-    def __init__(
-        self,
-        work: Any,
-        finalize: Callable[[], None],
-        result: torch.Tensor,
-        what: str = "collective",
-    ) -> None:
+    def __init__(self, work: Any, finalize: Callable[[], None], result: torch.Tensor,
+                 what: str = "collective") -> None:
         super().__init__(result, what)
         self._work = work
         self._finalize = finalize
@@ -231,6 +225,14 @@ def _forget_stale() -> None:
         _REVERSE.clear()
 
 
+def initialised(where: str) -> None:
+    """Return once torch.distributed is initialised, else a RuntimeError naming ``where``."""
+    if not dist.is_initialized():
+        raise RuntimeError(f"{where}: torch.distributed is not initialised: start ranks with "
+                           "pipecomm.lab.launch.spawn / Ranks, or call dist.init_process_group "
+                           "(pipecomm.lab.launch.init_from_env() under torchrun) first")
+
+
 def group_timeout(group: Any = None) -> timedelta:
     """The timeout of ``group``'s operations (``None``: the default group's, the ``timeout=`` the
     job passed to ``init_process_group``): what every group pipecomm makes inherits.
@@ -248,16 +250,11 @@ def group_timeout(group: Any = None) -> timedelta:
         datetime.timedelta(seconds=15)
         >>> dist.destroy_process_group()
     """
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "group_timeout: torch.distributed is not initialised (call init_process_group, or "
-            "start ranks with pipecomm.lab.launch.spawn / Ranks, first)"
-        )
+    initialised("group_timeout")
     pg = dist.group.WORLD if group is None else group
     if not isinstance(pg, dist.ProcessGroup):
         raise TypeError(
-            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}"
-        )
+            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}")
     for kind in pg._device_types:
         try:
             options = pg._get_backend(kind).options
@@ -283,12 +280,7 @@ def comm_group() -> dist.ProcessGroup:
     global _COMM_GROUP, _COMM_WORLD
     _forget_stale()
     if _COMM_GROUP is None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: start ranks with pipecomm.lab.launch.spawn "
-                "/ Ranks, or call dist.init_process_group (pipecomm.lab.launch.init_from_env() "
-                "under torchrun)"
-            )
+        initialised("comm_group")
         backend = dist.get_backend()
         timeout = group_timeout()
         _COMM_GROUP = dist.new_group(backend=backend, timeout=timeout)

@@ -27,25 +27,15 @@ import torch.distributed as dist
 from pipecomm import vocab
 from pipecomm.collectives import lp, p2p
 
-_REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
 #: ``ISSUING.on``: this thread is in :func:`start`'s ``torch.distributed`` call (a pipecomm
 #: process group then runs it on its inner backend).
 ISSUING = threading.local()
 
 
-def start(
-    kind: str,
-    tensor: torch.Tensor,
-    group: dist.ProcessGroup | None,
-    op: str,
-    root: int | None,
-    async_op: bool,
-) -> tuple[object | None, Callable[[int, bool], None]]:
+def start(kind: str, tensor: torch.Tensor, group: dist.ProcessGroup | None, op: str,
+          root: int | None, async_op: bool) -> tuple[object | None, Callable[[int, bool], None]]:
     """Issue ``dist.all_reduce`` / ``broadcast`` / ``reduce`` on a contiguous ``tensor``.
 
     ``root`` is a global rank. Returns the backend's work (``None`` when synchronous) and the
