@@ -153,21 +153,52 @@ def test_the_table_is_written_atomically_and_read_once(table, tmp_path):
 
 
 def test_the_fingerprint_tells_networks_apart(monkeypatch):
+    def fingerprint() -> str:
+        builtin._network.cache_clear()  # read once per process: afresh for each case
+        return builtin.fingerprint()
+
     for k in ("MASTER_ADDR", "LOCAL_WORLD_SIZE", "WORLD_SIZE", *builtin.NETWORK_ENV):
         monkeypatch.delenv(k, raising=False)
-    one_host = builtin.fingerprint()
+    one_host = fingerprint()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # one host: its interface does not matter
-    assert builtin.fingerprint() == one_host
+    assert fingerprint() == one_host
     monkeypatch.setenv("PIPECOMM_NETWORK", "shaped 15 MB/s")
-    assert builtin.fingerprint() != one_host
+    assert fingerprint() != one_host
     monkeypatch.delenv("PIPECOMM_NETWORK")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")  # several hosts: the rendezvous, interface
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    many = builtin.fingerprint()
+    many = fingerprint()
     assert many != one_host
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
-    assert builtin.fingerprint() != many
+    assert fingerprint() != many
+    monkeypatch.undo()
+    assert fingerprint() == one_host
+
+
+def test_an_emulated_network_is_another_network_without_the_builtin(monkeypatch, link):
+    from pipecomm.collectives import api, p2p
+
+    class Emulated(p2p.Interposer):
+        delays = True
+
+        def describe(self) -> str:
+            return "8 ranks at 15 MB/s"
+
+    monkeypatch.setenv(builtin.ENV_TUNE_FILE, "off")
+    real = builtin.fingerprint()
+    p2p.set_interposer(Emulated())
+    try:
+        assert builtin.fingerprint() != real
+        t = torch.ones(1 << 22)  # 16 MiB
+        link(1e-3, 15e6)  # what the emulator sets
+        monkeypatch.setattr(api, "members_of", lambda group: tuple(range(8)))
+        assert api._auto("broadcast", t, group=None) == "lp"  # never the built-in here
+        assert api._auto("allreduce", t, group=None) in ("be", "ring")
+        assert builtin.choose("broadcast", 16 << 20, 8, allowed=("lp", "mst", "be", "ring")) == "lp"
+    finally:
+        p2p.set_interposer(None)
+    assert builtin.fingerprint() == real
 
 
 def test_bad_arguments_name_the_argument():

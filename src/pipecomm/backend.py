@@ -1,27 +1,19 @@
 """A ``torch.distributed`` process group whose AllReduce, Broadcast and Reduce are pipecomm's.
 
 Linear pipelining (``"lp"``, Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training
-Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"mst"``, ``"be"``,
-``"ring"``) become usable by any code that talks to ``torch.distributed``: torch's
-``DistributedDataParallel``, ``dist.all_reduce``, communication hooks.
-
-:class:`PipecommProcessGroup` is a Python subclass of ``torch.distributed.ProcessGroup``:
-``allreduce`` / ``broadcast`` / ``reduce`` with SUM, AVG, MAX, MIN run
-:func:`pipecomm.collectives.allreduce` / ``broadcast`` / ``reduce`` on the communication thread;
-every other operation runs on the group's *inner* gloo backend (NCCL for CUDA tensors).
-
-Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
-
-* :func:`new_group` -- called on every rank like ``dist.new_group``, on a job initialised with any
-  backend (gloo, NCCL);
-* ``import pipecomm.backend`` registers the backend name ``"pipecomm"``, so
-  ``dist.init_process_group(backend="pipecomm")`` (under torchrun) and
-  ``dist.new_group(ranks, backend="pipecomm")`` work; their options come from the environment:
-  ``PIPECOMM_ALGORITHM`` (default ``"auto"``), ``PIPECOMM_COMPRESSION`` (default none),
-  ``PIPECOMM_BLOCK_BYTES`` (default: the cost model's optimum).
-
-What torch 2.13 allows here and where it stops (the inner backend, the trampoline and the GIL,
-the communication group, ``Work``): docs/algorithms.md, "What torch 2.13 allows
+Large Scale Neural Networks", arXiv 1611.04255), that paper's baselines (``"mst"``, ``"be"``,
+``"ring"``) and ``"auto"`` (per call the fastest measured) for any code that talks to
+``torch.distributed``: torch's ``DistributedDataParallel``, ``dist.all_reduce``, comm hooks.
+:class:`PipecommProcessGroup` is a Python ``torch.distributed.ProcessGroup``: ``allreduce`` /
+``broadcast`` / ``reduce`` with SUM, AVG, MAX, MIN run :func:`pipecomm.collectives.allreduce` /
+``broadcast`` / ``reduce`` on the communication thread; every other operation runs on the
+group's *inner* gloo backend (NCCL for CUDA tensors). Two ways in, both for
+``DistributedDataParallel(process_group=...)``: :func:`new_group`, on every rank as
+``dist.new_group``; or ``import pipecomm.backend``, which registers the backend ``"pipecomm"``
+for ``dist.init_process_group(backend="pipecomm")`` and ``dist.new_group(ranks,
+backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"auto"``),
+``PIPECOMM_COMPRESSION`` (none), ``PIPECOMM_BLOCK_BYTES`` (the cost model's optimum). What torch
+2.13 allows here and where it stops: docs/algorithms.md, "What torch 2.13 allows
 `pipecomm.backend` to do, and where it stops".
 
 Example::
@@ -139,11 +131,8 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
 
 
 class _Completer:
-    """A daemon thread that resolves futures when pipecomm handles finish, in issue order.
-
-    Handles finish in issue order on the communication thread (its queue is FIFO), so waiting
-    for them in that order delays no future.
-    """
+    """A daemon thread that resolves futures when pipecomm handles finish, in issue order (the
+    order they finish in on the communication thread, whose queue is FIFO)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()

@@ -1,20 +1,17 @@
 """Public entry points: ``allreduce``, ``broadcast``, ``reduce`` — validation and dispatch.
 
-Chooses the schedule (``"lp"`` — linear pipelining, Wang et al., arXiv 1611.04255; the baselines
-``"mst"``, ``"be"``, ``"ring"``; ``"torch"``, the backend's built-in), checks every argument before
-any communication, works on a flat contiguous view of the tensor (a non-contiguous tensor is
-reduced in a contiguous copy that is copied back), and runs the operation either now or, with
-``async_op=True``, on the communication thread (:mod:`.async_`).
+Runs the schedule (``"lp"`` — linear pipelining, Wang et al., arXiv 1611.04255; ``"mst"``,
+``"be"``, ``"ring"``; ``"torch"``, the backend's built-in; ``"auto"``, per call one of them,
+:func:`.builtin.choose`) after checking every argument, on a flat contiguous view of the tensor
+(a non-contiguous one in a contiguous copy, copied back), now or with ``async_op=True`` on the
+communication thread (:mod:`.async_`). ``group`` is any process group (``None``: the world),
+``src``/``dst`` *global* ranks of it; a non-member returns at once, its tensor unchanged (as in
+``torch.distributed``); a group of one rank and an empty tensor move nothing.
 
-Groups: ``group`` is any process group (``None`` = the world); ``src``/``dst`` are *global* ranks
-that must be members of it. A rank that is not a member of ``group`` returns at once without
-communicating (as ``torch.distributed`` does); its tensor is unchanged. A group of one rank is a
-no-op (``avg`` over one rank is the identity); an empty tensor moves no data.
-
-Every member first checks that all members made the same call (:mod:`.agreement`: op,
-algorithm, root, numel, dtype, LP block, codec); if not, every member raises
-:class:`~pipecomm.collectives.agreement.MismatchError` naming each rank's call, before any data
-moves. The built-in (``"torch"``) is left to the backend's own checks.
+Every member first checks that all made the same call (:mod:`.agreement`: op, algorithm, root,
+numel, dtype, LP block, codec, auto's tuning), else all raise
+:class:`~pipecomm.collectives.agreement.MismatchError` before any data moves. The built-in is
+left to the backend's own checks (auto's ranks check once per group that they read alike).
 """
 
 from __future__ import annotations
@@ -157,9 +154,11 @@ def tuning() -> int:
         True
     """
     table, link = builtin.tune_table(), lp.link()
-    emulated = p2p.delaying() is not None
-    return zlib.crc32(f"{table and table['digest']}|{link != lp.DEFAULT_LINK and link}|"
-                      f"{emulated}".encode()) or 1
+    return _tuning(table and table["digest"], link != lp.DEFAULT_LINK and link,
+                   p2p.delaying() is None)
+
+
+_tuning = functools.lru_cache(maxsize=64)(lambda *what: zlib.crc32(repr(what).encode()) or 1)
 
 
 # --------------------------------------------------------------------------- execution

@@ -1,18 +1,15 @@
 """Asynchronous collectives: one communication thread per process, a FIFO of operations.
 
 Pipe-SGD (Li et al., NeurIPS 2018) and layer-wise GD (Daily et al., 2017) overlap the AllReduce
-of one step with the computation of the next. pipecomm runs the point-to-point schedules of an
-asynchronous collective on a daemon thread, in the order they were issued (the same order on every
-rank, so the ranks' transfers match), on :func:`comm_group` — a process group of its own, owned
-here with the thread, as are the groups of the reverse direction (:func:`reverse_transport`) and
-the timeout they take from the world (:func:`group_timeout`) — while the main thread computes
-(torch kernels and transfer waits release the GIL).
+of one step with the computation of the next: the schedules of an asynchronous collective run on
+a daemon thread, in issue order (the same on every rank), on :func:`comm_group` (its own process
+group; the reverse direction's, :func:`reverse_transport`; the world's timeout,
+:func:`group_timeout`) while the main thread computes (kernels and waits release the GIL).
 
-A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
-or re-raises the error the operation hit on the thread; ``is_completed()`` polls. A transfer that
-failed there (a dead peer, or one stalled past the communication group's timeout, which is the
-world's) is re-raised as :class:`pipecomm.collectives.p2p.TransferError` naming the collective,
-the operation and the peer's rank.
+An ``async_op=True`` call returns a :class:`Handle`: ``wait()`` returns the result tensor or
+re-raises the operation's error (a failed transfer as
+:class:`pipecomm.collectives.p2p.TransferError`, naming the collective, operation and peer);
+``is_completed()`` polls.
 
 The thread lowers the GIL switch interval (``PIPECOMM_SWITCH_INTERVAL_S``); CUDA jobs run on a
 communication stream of their own (:mod:`._streams`); use ``wait()`` (not only

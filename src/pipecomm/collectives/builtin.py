@@ -84,19 +84,28 @@ _LOG, _LOGGED = logging.getLogger("pipecomm"), set()
 def fingerprint() -> str:
     """The network of this process, alike on every rank (16 hex digits): the host when all
     ranks are on one (``MASTER_ADDR`` loopback or ``LOCAL_WORLD_SIZE == WORLD_SIZE``), else the
-    rendezvous address and socket interfaces; :data:`NETWORK_ENV`; an emulated network.
+    rendezvous address and socket interfaces; :data:`NETWORK_ENV` (these variables read once
+    per process); an emulated network.
 
     Example::
 
         >>> len(fingerprint())
         16
     """
-    env, emulated, master = os.environ, p2p.delaying(), os.environ.get("MASTER_ADDR", "")
-    one = master in ("", "localhost", "::1") or master.startswith("127.") or env.get(
-        "LOCAL_WORLD_SIZE", "") == env.get("WORLD_SIZE")
-    where = [socket.gethostname()] if one else [master, *(env.get(f"{k}_SOCKET_IFNAME", "")
-                                                          for k in ("GLOO", "NCCL"))]
-    return tune_digest([*where, *map(env.get, NETWORK_ENV), emulated and emulated.describe()])
+    return _digest(_network(), p2p.delaying())
+
+
+@functools.lru_cache(maxsize=1)
+def _network() -> tuple[str | None, ...]:
+    env, master = os.environ, os.environ.get("MASTER_ADDR", "")
+    if master in ("", "localhost", "::1") or master.startswith("127.") or env.get(
+            "LOCAL_WORLD_SIZE", "") == env.get("WORLD_SIZE"):
+        return socket.gethostname(), *map(env.get, NETWORK_ENV)
+    return master, *map(env.get, ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", *NETWORK_ENV))
+
+
+_digest = functools.lru_cache(maxsize=8)(
+    lambda net, emulated: tune_digest([*net, emulated and emulated.describe()]))
 
 
 def tune_digest(points: object) -> str:
@@ -105,28 +114,30 @@ def tune_digest(points: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tune_path() -> Path | None:
-    """Where auto reads its table: ``$PIPECOMM_TUNE_FILE`` (``off``: nowhere), else
-    ``~/.cache/pipecomm/tune-<fingerprint>.json`` (``$XDG_CACHE_HOME`` for ``~/.cache``).
+def tune_path(env: str | None = None, fp: str | None = None) -> Path | None:
+    """Where auto reads its table: ``env`` (``None``: ``$PIPECOMM_TUNE_FILE``; ``off``:
+    nowhere), else ``~/.cache/pipecomm/tune-<fp>.json`` (``fp`` ``None``: :func:`fingerprint`;
+    ``$XDG_CACHE_HOME`` for ``~/.cache``).
 
     Example::
 
-        >>> os.environ.get("PIPECOMM_TUNE_FILE") == "off" or tune_path().suffix == ".json"
-        True
+        >>> tune_path("", "0" * 16).name
+        'tune-0000000000000000.json'
     """
-    if env := os.environ.get(ENV_TUNE_FILE, ""):
+    if env := os.environ.get(ENV_TUNE_FILE, "") if env is None else env:
         return None if env.lower() == "off" else Path(env)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache, "pipecomm", f"tune-{fingerprint()}.json")
+    return Path(cache, "pipecomm", f"tune-{fp or fingerprint()}.json")
 
 
 def tune_table() -> dict | None:
     """:func:`read_table` of :func:`tune_path`, as this process first found it (a later file
     waits for the next process: ranks started together choose alike)."""
-    return None if (path := tune_path()) is None else _first_look(str(path), fingerprint())
+    return _first_look(os.environ.get(ENV_TUNE_FILE, ""), fingerprint())
 
 
-_first_look = functools.lru_cache(maxsize=8)(lambda path, fp: read_table(path, fp))
+_first_look = functools.lru_cache(maxsize=8)(
+    lambda env, fp: None if (path := tune_path(env, fp)) is None else read_table(path, fp))
 
 
 def read_table(path: str | os.PathLike, fp: str | None = None) -> dict | None:
@@ -205,21 +216,29 @@ def choose(kind: str, nbytes: int, p: int, dtype: torch.dtype = torch.float32,
         >>> choose("allreduce", 1 << 20, 8)     # nothing measured, no link set: the built-in
         'torch'
     """
-    table, dt, why, times = tune_table(), str(dtype).removeprefix("torch."), "cost model", {}
-    if rows := table and (table["rows"].get(f"{kind}:{device}:{p}:{dt}")
-                          or table["rows"].get(f"{kind}:{device}:{p}:float32")):
-        size, got = min(rows, key=lambda r: abs(math.log2(max(nbytes, 1) / r[0])))
-        times, why = {a: s for a, s in got.items() if a in allowed
-                      and (a != "lp" or table["link"] == lp.link())}, f"measured at {size} B"
-    if not times and "torch" in allowed and lp.link() == lp.DEFAULT_LINK:
-        times, why = {"torch": 0.0}, "nothing measured"
-    elif not times:
-        times = {a: model_s(kind, a, nbytes, p) for a in allowed if a != "torch"}
-        if "torch" in allowed:
-            times["torch"] = MODEL_MARGIN * model_s(kind, BUILTIN_AS[kind], nbytes, p)
-    best = min(times, key=lambda a: (times[a], a != "torch"))
+    dt, where = str(dtype).removeprefix("torch."), (os.environ.get(ENV_TUNE_FILE, ""),
+                                                    fingerprint())
+    best, why = _pick(kind, nbytes, p, dt, device, allowed, lp.link(), where)
     if (key := (kind, nbytes.bit_length(), p, best)) not in _LOGGED:
         _LOGGED.add(key)
         _LOG.debug("algorithm='auto': %s of %d B over %d ranks (%s) -> %s (%s)", kind, nbytes, p,
                    dt, best, why)
     return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _pick(kind: str, nbytes: int, p: int, dt: str, device: str, allowed: tuple[str, ...],
+          link: tuple[float, float], where: tuple[str, str]) -> tuple[str, str]:
+    table, why, times = _first_look(*where), "cost model", {}
+    if rows := table and (table["rows"].get(f"{kind}:{device}:{p}:{dt}")
+                          or table["rows"].get(f"{kind}:{device}:{p}:float32")):
+        size, got = min(rows, key=lambda r: abs(math.log2(max(nbytes, 1) / r[0])))
+        times, why = {a: s for a, s in got.items() if a in allowed
+                      and (a != "lp" or table["link"] == link)}, f"measured at {size} B"
+    if not times and "torch" in allowed and link == lp.DEFAULT_LINK:
+        times, why = {"torch": 0.0}, "nothing measured"
+    elif not times:
+        times = {a: model_s(kind, a, nbytes, p) for a in allowed if a != "torch"}
+        if "torch" in allowed:
+            times["torch"] = MODEL_MARGIN * model_s(kind, BUILTIN_AS[kind], nbytes, p)
+    return min(times, key=lambda a: (times[a], a != "torch")), why
