@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="first measure the table (pipecomm.lab.autotune) on the same ranks, "
                          "for the run's ops, p and sizes, into --tune-file (default: a "
                          "temporary file)")
-    ap.add_argument("--tune-repeats", type=int, default=5, help="with --tune (default 5)")
+    ap.add_argument("--tune-repeats", type=int, default=7, help="with --tune (default 7)")
     ap.add_argument("--auto-goals", type=Path, default=None, metavar="CSV",
                     help="decide auto's goals against the built-in and pipecomm's best on a CSV "
                          "with auto rows, and exit")

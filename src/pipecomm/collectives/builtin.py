@@ -77,7 +77,8 @@ ENV_TUNE_FILE, TUNE_FORMAT = "PIPECOMM_TUNE_FILE", "pipecomm-tune/1"
 NETWORK_ENV = ("PIPECOMM_NETWORK", "PIPECOMM_CLUSTER")
 #: What the built-in runs, as the model prices it (gloo: a ring, a binomial tree, a chain) ...
 BUILTIN_AS = {"allreduce": "ring", "broadcast": "mst", "reduce": "lp"}
-MODEL_MARGIN = 0.8  # ... kept unless another is below this share of it
+MODEL_MARGIN = 0.8  # ... kept unless another is below this share of it (measured: TABLE_)
+TABLE_MARGIN = 0.95
 _LOG, _LOGGED = logging.getLogger("pipecomm"), set()
 
 
@@ -207,9 +208,10 @@ def choose(kind: str, nbytes: int, p: int, dtype: torch.dtype = torch.float32,
            device: str = "cpu", allowed: tuple[str, ...] = vocab.ALGORITHMS) -> str:
     """``algorithm="auto"``'s pick of ``allowed`` for ``kind`` of ``nbytes`` over ``p`` ranks:
     the fastest in :func:`tune_table` at the nearest size (log scale) of this op, device, p and
-    dtype (else float32; LP only if measured on this LP link), else by :func:`model_s` if a link
-    was set or the built-in is not allowed (the built-in as :data:`BUILTIN_AS`), else
-    ``"torch"``. Each new pick is a debug line of the ``"pipecomm"`` logger.
+    dtype (else float32; LP only if measured on this LP link; the built-in unless another is
+    below :data:`TABLE_MARGIN` of it), else by :func:`model_s` if a link was set or the built-in
+    is not allowed (the built-in as :data:`BUILTIN_AS`), else ``"torch"``. Each new pick is a
+    debug line of the ``"pipecomm"`` logger.
 
     Example::
 
@@ -233,8 +235,9 @@ def _pick(kind: str, nbytes: int, p: int, dt: str, device: str, allowed: tuple[s
     if rows := table and (table["rows"].get(f"{kind}:{device}:{p}:{dt}")
                           or table["rows"].get(f"{kind}:{device}:{p}:float32")):
         size, got = min(rows, key=lambda r: abs(math.log2(max(nbytes, 1) / r[0])))
-        times, why = {a: s for a, s in got.items() if a in allowed
-                      and (a != "lp" or table["link"] == link)}, f"measured at {size} B"
+        why = f"measured at {size} B"
+        times = {a: s * (TABLE_MARGIN if a == "torch" else 1) for a, s in got.items()
+                 if a in allowed and (a != "lp" or table["link"] == link)}
     if not times and "torch" in allowed and link == lp.DEFAULT_LINK:
         times, why = {"torch": 0.0}, "nothing measured"
     elif not times:

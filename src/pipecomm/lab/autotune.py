@@ -1,4 +1,4 @@
-"""``python -m pipecomm.lab.autotune``: measure which algorithm is fastest, for ``algorithm="auto"``.
+"""``python -m pipecomm.lab.autotune``: which algorithm is fastest here, for ``algorithm="auto"``.
 
 Times every algorithm (``lp``, ``mst``, ``be``, ``ring`` and ``torch``, the backend's built-in) on
 the ranks of one pool -- local gloo ranks over loopback, or with ``--cluster RATE`` the shaped
@@ -10,7 +10,7 @@ else ``~/.cache/pipecomm/tune-<fingerprint>.json``; the fingerprint of the netwo
 computes it), written atomically (a temporary file renamed over it) and read back before the
 command reports success.
 
-The default points (3 ops x p 2, 4, 8 x 4 KiB, 64 KiB, 1 MiB, 16 MiB x 5 algorithms, 5 repeats
+The default points (3 ops x p 2, 4, 8 x 4 KiB, 64 KiB, 1 MiB, 16 MiB x 5 algorithms, 7 repeats
 after 1 warm-up) take about two minutes over loopback on a 2-core host; LP's blocks are planned
 on :data:`pipecomm.collectives.lp.DEFAULT_LINK` (what a script that never calls ``set_link``
 uses; ``--link ALPHA_S BANDWIDTH_BPS`` for another: auto uses LP's times only on that link).
@@ -133,8 +133,8 @@ def rank_tune(cfg: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def choices(doc: dict[str, Any]) -> list[tuple[str, int, int, str, float]]:
-    """Per point of a table document: ``(op, p, nbytes, fastest, its time over the
-    built-in's)``.
+    """Per point of a table document: ``(op, p, nbytes, auto's pick, its time over the
+    built-in's)`` (:func:`pipecomm.collectives.builtin.choose`'s rule, every algorithm allowed).
 
     Example::
 
@@ -146,7 +146,8 @@ def choices(doc: dict[str, Any]) -> list[tuple[str, int, int, str, float]]:
     for key, sizes in sorted(doc["points"].items()):
         op, _, p, _ = key.split(":")
         for n, times in sorted(sizes.items(), key=lambda kv: int(kv[0])):
-            best = min(times, key=lambda a: (times[a], a != "torch"))
+            best = min(times, key=lambda a: (times[a] * (builtin.TABLE_MARGIN if a == "torch"
+                                                         else 1), a != "torch"))
             base = times.get("torch", float("nan"))
             out.append((op, int(p), int(n), best, times[best] / base))
     return out
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="message sizes, e.g. 4K 1M 16M")
     ap.add_argument("--algorithms", nargs="+", default=list(collectives.ALGORITHMS),
                     choices=collectives.ALGORITHMS)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--link", nargs=2, type=float, default=list(lp.DEFAULT_LINK),
                     metavar=("ALPHA_S", "BANDWIDTH_BPS"),
