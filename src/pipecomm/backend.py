@@ -11,7 +11,7 @@ group's *inner* gloo backend (NCCL for CUDA tensors). Two ways in, both for
 ``DistributedDataParallel(process_group=...)``: :func:`new_group`, on every rank as
 ``dist.new_group``; or ``import pipecomm.backend``, which registers the backend ``"pipecomm"``
 for ``dist.init_process_group(backend="pipecomm")`` and ``dist.new_group(ranks,
-backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"auto"``),
+backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"lp"``),
 ``PIPECOMM_COMPRESSION`` (none), ``PIPECOMM_BLOCK_BYTES`` (the cost model's optimum). What torch
 2.13 allows here and where it stops: docs/algorithms.md, "What torch 2.13 allows
 `pipecomm.backend` to do, and where it stops".
@@ -88,7 +88,7 @@ class Options:
         ValueError: pipecomm.backend: compression='fp16' needs algorithm 'lp' or 'ring' ...
     """
 
-    algorithm: str = vocab.AUTO
+    algorithm: str = vocab.DEFAULT_ALGORITHM
     compression: str | None = None
     block_bytes: int | None = None
 
@@ -101,7 +101,7 @@ class Options:
 
 def options_from_env(environ: dict[str, str] | None = None) -> Options:
     """The :class:`Options` of ``PIPECOMM_ALGORITHM`` / ``PIPECOMM_COMPRESSION`` /
-    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"auto"``, no codec, the cost model's block).
+    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"lp"``, no codec, the cost model's block).
 
     Example::
 
@@ -109,7 +109,7 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
         Options(algorithm='ring', compression='bf16', block_bytes=None)
     """
     env = os.environ if environ is None else environ
-    algorithm = env.get(ENV_ALGORITHM) or vocab.AUTO
+    algorithm = env.get(ENV_ALGORITHM) or vocab.DEFAULT_ALGORITHM
     compression = env.get(ENV_COMPRESSION) or None
     if compression is not None and compression.lower() == "none":
         compression = None
@@ -603,7 +603,7 @@ def _register() -> None:
 _register()
 
 
-def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.AUTO,
+def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFAULT_ALGORITHM,
               compression: str | None = None, block_bytes: int | None = None,
               timeout: datetime.timedelta | None = None) -> dist.ProcessGroup:
     """A pipecomm process group over ``ranks`` (global ranks; ``None``: all), made on every rank.

@@ -236,4 +236,3 @@ def check(call: Call, comm: Any, like: torch.Tensor | None = None) -> None:
         f"({sides}); every rank must pass the same op, algorithm, root, numel, dtype and "
         "block size (auto: read the same tuning table). Nothing was sent or changed"
     )
-
