@@ -11,9 +11,10 @@ computes it), written atomically (a temporary file renamed over it) and read bac
 command reports success.
 
 The default points (3 ops x p 2, 4, 8 x 4 KiB, 64 KiB, 1 MiB, 16 MiB x 5 algorithms, 7 repeats
-after 1 warm-up) take about two minutes over loopback on a 2-core host; LP's blocks are planned
-on :data:`pipecomm.collectives.lp.DEFAULT_LINK` (what a script that never calls ``set_link``
-uses; ``--link ALPHA_S BANDWIDTH_BPS`` for another: auto uses LP's times only on that link).
+after 1 warm-up) took 38 s over loopback (8 ranks on a busy 2-core host); LP's blocks are
+planned on :data:`pipecomm.collectives.lp.DEFAULT_LINK` (what a script that never calls
+``set_link`` uses; ``--link ALPHA_S BANDWIDTH_BPS`` for another: auto uses LP's times only on
+that link).
 
 Usage::
 
