@@ -70,6 +70,15 @@ A/A interval.
     .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch --ops allreduce \
         --p 2 4 8 --sizes 4K 1M 64M --check-cost --csv check.csv
 
+``--algorithms ... auto`` times ``algorithm="auto"`` too: with ``--tune`` the ranks first
+measure its table (:mod:`pipecomm.lab.measure.autotune`, for the run's ops, p and sizes) into
+``--tune-file`` (else a temporary file), which they read as ``PIPECOMM_TUNE_FILE``;
+``--auto-goals CSV`` decides its goals (:func:`auto_goals`)::
+
+    .venv/bin/python benchmarks/bench_collectives.py --algorithms lp ring torch auto --aa --tune \
+        --p 2 4 8 --sizes 1M 16M --csv auto_loopback.csv
+    .venv/bin/python benchmarks/bench_collectives.py --auto-goals auto_loopback.csv
+
 ``--lp-blocks K [K ...]`` adds LP cut into K blocks (rows ``lp/K``, block ``ceil(n / K)`` bytes
 rounded up to whole elements) next to LP's default block (rows ``lp``): how far the host model's
 choice (:func:`pipecomm.collectives.lp.default_block_bytes`) is from the best block count measured
@@ -88,8 +97,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import os
 import statistics
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,10 +108,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipecomm.lab.measure import bench, stats, sweep
+from pipecomm.collectives import builtin
+from pipecomm.lab.measure import autotune, bench, stats, sweep
 from pipecomm.lab.networks import cluster, cost, launch, netem
 
-ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
+ALGORITHMS = ("lp", "mst", "be", "ring", "torch", "auto")  # auto: only when asked for
 AA = "torch-aa"  # the built-in timed a second time in every repeat (``--aa``)
 CHECK = "check"  # the ranks' agreement check alone (``--check-cost``)
 UNCHECKED = "unchecked:"  # an algorithm's call without that check (``--check-cost``)
@@ -589,6 +601,53 @@ def paired_targets(csv_path: Path) -> str:
     return "\n".join(out)
 
 
+#: auto's goals (``--auto-goals``): over loopback at most the built-in's A/A interval's upper
+#: bound at every point; on a shaped network broadcast within this factor of LP, allreduce and
+#: reduce within it of the faster of pipecomm's best algorithm and the built-in.
+AUTO_FACTOR = 1.05
+
+
+def auto_goals(csv_path: Path) -> str:
+    """auto's goals on a CSV with ``auto`` rows, point by point: over loopback (rows without a
+    link limit) auto's ratio to the built-in against the A/A rows' interval (met at or below its
+    upper bound); on a shaped network (``link_s`` set) auto's median over LP's (broadcast) or
+    over the fastest median of the other algorithms timed (allreduce, reduce), met at or below
+    :data:`AUTO_FACTOR`, with the ratio's bootstrap 95% interval.
+
+    Example::
+
+        print(auto_goals(Path("auto_loopback.csv")))
+    """
+    rows = _rows(csv_path)
+    cell = {(r["op"], r["p"], r["nbytes"], r["algorithm"]): r for r in rows}
+    autos = [r for r in rows if r["algorithm"] == "auto"]
+    if not autos:
+        raise ValueError(f"{csv_path}: no auto rows (run with --algorithms ... auto)")
+    out, met = [], 0
+    for r in autos:
+        key = (r["op"], r["p"], r["nbytes"])
+        where = f"{r['op']} p={r['p']} {_fmt_size(int(r['nbytes']))}"
+        if float(r["link_s"] or "nan") != float(r["link_s"] or "nan"):  # loopback
+            aa = cell.get((*key, AA))
+            if aa is None:
+                raise ValueError(f"{csv_path}: no {AA} row for {where} (run with --aa)")
+            ok = float(r["ratio"]) <= float(aa["ratio_hi"])
+            out.append(f"{where}: auto/built-in {_ci(r, 'ratio')}, A/A {_ci(aa, 'ratio')}: "
+                       f"{'met' if ok else 'NOT met'}")
+        else:
+            others = [cell[(*key, a)] for a in ALGORITHMS[:-1] if (*key, a) in cell]
+            ref = cell.get((*key, "lp")) if r["op"] == "broadcast" else min(
+                others, key=lambda x: float(x["time_s"]), default=None)
+            if ref is None:
+                raise ValueError(f"{csv_path}: nothing to compare auto with at {where}")
+            v, lo, hi = stats.ratio_ci(stats.repeats(r["times_s"]), stats.repeats(ref["times_s"]))
+            ok = v <= AUTO_FACTOR
+            out.append(f"{where}: auto/{ref['algorithm']} {v:.2f} [{lo:.2f}, {hi:.2f}]: "
+                       f"{'met' if ok else 'NOT met'}")
+        met += ok
+    return f"auto's goals met at {met} of {len(autos)} points\n" + "\n".join(out)
+
+
 def parse_rate(text: str) -> float:
     """``"15M"`` (bytes per second, K/M/G = 1e3/1e6/1e9) or a plain number.
 
@@ -618,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS[:-1]), choices=ALGORITHMS)
     ap.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     ap.add_argument("--p", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument(
@@ -652,6 +711,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parity", type=Path, default=None, metavar="CSV",
                     help="LP broadcast at parity with the built-in (its interval inside the "
                          "A/A interval) on a loopback CSV with torch-aa rows, and exit")
+    ap.add_argument("--tune-file", type=Path, default=None, metavar="JSON",
+                    help="the table algorithm='auto' reads (PIPECOMM_TUNE_FILE of the ranks)")
+    ap.add_argument("--tune", action="store_true",
+                    help="first measure the table (pipecomm.lab.measure.autotune) on the same ranks, "
+                         "for the run's ops, p and sizes, into --tune-file (default: a "
+                         "temporary file)")
+    ap.add_argument("--tune-repeats", type=int, default=7, help="with --tune (default 7)")
+    ap.add_argument("--auto-goals", type=Path, default=None, metavar="CSV",
+                    help="decide auto's goals against the built-in and pipecomm's best on a CSV "
+                         "with auto rows, and exit")
     ap.add_argument("--quick", action="store_true", help="p 2, 64K and 1M, 3 repeats")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="limit per p")
     ap.add_argument("--summary", type=Path, default=None, metavar="CSV",
@@ -682,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
                               ("--cpu-summary", args.cpu_summary,
                                lambda c: cpu_summary(c, args.min_size)),
                               ("--check-summary", args.check_summary, check_cost),
-                              ("--parity", args.parity, parity)):
+                              ("--parity", args.parity, parity),
+                              ("--auto-goals", args.auto_goals, auto_goals)):
         if path is not None:
             try:
                 print(table(path))
@@ -708,6 +778,10 @@ def main(argv: list[str] | None = None) -> int:
         ok, why = cluster.available()
         if not ok:
             ap.error(f"--cluster: {why}")
+    if args.tune and args.tune_file is None:
+        args.tune_file = Path(tempfile.mkdtemp(prefix="pipecomm-tune-")) / "tune.json"
+    if args.tune_file is not None:  # before the ranks start: they inherit it
+        os.environ[builtin.ENV_TUNE_FILE] = str(args.tune_file.resolve())
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:  # the ranks import this module by name
         sys.path.insert(0, here)
@@ -723,6 +797,14 @@ def main(argv: list[str] | None = None) -> int:
         pool = launch.Ranks(max(args.p))
     print_header()
     with pool as ranks:
+        if args.tune:
+            cfg = {"ops": args.ops, "p": sorted(set(args.p)), "sizes": args.sizes,
+                   "algorithms": ALGORITHMS[:-1], "repeats": args.tune_repeats,
+                   "warmup": min(1, args.warmup), "link": None, "out": str(args.tune_file)}
+            tuned = ranks.run(autotune.rank_tune, cfg, timeout_s=args.timeout_s)[0]
+            print(f"# tuned in {tuned['doc']['seconds']} s: {tuned['path']}; fastest: "
+                  + ", ".join(f"{op} p={q} {_fmt_size(n)} {best}"
+                              for op, q, n, best, _ in tuned["choices"]), flush=True)
         for q in sorted(set(args.p)):
             cfg = {
                 "p": q,

@@ -3,6 +3,7 @@ and each experiment's notebook run once per session."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 
 from pipecomm.lab import artifact, report, results
 from pipecomm.lab.networks import launch
+
+# algorithm="auto" reads no table the machine may hold (tests that want one name their own);
+# set before any pool starts, so every rank inherits it
+os.environ.setdefault("PIPECOMM_TUNE_FILE", "off")
 
 _POOLS: dict[tuple, launch.Ranks] = {}
 

@@ -16,6 +16,7 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 LAB_WITH_EXAMPLES = [
+    "pipecomm.lab.measure.autotune",
     "pipecomm.lab.measure.bench",
     "pipecomm.lab.measure.calibration",
     "pipecomm.lab.checks",

@@ -25,8 +25,8 @@ def close(a, b, exact: bool) -> None:
 
 
 def test_states_check_their_arguments():
-    assert hooks.PipelinedState().staleness == 1 and hooks.PipelinedState().algorithm == "ring"
-    assert hooks.CollectiveState().algorithm == "lp"
+    assert hooks.PipelinedState().staleness == 1 and hooks.PipelinedState().algorithm == "auto"
+    assert hooks.CollectiveState().algorithm == "auto"
     with pytest.raises(ValueError, match="algorithm"):
         hooks.CollectiveState(algorithm="fancy")
     with pytest.raises(ValueError, match="compression"):

@@ -1,27 +1,19 @@
 """A ``torch.distributed`` process group whose AllReduce, Broadcast and Reduce are pipecomm's.
 
 Linear pipelining (``"lp"``, Wang, Wu, Bosilca, Vuduc, Xu, "Efficient Communications in Training
-Large Scale Neural Networks", arXiv 1611.04255) and that paper's baselines (``"mst"``, ``"be"``,
-``"ring"``) become usable by any code that talks to ``torch.distributed``: torch's
-``DistributedDataParallel``, ``dist.all_reduce``, communication hooks.
-
-:class:`PipecommProcessGroup` is a Python subclass of ``torch.distributed.ProcessGroup``:
-``allreduce`` / ``broadcast`` / ``reduce`` with SUM, AVG, MAX, MIN run
-:func:`pipecomm.collectives.allreduce` / ``broadcast`` / ``reduce`` on the communication thread;
-every other operation runs on the group's *inner* gloo backend (NCCL for CUDA tensors).
-
-Two ways in, both usable with ``DistributedDataParallel(process_group=...)``:
-
-* :func:`new_group` -- called on every rank like ``dist.new_group``, on a job initialised with any
-  backend (gloo, NCCL);
-* ``import pipecomm.backend`` registers the backend name ``"pipecomm"``, so
-  ``dist.init_process_group(backend="pipecomm")`` (under torchrun) and
-  ``dist.new_group(ranks, backend="pipecomm")`` work; their options come from the environment:
-  ``PIPECOMM_ALGORITHM`` (default ``"lp"``), ``PIPECOMM_COMPRESSION`` (default none),
-  ``PIPECOMM_BLOCK_BYTES`` (default: the cost model's optimum).
-
-What torch 2.13 allows here and where it stops (the inner backend, the trampoline and the GIL,
-the communication group, ``Work``): docs/algorithms.md, "What torch 2.13 allows
+Large Scale Neural Networks", arXiv 1611.04255), that paper's baselines (``"mst"``, ``"be"``,
+``"ring"``) and ``"auto"`` (per call the fastest measured) for any code that talks to
+``torch.distributed``: torch's ``DistributedDataParallel``, ``dist.all_reduce``, comm hooks.
+:class:`PipecommProcessGroup` is a Python ``torch.distributed.ProcessGroup``: ``allreduce`` /
+``broadcast`` / ``reduce`` with SUM, AVG, MAX, MIN run :func:`pipecomm.collectives.allreduce` /
+``broadcast`` / ``reduce`` on the communication thread; every other operation runs on the
+group's *inner* gloo backend (NCCL for CUDA tensors). Two ways in, both for
+``DistributedDataParallel(process_group=...)``: :func:`new_group`, on every rank as
+``dist.new_group``; or ``import pipecomm.backend``, which registers the backend ``"pipecomm"``
+for ``dist.init_process_group(backend="pipecomm")`` and ``dist.new_group(ranks,
+backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"lp"``),
+``PIPECOMM_COMPRESSION`` (none), ``PIPECOMM_BLOCK_BYTES`` (the cost model's optimum). What torch
+2.13 allows here and where it stops: docs/algorithms.md, "What torch 2.13 allows
 `pipecomm.backend` to do, and where it stops".
 
 Example::
@@ -53,23 +45,12 @@ import torch
 import torch.distributed as dist
 
 from pipecomm import checks, collectives, vocab
-from pipecomm.collectives import async_
+from pipecomm.collectives import async_, builtin
 from pipecomm.collectives.async_ import group_timeout
 
-__all__ = [
-    "BACKEND_NAME",
-    "BACKSTOP",
-    "ENV_ALGORITHM",
-    "ENV_BLOCK_BYTES",
-    "ENV_COMPRESSION",
-    "Options",
-    "PipecommProcessGroup",
-    "for_cpp",
-    "future_of",
-    "new_group",
-    "options_from_env",
-    "wait_limit_s",
-]
+__all__ = ["BACKEND_NAME", "BACKSTOP", "ENV_ALGORITHM", "ENV_BLOCK_BYTES", "ENV_COMPRESSION",
+           "Options", "PipecommProcessGroup", "for_cpp", "future_of", "new_group",
+           "options_from_env", "wait_limit_s"]
 
 #: The name ``import pipecomm.backend`` registers with ``torch.distributed.Backend``.
 BACKEND_NAME = vocab.BACKEND_NAME
@@ -113,7 +94,7 @@ class Options:
 
     def __post_init__(self) -> None:
         where = "pipecomm.backend"
-        vocab.check_algorithm(self.algorithm, where=where)
+        vocab.check_algorithm(self.algorithm, allowed=vocab.ALGORITHM_CHOICES, where=where)
         vocab.check_compression(self.compression, algorithm=self.algorithm, where=where)
         checks.block_bytes(self.block_bytes, where)
 
@@ -150,11 +131,8 @@ def options_from_env(environ: dict[str, str] | None = None) -> Options:
 
 
 class _Completer:
-    """A daemon thread that resolves futures when pipecomm handles finish, in issue order.
-
-    Handles finish in issue order on the communication thread (its queue is FIFO), so waiting
-    for them in that order delays no future.
-    """
+    """A daemon thread that resolves futures when pipecomm handles finish, in issue order (the
+    order they finish in on the communication thread, whose queue is FIFO)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -219,9 +197,8 @@ def wait_limit_s(timeout_s: float | None = None) -> float:
     return timeout_s
 
 
-def _settled(
-    hs: list[collectives.Handle], value: Callable[[], Any], timeout_s: float
-) -> torch.futures.Future:
+def _settled(hs: list[collectives.Handle], value: Callable[[], Any],
+             timeout_s: float) -> torch.futures.Future:
     """A Python future resolved with ``value()`` once every handle is done, or with the first
     handle's error (the original exception, for Python waiters)."""
     fut: torch.futures.Future = torch.futures.Future()
@@ -243,12 +220,8 @@ def _settled(
     return fut
 
 
-def future_of(
-    handles: collectives.Handle | Sequence[collectives.Handle],
-    value: Callable[[], Any],
-    *,
-    timeout_s: float | None = None,
-) -> torch.futures.Future:
+def future_of(handles: collectives.Handle | Sequence[collectives.Handle], value: Callable[[], Any],
+              *, timeout_s: float | None = None) -> torch.futures.Future:
     """A ``torch.futures.Future`` resolved with ``value()`` once every handle is done.
 
     Resolved on this module's completion thread (at once if the handles are already done). A
@@ -276,9 +249,8 @@ class _Work(dist.Work):
     most :data:`BACKSTOP` times the group's timeout) and re-raises its error; ``get_future()``
     returns it as C++ must see it (:func:`for_cpp`)."""
 
-    def __init__(
-        self, future: torch.futures.Future, what: str, timeout: datetime.timedelta
-    ) -> None:
+    def __init__(self, future: torch.futures.Future, what: str,
+                 timeout: datetime.timedelta) -> None:
         super().__init__()
         self._future = for_cpp(future)
         self._what = what
@@ -301,8 +273,7 @@ class _Work(dist.Work):
         if not self._done.wait(limit.total_seconds()):
             raise TimeoutError(
                 f"pipecomm {self._what} still running after {limit.total_seconds():g} s (check "
-                "that every rank of the group issued the same operations in the same order)"
-            )
+                "that every rank of the group issued the same operations in the same order)")
         if self._error is not None:
             raise self._error
         return True
@@ -355,14 +326,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
         >>> dist.destroy_process_group()
     """
 
-    def __init__(
-        self,
-        rank: int,
-        size: int,
-        options: Options,
-        inner: dict[str, Any],
-        timeout: datetime.timedelta,
-    ) -> None:
+    def __init__(self, rank: int, size: int, options: Options, inner: dict[str, Any],
+                 timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self.options = options
         self._inner = dict(inner)
@@ -379,7 +344,7 @@ class PipecommProcessGroup(dist.ProcessGroup):
 
     @property
     def algorithm(self) -> str:
-        """The group's algorithm (``"lp"``, ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``)."""
+        """The group's algorithm: ``"auto"`` or one of :data:`pipecomm.vocab.ALGORITHMS`."""
         return self.options.algorithm
 
     def __repr__(self) -> str:
@@ -387,28 +352,20 @@ class PipecommProcessGroup(dist.ProcessGroup):
         return (
             f"PipecommProcessGroup(rank={self.rank()}, size={self.size()}, "
             f"algorithm={o.algorithm!r}, compression={o.compression!r}, "
-            f"block_bytes={o.block_bytes!r})"
-        )
+            f"block_bytes={o.block_bytes!r})")
 
     # ----------------------------------------------------------------- helpers
 
     def _backend_of(self, t: torch.Tensor) -> Any:
-        kind = "cuda" if t.is_cuda else "cpu"
-        if kind not in self._inner:
-            raise RuntimeError(
-                f"pipecomm group has no inner backend for {t.device} tensors (it has "
-                f"{sorted(self._inner)})"
-            )
-        return self._inner[kind][1]
+        return self._inner_of(t.device)
 
     def _global(self, group_rank: int) -> int:
         if self._members is None:
             self._members = tuple(dist.get_process_group_ranks(self))
         return self._members[group_rank]
 
-    def _prepare(
-        self, what: str, tensors: list[torch.Tensor], op: str | None
-    ) -> tuple[list[torch.Tensor], bool]:
+    def _prepare(self, what: str, tensors: list[torch.Tensor],
+                 op: str | None) -> tuple[list[torch.Tensor], bool]:
         """Check the operation; return the tensors to run on (real views of complex ones) and
         whether pipecomm runs it (else the inner backend does)."""
         if len(tensors) != 1 or any(
@@ -420,15 +377,14 @@ class PipecommProcessGroup(dist.ProcessGroup):
             if op is not None and op not in _COMPLEX_OPS:
                 raise ValueError(
                     f"pipecomm {what}: ReduceOp.{op.upper()} is not defined for complex tensors "
-                    f"(got {t.dtype}); use SUM or AVG"
-                )
+                    f"(got {t.dtype}); use SUM or AVG")
             t = torch.view_as_real(t)
         if op == "avg" and not t.dtype.is_floating_point:
             raise TypeError(
                 f"pipecomm {what}: ReduceOp.AVG needs a floating-point or complex tensor, got "
-                f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide"
-            )
-        use = self.options.algorithm != "torch" and t.dtype in collectives.SUPPORTED_DTYPES
+                f"{t.dtype} (the inner gloo backend has no AVG); use SUM and divide")
+        use = (self.options.algorithm != "torch" and t.dtype in collectives.SUPPORTED_DTYPES
+               and not getattr(builtin.ISSUING, "on", False))  # auto chose the built-in
         return [t], use
 
     def _on_inner(self, kind: str, tensors: list[torch.Tensor], opts: Any, op: str | None) -> Any:
@@ -480,15 +436,9 @@ class PipecommProcessGroup(dist.ProcessGroup):
         self._ready()
         t = run[0]
         codec = self.options.compression if op in ("sum", "avg") else None
-        handle = collectives.allreduce(
-            t,
-            algorithm=self.options.algorithm,
-            op=op,
-            group=self,
-            block_bytes=self.options.block_bytes,
-            async_op=True,
-            compression=codec if t.dtype.is_floating_point else None,
-        )
+        handle = collectives.allreduce(t, algorithm=self.options.algorithm, op=op, group=self,
+                                       block_bytes=self.options.block_bytes, async_op=True,
+                                       compression=codec if t.dtype.is_floating_point else None)
         return self._work("allreduce", handle, tensors)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
@@ -502,14 +452,9 @@ class PipecommProcessGroup(dist.ProcessGroup):
         if not use:
             return self._on_inner("broadcast", run, opts, None)
         self._ready()
-        handle = collectives.broadcast(
-            run[0],
-            src=self._global(opts.rootRank),
-            algorithm=self.options.algorithm,
-            group=self,
-            block_bytes=self.options.block_bytes,
-            async_op=True,
-        )
+        handle = collectives.broadcast(run[0], src=self._global(opts.rootRank),
+                                       algorithm=self.options.algorithm, group=self,
+                                       block_bytes=self.options.block_bytes, async_op=True)
         return self._work("broadcast", handle, tensors)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
@@ -522,36 +467,22 @@ class PipecommProcessGroup(dist.ProcessGroup):
         if not use or op is None:
             return self._on_inner("reduce", run, opts, op)
         self._ready()
-        handle = collectives.reduce(
-            run[0],
-            dst=self._global(opts.rootRank),
-            algorithm=self.options.algorithm,
-            op=op,
-            group=self,
-            block_bytes=self.options.block_bytes,
-            async_op=True,
-        )
+        handle = collectives.reduce(run[0], dst=self._global(opts.rootRank),
+                                    algorithm=self.options.algorithm, op=op, group=self,
+                                    block_bytes=self.options.block_bytes, async_op=True)
         return self._work("reduce", handle, tensors)
 
     # ----------------------------------------------------------------- the inner backend's
-    #
-    # torch's trampoline for a Python ProcessGroup forwards these operations to Python; for one
-    # that the subclass does not define it runs torch's C++ default *while holding the GIL*, and
-    # that default waits for gloo's work-queue lock. A gloo worker holds that lock while it drops
-    # the last reference to the previous operation's work, whose tensors may own their Python
-    # objects: freeing those needs the GIL. The two threads then wait for each other forever and
-    # the other ranks for that one (left to the default, a send/recv followed by collectives on
-    # the group hung in about one run of five at p = 3; any two operations of the inner backend
-    # in a row could). Defined here, they call the inner backend through its Python binding,
-    # which releases the GIL while it waits for the lock.
+    # Every operation torch's trampoline forwards is defined here, calling the inner backend
+    # through its Python binding (which releases the GIL): left to torch's C++ default, which
+    # holds the GIL, gloo's workers deadlock with it (docs/algorithms.md, "What torch 2.13
+    # allows `pipecomm.backend` to do, and where it stops").
 
     def _inner_of(self, device: Any) -> Any:
         kind = "cuda" if device is not None and torch.device(device).type == "cuda" else "cpu"
         if kind not in self._inner:
-            raise RuntimeError(
-                f"pipecomm group has no inner backend for {device} tensors (it has "
-                f"{sorted(self._inner)})"
-            )
+            raise RuntimeError(f"pipecomm group has no inner backend for {device} tensors (it has "
+                               f"{sorted(self._inner)})")
         return self._inner[kind][1]
 
     def _all_of(self, works: list[Any], tensors: list[torch.Tensor], what: str) -> _Work:
@@ -591,9 +522,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
         return self._backend_of(tensors[0]).allreduce_coalesced(tensors, opts)
 
-    def all_to_all_single(
-        self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, opts=None
-    ) -> dist.Work:
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any,
+                          input_split_sizes: Any, opts=None) -> dist.Work:
         """``dist.all_to_all_single`` on the inner backend."""
         opts = dist.AllToAllOptions() if opts is None else opts
         backend = self._backend_of(input)
@@ -629,9 +559,8 @@ class PipecommProcessGroup(dist.ProcessGroup):
 # --------------------------------------------------------------------------- creation
 
 
-def _inner_backends(
-    store: Any, rank: int, size: int, timeout: datetime.timedelta, ranks: list[int], name: str
-) -> dict[str, Any]:
+def _inner_backends(store: Any, rank: int, size: int, timeout: datetime.timedelta, ranks: list[int],
+                    name: str) -> dict[str, Any]:
     """gloo for CPU tensors (and NCCL for CUDA tensors when available), on ``store``."""
     store = dist.PrefixStore("pipecomm-inner/", store)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
@@ -657,8 +586,7 @@ def _create(backend_opts: Any, pg_options: Any) -> PipecommProcessGroup:
     else:
         raise TypeError(
             f"pg_options for backend 'pipecomm' must be a pipecomm.backend.Options or None, got "
-            f"{type(pg_options).__name__}"
-        )
+            f"{type(pg_options).__name__}")
     timeout = backend_opts.timeout or _DEFAULT_TIMEOUT
     rank, size = backend_opts.group_rank, backend_opts.group_size
     ranks = list(backend_opts.global_ranks_in_group)
@@ -675,20 +603,16 @@ def _register() -> None:
 _register()
 
 
-def new_group(
-    ranks: Sequence[int] | None = None,
-    *,
-    algorithm: str = vocab.DEFAULT_ALGORITHM,
-    compression: str | None = None,
-    block_bytes: int | None = None,
-    timeout: datetime.timedelta | None = None,
-) -> dist.ProcessGroup:
+def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFAULT_ALGORITHM,
+              compression: str | None = None, block_bytes: int | None = None,
+              timeout: datetime.timedelta | None = None) -> dist.ProcessGroup:
     """A pipecomm process group over ``ranks`` (global ranks; ``None``: all), made on every rank.
 
     Like ``dist.new_group`` it must be called by every rank of the job, members or not, in the
     same order as the other group creations; non-members get ``GroupMember.NON_GROUP_MEMBER``.
-    AllReduce / Broadcast / Reduce run ``algorithm`` (LP: Wang et al., arXiv 1611.04255; or
-    ``"mst"``, ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
+    AllReduce / Broadcast / Reduce run ``algorithm`` (``"auto"``: per call the fastest measured,
+    :func:`pipecomm.collectives.builtin.choose`; LP: Wang et al., arXiv 1611.04255; ``"mst"``,
+    ``"be"``, ``"ring"``; ``"torch"`` runs everything on the inner backend), SUM/AVG
     AllReduce of floating tensors carries ``compression`` (``"lp"``/``"ring"`` only), LP uses
     ``block_bytes`` per block (``None``: the cost model's optimum). The group's operations fail
     after ``timeout`` (``None``: the world's, :func:`pipecomm.collectives.async_.group_timeout`;
@@ -712,29 +636,24 @@ def new_group(
     if not dist.is_initialized():
         raise RuntimeError(
             "pipecomm.backend.new_group: torch.distributed is not initialised; call "
-            "dist.init_process_group (or start ranks with pipecomm.lab.networks.launch) first"
-        )
+            "dist.init_process_group (or start ranks with pipecomm.lab.networks.launch) first")
     if timeout is None:
         timeout = group_timeout()
     elif not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
         raise ValueError(
             f"pipecomm.backend.new_group: timeout must be a positive datetime.timedelta or None, "
-            f"got {timeout!r}"
-        )
+            f"got {timeout!r}")
     world = dist.get_world_size()
     if ranks is not None:
         ranks = list(ranks)
         bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)]
         if bad or not ranks or len(set(ranks)) != len(ranks):
             raise ValueError(
-                f"pipecomm.backend.new_group: ranks must be distinct ints, got {ranks!r}"
-            )
+                f"pipecomm.backend.new_group: ranks must be distinct ints, got {ranks!r}")
         outside = [r for r in ranks if not 0 <= r < world]
         if outside:
-            raise ValueError(
-                f"pipecomm.backend.new_group: ranks {outside} are outside the world "
-                f"(0..{world - 1})"
-            )
+            raise ValueError(f"pipecomm.backend.new_group: ranks {outside} are outside the world "
+                             f"(0..{world - 1})")
     if options.algorithm != "torch":
         async_.comm_group()  # a collective of every rank, so subgroups can run asynchronously
     return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options, timeout=timeout)

@@ -67,7 +67,7 @@ __all__ = ["MIXES", "CollectiveState", "GossipState", "PipelinedState", "allredu
 
 def _check_common(where: str, algorithm: Any, compression: Any, block_bytes: Any,
                   timeout_s: Any, error_feedback: Any = False) -> None:
-    vocab.check_algorithm(algorithm, where=where)
+    vocab.check_algorithm(algorithm, allowed=vocab.ALGORITHM_CHOICES, where=where)
     vocab.check_compression(compression, algorithm=algorithm, where=where)
     compress.check_error_feedback(error_feedback, compression, where)
     checks.block_bytes(block_bytes, where)
@@ -90,8 +90,9 @@ class CollectiveState:
     """The state of :func:`allreduce_hook`: which AllReduce averages the buckets, over which group.
 
     Args:
-        algorithm: ``"lp"`` (linear pipelining, Wang et al., arXiv 1611.04255), ``"mst"``,
-            ``"be"``, ``"ring"`` or ``"torch"`` (:data:`pipecomm.vocab.ALGORITHMS`).
+        algorithm: ``"auto"`` (per bucket the fastest measured,
+            :func:`pipecomm.collectives.builtin.choose`), ``"lp"`` (linear pipelining, Wang et
+            al., arXiv 1611.04255), ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``.
         compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"int8"`` (``"lp"``/``"ring"`` only).
         process_group: the DDP model's group (``None``: the world).
         block_bytes: LP block size (``None``: the cost model's optimum).
@@ -116,7 +117,7 @@ class CollectiveState:
         >>> dist.destroy_process_group()
     """
 
-    algorithm: str = vocab.DEFAULT_ALGORITHM
+    algorithm: str = vocab.AUTO
     compression: str | None = None
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)
@@ -216,7 +217,7 @@ class PipelinedState:
         staleness: k >= 0, how many iterations late an average is applied (Pipe-SGD's pipeline
             of width 2 is k = 1; k = 0 averages synchronously through the communication thread).
         algorithm, compression, process_group, block_bytes, timeout_s, error_feedback: as in
-            :class:`CollectiveState`, the default algorithm being ``"ring"``.
+            :class:`CollectiveState`.
 
     Attributes:
         iteration: synchronised backward passes so far (``no_sync`` passes do not count).
@@ -246,7 +247,7 @@ class PipelinedState:
     """
 
     staleness: int = 1
-    algorithm: str = "ring"
+    algorithm: str = vocab.AUTO
     compression: str | None = None
     process_group: dist.ProcessGroup | None = None
     block_bytes: int | None = field(default=None, kw_only=True)

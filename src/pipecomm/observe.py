@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -108,9 +109,11 @@ def all_threads() -> Any:
     return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
 
 
-def ranged(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def ranged(kind: str, choose: Callable[..., str] | None = None
+           ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator of a public collective ``fn(t, ..., algorithm=..., async_op=...)``: the call
-    runs in the range ``pipecomm.<kind>.<algorithm>`` and is counted (on success).
+    runs in the range ``pipecomm.<kind>.<algorithm>`` and is counted (on success); for
+    ``algorithm="auto"`` it is ``auto:<choose(t, ...)>``, e.g. ``pipecomm.allreduce.auto:ring``.
 
     Example::
 
@@ -123,7 +126,11 @@ def ranged(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
         @functools.wraps(fn)
         def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
-            call = _Call(f"pipecomm.{kind}.{kwargs.get('algorithm', default)}")
+            alg = kwargs.get("algorithm", default)
+            if alg == "auto" and choose is not None:
+                with contextlib.suppress(Exception):  # the call itself raises, naming why
+                    alg = f"auto:{choose(t, *args, **kwargs)}"
+            call = _Call(f"pipecomm.{kind}.{alg}")
             token = _CURRENT.set(call)
             start = time.perf_counter()
             try:

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m pipecomm.run",
         description="Run SCRIPT as __main__ with pipecomm's torch.distributed backend imported.",
     )
-    p.add_argument("--algorithm", choices=vocab.ALGORITHMS, default=None,
+    p.add_argument("--algorithm", choices=vocab.ALGORITHM_CHOICES, default=None,
                    help=f"PIPECOMM_ALGORITHM (default: {vocab.DEFAULT_ALGORITHM})")  # fmt: skip
     p.add_argument("--compression", choices=vocab.CODECS, default=None,
                    help="PIPECOMM_COMPRESSION (lp / ring only; default none)")  # fmt: skip
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = p.parse_args(argv)
     if args.compression is not None:
-        algorithm = args.algorithm or os.environ.get("PIPECOMM_ALGORITHM") or "lp"
+        algorithm = args.algorithm or os.environ.get("PIPECOMM_ALGORITHM") or vocab.DEFAULT_ALGORITHM
         try:
             vocab.check_compression(args.compression, algorithm=algorithm)
         except ValueError as exc:

@@ -6,7 +6,8 @@ One concept: the vocabularies, defined once; the library and the lab import them
   et al., "Efficient Communications in Training Large Scale Neural Networks", arXiv 1611.04255),
   the baselines ``"mst"`` (minimum spanning tree), ``"be"`` (bidirectional exchange) and
   ``"ring"`` of that paper's Table 1, and ``"torch"`` (the backend's built-in, which has no cost
-  model and cannot run over the emulated network). :data:`DEFAULT_ALGORITHM` is ``"lp"``.
+  model and cannot run over the emulated network). :data:`DEFAULT_ALGORITHM` is ``"lp"``;
+  ``"auto"`` chooses one per call (:func:`pipecomm.collectives.builtin.choose`).
 * Codecs — Pipe-SGD's light-weight gradient compression (Li et al., NeurIPS 2018, Sec. 3.3):
   ``"fp16"``, ``"bf16"`` (16-bit truncation) and ``"int8"`` (8-bit quantization with per-chunk
   scales); only ``"lp"`` and ``"ring"`` carry them (compression happens inside their transfers).
@@ -31,26 +32,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "ALGORITHMS",
-    "BACKEND_NAME",
-    "CODECS",
-    "COMPRESSING_ALGORITHMS",
-    "COMPRESSIONS",
-    "DEFAULT_ALGORITHM",
-    "MODELLED_ALGORITHMS",
-    "MODES",
-    "TIMING_MODES",
-    "check_algorithm",
-    "check_choice",
-    "check_compression",
-    "check_mode",
-]
+__all__ = ["ALGORITHMS", "ALGORITHM_CHOICES", "AUTO", "BACKEND_NAME", "CODECS",
+           "COMPRESSING_ALGORITHMS", "COMPRESSIONS", "DEFAULT_ALGORITHM", "MODELLED_ALGORITHMS",
+           "MODES", "TIMING_MODES", "check_algorithm", "check_choice", "check_compression",
+           "check_mode"]
 
 #: The name of pipecomm's torch.distributed backend (:mod:`pipecomm.backend`).
 BACKEND_NAME: str = "pipecomm"
 #: Every algorithm :func:`pipecomm.collectives.allreduce` runs; ``"torch"`` stays last.
 ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring", "torch")
+#: The algorithm argument that chooses one of :data:`ALGORITHMS` per call, and every value one takes.
+AUTO: str = "auto"
+ALGORITHM_CHOICES: tuple[str, ...] = (*ALGORITHMS, AUTO)
 #: The algorithms with a cost model (:mod:`pipecomm.lab.networks.cost`); they run over the emulated network.
 MODELLED_ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
 #: The algorithms that carry a codec (compression happens inside their transfers).
@@ -89,13 +82,8 @@ def check_choice(name: str, value: Any, choices: tuple, *, where: str = "") -> A
     return value
 
 
-def check_algorithm(
-    algorithm: Any,
-    *,
-    allowed: tuple[str, ...] = ALGORITHMS,
-    name: str = "algorithm",
-    where: str = "",
-) -> str:
+def check_algorithm(algorithm: Any, *, allowed: tuple[str, ...] = ALGORITHMS,
+                    name: str = "algorithm", where: str = "") -> str:
     """``algorithm`` if it is one of ``allowed`` (default: every algorithm), else a ValueError
     naming the argument.
 
@@ -107,13 +95,8 @@ def check_algorithm(
     return check_choice(name, algorithm, allowed, where=where)
 
 
-def check_compression(
-    compression: Any,
-    *,
-    algorithm: str | None = None,
-    name: str = "compression",
-    where: str = "",
-) -> str | None:
+def check_compression(compression: Any, *, algorithm: str | None = None, name: str = "compression",
+                      where: str = "") -> str | None:
     """``compression`` if it is None or a codec name that ``algorithm`` (when given) can carry,
     else a ValueError naming the argument.
 
@@ -125,7 +108,7 @@ def check_compression(
         'fp16'
     """
     check_choice(name, compression, COMPRESSIONS, where=where)
-    if compression is not None and algorithm not in (None, *COMPRESSING_ALGORITHMS):
+    if compression is not None and algorithm not in (None, AUTO, *COMPRESSING_ALGORITHMS):
         prefix = f"{where}: " if where else ""
         raise ValueError(
             f"{prefix}{name}={compression!r} needs algorithm 'lp' or 'ring' (compression "
@@ -135,9 +118,8 @@ def check_compression(
     return compression
 
 
-def check_mode(
-    mode: Any, *, allowed: tuple[str, ...] = MODES, name: str = "mode", where: str = ""
-) -> str:
+def check_mode(mode: Any, *, allowed: tuple[str, ...] = MODES, name: str = "mode",
+               where: str = "") -> str:
     """``mode`` if it is one of ``allowed`` (default: PipeSGD's modes), else a ValueError naming
     the argument.
 

@@ -30,14 +30,5 @@ from pipecomm.collectives.agreement import MismatchError
 from pipecomm.collectives.api import ALGORITHMS, COMPRESSIONS, allreduce, broadcast, reduce
 from pipecomm.collectives.async_ import Handle
 
-__all__ = [
-    "ALGORITHMS",
-    "COMPRESSIONS",
-    "OPS",
-    "SUPPORTED_DTYPES",
-    "Handle",
-    "MismatchError",
-    "allreduce",
-    "broadcast",
-    "reduce",
-]
+__all__ = ["ALGORITHMS", "COMPRESSIONS", "OPS", "SUPPORTED_DTYPES", "Handle", "MismatchError",
+           "allreduce", "broadcast", "reduce"]

@@ -111,14 +111,8 @@ class Engine:
         self._sends.clear()
         self._longest = 0
 
-    def queue(
-        self,
-        peer: int,
-        count: int,
-        buffer: Callable[[int], torch.Tensor],
-        depth: int | None = None,
-        lazy: bool = False,
-    ) -> RecvQueue:
+    def queue(self, peer: int, count: int, buffer: Callable[[int], torch.Tensor],
+              depth: int | None = None, lazy: bool = False) -> RecvQueue:
         """A stream of ``count`` messages from ``peer``; message ``j`` lands in ``buffer(j)``.
 
         ``lazy``: post nothing until the first :meth:`RecvQueue.wait` (for buffers that are still
@@ -127,14 +121,8 @@ class Engine:
         depth = self.depth if depth is None else depth
         return RecvQueue(self, peer, count, buffer, depth, lazy)
 
-    def scratch_queue(
-        self,
-        peer: int,
-        count: int,
-        elems: int,
-        like: torch.Tensor,
-        size: Callable[[int], int],
-    ) -> RecvQueue:
+    def scratch_queue(self, peer: int, count: int, elems: int, like: torch.Tensor,
+                      size: Callable[[int], int]) -> RecvQueue:
         """A stream of ``count`` partial results from ``peer`` into scratch slots of ``elems``
         elements of ``like``'s dtype (message ``j`` holds ``size(j)`` elements; views of the
         reusable :func:`scratch`), slots and receives ahead as :func:`scratch_slots` chooses.
@@ -164,15 +152,8 @@ class RecvQueue:
             combine(op, mine(j), q.wait(j))
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        peer: int,
-        count: int,
-        buffer: Callable[[int], torch.Tensor],
-        depth: int,
-        lazy: bool = False,
-    ) -> None:
+    def __init__(self, engine: Engine, peer: int, count: int, buffer: Callable[[int], torch.Tensor],
+                 depth: int, lazy: bool = False) -> None:
         self.engine, self.peer, self.count, self.buffer = engine, peer, count, buffer
         self.depth = max(1, depth)
         self._posted: dict[int, tuple[torch.Tensor, Any]] = {}
@@ -195,9 +176,8 @@ class RecvQueue:
         return buf
 
 
-def scratch_slots(
-    count: int, elems: int, like: torch.Tensor, depth: int = DEPTH
-) -> tuple[tuple[torch.Tensor, ...], int]:
+def scratch_slots(count: int, elems: int, like: torch.Tensor,
+                  depth: int = DEPTH) -> tuple[tuple[torch.Tensor, ...], int]:
     """Scratch slots of ``elems`` elements of ``like``'s dtype for a stream of ``count`` partial
     results, and how many receives to keep posted ahead: one slot per message and all posted up
     front when they fit in :data:`SCRATCH_BYTES`, else as many slots as fit (at least

@@ -141,17 +141,12 @@ def members_of(group: dist.ProcessGroup | None) -> tuple[int, ...] | None:
         (0,)
         >>> dist.destroy_process_group()
     """
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "torch.distributed is not initialised: start ranks with pipecomm.lab.networks.launch.spawn / "
-            "Ranks, or call pipecomm.lab.networks.launch.init_from_env() (or dist.init_process_group) first"
-        )
+    async_.initialised("collectives")
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         return None
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
-            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
-        )
+            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     members = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
     return members if dist.get_rank() in members else None
 

@@ -16,14 +16,8 @@ import torch
 
 OPS: tuple[str, ...] = ("sum", "avg", "max", "min")
 
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-)
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32,
+                                             torch.float64, torch.int32, torch.int64)
 
 
 def combine(op: str, acc: torch.Tensor, other: torch.Tensor) -> None:

@@ -26,14 +26,8 @@ def _rounds(m: int) -> int:
     return (m - 1).bit_length()  # ceil(log2 m), 0 for m = 1
 
 
-def binomial_scatter(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    m: int,
-    to_group: Callable[[int], int],
-) -> None:
+def binomial_scatter(flat: torch.Tensor, eng: Engine, offsets: list[int], v: int, m: int,
+                     to_group: Callable[[int], int]) -> None:
     """Virtual rank 0 holds all chunks; afterwards virtual rank ``v`` holds chunk ``v``.
 
     Round with distance ``d`` (``2^(L-1)`` down to 1): ``v % 2d == 0`` sends chunks
@@ -56,14 +50,8 @@ def binomial_scatter(
                 got.wait()
 
 
-def binomial_gather(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    m: int,
-    to_group: Callable[[int], int],
-) -> None:
+def binomial_gather(flat: torch.Tensor, eng: Engine, offsets: list[int], v: int, m: int,
+                    to_group: Callable[[int], int]) -> None:
     """Virtual rank ``v`` holds chunk ``v``; afterwards virtual rank 0 holds all chunks.
 
     The mirror image of :func:`binomial_scatter` (distances 1, 2, 4, ...): the receives from

@@ -48,7 +48,8 @@ class MismatchError(ValueError):
 class Call:
     """What every member of a collective must pass alike. ``root`` is a group index (-1: none),
     ``block_elems`` LP's elements per block (0: not LP), ``compression`` a codec name or
-    ``None``.
+    ``None``, ``tuning`` what ``algorithm="auto"`` chose from (0: not auto;
+    :func:`pipecomm.collectives.api.tuning`).
 
     Example::
 
@@ -64,10 +65,11 @@ class Call:
     dtype: torch.dtype
     block_elems: int
     compression: str | None
+    tuning: int = 0
 
     @classmethod
     def of(cls, kind: str, t: torch.Tensor, algorithm: str, op: str, root: int | None,
-           block_elems: int = 0, codec: Any = None) -> Call:
+           block_elems: int = 0, codec: Any = None, tuning: int = 0) -> Call:
         """The call of ``kind`` on ``t`` (``root`` a group index or ``None``; ``codec`` a codec
         object or ``None``) as a public entry point receives it.
 
@@ -75,19 +77,19 @@ class Call:
 
             >>> Call.of("broadcast", torch.ones(8), "lp", "sum", 0, block_elems=8)
             Call(kind='broadcast', algorithm='lp', op='sum', root=0, numel=8, dtype=torch.float32,
-                 block_elems=8, compression=None)
+                 block_elems=8, compression=None, tuning=0)
         """
         name = None if codec is None else getattr(codec, "name", "") or type(codec).__name__
         return cls(kind, algorithm, op, -1 if root is None else root, t.numel(), t.dtype,
-                   block_elems, name)
+                   block_elems, name, tuning)
 
     def encode(self) -> list[int]:
-        """The call as eight integers (names by their index in pipecomm's vocabularies)."""
+        """The call as nine integers (names by their index in pipecomm's vocabularies)."""
         codec = 0 if self.compression is None else 1 + (zlib.crc32(self.compression.encode())
                                                         & 0x3FFFFFFF)
         return [KINDS.index(self.kind), vocab.ALGORITHMS.index(self.algorithm),
                 OPS.index(self.op), self.root, self.numel, SUPPORTED_DTYPES.index(self.dtype),
-                self.block_elems, codec]
+                self.block_elems, codec, self.tuning]
 
     def describe(self, members: tuple[int, ...] | None = None) -> str:
         """``kind(algorithm=..., op=..., root, numel=..., dtype=..., ...)`` as a user wrote it;
@@ -103,16 +105,18 @@ class Call:
             parts.append(f"block_elems={self.block_elems}")
         if self.compression is not None:
             parts.append(f"compression={self.compression!r}")
+        if self.tuning:
+            parts.append(f"tuning={self.tuning:08x}")
         return f"{self.kind}({', '.join(parts)})"
 
 
 def _decoded(row: list[int], mine: Call, members: tuple[int, ...]) -> str:
     """A peer's encoded call, described (a codec is named only when it is this rank's)."""
-    kind, alg, op, root, numel, dtype, block, codec = row
+    kind, alg, op, root, numel, dtype, block, codec, tuning = row
     compression = None if codec == 0 else (mine.compression if codec == mine.encode()[7]
                                           else "<another codec>")
     return Call(KINDS[kind], vocab.ALGORITHMS[alg], OPS[op], root, numel,
-                SUPPORTED_DTYPES[dtype], block, compression).describe(members)
+                SUPPORTED_DTYPES[dtype], block, compression, tuning).describe(members)
 
 
 def allgather_rows(row: list[int], comm: Any,
@@ -230,5 +234,5 @@ def check(call: Call, comm: Any, like: torch.Tensor | None = None) -> None:
     raise MismatchError(
         f"{call.kind}: the {comm.size} ranks of the group called it with different arguments "
         f"({sides}); every rank must pass the same op, algorithm, root, numel, dtype and "
-        "block size. Nothing was sent or changed"
+        "block size (auto: read the same tuning table). Nothing was sent or changed"
     )

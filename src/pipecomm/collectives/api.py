@@ -1,25 +1,24 @@
 """Public entry points: ``allreduce``, ``broadcast``, ``reduce`` — validation and dispatch.
 
-Chooses the schedule (``"lp"`` — linear pipelining, Wang et al., arXiv 1611.04255; the baselines
-``"mst"``, ``"be"``, ``"ring"``; ``"torch"``, the backend's built-in), checks every argument before
-any communication, works on a flat contiguous view of the tensor (a non-contiguous tensor is
-reduced in a contiguous copy that is copied back), and runs the operation either now or, with
-``async_op=True``, on the communication thread (:mod:`.async_`).
+Runs the schedule (``"lp"`` — linear pipelining, Wang et al., arXiv 1611.04255; ``"mst"``,
+``"be"``, ``"ring"``; ``"torch"``, the backend's built-in; ``"auto"``, per call one of them,
+:func:`.builtin.choose`) after checking every argument, on a flat contiguous view of the tensor
+(a non-contiguous one in a contiguous copy, copied back), now or with ``async_op=True`` on the
+communication thread (:mod:`.async_`). ``group`` is any process group (``None``: the world),
+``src``/``dst`` *global* ranks of it; a non-member returns at once, its tensor unchanged (as in
+``torch.distributed``); a group of one rank and an empty tensor move nothing.
 
-Groups: ``group`` is any process group (``None`` = the world); ``src``/``dst`` are *global* ranks
-that must be members of it. A rank that is not a member of ``group`` returns at once without
-communicating (as ``torch.distributed`` does); its tensor is unchanged. A group of one rank is a
-no-op (``avg`` over one rank is the identity); an empty tensor moves no data.
-
-Every member first checks that all members made the same call (:mod:`.agreement`: op,
-algorithm, root, numel, dtype, LP block, codec); if not, every member raises
-:class:`~pipecomm.collectives.agreement.MismatchError` naming each rank's call, before any data
-moves. The built-in (``"torch"``) is left to the backend's own checks.
+Every member first checks that all made the same call (:mod:`.agreement`: op, algorithm, root,
+numel, dtype, LP block, codec, auto's tuning), else all raise
+:class:`~pipecomm.collectives.agreement.MismatchError` before any data moves. The built-in is
+left to the backend's own checks (auto's ranks check once per group that they read alike).
 """
 
 from __future__ import annotations
 
+import functools
 import operator
+import zlib
 from typing import Any
 
 import torch
@@ -52,23 +51,22 @@ def _check_tensor(fn: str, t: Any) -> None:
 
 
 def check_algorithm(algorithm: Any, where: str) -> str:
-    """``algorithm`` if it is one of :data:`ALGORITHMS` and can run here: the backend's
-    built-in (``"torch"``) is refused while an emulated network delays pipecomm's messages
-    (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
+    """``algorithm`` if it is ``"auto"`` or one of :data:`ALGORITHMS` and can run here: the
+    backend's built-in (``"torch"``) is refused while an emulated network delays pipecomm's
+    messages (:func:`pipecomm.collectives.p2p.delaying`), else a ValueError naming ``where``.
 
     Example::
 
         >>> check_algorithm("lp", "allreduce")
         'lp'
     """
-    vocab.check_algorithm(algorithm, where=where)
+    vocab.check_algorithm(algorithm, allowed=vocab.ALGORITHM_CHOICES, where=where)
     emulated = p2p.delaying()
     if algorithm == "torch" and emulated is not None:
         raise ValueError(
             f"{where}: algorithm='torch' (the backend's built-in) cannot be emulated: it cannot "
             f"run on the emulated network ({emulated.describe()}); choose one of pipecomm's own "
-            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network="
-        )
+            f"algorithms {ALGORITHMS[:-1]}, or start the ranks without network=")
     return algorithm
 
 
@@ -78,8 +76,7 @@ def _check_op(fn: str, op: Any, t: torch.Tensor) -> None:
     if op == "avg" and not t.dtype.is_floating_point:
         raise TypeError(
             f"{fn}: op='avg' needs a floating-point tensor, got {t.dtype}; use op='sum' and "
-            "divide, or convert the tensor to a floating dtype"
-        )
+            "divide, or convert the tensor to a floating dtype")
 
 
 def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
@@ -87,26 +84,20 @@ def _codec(fn: str, compression: Any, algorithm: str, t: torch.Tensor) -> Any:
         return None
     if isinstance(compression, str) and compression not in COMPRESSIONS:
         raise ValueError(
-            f"{fn}: compression must be None or one of {COMPRESSIONS}, got {compression!r}"
-        )
+            f"{fn}: compression must be None or one of {COMPRESSIONS}, got {compression!r}")
     if not isinstance(compression, str) and not all(
         hasattr(compression, a) for a in ("encode", "decode", "payload_nbytes")
     ):
         raise ValueError(
             f"{fn}: compression must be None, one of {COMPRESSIONS} or a codec object, "
-            f"got {compression!r}"
-        )
+            f"got {compression!r}")
     if algorithm not in vocab.COMPRESSING_ALGORITHMS:
-        raise ValueError(
-            f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
-            f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
-            f"got algorithm={algorithm!r}"
-        )
+        raise ValueError(f"{fn}: compression={getattr(compression, 'name', compression)!r} needs "
+                         f"algorithm 'lp' or 'ring' (compression happens inside their transfers), "
+                         f"got algorithm={algorithm!r}")
     if not t.dtype.is_floating_point:
-        raise TypeError(
-            f"{fn}: compression applies to floating-point tensors only, got {t.dtype}; "
-            "pass compression=None"
-        )
+        raise TypeError(f"{fn}: compression applies to floating-point tensors only, got {t.dtype}; "
+                        "pass compression=None")
     if not isinstance(compression, str):
         return compression
     return compress.get_codec(compression)
@@ -129,9 +120,45 @@ def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
     if isinstance(root, bool) or value not in members:
         raise ValueError(
             f"{fn}: {name}={root!r} is not a member of the group (its global ranks are "
-            f"{list(members)}); {name} is a global rank, as in torch.distributed"
-        )
+            f"{list(members)}); {name} is a global rank, as in torch.distributed")
     return members.index(value)
+
+
+# --------------------------------------------------------------------------- algorithm="auto"
+
+_AGREED: set[tuple] = set()  # (members, tuning) of groups whose ranks were found to agree
+
+
+def _auto(kind: str, t: torch.Tensor, *_: Any, group: Any = None, compression: Any = None,
+          **__: Any) -> str:
+    """What ``algorithm="auto"`` runs: :func:`.builtin.choose` of values alike on every member
+    (op, bytes, group size, dtype, device; a codec needs LP or ring, an emulated network
+    pipecomm's own algorithms)."""
+    p = len(members_of(group) or ())
+    allowed = ALGORITHMS if compression is None else vocab.COMPRESSING_ALGORITHMS
+    if p2p.delaying() is not None:
+        allowed = tuple(a for a in allowed if a != "torch")
+    if p < 2:  # nothing to move
+        return allowed[-1]
+    return builtin.choose(kind, t.numel() * t.element_size(), p, t.dtype, t.device.type,
+                          allowed)
+
+
+def tuning() -> int:
+    """What ``algorithm="auto"``'s choices depend on beyond the call, as an int the ranks
+    compare (:class:`.agreement.Call`): the table's digest, a set LP link, an emulated network.
+
+    Example::
+
+        >>> tuning() == tuning() != 0
+        True
+    """
+    table, link = builtin.tune_table(), lp.link()
+    return _tuning(table and table["digest"], link != lp.DEFAULT_LINK and link,
+                   p2p.delaying() is None)
+
+
+_tuning = functools.lru_cache(maxsize=64)(lambda *what: zlib.crc32(repr(what).encode()) or 1)
 
 
 # --------------------------------------------------------------------------- execution
@@ -162,21 +189,29 @@ def _transport(group: dist.ProcessGroup | None, async_op: bool) -> dist.ProcessG
     return async_.comm_group()
 
 
-def _execute(
-    kind: str,
-    t: torch.Tensor,
-    members: tuple[int, ...],
-    group: dist.ProcessGroup | None,
-    algorithm: str,
-    op: str,
-    root: int | None,
-    block_bytes: int | None,
-    codec: Any,
-    async_op: bool,
-    transport: dist.ProcessGroup | None,
-) -> Result:
+def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGroup | None,
+             block_bytes: Any, async_op: Any, compression: Any = None,
+             root: tuple[str, Any] | None = None) -> Result:
+    """Every public entry point: the checks, ``"auto"``'s choice, the call on this rank (now or
+    on the communication thread); ``root`` is ``("src" | "dst", global rank)`` of a rooted op."""
+    _check_call(kind, t, algorithm, op, block_bytes, async_op)
+    auto = algorithm == vocab.AUTO
+    algorithm = _auto(kind, t, group=group, compression=compression) if auto else algorithm
+    codec = _codec(kind, compression, algorithm, t)
+    members = members_of(group)
+    transport = _transport(group, async_op)
+    if members is None:
+        return CompletedHandle(t, kind) if async_op else t
+    root = None if root is None else _root_index(kind, *root, members)
     p = len(members)
     what = f"{kind}(algorithm={algorithm!r}, op={op!r}, numel={t.numel()}, group size {p})"
+    tune = tuning() if auto else 0
+    if tune and algorithm == "torch" and p > 1 and (members, tune) not in _AGREED:
+        # once per group: the built-in has no check of its own to see the ranks disagree
+        job = functools.partial(agreement.check, agreement.Call.of(
+            kind, t, algorithm, op, root, 0, None, tune), make_comm(members, transport), t)
+        submit(job, t, what).wait() if async_op else job()
+        _AGREED.add((members, tune))
     if p == 1 or (t.numel() == 0 and algorithm == "torch"):
         return CompletedHandle(t, what) if async_op else t
     data = t.detach()
@@ -205,7 +240,8 @@ def _execute(
     if codec is not None:
         kwargs["codec"] = codec
     comm = make_comm(members, transport)
-    call = agreement.Call.of(kind, t, algorithm, op, root, kwargs.get("block_elems", 0), codec)
+    call = agreement.Call.of(kind, t, algorithm, op, root, kwargs.get("block_elems", 0), codec,
+                             tune)
 
     def body() -> None:
         agreement.check(call, comm, t)  # every rank raises, before any data moves
@@ -230,17 +266,10 @@ def _execute(
 # --------------------------------------------------------------------------- public API
 
 
-@observe.ranged("allreduce")
-def allreduce(
-    t: torch.Tensor,
-    *,
-    algorithm: str = "lp",
-    op: str = "sum",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-    compression: str | None = None,
-) -> Result:
+@observe.ranged("allreduce", choose=functools.partial(_auto, "allreduce"))
+def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
+              group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+              async_op: bool = False, compression: str | None = None) -> Result:
     """Reduce ``t`` over the ranks of ``group`` in place; every member ends with the result.
 
     Args:
@@ -268,28 +297,13 @@ def allreduce(
         True
         >>> dist.destroy_process_group()
     """
-    fn = "allreduce"
-    _check_call(fn, t, algorithm, op, block_bytes, async_op)
-    codec = _codec(fn, compression, algorithm, t)
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    return _execute(
-        fn, t, members, group, algorithm, op, None, block_bytes, codec, async_op, transport
-    )
+    return _execute("allreduce", t, algorithm, op, group, block_bytes, async_op, compression)
 
 
-@observe.ranged("broadcast")
-def broadcast(
-    t: torch.Tensor,
-    src: int = 0,
-    *,
-    algorithm: str = "lp",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-) -> Result:
+@observe.ranged("broadcast", choose=functools.partial(_auto, "broadcast"))
+def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
+              group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+              async_op: bool = False) -> Result:
     """Copy ``t`` of global rank ``src`` into ``t`` of every member of ``group``, in place.
 
     Arguments as in :func:`allreduce`; ``src`` is a global rank and must belong to ``group``.
@@ -304,29 +318,14 @@ def broadcast(
         tensor([0., 1., 2., 3.])
         >>> dist.destroy_process_group()
     """
-    fn = "broadcast"
-    _check_call(fn, t, algorithm, "sum", block_bytes, async_op)
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    root = _root_index(fn, "src", src, members)
-    return _execute(
-        fn, t, members, group, algorithm, "sum", root, block_bytes, None, async_op, transport
-    )
+    return _execute("broadcast", t, algorithm, "sum", group, block_bytes, async_op,
+                    root=("src", src))
 
 
-@observe.ranged("reduce")
-def reduce(
-    t: torch.Tensor,
-    dst: int = 0,
-    *,
-    algorithm: str = "lp",
-    op: str = "sum",
-    group: dist.ProcessGroup | None = None,
-    block_bytes: int | None = None,
-    async_op: bool = False,
-) -> Result:
+@observe.ranged("reduce", choose=functools.partial(_auto, "reduce"))
+def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = "lp", op: str = "sum",
+           group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+           async_op: bool = False) -> Result:
     """Reduce ``t`` over ``group`` into ``t`` of global rank ``dst``; other ranks' ``t`` is
     left with unspecified values (it serves as the working buffer).
 
@@ -341,13 +340,4 @@ def reduce(
         tensor([0.5000])
         >>> dist.destroy_process_group()
     """
-    fn = "reduce"
-    _check_call(fn, t, algorithm, op, block_bytes, async_op)
-    members = members_of(group)
-    transport = _transport(group, async_op)
-    if members is None:
-        return CompletedHandle(t, fn) if async_op else t
-    root = _root_index(fn, "dst", dst, members)
-    return _execute(
-        fn, t, members, group, algorithm, op, root, block_bytes, None, async_op, transport
-    )
+    return _execute("reduce", t, algorithm, op, group, block_bytes, async_op, root=("dst", dst))

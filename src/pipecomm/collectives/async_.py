@@ -1,18 +1,15 @@
 """Asynchronous collectives: one communication thread per process, a FIFO of operations.
 
 Pipe-SGD (Li et al., NeurIPS 2018) and layer-wise GD (Daily et al., 2017) overlap the AllReduce
-of one step with the computation of the next. pipecomm runs the point-to-point schedules of an
-asynchronous collective on a daemon thread, in the order they were issued (the same order on every
-rank, so the ranks' transfers match), on :func:`comm_group` — a process group of its own, owned
-here with the thread, as are the groups of the reverse direction (:func:`reverse_transport`) and
-the timeout they take from the world (:func:`group_timeout`) — while the main thread computes
-(torch kernels and transfer waits release the GIL).
+of one step with the computation of the next: the schedules of an asynchronous collective run on
+a daemon thread, in issue order (the same on every rank), on :func:`comm_group` (its own process
+group; the reverse direction's, :func:`reverse_transport`; the world's timeout,
+:func:`group_timeout`) while the main thread computes (kernels and waits release the GIL).
 
-A :class:`Handle` is what an ``async_op=True`` call returns: ``wait()`` returns the result tensor
-or re-raises the error the operation hit on the thread; ``is_completed()`` polls. A transfer that
-failed there (a dead peer, or one stalled past the communication group's timeout, which is the
-world's) is re-raised as :class:`pipecomm.collectives.p2p.TransferError` naming the collective,
-the operation and the peer's rank.
+An ``async_op=True`` call returns a :class:`Handle`: ``wait()`` returns the result tensor or
+re-raises the operation's error (a failed transfer as
+:class:`pipecomm.collectives.p2p.TransferError`, naming the collective, operation and peer);
+``is_completed()`` polls.
 
 The thread lowers the GIL switch interval (``PIPECOMM_SWITCH_INTERVAL_S``); CUDA jobs run on a
 communication stream of their own (:mod:`._streams`); use ``wait()`` (not only
@@ -84,8 +81,7 @@ class Handle:
             raise TimeoutError(
                 f"{self._what} still running after {timeout_s} s (the operation continues; "
                 "wait again, or check that every rank of the group issued the same operations "
-                "in the same order)"
-            )
+                "in the same order)")
         if self._error is not None:
             raise self._error
         if self._on_wait is not None:
@@ -112,13 +108,8 @@ class WorkHandle(Handle):
     thread that observes completion first, through :meth:`wait` or :meth:`is_completed`.
     """
 
-    def __init__(
-        self,
-        work: Any,
-        finalize: Callable[[], None],
-        result: torch.Tensor,
-        what: str = "collective",
-    ) -> None:
+    def __init__(self, work: Any, finalize: Callable[[], None], result: torch.Tensor,
+                 what: str = "collective") -> None:
         super().__init__(result, what)
         self._work = work
         self._finalize = finalize
@@ -231,6 +222,14 @@ def _forget_stale() -> None:
         _REVERSE.clear()
 
 
+def initialised(where: str) -> None:
+    """Return once torch.distributed is initialised, else a RuntimeError naming ``where``."""
+    if not dist.is_initialized():
+        raise RuntimeError(f"{where}: torch.distributed is not initialised: start ranks with "
+                           "pipecomm.lab.networks.launch.spawn / Ranks, or call dist.init_process_group "
+                           "(pipecomm.lab.networks.launch.init_from_env() under torchrun) first")
+
+
 def group_timeout(group: Any = None) -> timedelta:
     """The timeout of ``group``'s operations (``None``: the default group's, the ``timeout=`` the
     job passed to ``init_process_group``): what every group pipecomm makes inherits.
@@ -248,16 +247,11 @@ def group_timeout(group: Any = None) -> timedelta:
         datetime.timedelta(seconds=15)
         >>> dist.destroy_process_group()
     """
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "group_timeout: torch.distributed is not initialised (call init_process_group, or "
-            "start ranks with pipecomm.lab.networks.launch.spawn / Ranks, first)"
-        )
+    initialised("group_timeout")
     pg = dist.group.WORLD if group is None else group
     if not isinstance(pg, dist.ProcessGroup):
         raise TypeError(
-            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}"
-        )
+            f"group_timeout: group must be a ProcessGroup or None, got {type(pg).__name__}")
     for kind in pg._device_types:
         try:
             options = pg._get_backend(kind).options
@@ -283,12 +277,7 @@ def comm_group() -> dist.ProcessGroup:
     global _COMM_GROUP, _COMM_WORLD
     _forget_stale()
     if _COMM_GROUP is None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: start ranks with pipecomm.lab.networks.launch.spawn "
-                "/ Ranks, or call dist.init_process_group (pipecomm.lab.networks.launch.init_from_env() "
-                "under torchrun)"
-            )
+        initialised("comm_group")
         backend = dist.get_backend()
         timeout = group_timeout()
         _COMM_GROUP = dist.new_group(backend=backend, timeout=timeout)

@@ -44,15 +44,8 @@ def _fold_in(flat: torch.Tensor, eng: Engine, peer: int, op: str) -> None:
     combine(op, flat, incoming)
 
 
-def recursive_halving_reduce_scatter(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    m: int,
-    to_group: Callable[[int], int],
-    op: str,
-) -> None:
+def recursive_halving_reduce_scatter(flat: torch.Tensor, eng: Engine, offsets: list[int], v: int,
+                                     m: int, to_group: Callable[[int], int], op: str) -> None:
     """Over ``m`` (a power of two) virtual ranks: afterwards ``v`` holds chunk ``v`` reduced.
 
     Step with distance ``d`` (``m/2`` down to 1): keep the half of the current chunk range on
@@ -81,14 +74,8 @@ def recursive_halving_reduce_scatter(
         d //= 2
 
 
-def recursive_doubling_allgather(
-    flat: torch.Tensor,
-    eng: Engine,
-    offsets: list[int],
-    v: int,
-    m: int,
-    to_group: Callable[[int], int],
-) -> None:
+def recursive_doubling_allgather(flat: torch.Tensor, eng: Engine, offsets: list[int], v: int,
+                                 m: int, to_group: Callable[[int], int]) -> None:
     """Over ``m`` (a power of two) virtual ranks: ``v`` holds chunk ``v``; afterwards all chunks.
 
     Example::

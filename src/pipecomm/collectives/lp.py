@@ -161,9 +161,8 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *, block_elems: i
         finish(op, flat, p)
 
 
-def allreduce(
-    flat: torch.Tensor, comm: Comm, op: str, *, block_elems: int, codec: Any = None
-) -> None:
+def allreduce(flat: torch.Tensor, comm: Comm, op: str, *, block_elems: int,
+              codec: Any = None) -> None:
     """Bidirectional pipelined chain allreduce in group order (``k + 2p - 3`` steps), blocks on
     the wire as themselves or as ``codec.encode`` bytes (:class:`._reduce.Wire`).
 

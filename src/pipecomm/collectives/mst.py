@@ -46,9 +46,8 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int, *, eng: Engine | None =
         eng.finish()
 
 
-def reduce(
-    flat: torch.Tensor, comm: Comm, root: int, op: str, *, eng: Engine | None = None
-) -> None:
+def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str, *,
+           eng: Engine | None = None) -> None:
     """Binomial-tree reduce to group index ``root``; other ranks' buffers are overwritten.
 
     Example::

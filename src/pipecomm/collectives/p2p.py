@@ -199,11 +199,8 @@ def _sleep_until(deadline: float) -> float:
     return _DELAY.on_wait(deadline)
 
 
-def exchange(
-    sends: Sequence[tuple[torch.Tensor, int]],
-    recvs: Sequence[tuple[torch.Tensor, int]],
-    group: dist.ProcessGroup | None = None,
-) -> None:
+def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]],
+             group: dist.ProcessGroup | None = None) -> None:
     """Send each ``(tensor, dst)`` and receive into each ``(tensor, src)``; ranks are global.
 
     All operations are posted together and waited for together. Tensors must be contiguous.
@@ -232,13 +229,8 @@ def exchange(
         for (t, _), (h, _) in zip(recvs, host_recvs):
             if h is not t:
                 t.copy_(h)
-        _done(
-            sum(t.numel() * t.element_size() for t, _ in sends),
-            len(sends),
-            sum(t.numel() * t.element_size() for t, _ in recvs),
-            len(recvs),
-            0.0,
-        )
+        _done(sum(t.numel() * t.element_size() for t, _ in sends), len(sends),
+              sum(t.numel() * t.element_size() for t, _ in recvs), len(recvs), 0.0)
         return
     _emulated_exchange(emu, sends, recvs, group)
 
@@ -348,9 +340,7 @@ class Transfer:
             deadline = _unframe(self._head, self._target)
         if deadline is not None:
             waited = _sleep_until(deadline)
-        _done(
-            self._sent, int(self._sent > 0), self._received, int(self._received > 0), waited
-        )
+        _done(self._sent, int(self._sent > 0), self._received, int(self._received > 0), waited)
 
 
 def post_send(t: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None,

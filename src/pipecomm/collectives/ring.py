@@ -208,14 +208,8 @@ class _DirectRing:
         self.from_left.record()
 
 
-def allreduce(
-    flat: torch.Tensor,
-    comm: Comm,
-    op: str,
-    *,
-    codec: Any = None,
-    segment_bytes: int | None = None,
-) -> None:
+def allreduce(flat: torch.Tensor, comm: Comm, op: str, *, codec: Any = None,
+              segment_bytes: int | None = None) -> None:
     """Ring allreduce in group order: reduce-scatter then allgather, on whichever ring
     (:class:`_EngineRing`, :class:`_DirectRing`) the module docstring describes.
 
