@@ -11,7 +11,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, report, results
+from pipecomm.lab import execute, profiles, report, results
 from pipecomm.lab.networks import launch
 
 # algorithm="auto" reads no table the machine may hold (tests that want one name their own);
@@ -60,7 +60,7 @@ _NOTEBOOK_RUNS: dict[str, tuple[dict, dict, NotebookRun]] = {}
 def notebook_run(tmp_path_factory):
     """``notebook_run(module, params, env=None)`` -> :class:`NotebookRun`: the experiment's
     notebook executed by papermill on the pipecomm kernel with ``params`` over its defaults
-    (``artifact.run_experiment``, the path of ``run_all.sh``), with ``env`` set for the kernel;
+    (``execute.run_experiment``, the path of ``run_all.sh``), with ``env`` set for the kernel;
     its finished training runs stay in ``out.parent / ".runs"``.
 
     Once per session: each experiment runs end to end once, in its tiny test (tests/test_eNN_*.py,
@@ -74,15 +74,15 @@ def notebook_run(tmp_path_factory):
             first_params, first_env, run = _NOTEBOOK_RUNS[eid]
             assert (first_params, first_env) == (params, env), f"{eid} asked for twice, differently"
             return run
-        artifact.ensure_kernel()
-        exp = artifact.discover()[eid]
-        full = {k: v for k, v in {**exp.defaults, **params}.items() if k not in artifact.RESERVED}
+        execute.ensure_kernel()
+        exp = profiles.discover()[eid]
+        full = {k: v for k, v in {**exp.defaults, **params}.items() if k not in profiles.RESERVED}
         out = tmp_path_factory.mktemp(eid) / "cpu" / eid
         with pytest.MonkeyPatch.context() as mp:  # the environment as it was, afterwards
             for k, v in env.items():
                 mp.setenv(k, v)
             mp.delenv(results.RUNS_ENV, raising=False)  # run_experiment sets it, then drops it
-            artifact.run_experiment(exp, "cpu", full, out, keep_runs=True)
+            execute.run_experiment(exp, "cpu", full, out, keep_runs=True)
         run = NotebookRun(out, results.load_csv(out), nbformat.read(out / "notebook.ipynb", 4))
         # it shows its figure, and no progress bar or widget warning
         cell = report.plot_cell(run.notebook)

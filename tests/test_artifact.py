@@ -9,7 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, claims, cli, results, reuse
+from pipecomm.lab import artifact, claims, cli, execute, profiles, results, reuse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,13 +59,13 @@ def test_unknown_experiment_is_a_usage_error(capsys):
 
 
 def test_a_profile_runs_only_the_experiments_it_names(capsys):
-    cpu = artifact.load_profile("cpu", artifact.discover())
-    shaped = artifact.load_profile("shaped", artifact.discover())
+    cpu = profiles.load_profile("cpu", profiles.discover())
+    shaped = profiles.load_profile("shaped", profiles.discover())
     assert "E14" not in cpu and "E14" in shaped and "E13" not in shaped and "E1" not in shaped
-    assert "E14" not in artifact.load_profile("cpu-full", artifact.discover())
+    assert "E14" not in profiles.load_profile("cpu-full", profiles.discover())
     assert _main("--profile", "cpu", "--only", "E14") == 2
     assert "not in profile 'cpu'" in capsys.readouterr().err
-    assert artifact.profiles_of("E14") == ["shaped"]
+    assert profiles.profiles_of("E14") == ["shaped"]
 
 
 def test_unknown_parameter_is_a_usage_error(capsys):
@@ -90,15 +90,15 @@ def test_unknown_option_is_a_usage_error(capsys):
 ])
 def test_bad_values_are_refused_before_any_kernel(eid, item, words, capsys, monkeypatch):
     """A value the experiment's Params refuses is one usage line, before anything starts."""
-    monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
+    monkeypatch.setattr(execute, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
     assert _main("--profile", "cpu", "--only", eid, "-p", item) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and all(w in lines[0] for w in words), lines
 
 
 def test_gpu_profile_needs_two_gpus(capsys, monkeypatch):
-    monkeypatch.setattr(artifact, "gpu_count", lambda: 0)
-    monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
+    monkeypatch.setattr(profiles, "gpu_count", lambda: 0)
+    monkeypatch.setattr(execute, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
     assert _main("--profile", "gpu", "--only", "E1") == 2
     assert "profile 'gpu' needs at least 2 visible GPUs" in capsys.readouterr().err
     assert artifact.main(["--profile", "gpu", "--list", "--only", "E1"]) == 0  # listing is fine
@@ -166,8 +166,8 @@ def test_host_too_slow_names_the_experiments_parameter(eid, alpha, bandwidth, mo
     class Failed(Exception):  # what papermill raises for an exception in a cell
         ename, evalue = "HostTooSlow", _SLOW
 
-    monkeypatch.setattr(artifact, "auto_profile", lambda: "cpu")
-    exp = artifact.discover()[eid]
+    monkeypatch.setattr(profiles, "auto_profile", lambda: "cpu")
+    exp = profiles.discover()[eid]
     line = artifact.failure_message(exp, Failed("86 hint = ...\n---> 87 raise"), {"iters": 3},
                                     "cpu")
     assert "\n" not in line and "---> 87" not in line
@@ -180,19 +180,19 @@ def test_failure_message_is_the_notebooks_exception_only():
     class Failed(Exception):
         ename, evalue = "ValueError", "parameter x must be >= 1, got 0"
 
-    line = artifact.failure_message(artifact.discover()["E4"], Failed("source lines"), {}, "cpu")
+    line = artifact.failure_message(profiles.discover()["E4"], Failed("source lines"), {}, "cpu")
     assert line == "ValueError: parameter x must be >= 1, got 0"
 
 
 def test_override_dirname_is_separate_from_default():
-    assert artifact.override_dirname("E0", {}) == "E0"
-    name = artifact.override_dirname("E0", {"sizes_max": 1048576, "iters": 2})
+    assert profiles.override_dirname("E0", {}) == "E0"
+    name = profiles.override_dirname("E0", {"sizes_max": 1048576, "iters": 2})
     assert name == "E0__iters=2,sizes_max=1048576"
 
 
 def test_profiles_only_use_known_parameters():
-    for profile in artifact.PROFILE_NAMES:
-        artifact.load_profile(profile, artifact.discover())
+    for profile in profiles.PROFILE_NAMES:
+        profiles.load_profile(profile, profiles.discover())
 
 
 class _ReachedRanks(Exception):
@@ -205,7 +205,7 @@ def test_gpu_profile_nccl_parameters_pass_validation(eid, monkeypatch):
     from pipecomm.lab.networks import launch
     from pipecomm.lab.workloads import data
 
-    exp = artifact.load_profile("gpu", artifact.discover())[eid]
+    exp = profiles.load_profile("gpu", profiles.discover())[eid]
     module = importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
     params = {**module.DEFAULTS, **exp.profile_params}
     assert params["backend"] == "nccl"
@@ -243,14 +243,14 @@ def test_notebooks_are_stored_without_outputs_and_mirror_defaults():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, path.name
-        params = artifact.notebook_parameters(path)
+        params = profiles.notebook_parameters(path)
         assert params["out_dir"] is None and params["data_csv"] is None
         module = next(
             importlib.import_module(f"pipecomm.lab.experiments.{p.stem}")
             for p in (ROOT / "src/pipecomm/lab/experiments").glob("e*.py")
             if path.stem == importlib.import_module(f"pipecomm.lab.experiments.{p.stem}").NOTEBOOK
         )
-        assert {k: v for k, v in params.items() if k not in artifact.RESERVED} == \
+        assert {k: v for k, v in params.items() if k not in profiles.RESERVED} == \
             results.json_roundtrip(module.DEFAULTS), f"{path.name}: run tools/make_notebooks.py"
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
         assert "_cli" not in code, f"{path.name}: notebooks use pipecomm.lab.notebook"
@@ -328,22 +328,22 @@ def test_reuse_requires_same_code_and_params(tmp_path):
 
 def test_code_hash_follows_the_code_an_experiment_runs(tmp_path, monkeypatch):
     """E1's key covers its notebook and the pipecomm modules it imports, not docs, not E4."""
-    exps = artifact.discover()
+    exps = profiles.discover()
     files = {p.relative_to(ROOT).as_posix() for p in reuse.code_files(exps["E1"].notebook)}
     assert {"notebooks/01_lp_cost_model.ipynb", "src/pipecomm/lab/experiments/e01_lp_cost_model.py",
             "src/pipecomm/lab/networks/cost/__init__.py", "src/pipecomm/__init__.py"} <= files
     assert "src/pipecomm/lab/experiments/e04_lp_block_size.py" not in files
     assert not any(f.endswith(".md") for f in files)
-    before = artifact.code_hash(exps["E1"])
-    assert before == artifact.code_hash(exps["E1"]) and len(before) == 16
+    before = reuse.code_hash((exps["E1"]).notebook)
+    assert before == reuse.code_hash((exps["E1"]).notebook) and len(before) == 16
     fake = tmp_path / "01_lp_cost_model.ipynb"  # the same experiment, its notebook changed
     fake.write_bytes(exps["E1"].notebook.read_bytes() + b" ")
     monkeypatch.setattr(exps["E1"], "notebook", fake)
-    assert artifact.code_hash(exps["E1"]) != before
+    assert reuse.code_hash((exps["E1"]).notebook) != before
 
 
 def test_list_is_a_table_of_the_selected_experiments(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     assert artifact.main(["--list", "--profile", "cpu", "--only", "E1"]) == 0
     out = capsys.readouterr().out
     assert "E1 " in out and "E0 " not in out and "E4 " not in out
@@ -355,25 +355,25 @@ def test_list_is_a_table_of_the_selected_experiments(capsys, tmp_path, monkeypat
 def test_every_parameter_has_a_meaning():
     from pipecomm.lab import meanings
 
-    for exp in artifact.discover().values():
-        module = artifact.experiment_module(exp)
+    for exp in profiles.discover().values():
+        module = profiles.experiment_module(exp)
         missing = [k for k in module.DEFAULTS if not meanings.meaning(exp.id, k)]
         assert not missing, f"{exp.id}: no meaning in experiments/meanings.py for {missing}"
 
 
 def test_list_says_which_results_are_current(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    exp = profiles.load_profile("cpu", profiles.discover())["E1"]
     out = tmp_path / "cpu" / "E1"
     out.mkdir(parents=True)
     for name in ("data.csv", "notebook.ipynb"):
         (out / name).write_text("x")
-    results.write_json(out / "params.json", artifact.run_params(exp))
-    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    results.write_json(out / "params.json", profiles.run_params(exp))
+    results.write_json(out / "env.json", {"code_hash": reuse.code_hash((exp).notebook)})
     reuse.write_manifest(out, {})
-    assert artifact.result_state(exp, "cpu") == "current"
+    assert reuse.result_state(exp, "cpu") == "current"
     results.write_json(out / "env.json", {"code_hash": "0" * 16})
-    assert artifact.result_state(exp, "cpu") == "stale: env.json changed since it was written " \
+    assert reuse.result_state(exp, "cpu") == "stale: env.json changed since it was written " \
         "(sha256 differs)"
     assert "result: stale: env.json changed" in artifact.list_table([exp], "cpu")
 
@@ -390,13 +390,13 @@ def _failing_notebook(path: Path) -> None:
 
 
 def test_interrupted_run_leaves_no_result(tmp_path):
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     nb = tmp_path / "99_fail.ipynb"
     _failing_notebook(nb)
-    exp = artifact.Experiment("E99", nb, {"x": 1}, budget_s=30)
+    exp = profiles.Experiment("E99", nb, {"x": 1}, budget_s=30)
     out = tmp_path / "results" / "E99"
     with pytest.raises(Exception, match="interrupted on purpose"):
-        artifact.run_experiment(exp, "cpu", {"x": 1}, out)
+        execute.run_experiment(exp, "cpu", {"x": 1}, out)
     assert not out.exists()
     assert list((tmp_path / "results").iterdir()) == []
 
@@ -405,7 +405,7 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
     """results.Runs inside a notebook keeps each finished run under results/<profile>/.runs/
     while the experiment is unfinished; re-running with the same parameters skips them (other
     parameters start afresh); success removes them."""
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     nb = tmp_path / "98_runs.ipynb"
     book = nbformat.v4.new_notebook()
     book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
@@ -419,20 +419,20 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
         "b = runs({'i': 1}, work, 1)\n"
         "(pathlib.Path(out_dir) / 'data.csv').write_text(f'a,b\\n{a},{b}\\n')")]
     nbformat.write(book, nb)
-    exp = artifact.Experiment("E98", nb, {}, budget_s=30)
+    exp = profiles.Experiment("E98", nb, {}, budget_s=30)
     out, counter, flag = tmp_path / "results" / "E98", tmp_path / "calls.txt", tmp_path / "fail"
     params = {"flag": str(flag), "counter": str(counter)}
     flag.write_text("")
     with pytest.raises(Exception, match="interrupted on purpose"):
-        artifact.run_experiment(exp, "cpu", params, out)
+        execute.run_experiment(exp, "cpu", params, out)
     kept = list((tmp_path / "results" / ".runs").glob("E98-*/*.pkl"))
     assert not out.exists() and len(kept) == 1 and counter.read_text() == "x"
     kept[0].write_bytes(b"\x80\x04garbage")  # a damaged run is run again, never reused
     with pytest.raises(Exception, match="interrupted on purpose"):
-        artifact.run_experiment(exp, "cpu", params, out)
+        execute.run_experiment(exp, "cpu", params, out)
     assert counter.read_text() == "xx"
     flag.unlink()
-    artifact.run_experiment(exp, "cpu", params, out)
+    execute.run_experiment(exp, "cpu", params, out)
     assert counter.read_text() == "xxx"  # run 0 came from the run directory, only run 1 ran
     assert (out / "data.csv").read_text() == "a,b\n0,10\n"
     assert not (tmp_path / "results" / ".runs").exists()
@@ -441,7 +441,7 @@ def test_interrupted_run_resumes_from_its_finished_training_runs(tmp_path):
 def test_a_successful_run_logs_no_error_and_records_relative_paths(tmp_path, capfd):
     """No "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel" when nothing failed (the
     kernel is not sent SIGINT before its shutdown request)."""
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     book = nbformat.v4.new_notebook()
     book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
     cell = nbformat.v4.new_code_cell("out_dir = None")
@@ -451,7 +451,7 @@ def test_a_successful_run_logs_no_error_and_records_relative_paths(tmp_path, cap
     nb = tmp_path / "97_ok.ipynb"
     nbformat.write(book, nb)
     out = tmp_path / "results" / "E97"
-    artifact.run_experiment(artifact.Experiment("E97", nb, {}, budget_s=30), "cpu", {}, out)
+    execute.run_experiment(profiles.Experiment("E97", nb, {}, budget_s=30), "cpu", {}, out)
     captured = capfd.readouterr()
     assert "ERROR" not in captured.out + captured.err, captured.out + captured.err
     text = (out / "notebook.ipynb").read_text()
@@ -462,7 +462,7 @@ def test_a_result_records_the_data_its_notebook_fetched(tmp_path):
     """An experiment that fetches its data set into data_root as it runs (E7, E9 of the gpu
     profile) is current afterwards: its manifest holds the files as the notebook left them, not
     the empty folder it started from (which made every next run stale)."""
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     book = nbformat.v4.new_notebook()
     book.metadata["kernelspec"] = {"name": "pipecomm", "language": "python", "display_name": "p"}
     cell = nbformat.v4.new_code_cell("out_dir = None\ndata_root = ''")
@@ -473,12 +473,12 @@ def test_a_result_records_the_data_its_notebook_fetched(tmp_path):
     nb = tmp_path / "96_fetch.ipynb"
     nbformat.write(book, nb)
     (tmp_path / "data").mkdir()
-    exp = artifact.Experiment("E96", nb, {}, budget_s=30)
+    exp = profiles.Experiment("E96", nb, {}, budget_s=30)
     params, out = {"data_root": str(tmp_path / "data")}, tmp_path / "results" / "E96"
-    artifact.run_experiment(exp, "cpu", params, out)
-    assert artifact.stale_reason(exp, out, params) is None
+    execute.run_experiment(exp, "cpu", params, out)
+    assert reuse.why_stale(exp, out, params) is None
     (tmp_path / "data" / "batch").write_text("another")
-    assert "batch changed since it ran" in artifact.stale_reason(exp, out, params)
+    assert "batch changed since it ran" in reuse.why_stale(exp, out, params)
 
 
 def test_a_finished_kernel_is_not_interrupted_before_its_shutdown(monkeypatch):
@@ -496,7 +496,7 @@ def test_a_finished_kernel_is_not_interrupted_before_its_shutdown(monkeypatch):
 
     monkeypatch.setattr(KernelManager, "_async_interrupt_kernel", record)
     monkeypatch.setattr(AsyncKernelManager, "interrupt_kernel", record)
-    km = artifact._ipc_kernel_manager()(kernel_name=artifact.KERNEL)
+    km = execute._ipc_kernel_manager()(kernel_name=execute.KERNEL)
     try:
         km.shutting_down = False
         asyncio.run(km.interrupt_kernel())  # a timeout's interrupt still reaches the kernel
@@ -512,7 +512,7 @@ def test_a_finished_kernel_is_not_interrupted_before_its_shutdown(monkeypatch):
 def test_executed_notebooks_record_repository_relative_paths(tmp_path):
     """The injected parameters cell and papermill's metadata name the result directory relative
     to the repository, not the temporary directory on the machine that ran it."""
-    exp = artifact.discover()["E4"]
+    exp = profiles.discover()["E4"]
     book = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell('# Parameters\nworld_size = 8\n'
                                      'out_dir = "/work/wt/results/cpu/.E4.tmp-13704"\n')
@@ -524,7 +524,7 @@ def test_executed_notebooks_record_repository_relative_paths(tmp_path):
         "parameters": {"world_size": 8, "out_dir": "/work/wt/results/cpu/.E4.tmp-13704"}}
     path = tmp_path / "notebook.ipynb"
     nbformat.write(book, path)
-    artifact.relocate_notebook(path, artifact.RESULTS / "cpu" / "E4", exp.notebook)
+    execute.relocate_notebook(path, profiles.RESULTS / "cpu" / "E4", exp.notebook)
     nb = nbformat.read(path, as_version=4)
     assert nb.cells[0].source == '# Parameters\nworld_size = 8\nout_dir = "../results/cpu/E4"\n'
     meta = nb.metadata["papermill"]
@@ -543,8 +543,8 @@ def test_relocated_notebook_names_a_linked_venv_relative(tmp_path, monkeypatch):
     (other / ".venv" / "lib").mkdir(parents=True)
     (root / "notebooks").mkdir(parents=True)
     (root / ".venv").symlink_to(other / ".venv")
-    monkeypatch.setattr(artifact, "ROOT", root)
-    monkeypatch.setattr(artifact, "NOTEBOOKS", root / "notebooks")
+    monkeypatch.setattr(profiles, "ROOT", root)
+    monkeypatch.setattr(profiles, "NOTEBOOKS", root / "notebooks")
     book = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("import x")
     cell.outputs = [nbformat.v4.new_output(
@@ -552,7 +552,7 @@ def test_relocated_notebook_names_a_linked_venv_relative(tmp_path, monkeypatch):
     book.cells = [cell]
     path = tmp_path / "notebook.ipynb"
     nbformat.write(book, path)
-    artifact.relocate_notebook(path, root / "results" / "cpu" / "E7")
+    execute.relocate_notebook(path, root / "results" / "cpu" / "E7")
     text = nbformat.read(path, as_version=4).cells[0].outputs[0]["text"]
     assert text == ".venv/lib/tqdm/auto.py:21: Warning\n"
 
@@ -587,15 +587,15 @@ def test_a_run_with_a_current_result_reuses_it_and_says_where_it_is(tmp_path, ca
                                                                    monkeypatch):
     """No kernel for a current result; the run names its figure and data, prints E1's claims
     only and one line on the others."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    monkeypatch.setattr(artifact, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
-    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    monkeypatch.setattr(execute, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
+    exp = profiles.load_profile("cpu", profiles.discover())["E1"]
     out = tmp_path / "cpu" / "E1"
     out.mkdir(parents=True)
     for name in ("data.csv", "notebook.ipynb", "figure.png"):
         (out / name).write_text("a\n1\n")
-    results.write_json(out / "params.json", artifact.run_params(exp))
-    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    results.write_json(out / "params.json", profiles.run_params(exp))
+    results.write_json(out / "env.json", {"code_hash": reuse.code_hash((exp).notebook)})
     reuse.write_manifest(out, {})
     assert artifact.run("cpu", [exp], {}) == 0
     text = capsys.readouterr().out
@@ -634,14 +634,14 @@ def test_artifact_appendix_is_in_sync_with_claims_and_profiles():
 def _fake_results(src, eids, profile="cpu-full"):
     """A results directory with a minimal, current run of each experiment in ``eids`` (of
     ``profile``) and a claims table."""
-    experiments = artifact.load_profile(profile, artifact.discover())
+    experiments = profiles.load_profile(profile, profiles.discover())
     for eid in eids:
-        exp = experiments.get(eid) or artifact.discover()[eid]
+        exp = experiments.get(eid) or profiles.discover()[eid]
         (src / eid).mkdir(parents=True)
         (src / eid / "data.csv").write_text("a\n1\n")
         nbformat.write(nbformat.v4.new_notebook(), src / eid / "notebook.ipynb")
-        results.write_json(src / eid / "params.json", artifact.run_params(exp))
-        results.write_json(src / eid / "env.json", {"code_hash": artifact.code_hash(exp)})
+        results.write_json(src / eid / "params.json", profiles.run_params(exp))
+        results.write_json(src / eid / "env.json", {"code_hash": reuse.code_hash((exp).notebook)})
         reuse.write_manifest(src / eid, {})
     for name in ("claims.md", "claims.csv"):
         (src / name).write_text("x")
@@ -650,36 +650,36 @@ def _fake_results(src, eids, profile="cpu-full"):
 
 def test_save_reference_keeps_a_profiles_own_experiments(tmp_path):
     """cpu-full extends cpu: its reference holds E7, E9 and E13 only; cpu needs every one."""
-    assert artifact.own_experiments("cpu-full") == ["E7", "E9", "E13"]
-    assert artifact.own_experiments("cpu") is None
+    assert profiles.own_experiments("cpu-full") == ["E7", "E9", "E13"]
+    assert profiles.own_experiments("cpu") is None
     src = _fake_results(tmp_path / "results", ["E7", "E9", "E13"])
     dest = artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref")
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == ["E13", "E7", "E9"]
-    with pytest.raises(artifact.UsageError, match="lacks results"):
+    with pytest.raises(profiles.UsageError, match="lacks results"):
         artifact.save_reference("cpu", source=src, dest=tmp_path / "ref-cpu")
 
 
 def test_save_reference_of_a_self_contained_profile_keeps_what_it_runs(tmp_path):
     """shaped runs the network experiments and E14: its reference keeps those, nothing else."""
-    runs = artifact.profile_runs("shaped")
+    runs = profiles.profile_runs("shaped")
     assert "E14" in runs and "E13" not in runs and "E1" not in runs
     src = _fake_results(tmp_path / "results", [*runs, "E13"], "shaped")  # E13: not kept
     dest = artifact.save_reference("shaped", source=src, dest=tmp_path / "ref")
     assert sorted(p.name for p in dest.iterdir() if p.is_dir()) == sorted(runs)
     (src / runs[-1] / "figure.png").write_text("a figure the run never made")
-    with pytest.raises(artifact.UsageError, match=f"{runs[-1]}: stale: figure.png"):
+    with pytest.raises(profiles.UsageError, match=f"{runs[-1]}: stale: figure.png"):
         artifact.save_reference("shaped", source=src, dest=tmp_path / "ref2")
 
 
 def test_claims_table_lists_the_profiles_own_claims(tmp_path, monkeypatch):
     """The cpu table has no row for E14 (profile shaped); the shaped table has its experiments'
     claims except those limited to other profiles (the real-backend host model, accuracy)."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     cpu = artifact.claims_table("cpu", write=False)
     shaped = artifact.claims_table("shaped", write=False)
     assert "E14" not in set(cpu.experiment) and {"E0", "E13"} <= set(cpu.experiment)
     assert {"C2.7", "C7.2"} <= set(cpu.claim)
-    assert set(shaped.experiment) == set(artifact.profile_runs("shaped")) - {"E1"}
+    assert set(shaped.experiment) == set(profiles.profile_runs("shaped")) - {"E1"}
     assert {"C14.1", "C2.1", "C10.1"} <= set(shaped.claim)
     assert not {"C2.7", "C7.2", "C7.3", "C9.3"} & set(shaped.claim)
     assert set(shaped.verdict) <= {"NOT RUN", "MODEL (no verdict)"} and "network" in shaped.columns
@@ -697,13 +697,13 @@ def test_save_reference_keeps_independent_runs(tmp_path):
     assert (dest / "run-2" / "claims.csv").exists()
     assert not (dest / "run-2" / "E9" / "notebook.ipynb").exists()
     (src / "run-3" / "E9" / "data.csv").unlink()
-    with pytest.raises(artifact.UsageError, match="run-3 lacks results for"):
+    with pytest.raises(profiles.UsageError, match="run-3 lacks results for"):
         artifact.save_reference("cpu-full", source=src, dest=tmp_path / "ref2")
 
 
 def test_claims_table_over_independent_runs(tmp_path, monkeypatch):
     """--runs 2: run 2 has its own table; the profile's table has a runs column."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     assert artifact.run_dir("cpu", 1) == tmp_path / "cpu"
     assert artifact.run_dir("cpu", 2) == tmp_path / "cpu" / "run-2"
     table = artifact.claims_table("cpu", write=True, runs=2)
@@ -762,7 +762,7 @@ def test_save_reference_keeps_the_figure_inline_and_small(tmp_path):
 
 
 def test_report_option_writes_the_reference_report(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(artifact, "REFERENCE", tmp_path)
+    monkeypatch.setattr(profiles, "REFERENCE", tmp_path)
     with pytest.raises(SystemExit) as exc:
         artifact.main(["--profile", "cpu", "--report", "--reference"])
     assert exc.value.code == 2 and "no claims table at" in capsys.readouterr().err
@@ -810,15 +810,15 @@ def test_every_saved_figure_has_its_experiments_title():
 def _override_result(base, exp, own, data=None):
     """A current result of ``exp`` run with the overrides ``own`` under ``base`` (the
     profile's results folder), its data.csv ``data`` (a DataFrame) or a stub."""
-    out = base / artifact.override_dirname(exp.id, own)
+    out = base / profiles.override_dirname(exp.id, own)
     out.mkdir(parents=True)
     if data is None:
         (out / "data.csv").write_text("a\n1\n")
     else:
         data.to_csv(out / "data.csv", index=False)
     nbformat.write(nbformat.v4.new_notebook(), out / "notebook.ipynb")
-    results.write_json(out / "params.json", artifact.run_params(exp, own))
-    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    results.write_json(out / "params.json", profiles.run_params(exp, own))
+    results.write_json(out / "env.json", {"code_hash": reuse.code_hash((exp).notebook)})
     reuse.write_manifest(out, {})
     return out
 
@@ -826,8 +826,8 @@ def _override_result(base, exp, own, data=None):
 def test_list_shows_every_override_result_with_its_state(tmp_path, monkeypatch):
     """After ``-p world_size=4`` ran, --list shows that result (current) beside the profile's
     (none here), and says why the others are stale: a file added, params that belong elsewhere."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    exp = profiles.load_profile("cpu", profiles.discover())["E4"]
     _override_result(tmp_path / "cpu", exp, {"world_size": 4})
     (_override_result(tmp_path / "cpu", exp, {"world_size": 5}) / "extra.txt").write_text("x")
     moved = _override_result(tmp_path / "cpu", exp, {"iters": 3})
@@ -840,21 +840,21 @@ def test_list_shows_every_override_result_with_its_state(tmp_path, monkeypatch):
     assert "stale: extra.txt is not part of the result" in shown["with -p world_size=5"]
     assert "stale: its params.json holds iters=3, a run of which goes to E4__iters=3" in \
         shown["with -p iters=3"]
-    assert artifact.override_state(exp, "cpu", tmp_path / "cpu" / "E4__world_size=4") == \
+    assert reuse.override_state(exp, "cpu", tmp_path / "cpu" / "E4__world_size=4") == \
         ("current", {"world_size": 4})
     same = _override_result(tmp_path / "cpu", exp, {"world_size": 8})  # the profile's value
-    assert artifact.override_state(exp, "cpu", same) == ("current", {"world_size": 8})
+    assert reuse.override_state(exp, "cpu", same) == ("current", {"world_size": 8})
     older = _override_result(tmp_path / "cpu", exp, {"world_size": 6})
-    results.write_json(older / "params.json", {**artifact.run_params(exp, {"world_size": 6}),
+    results.write_json(older / "params.json", {**profiles.run_params(exp, {"world_size": 6}),
                                                "iters": 3})  # the profile's iters were 3 then
     reuse.write_manifest(older, {})
-    assert artifact.override_state(exp, "cpu", older) == \
+    assert reuse.override_state(exp, "cpu", older) == \
         ("stale: made with other parameters (iters)", {"world_size": 6})
 
 
 def test_list_with_p_shows_that_runs_parameters_and_state(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    exp = profiles.load_profile("cpu", profiles.discover())["E4"]
     _override_result(tmp_path / "cpu", exp, {"world_size": 4})
     assert artifact.main(["--list", "--profile", "cpu", "--only", "E4", "-p",
                           "world_size=4"]) == 0
@@ -875,9 +875,9 @@ def test_list_with_p_shows_that_runs_parameters_and_state(tmp_path, monkeypatch,
 def test_override_claims_say_what_ran_and_which_reference(tmp_path, monkeypatch, capsys):
     """A run with ``-p world_size=4``: its claims rows name the parameters that ran, predict for
     them (from the run's data), prefix the statement, and mark the default run's reference."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    monkeypatch.setattr(artifact, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
-    exp = artifact.load_profile("cpu", artifact.discover())["E4"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    monkeypatch.setattr(execute, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
+    exp = profiles.load_profile("cpu", profiles.discover())["E4"]
     data = results.load_csv(ROOT / "artifact/reference/cpu/E4").assign(world_size=4)
     own = {"world_size": 4}
     _override_result(tmp_path / "cpu", exp, own, data)

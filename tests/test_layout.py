@@ -176,3 +176,22 @@ def test_no_function_local_import_in_the_library():
                         [a.name for a in node.names]
                     bad += [(module, n) for n in names if (module, n) not in LOCAL_IMPORTS]
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- the lab's layout
+
+#: The lab's four wings (docs/README.md, "Layout"), and what sits on top of them: the
+#: experiments, what their notebooks call, the claims and their ledger, and the orchestrator
+#: behind run_all.sh (profiles, executing notebooks, result reuse, the command line and report).
+WINGS = {"measure", "networks", "workloads", "training"}
+ON_TOP = {"experiments", "experiment", "checks", "notebook", "cli", "meanings", "results",
+          "claims", "ledger", "paper_claims", "profiles", "rehearsal", "standin", "execute",
+          "reuse", "guard", "schema", "artifact", "report"}
+
+
+def test_the_lab_is_four_wings_and_what_sits_on_top():
+    lab = SRC / "pipecomm" / "lab"
+    here = {p.stem for p in lab.glob("*.py") if p.stem != "__init__"} | \
+        {p.name for p in lab.iterdir() if (p / "__init__.py").is_file()}
+    assert here == WINGS | ON_TOP, (f"not placed: {sorted(here - WINGS - ON_TOP)}; "
+                                    f"gone: {sorted(WINGS | ON_TOP - here)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from pipecomm.lab import artifact
+from pipecomm.lab import execute, profiles
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TESTS = Path(__file__).resolve().parent
@@ -26,8 +26,8 @@ def _tiny_test(path: Path) -> Path:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_defaults_are_valid_parameters(path):
     module = importlib.import_module(f"pipecomm.lab.experiments.e{path.stem}")
-    defaults = {k: v for k, v in artifact.notebook_parameters(path).items()
-                if k not in artifact.RESERVED}
+    defaults = {k: v for k, v in profiles.notebook_parameters(path).items()
+                if k not in profiles.RESERVED}
     assert set(defaults) <= set(module.DEFAULTS), set(defaults) - set(module.DEFAULTS)
     module.Params.make(**defaults)  # types and the experiment's own checks: ValueError naming it
 
@@ -41,7 +41,7 @@ def test_notebook_runs_in_its_experiments_tiny_test(path):
 
 
 def test_invalid_parameter_fails_with_a_clear_message(tmp_path):
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     path = next(p for p in NOTEBOOKS if p.stem == "00_calibrate")
     with pytest.raises(pm.PapermillExecutionError, match="sizes_max"):
-        artifact.execute_notebook(path, tmp_path / path.name, {"sizes_max": "big"}, timeout_s=120)
+        execute.execute_notebook(path, tmp_path / path.name, {"sizes_max": "big"}, timeout_s=120)

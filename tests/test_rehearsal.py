@@ -17,7 +17,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipecomm.lab import artifact, rehearsal, standin
+from pipecomm.lab import artifact, execute, profiles, rehearsal, standin
 from pipecomm.lab.networks import launch
 from pipecomm.lab.workloads import data, download
 
@@ -32,13 +32,13 @@ def test_every_gpu_experiment_is_rehearsed(monkeypatch):
     """Every experiment of the gpu profile, with parameters its checks accept (NCCL's on
     stand-in GPUs): world sizes at most the stand-in GPUs, NCCL kept, CIFAR-10 read from the
     rehearsal's folder, and every replaced parameter recorded with its gpu value."""
-    gpu = artifact.load_profile("gpu", artifact.discover())
-    rehearsed = artifact.load_profile(rehearsal.NAME, artifact.discover())
+    gpu = profiles.load_profile("gpu", profiles.discover())
+    rehearsed = profiles.load_profile(rehearsal.NAME, profiles.discover())
     assert list(rehearsed) == list(gpu)
     monkeypatch.setenv(standin.ENV, "unused.json")
     for eid, exp in rehearsed.items():
-        artifact.check_params([exp], {})  # NCCL's own checks, on the stand-in GPUs
-        params, before = artifact.run_params(exp), artifact.run_params(gpu[eid])
+        profiles.check_params([exp], {})  # NCCL's own checks, on the stand-in GPUs
+        params, before = profiles.run_params(exp), profiles.run_params(gpu[eid])
         assert set(params) == set(before)
         for name, entry in exp.replaced.items():
             assert entry["gpu"] == before[name] and entry["rehearsal"] == params[name], name
@@ -80,7 +80,7 @@ def test_a_numeric_parameter_without_a_rule_is_one_line(monkeypatch, capsys):
     (["--rehearse", "--runs", "2"], "it takes no --runs"),
 ])
 def test_bad_use_of_rehearse_is_one_line(argv, words, capsys, monkeypatch):
-    monkeypatch.setattr(artifact, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
+    monkeypatch.setattr(execute, "ensure_kernel", lambda: pytest.fail("a kernel was started"))
     assert _main(*argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
@@ -148,7 +148,7 @@ def test_the_rehearsal_of_e7_runs_end_to_end(tmp_path, monkeypatch, capsys):
     and read, the notebook, figure and claims, all in results/gpu-rehearsal/ and all saying it
     decides nothing; a second run reuses the result (its inputs, the stand-in's files, as it
     read them)."""
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     assert artifact.main(["--profile", "gpu", "--rehearse", "--only", "E7"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(rehearsal.BANNER) and text.rstrip().endswith("(rehearsal)")

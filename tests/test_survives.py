@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipecomm.lab import artifact, claims, guard, results, reuse, schema
+from pipecomm.lab import artifact, claims, execute, guard, profiles, results, reuse, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,16 +39,16 @@ _WRITES = ("import pathlib\nout = pathlib.Path(out_dir)\n"
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """One real run of a small experiment through papermill, kept as the pristine copy."""
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     tmp = tmp_path_factory.mktemp("finished")
-    exp = artifact.Experiment("E98", _notebook(tmp / "98_tiny.ipynb", _WRITES), {"rows": 10},
+    exp = profiles.Experiment("E98", _notebook(tmp / "98_tiny.ipynb", _WRITES), {"rows": 10},
                               budget_s=30)
     out = tmp / "cpu" / "E98"
-    artifact.run_experiment(exp, "cpu", {"rows": 10}, out)
+    execute.run_experiment(exp, "cpu", {"rows": 10}, out)
     return exp, out
 
 
-def _copy(finished, tmp_path: Path) -> tuple[artifact.Experiment, Path]:
+def _copy(finished, tmp_path: Path) -> tuple[profiles.Experiment, Path]:
     exp, out = finished
     mine = tmp_path / "cpu" / "E98"
     shutil.copytree(out, mine)
@@ -56,7 +56,7 @@ def _copy(finished, tmp_path: Path) -> tuple[artifact.Experiment, Path]:
 
 
 def _state(exp, out: Path) -> str:
-    return artifact.result_state(exp, "cpu", out, {"rows": 10})
+    return reuse.result_state(exp, "cpu", out, {"rows": 10})
 
 
 def test_a_finished_result_records_what_it_consists_of(finished):
@@ -102,8 +102,8 @@ def test_a_damaged_result_is_stale_with_one_line_naming_the_file(finished, tmp_p
 
 @pytest.mark.parametrize("text", ["[1, 2]", '"x"', "null", "{", "\x00\xff"])
 def test_env_or_params_json_of_any_shape_never_crash_the_list(tmp_path, monkeypatch, text):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
-    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    exp = profiles.load_profile("cpu", profiles.discover())["E1"]
     out = tmp_path / "cpu" / "E1"
     out.mkdir(parents=True)
     for name in ("data.csv", "notebook.ipynb"):
@@ -111,7 +111,7 @@ def test_env_or_params_json_of_any_shape_never_crash_the_list(tmp_path, monkeypa
     for name in ("env.json", "params.json"):
         (out / name).write_text(text)
     reuse.write_manifest(out, {})
-    assert artifact.result_state(exp, "cpu").startswith("stale: ")
+    assert reuse.result_state(exp, "cpu").startswith("stale: ")
     assert "result: stale: " in artifact.list_table([exp], "cpu")
     (out / "manifest.json").write_text(text)
     assert "result: stale: " in artifact.list_table([exp], "cpu")
@@ -120,7 +120,7 @@ def test_env_or_params_json_of_any_shape_never_crash_the_list(tmp_path, monkeypa
 def test_a_damaged_result_runs_again(finished, tmp_path, monkeypatch, capsys):
     """The orchestrator says which file and runs it again; the new result is current."""
     exp, out = _copy(finished, tmp_path)
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     _cut_to_lines(out / "data.csv", 5)
     assert artifact.run("cpu", [exp], {}) == 0
     text = capsys.readouterr().out
@@ -155,26 +155,26 @@ def test_a_data_directorys_files_enter_the_key(tmp_path):
 # --------------------------------------------------------------------------- the claims table
 
 
-def _fake_result(tmp_path: Path, eid: str = "E4") -> tuple[artifact.Experiment, Path]:
-    exp = artifact.load_profile("cpu", artifact.discover())[eid]
+def _fake_result(tmp_path: Path, eid: str = "E4") -> tuple[profiles.Experiment, Path]:
+    exp = profiles.load_profile("cpu", profiles.discover())[eid]
     out = tmp_path / "cpu" / eid
     out.mkdir(parents=True)
     for name in ("data.csv", "notebook.ipynb"):
         (out / name).write_text("a\n1\n")
-    results.write_json(out / "params.json", artifact.run_params(exp))
-    results.write_json(out / "env.json", {"code_hash": artifact.code_hash(exp)})
+    results.write_json(out / "params.json", profiles.run_params(exp))
+    results.write_json(out / "env.json", {"code_hash": reuse.code_hash((exp).notebook)})
     reuse.write_manifest(out, {})
     return exp, out
 
 
 def test_claims_from_an_old_result_after_a_failed_rerun_say_so(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     exp, _ = _fake_result(tmp_path)
 
     def fails(*args, **kwargs):
         raise RuntimeError("the re-run broke")
 
-    monkeypatch.setattr(artifact, "run_experiment", fails)
+    monkeypatch.setattr(execute, "run_experiment", fails)
     assert artifact.run("cpu", [exp], {}, force=True) == 1  # non-zero, after the table
     captured = capsys.readouterr()
     assert "E4: FAILED: RuntimeError: the re-run broke" in captured.out
@@ -189,7 +189,7 @@ def test_claims_from_an_old_result_after_a_failed_rerun_say_so(tmp_path, monkeyp
 
 
 def test_claims_from_a_stale_result_say_why(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     _, out = _fake_result(tmp_path)
     results.write_json(out / "params.json", {"alpha_s": 1.0})
     table = artifact.claims_table("cpu", write=False)
@@ -229,11 +229,11 @@ BAD_PROFILES = {  # an edit of cpu.yaml -> what its one line must say
 
 @pytest.mark.parametrize("what", list(BAD_PROFILES))
 def test_a_bad_profile_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, what):
-    for path in artifact.PROFILES.glob("*.yaml"):
+    for path in profiles.PROFILES.glob("*.yaml"):
         shutil.copy(path, tmp_path / path.name)
     edit, words = BAD_PROFILES[what]
     (tmp_path / "cpu.yaml").write_text(edit((tmp_path / "cpu.yaml").read_text()))
-    monkeypatch.setattr(artifact, "PROFILES", tmp_path)
+    monkeypatch.setattr(profiles, "PROFILES", tmp_path)
     monkeypatch.setattr(artifact, "run", lambda *a, **k: pytest.fail("it ran"))
     with pytest.raises(SystemExit) as stop:
         artifact.main(["--profile", "cpu", "--only", "E1"])
@@ -273,7 +273,7 @@ def test_a_bad_claims_file_is_one_line_before_any_work(tmp_path, monkeypatch, ca
 def test_the_shipped_configuration_passes_its_schemas():
     assert len(schema.load(claims.CLAIMS_FILE, schema.CLAIMS)) > 40
     for name in schema.PROFILE_NAMES:
-        assert artifact.read_profile(name)["profile"] == name
+        assert profiles.read_profile(name)["profile"] == name
 
 
 # --------------------------------------------------------------------------- signals and debris
@@ -281,14 +281,14 @@ def test_the_shipped_configuration_passes_its_schemas():
 _ORCHESTRATOR = """
 import pathlib, sys
 from pipecomm.lab import artifact
-artifact.RESULTS = pathlib.Path(sys.argv[1])
-exp = artifact.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
+profiles.RESULTS = pathlib.Path(sys.argv[1])
+exp = profiles.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
 sys.exit(artifact.run("cpu", [exp], {}))
 """
 
 
 def _start_sleeping_run(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    artifact.ensure_kernel()
+    execute.ensure_kernel()
     marker = tmp_path / "started"
     nb = _notebook(tmp_path / "98_sleep.ipynb",
                    "import pathlib, subprocess, time\nchild = subprocess.Popen(['sleep', '300'])\n"
@@ -358,7 +358,7 @@ def test_after_kill_9_the_next_run_removes_the_debris(tmp_path):
 
 def test_a_second_run_on_the_same_results_refuses_naming_the_first(tmp_path, monkeypatch,
                                                                    capsys):
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path)
     exp, _ = _fake_result(tmp_path)
     with guard.locked(tmp_path / "cpu"):
         assert artifact.run("cpu", [exp], {}) == 2
@@ -374,9 +374,9 @@ def test_a_second_run_on_the_same_results_refuses_naming_the_first(tmp_path, mon
 def test_an_unwritable_results_directory_is_one_line_before_the_first_experiment(
         tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("not a directory")
-    monkeypatch.setattr(artifact, "RESULTS", tmp_path / "file")
-    monkeypatch.setattr(artifact, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
-    exp = artifact.load_profile("cpu", artifact.discover())["E1"]
+    monkeypatch.setattr(profiles, "RESULTS", tmp_path / "file")
+    monkeypatch.setattr(execute, "run_experiment", lambda *a, **k: pytest.fail("it ran"))
+    exp = profiles.load_profile("cpu", profiles.discover())["E1"]
     assert artifact.run("cpu", [exp], {}) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and f"cannot write results to {tmp_path}" in err

@@ -155,13 +155,13 @@ def reference_section(profile: str) -> str:
 
 
 def experiments_section() -> str:
-    from pipecomm.lab import artifact
+    from pipecomm.lab import profiles
 
-    found = artifact.discover()
-    names = artifact.PROFILE_NAMES
+    found = profiles.discover()
+    names = profiles.PROFILE_NAMES
     budgets = {}
     for name in names:  # resolved as the orchestrator resolves them (cpu-full extends cpu)
-        exps = artifact.load_profile(name, artifact.discover())
+        exps = profiles.load_profile(name, profiles.discover())
         spec = yaml.safe_load((ROOT / "artifact" / "profiles" / f"{name}.yaml").read_text())
         own = set(spec.get("experiments") or {})
         if spec.get("extends"):

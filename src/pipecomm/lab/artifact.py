@@ -1,4 +1,6 @@
-"""Orchestration behind ``run_all.sh``: profiles, papermill runs, result reuse, the claims table.
+"""The command line behind ``run_all.sh``: it selects a profile's experiments
+(:mod:`pipecomm.lab.profiles`), runs or reuses each (:mod:`pipecomm.lab.execute`,
+:mod:`pipecomm.lab.reuse`), and writes the claims tables, the reference and the report.
 
 Each experiment ``E<k>`` is the notebook ``notebooks/<kk>_<name>.ipynb``. Its parameters are the
 notebook's parameters cell (the quick configuration), updated by the profile
@@ -7,7 +9,7 @@ type of the parameter's default; unknown names are an error, since papermill wou
 them). Results go to ``results/<profile>/<E>/``, or, with overrides, to
 ``results/<profile>/<E>__<name>=<value>.../`` so the default result is never overwritten. Every
 override is checked against the experiment's ``Params`` before any kernel starts. A result is
-reused when its parameters and the hash of the code it runs (:func:`code_hash`: its notebook and
+reused when its parameters and the hash of the code it runs (:func:`pipecomm.lab.reuse.code_hash`: its notebook and
 the pipecomm modules its module imports) match (``--force`` re-runs). Each run is assembled in a
 temporary directory and renamed into place: an interrupted run (Ctrl-C: one line, exit status
 130) leaves nothing half-written, and running again resumes with the experiments still missing.
@@ -24,11 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import hashlib
-import importlib
-import json
 import math
 import os
 import re
@@ -36,540 +34,10 @@ import shlex
 import shutil
 import signal
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from pipecomm.lab import claims, guard, rehearsal, report, results, reuse, schema
-from pipecomm.lab.cli import parse_value
-
-ROOT = results.REPO_ROOT
-NOTEBOOKS = ROOT / "notebooks"
-PROFILES = ROOT / "artifact" / "profiles"
-PROFILE_NAMES = schema.PROFILE_NAMES
-RESULTS = ROOT / "results"
-REFERENCE = ROOT / "artifact" / "reference"
-KERNEL = "pipecomm"
-RESERVED = ("out_dir", "data_csv")  # notebook parameters the orchestrator sets itself
-
-
-class UsageError(ValueError):
-    """A bad command line: unknown option, experiment id or parameter."""
-
-
-@dataclass
-class Experiment:
-    id: str
-    notebook: Path
-    defaults: dict[str, Any]
-    budget_s: float = 60.0
-    profile_params: dict[str, Any] = field(default_factory=dict)
-    #: a rehearsal's replaced parameters: name -> {"gpu", "rehearsal", "rule"} (rehearsal.derive)
-    replaced: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def title(self) -> str:
-        return self.notebook.stem
-
-
-# --------------------------------------------------------------------------- discovery
-
-
-def notebook_parameters(path: Path) -> dict[str, Any]:
-    """The literal assignments of a notebook's cell tagged ``parameters``."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            params = {}
-            for node in ast.parse(cell.source).body:
-                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
-                    node.targets[0], ast.Name
-                ):
-                    params[node.targets[0].id] = ast.literal_eval(node.value)
-            return params
-    raise ValueError(f"{path} has no cell tagged 'parameters'")
-
-
-def discover() -> dict[str, Experiment]:
-    """Experiments E<k> from notebooks/<kk>_<name>.ipynb, in order."""
-    found = {}
-    for nb in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        eid = f"E{int(nb.name[:2])}"
-        found[eid] = Experiment(eid, nb, notebook_parameters(nb))
-    return found
-
-
-def auto_profile() -> str:
-    """``gpu`` when at least two GPUs are visible, else ``cpu``."""
-    try:
-        import torch
-
-        return "gpu" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "cpu"
-    except Exception:
-        return "cpu"
-
-
-def load_profile(name: str, experiments: dict[str, Experiment]) -> dict[str, Experiment]:
-    """The experiments a profile runs (those it names), with its parameters and budgets;
-    profile names are checked like ``-p``.
-
-    A profile with ``extends: <other>`` starts from the other profile's experiments and replaces
-    the budgets and parameters it names (``cpu-full`` extends ``cpu``). An experiment no profile
-    entry names does not run in that profile (E14 needs the virtual cluster: it is in
-    ``shaped`` only). ``gpu-rehearsal`` is the gpu profile's experiments with the rehearsal's
-    parameters (:func:`pipecomm.lab.rehearsal.derive`)."""
-    if rehearsal.is_rehearsal(name):
-        return rehearsal.derive(load_profile(rehearsal.SOURCE, experiments),
-                                data_root=_shown_path(RESULTS / name / rehearsal.DATA))
-    path = PROFILES / f"{name}.yaml"
-    if not path.exists():
-        choices = sorted(p.stem for p in PROFILES.glob("*.yaml"))
-        raise UsageError(f"unknown profile {name!r}; choose from {choices}")
-    spec = read_profile(name)
-    entries = {eid: entry or {} for eid, entry in spec["experiments"].items()}
-    if spec.get("extends"):  # a profile that changes some experiments of another one
-        parent = read_profile(spec["extends"])
-        for eid, entry in parent["experiments"].items():
-            entry, own = entry or {}, entries.get(eid) or {}
-            entries[eid] = {**entry, **own,
-                            "params": {**(entry.get("params") or {}), **(own.get("params") or {})}}
-    for eid, entry in entries.items():
-        if eid not in experiments:
-            continue  # a profile may describe experiments whose notebooks are not here yet
-        exp = experiments[eid]
-        exp.budget_s = float(entry.get("budget_s", exp.budget_s))
-        params = entry.get("params") or {}
-        unknown = sorted(set(params) - set(exp.defaults))
-        if unknown:
-            raise schema.ConfigError(f"{_shown_path(path)}: experiments.{eid}.params: unknown "
-                                     f"parameter(s) {unknown} (allowed: the parameters of "
-                                     f"{exp.notebook.name}; ./run_all.sh --list shows them)")
-        exp.profile_params = params
-    return {eid: exp for eid, exp in experiments.items() if eid in entries}
-
-
-def profiles_of(eid: str) -> list[str]:
-    """The profiles that run experiment ``eid``.
-
-    Example::
-
-        profiles_of("E14")   # ['shaped']
-    """
-    return [name for name in PROFILE_NAMES if eid in profile_runs(name)]
-
-
-def profile_runs(name: str) -> list[str] | None:
-    """The experiments profile ``name`` runs (None for a name without a profile file).
-
-    Example::
-
-        profile_runs("shaped")   # ['E14']
-    """
-    if not (PROFILES / f"{name}.yaml").exists() and not rehearsal.is_rehearsal(name):
-        return None
-    return list(load_profile(name, discover()))
-
-
-def own_experiments(name: str) -> list[str] | None:
-    """The experiments a profile that ``extends`` another sets itself (``cpu-full``: E7, E9,
-    E13); None for a self-contained profile (all of them) and for a rehearsal."""
-    if rehearsal.is_rehearsal(name):
-        return None
-    spec = read_profile(name)
-    return list(spec["experiments"]) if spec.get("extends") else None
-
-
-def read_profile(name: str) -> dict[str, Any]:
-    """``artifact/profiles/<name>.yaml``, checked against :data:`pipecomm.lab.schema.PROFILE`
-    (its ``profile:`` must name the file).
-
-    Raises:
-        pipecomm.lab.schema.ConfigError: one line naming the file, the key and what is allowed.
-    """
-    path = PROFILES / f"{name}.yaml"
-    spec = schema.load(path, schema.PROFILE)
-    if spec["profile"] != name:
-        raise schema.ConfigError(f"{_shown_path(path)}: profile: {spec['profile']!r} is not "
-                                 f"allowed ({name!r}, the file's name)")
-    return spec
-
-
-def parse_overrides(items: list[str], selected: list[Experiment]) -> dict[str, dict[str, Any]]:
-    """``NAME=VALUE`` strings -> per-experiment typed overrides; unknown names and a name given
-    twice are errors (:class:`UsageError`)."""
-    per_exp: dict[str, dict[str, Any]] = {e.id: {} for e in selected}
-    seen: dict[str, str] = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"-p expects NAME=VALUE, got {item!r}")
-        name, text = item.split("=", 1)
-        if name in seen:
-            raise UsageError(f"-p {name} is given twice ({name}={seen[name]} and {item}): "
-                             f"give each parameter once")
-        seen[name] = text
-        owners = [e for e in selected if name in e.defaults and name not in RESERVED]
-        if not owners:
-            known = sorted({k for e in selected for k in e.defaults if k not in RESERVED})
-            raise UsageError(
-                f"unknown parameter {name!r} for {[e.id for e in selected]}; known: {known}"
-            )
-        for e in owners:
-            try:
-                per_exp[e.id][name] = parse_value(text, e.defaults[name], name)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from exc
-    return per_exp
-
-
-def experiment_module(exp: Experiment) -> ModuleType | None:
-    """The module ``pipecomm.lab.experiments.e<notebook stem>`` behind an experiment's notebook
-    (None for a notebook without one, such as a test's).
-
-    Example::
-
-        experiment_module(discover()["E4"]).Params   # e04_lp_block_size.Params
-    """
-    try:
-        return importlib.import_module(f"pipecomm.lab.experiments.e{exp.notebook.stem}")
-    except ModuleNotFoundError:
-        return None
-
-
-def run_params(exp: Experiment, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters a run of ``exp`` gets: notebook defaults, then the profile's, then
-    ``overrides``; without the ones the orchestrator sets itself (:data:`RESERVED`)."""
-    params = {**exp.defaults, **exp.profile_params, **(overrides or {})}
-    return {k: v for k, v in params.items() if k not in RESERVED}
-
-
-def check_params(selected: list[Experiment], overrides: dict[str, dict[str, Any]]) -> None:
-    """Validate every selected experiment's parameters (profile and ``-p``) with its module's
-    ``Params.make`` before any kernel starts; a refused value is a one-line :class:`UsageError`
-    naming the experiment, the parameter, the value and what is allowed.
-
-    Example::
-
-        check_params([discover()["E4"]], {"E4": {"world_size": 0}})
-        # UsageError: E4: parameter world_size must be an int >= 3 (...), got 0
-    """
-    for exp in selected:
-        module = experiment_module(exp)
-        if module is None:
-            continue
-        own = overrides.get(exp.id, {})
-        try:
-            module.Params.make(**run_params(exp, own))
-        except ValueError as exc:
-            text = " ".join(str(exc).split())
-            given = [f"-p {k}={v}" for k, v in own.items() if re.search(rf"\b{k}\b", text)]
-            source = f" (from {', '.join(given)})" if given else ""
-            raise UsageError(f"{exp.id}: {text}{source}") from exc
-
-
-def gpu_count() -> int:
-    """GPUs torch sees here (0 without CUDA or without torch)."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def check_profile_host(profile: str) -> None:
-    """Refuse, before anything starts, a profile this machine cannot run: ``gpu`` needs at least
-    two visible GPUs (NCCL places one rank per GPU)."""
-    if profile == "gpu":
-        have = gpu_count()
-        if have < 2:
-            raise UsageError(f"profile 'gpu' needs at least 2 visible GPUs (NCCL, one rank per "
-                             f"GPU); this machine has {have}: use --profile cpu")
-
-
-def override_dirname(eid: str, overrides: dict[str, Any]) -> str:
-    """``E0__sizes_max=1048576`` — the directory of a run with overrides."""
-    if not overrides:
-        return eid
-    parts = [f"{k}={v}" for k, v in sorted(overrides.items())]
-    name = eid + "__" + ",".join(parts)
-    return re.sub(r"[^A-Za-z0-9_.,=+-]", "", name)[:200]
-
-
-# --------------------------------------------------------------------------- running
-
-
-def ensure_kernel() -> None:
-    """Register the ``pipecomm`` Jupyter kernel inside this interpreter's prefix if missing."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL)
-        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve():
-            return
-    except NoSuchKernel:
-        pass
-    from ipykernel.kernelspec import install
-
-    install(kernel_name=KERNEL, display_name="Python (pipecomm)", prefix=sys.prefix)
-
-
-def _ipc_kernel_manager():
-    """A kernel manager whose kernel talks over local IPC sockets instead of TCP ports; its
-    sockets and connection file share one private directory (:func:`guard.kernel_dir`)."""
-    from jupyter_client.manager import AsyncKernelManager
-
-    class IPCKernelManager(AsyncKernelManager):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            private = guard.kernel_dir()
-            self.transport = "ipc"  # sockets are files in a private temporary directory
-            self.ip = str(private / "kernel")
-            self.connection_file = str(private / "connection.json")
-
-        async def _async_start_kernel(self, **kw: Any) -> None:
-            await super()._async_start_kernel(**kw)
-            _LIVE_KERNELS.add(self)  # Ctrl-C stops it (stop_kernels)
-            pid = getattr(getattr(self.provisioner, "process", None), "pid", None)
-            if pid:  # after a kill -9 of this process the next run stops its session
-                (Path(self.ip).parent / "kernel.pid").write_text(str(pid))
-
-        start_kernel = _async_start_kernel
-
-        async def _async_interrupt_kernel(self) -> None:
-            if getattr(self, "shutting_down", False):
-                return  # a SIGINT before the shutdown request only logs an ERROR in the kernel
-            await super()._async_interrupt_kernel()
-
-        interrupt_kernel = _async_interrupt_kernel
-
-        async def _async_cleanup_resources(self, restart: bool = False) -> None:
-            await super()._async_cleanup_resources(restart=restart)
-            if not restart:
-                _LIVE_KERNELS.discard(self)
-                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
-
-        cleanup_resources = _async_cleanup_resources
-
-    return IPCKernelManager
-
-
-def execute_notebook(path: Path, output: Path, parameters: dict[str, Any] | None = None,
-                     timeout_s: float = 600.0) -> None:
-    """papermill on the ``pipecomm`` kernel (IPC transport), from the notebooks' directory.
-
-    Example::
-
-        execute_notebook(Path("notebooks/01_lp_cost_model.ipynb"), Path("/tmp/out.ipynb"))
-    """
-    import papermill as pm
-
-    pm.execute_notebook(
-        str(path), str(output), parameters=parameters or {}, kernel_name=KERNEL,
-        cwd=str(path.parent), execution_timeout=int(timeout_s), progress_bar=False,
-        report_mode=False, kernel_manager_class=_ipc_kernel_manager(),
-    )
-
-
-def code_hash(exp: Experiment) -> str:
-    """The hash of the code a result of ``exp`` ran (:func:`pipecomm.lab.reuse.code_hash`)."""
-    return reuse.code_hash(exp.notebook)
-
-
-def calibration_of(base: Path) -> Path | None:
-    """E0's calibration in the run directory ``base``, which every later experiment reads."""
-    path = base / "E0" / "calibration.json"
-    return path if path.is_file() else None
-
-
-def stale_reason(exp: Experiment, out: Path, params: dict[str, Any]) -> str | None:
-    """Why ``out`` cannot stand in for a run of ``exp`` with ``params`` (one line), or None when
-    it is current: :func:`pipecomm.lab.reuse.stale_reason` with today's code and inputs (E0's
-    calibration beside ``out``)."""
-    inputs = reuse.inputs(exp.id, params, calibration_of(out.parent))
-    return reuse.stale_reason(out, params, code_hash(exp), inputs)
-
-
-def result_state(exp: Experiment, profile: str, out: Path | None = None,
-                 params: dict[str, Any] | None = None) -> str:
-    """``current`` (reusable with the profile's parameters, today's code and inputs, its files as
-    written), ``stale: <why>`` (there, but not reusable) or ``none`` -- of ``out`` (default
-    ``results/<profile>/<E>/``).
-
-    Example::
-
-        result_state(discover()["E1"], "cpu")   # 'stale: figure.png is missing'
-    """
-    out = RESULTS / profile / exp.id if out is None else out
-    if not out.is_dir() or not any(out.iterdir()):
-        return "none"
-    reason = stale_reason(exp, out, run_params(exp) if params is None else params)
-    return "current" if reason is None else f"stale: {reason}"
-
-
-def _shown_path(path: Path, start: Path = ROOT) -> str:
-    """``path`` relative to ``start`` when it lies in the repository (``..`` allowed), else as
-    it is."""
-    try:
-        path.resolve().relative_to(ROOT)
-    except ValueError:
-        return str(path)
-    return os.path.relpath(path.resolve(), start.resolve())
-
-
-def relocate_notebook(path: Path, out: Path, notebook: Path | None = None) -> None:
-    """Rewrite an executed notebook's recorded paths (the injected parameters cell's
-    ``out_dir``, papermill's metadata, outputs that print them or a file of this checkout) from
-    the temporary directory it ran in to ``out``, relative to the repository: ``out_dir`` as the
-    notebook opens it from notebooks/ (``"../results/cpu/E4"``), papermill's input and output
-    paths and other files from the repository root.
-
-    Example::
-
-        relocate_notebook(RESULTS / "cpu/E4/notebook.ipynb", RESULTS / "cpu/E4")
-    """
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    out_dir = _shown_path(out, NOTEBOOKS)
-    ran_in = None  # the directory it ran in, as the parameters cell recorded it
-    for cell in nb.cells:
-        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
-            found = re.search(r"(?m)^out_dir = (.*)$", cell.source)
-            with contextlib.suppress(ValueError, SyntaxError):
-                ran_in = ast.literal_eval(found.group(1)) if found else None
-            cell.source = re.sub(r"(?m)^out_dir = .*$", lambda _: f"out_dir = {json.dumps(out_dir)}",
-                                 cell.source)
-    swaps = [(ran_in, out_dir)] if isinstance(ran_in, str) and ran_in else []
-    swaps.append((f"{ROOT}/", ""))  # a warning's source file: relative to the repository
-    venv = (ROOT / ".venv").resolve()  # where a linked .venv lives (a worktree sharing one)
-    if venv != ROOT / ".venv":
-        swaps.append((f"{venv}/", ".venv/"))
-
-    def relative(text: str) -> str:
-        for old, new in swaps:
-            text = text.replace(old, new)
-        return text
-
-    for cell in nb.cells:  # outputs that show a path (a printed out_dir, a warning's file)
-        for output in cell.get("outputs", []):
-            if isinstance(output.get("text"), str):
-                output["text"] = relative(output["text"])
-            for key, value in output.get("data", {}).items():
-                if isinstance(value, str) and key.startswith("text/"):
-                    output["data"][key] = relative(value)
-    meta = nb.metadata.get("papermill")
-    if meta is not None:
-        if "out_dir" in (meta.get("parameters") or {}):
-            meta["parameters"]["out_dir"] = out_dir
-        if notebook is not None:
-            meta["input_path"] = _shown_path(notebook)
-        elif meta.get("input_path"):  # recorded on another machine: the same notebook here
-            meta["input_path"] = f"notebooks/{Path(meta['input_path']).name}"
-        meta["output_path"] = _shown_path(out / path.name)
-        meta.pop("cwd", None)
-    nbformat.write(nb, path)
-
-
-def run_experiment(exp: Experiment, profile: str, params: dict[str, Any], out: Path,
-                   timeout_factor: float = 3.0, code: str | None = None,
-                   keep_runs: bool = False) -> float:
-    """Execute the notebook into a temporary directory, record what it consists of and the
-    inputs it read, as they are after it ran (:func:`pipecomm.lab.reuse.write_manifest`), then
-    rename it to ``out``.
-
-    Args:
-        exp: the experiment (its notebook and budget).
-        profile: recorded in env.json.
-        params: the notebook's parameters (``out_dir`` is set here).
-        out: the final result directory.
-        timeout_factor: hard limit = factor x budget (at least 120 s).
-        code: the :func:`code_hash` recorded in env.json (computed when None).
-        keep_runs: keep the finished training runs (``.runs/`` beside ``out``) after success,
-            as an interruption keeps them (tests re-run from them).
-
-    Returns the wall time in seconds.
-    """
-    code = code if code is not None else code_hash(exp)
-    inputs = reuse.inputs(exp.id, params, calibration_of(out.parent))
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    limit = max(120.0, exp.budget_s * timeout_factor)
-    # finished training runs survive an interruption here (results.Runs): re-running resumes
-    # them while the code, the parameters and the inputs are the same
-    key = hashlib.sha256(json.dumps([code, results.json_roundtrip(params), inputs],
-                                    sort_keys=True).encode()).hexdigest()
-    runs_dir = out.parent / ".runs" / f"{out.name}-{key[:12]}"
-    os.environ[results.RUNS_ENV] = str(runs_dir)
-    start = time.perf_counter()
-    try:
-        results.write_json(tmp / "env.json", {"profile": profile})
-        with _run_progress(runs_dir, exp.id):
-            execute_notebook(exp.notebook, tmp / "notebook.ipynb",
-                             {**params, "out_dir": str(tmp)}, timeout_s=limit)
-        wall = time.perf_counter() - start
-        if not (tmp / "data.csv").exists():
-            raise RuntimeError(f"{exp.id}: the notebook finished without writing data.csv")
-        env = results.read_json(tmp / "env.json")
-        env |= {"profile": profile, "wall_time_s": wall, "budget_s": exp.budget_s,
-                "within_budget": wall <= exp.budget_s, "notebook": exp.notebook.name,
-                "code_hash": code}
-        if rehearsal.is_rehearsal(profile):  # what it replaced; that it decides nothing
-            env["rehearsal"] = rehearsal.record(exp)
-        results.write_json(tmp / "env.json", env)
-        relocate_notebook(tmp / "notebook.ipynb", out, exp.notebook)
-        if not (tmp / "params.json").exists():  # the key of its reuse, whatever the notebook wrote
-            results.write_json(tmp / "params.json", params)
-        # the inputs as the notebook left them: an experiment that fetches its data set (E7, E9
-        # of the gpu profile) finds an empty data_root before it runs and the files after
-        reuse.write_manifest(tmp, reuse.inputs(exp.id, params, calibration_of(out.parent)))
-        results.replace_dir(tmp, out)
-        if not keep_runs:
-            shutil.rmtree(runs_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                runs_dir.parent.rmdir()  # only when no other experiment keeps runs there
-        return wall
-    finally:
-        os.environ.pop(results.RUNS_ENV, None)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _run_progress(runs_dir: Path, eid: str, every_s: float = 2.0):
-    """A progress bar of an experiment's training runs (done, total, time remaining), read from
-    the ``progress.json`` that :class:`pipecomm.lab.results.Runs` writes inside the notebook."""
-    import threading
-
-    from tqdm.std import tqdm
-
-    stop = threading.Event()
-
-    def poll() -> None:
-        bar = None
-        while not stop.wait(every_s):
-            try:
-                prog = results.read_json(runs_dir / "progress.json")
-            except (OSError, ValueError):
-                continue
-            if bar is None:
-                bar = tqdm(total=prog["total"], desc=f"{eid} runs", unit="run", file=sys.stdout,
-                           leave=False, disable=not _is_terminal())
-            bar.n = prog["done"]
-            bar.set_postfix_str(f"~{prog['remaining_s'] / 60:.1f} min left")
-        if bar is not None:
-            bar.close()
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+from pipecomm.lab import claims, execute, guard, profiles, rehearsal, report, results, reuse, schema
 
 
 def reference_values(profile: str) -> dict[str, str] | None:
@@ -580,7 +48,7 @@ def reference_values(profile: str) -> dict[str, str] | None:
 
         reference_values("cpu")["C5.3"]   # 'mst/lp 1.52 [1.5, 1.54] (...) (PASS)'
     """
-    path = REFERENCE / profile / "claims.csv"
+    path = profiles.REFERENCE / profile / "claims.csv"
     if not path.exists():
         return None
     import pandas as pd
@@ -594,12 +62,12 @@ def reference_params(profile: str, eid: str) -> Any:
     ``artifact/reference/<profile>/<E>/``), None where the reference has none (a profile that
     extends another keeps only the experiments it changes)."""
     try:
-        return results.read_json(REFERENCE / profile / eid / "params.json")
+        return results.read_json(profiles.REFERENCE / profile / eid / "params.json")
     except (OSError, ValueError, UnicodeDecodeError):
         return None
 
 
-def override_rows(table: Any, profile: str, exp: Experiment, own: dict[str, Any]) -> Any:
+def override_rows(table: Any, profile: str, exp: profiles.Experiment, own: dict[str, Any]) -> Any:
     """The claims rows of ``exp`` decided on its run with the overrides ``own``, saying so: a
     ``parameters`` column (``world_size=4``), the statement prefixed with what ran (the
     statement itself is claims.yaml's, for the profile's parameters; the prediction is the
@@ -613,17 +81,17 @@ def override_rows(table: Any, profile: str, exp: Experiment, own: dict[str, Any]
         # '(default parameters) broadcast: best 47 KiB ... (PASS)'
     """
     rows = table[table.experiment == exp.id].copy()
-    text = override_text(own)
+    text = profiles.override_text(own)
     rows.insert(list(rows.columns).index("experiment") + 1, "parameters", text)
     rows["statement"] = [f"[this run: -p {text}; the statement is for the profile's "
                          f"parameters] {s}" for s in rows["statement"]]
     if "reference" in rows.columns:
-        same = results.json_roundtrip(run_params(exp, own)) == reference_params(profile, exp.id)
+        same = results.json_roundtrip(profiles.run_params(exp, own)) == reference_params(profile, exp.id)
         rows["reference"] = [_reference_for(str(v), same) for v in rows["reference"].fillna("")]
     return rows
 
 
-def override_claims(profile: str, selected: list[Experiment],
+def override_claims(profile: str, selected: list[profiles.Experiment],
                     overrides: dict[str, dict[str, Any]], dirs: dict[str, Path],
                     states: dict[str, str]) -> dict[Path, Any]:
     """The claims of runs with overrides, each decided on its own directory ``dirs[E]``
@@ -642,9 +110,9 @@ def override_claims(profile: str, selected: list[Experiment],
     for exp in selected:
         rows = override_rows(sub, profile, exp, overrides[exp.id])
         name = f"claims-{dirs[exp.id].name}"
-        _write_claims(RESULTS / profile, f"profile {profile}, {exp.id} with -p "
-                      f"{override_text(overrides[exp.id])}", rows, name)
-        found[RESULTS / profile / f"{name}.md"] = rows
+        _write_claims(profiles.RESULTS / profile, f"profile {profile}, {exp.id} with -p "
+                      f"{profiles.override_text(overrides[exp.id])}", rows, name)
+        found[profiles.RESULTS / profile / f"{name}.md"] = rows
     return found
 
 
@@ -667,14 +135,14 @@ def run_dir(profile: str, run: int = 1) -> Path:
     """
     if isinstance(run, bool) or not isinstance(run, int) or run < 1:
         raise ValueError(f"run must be an int >= 1, got {run!r}")
-    return RESULTS / profile if run == 1 else RESULTS / profile / f"run-{run}"
+    return profiles.RESULTS / profile if run == 1 else profiles.RESULTS / profile / f"run-{run}"
 
 
 def profile_claims(profile: str) -> list[dict[str, Any]]:
     """The claims a profile's table lists: those of the experiments it runs (E14's claims are
     not in the cpu profile's table), less those that claims.yaml limits to other profiles (a
     rehearsal lists the claims of the profile it rehearses)."""
-    runs = profile_runs(profile)
+    runs = profiles.profile_runs(profile)
     own = rehearsal.SOURCE if rehearsal.is_rehearsal(profile) else profile
     return [e for e in claims.load_claims() if (runs is None or e["experiment"] in runs)
             and (e["profiles"] is None or own in e["profiles"])]
@@ -697,14 +165,14 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
     """
     entries = profile_claims(profile)
     reference = reference_values(profile)
-    experiments = load_profile(profile, discover())
+    experiments = profiles.load_profile(profile, profiles.discover())
     tables = []
     for k in range(1, runs + 1):
         known = states[k - 1] if states and k <= len(states) else {}
         own = {}
         for eid, exp in experiments.items():
             out = dirs[eid] if dirs and k == 1 and eid in dirs else run_dir(profile, k) / eid
-            own[eid] = known.get(eid) or result_state(exp, profile, out)
+            own[eid] = known.get(eid) or reuse.result_state(exp, profile, out)
         table = claims.evaluate(entries, run_dir(profile, k), dirs=dirs if k == 1 else None,
                                 reference=reference, states=own)
         if rehearsal.is_rehearsal(profile):  # the checks ran; their verdicts decide nothing
@@ -722,7 +190,7 @@ def claims_table(profile: str, dirs: dict[str, Path] | None = None, write: bool 
         if rehearsal.is_rehearsal(profile):
             title = f"{rehearsal.BANNER} (results/{profile})"
             extra = rehearsal.replaced_markdown(experiments)
-        _write_claims(RESULTS / profile, title, table, extra=extra)
+        _write_claims(profiles.RESULTS / profile, title, table, extra=extra)
     return table
 
 
@@ -750,27 +218,27 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
 
     import nbformat
 
-    source = source or RESULTS / profile
-    dest = dest or REFERENCE / profile
-    runs = profile_runs(profile)
-    wanted = own_experiments(profile) if runs is not None else None
+    source = source or profiles.RESULTS / profile
+    dest = dest or profiles.REFERENCE / profile
+    runs = profiles.profile_runs(profile)
+    wanted = profiles.own_experiments(profile) if runs is not None else None
     if wanted is None:  # a self-contained profile keeps every experiment it runs
-        wanted = runs if runs is not None else list(discover())
+        wanted = runs if runs is not None else list(profiles.discover())
     missing = [e for e in wanted if not (source / e / "data.csv").exists()]
     if missing:
-        raise UsageError(f"{source} lacks results for {missing}: run them first")
+        raise profiles.UsageError(f"{source} lacks results for {missing}: run them first")
     repeats = sorted((d for d in source.glob("run-*") if (d / "claims.csv").exists()),
                      key=lambda d: int(d.name.split("-")[1]))
     for d in repeats:
         lacking = [e for e in wanted if not (d / e / "data.csv").exists()]
         if lacking:
-            raise UsageError(f"{d} lacks results for {lacking}: finish the run (--runs) first")
-    experiments = load_profile(profile, discover()) if runs is not None else discover()
+            raise profiles.UsageError(f"{d} lacks results for {lacking}: finish the run (--runs) first")
+    experiments = profiles.load_profile(profile, profiles.discover()) if runs is not None else profiles.discover()
     for d in [source, *repeats]:  # a reference is made of current results only
         for eid in wanted:
-            state = result_state(experiments[eid], profile, d / eid)
+            state = reuse.result_state(experiments[eid], profile, d / eid)
             if state != "current":
-                raise UsageError(f"{_shown_path(d / eid)}: {state}: run it again first")
+                raise profiles.UsageError(f"{profiles.shown_path(d / eid)}: {state}: run it again first")
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in repeats:  # independent repeats: their data and claims, no notebooks or figures
@@ -796,14 +264,11 @@ def save_reference(profile: str, source: Path | None = None, dest: Path | None =
             report.inline_figure(nb, src / "figure.png")
         report.tidy_streams(nb)  # a progress bar's redraws: its last line
         nbformat.write(nb, out / "notebook.ipynb")
-        relocate_notebook(out / "notebook.ipynb", source / eid)  # no machine's paths
+        execute.relocate_notebook(out / "notebook.ipynb", source / eid)  # no machine's paths
     for name in ("claims.md", "claims.csv"):
         shutil.copy2(source / name, tmp / name)
     results.replace_dir(tmp, dest)
     return dest
-
-
-# --------------------------------------------------------------------------- command line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -845,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reproduce the pipecomm experiments (notebooks executed with papermill) "
         "and check every claim.",
     )
-    p.add_argument("--profile", choices=PROFILE_NAMES, default=None, action=_Once,
+    p.add_argument("--profile", choices=profiles.PROFILE_NAMES, default=None, action=_Once,
                    help="parameter set (default: gpu if >= 2 GPUs are visible, else cpu)")
     p.add_argument("--only", nargs="+", metavar="E", default=None, action=_Once,
                    help="run (or --list) only these experiments (e.g. E0 E3)")
@@ -877,19 +342,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def select(experiments: dict[str, Experiment], only: list[str] | None,
-           profile: str) -> list[Experiment]:
+def select(experiments: dict[str, profiles.Experiment], only: list[str] | None,
+           profile: str) -> list[profiles.Experiment]:
     """The experiments ``--only`` names (all of the profile's without it); an id no profile
     has, or one another profile runs, is a :class:`UsageError`."""
     if not only:
         return list(experiments.values())
     bad = [e for e in only if e.upper() not in experiments]
-    elsewhere = {e: profiles_of(e.upper()) for e in bad}
+    elsewhere = {e: profiles.profiles_of(e.upper()) for e in bad}
     unknown = [e for e in bad if not elsewhere[e]]
     if unknown:
-        raise UsageError(f"unknown experiment id(s) {unknown}; available: {list(experiments)}")
+        raise profiles.UsageError(f"unknown experiment id(s) {unknown}; available: {list(experiments)}")
     if bad:
-        raise UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the profiles "
+        raise profiles.UsageError(f"experiment(s) {bad} are not in profile {profile!r}; the profiles "
                          f"that run them: {elsewhere}")
     return [experiments[e.upper()] for e in dict.fromkeys(only)]
 
@@ -899,82 +364,13 @@ def _short(value: Any, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def override_text(overrides: dict[str, Any]) -> str:
-    """``-p`` overrides as the command line gives them, names sorted.
-
-    Example::
-
-        override_text({"world_size": 4, "iters": 5})   # 'iters=5, world_size=4'
-    """
-    return ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
-
-
-def override_of(exp: Experiment, params: Any) -> dict[str, Any] | None:
-    """The ``-p`` overrides that turn the profile's parameters (:func:`run_params`) into
-    ``params`` (a result's params.json): every parameter whose value differs, and any the
-    experiment no longer has; None when ``params`` is not a JSON object.
-
-    Example::
-
-        override_of(exp_e4, {**run_params(exp_e4), "world_size": 4})   # {'world_size': 4}
-    """
-    if not isinstance(params, dict):
-        return None
-    base = results.json_roundtrip(run_params(exp))
-    return {k: v for k, v in params.items() if k not in base or base[k] != v}
-
-
-def override_state(exp: Experiment, profile: str, out: Path) -> tuple[str, dict[str, Any] | None]:
-    """How the override result ``out`` (``results/<profile>/<E>__.../``) stands, and the
-    overrides it was run with: the parameters of its params.json that its name names (a run
-    with ``-p`` of those writes there). Then :func:`result_state` against ``run_params(exp,
-    overrides)`` -- ``current`` when that ``-p`` run would reuse it, ``stale: <why>`` when the
-    profile, the code or a file changed since --; ``stale`` too when its params.json is
-    unreadable, names a parameter the experiment no longer has or does not give its name
-    (the overrides are then those that differ from the profile's, :func:`override_of`).
-
-    Example::
-
-        override_state(exp_e4, "cpu", RESULTS / "cpu/E4__world_size=4")
-        # ('current', {'world_size': 4})
-    """
-    try:
-        params = results.read_json(out / "params.json")
-    except (OSError, ValueError, UnicodeDecodeError):
-        params = None
-    if not isinstance(params, dict):
-        return "stale: params.json is missing or not a JSON object", None
-    named = {k: v for k, v in params.items()
-             if re.search(rf"(?:__|,){re.escape(str(k))}=", out.name)}
-    if named and override_dirname(exp.id, named) == out.name:
-        gone = sorted(set(named) - set(run_params(exp)))
-        if gone:
-            return f"stale: made with parameters {exp.id} no longer has ({', '.join(gone)})", named
-        return result_state(exp, profile, out, run_params(exp, named)), named
-    own = override_of(exp, params) or {}
-    shown = override_text(own) or "the profile's own parameters"
-    return (f"stale: its params.json holds {shown}, a run of which goes to "
-            f"{override_dirname(exp.id, own)}"), own
-
-
-def override_dirs(exp: Experiment, profile: str) -> list[Path]:
-    """Every override result of ``exp`` in ``results/<profile>/``: its ``<E>__*/`` folders.
-
-    Example::
-
-        override_dirs(exp_e4, "cpu")   # [PosixPath('results/cpu/E4__world_size=4')]
-    """
-    base = RESULTS / profile
-    return sorted(p for p in base.glob(f"{exp.id}__*") if p.is_dir()) if base.is_dir() else []
-
-
-def _param_rows(exp: Experiment, own: dict[str, Any]) -> list[str]:
+def _param_rows(exp: profiles.Experiment, own: dict[str, Any]) -> list[str]:
     """``--list``'s parameter rows of ``exp`` run with the overrides ``own``: name, value, a
     mark (``*`` the profile changes the notebook's default, ``-p`` the command line does),
     meaning."""
     from pipecomm.lab import meanings
 
-    params = run_params(exp, own)
+    params = profiles.run_params(exp, own)
     width = max((len(k) for k in params), default=0)
     rows = []
     for name, value in params.items():
@@ -986,27 +382,27 @@ def _param_rows(exp: Experiment, own: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _list_entry(exp: Experiment, profile: str, own: dict[str, Any]) -> list[str]:
+def _list_entry(exp: profiles.Experiment, profile: str, own: dict[str, Any]) -> list[str]:
     """``--list``'s lines for one experiment: its result with the profile's parameters and
     every override result (without ``-p``), or the result of the run with ``own``."""
     head = f"\n{exp.id:4} {exp.title:26} budget {exp.budget_s:5.0f} s   "
     if own:
-        out = RESULTS / profile / override_dirname(exp.id, own)
-        state = result_state(exp, profile, out, run_params(exp, own))
-        where = f" ({_shown_path(out)})" if state != "none" else ""
-        return [f"{head}with -p {override_text(own)}: result: {state}{where}",
+        out = profiles.RESULTS / profile / profiles.override_dirname(exp.id, own)
+        state = reuse.result_state(exp, profile, out, profiles.run_params(exp, own))
+        where = f" ({profiles.shown_path(out)})" if state != "none" else ""
+        return [f"{head}with -p {profiles.override_text(own)}: result: {state}{where}",
                 *_param_rows(exp, own)]
-    state = result_state(exp, profile)
-    where = f" ({_shown_path(RESULTS / profile / exp.id)})" if state != "none" else ""
+    state = reuse.result_state(exp, profile)
+    where = f" ({profiles.shown_path(profiles.RESULTS / profile / exp.id)})" if state != "none" else ""
     lines = [f"{head}result: {state}{where}"]
-    for out in override_dirs(exp, profile):
-        other, params = override_state(exp, profile, out)
-        shown = override_text(params) if params else out.name.split("__", 1)[-1]
-        lines.append(f"     with -p {shown}: result: {other} ({_shown_path(out)})")
+    for out in reuse.override_dirs(exp, profile):
+        other, params = reuse.override_state(exp, profile, out)
+        shown = profiles.override_text(params) if params else out.name.split("__", 1)[-1]
+        lines.append(f"     with -p {shown}: result: {other} ({profiles.shown_path(out)})")
     return lines + _param_rows(exp, {})
 
 
-def list_table(selected: list[Experiment], profile: str,
+def list_table(selected: list[profiles.Experiment], profile: str,
                overrides: dict[str, dict[str, Any]] | None = None) -> str:
     """``--list``: per experiment its budget and how ``results/<profile>/<E>/`` stands
     (:func:`result_state`), one line per override result ``<E>__.../`` (:func:`override_state`),
@@ -1032,14 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.rehearse:
-        return _main(parser, args, args.profile or auto_profile())
+        return _main(parser, args, args.profile or profiles.auto_profile())
     try:
         check_rehearse_options(args)
-    except UsageError as exc:
+    except profiles.UsageError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     # a loaded 2-core host: a rehearsal's hard limit is at least 5 x its budget
     args.timeout_factor = max(args.timeout_factor, 5.0)
-    with rehearsal.session(RESULTS / rehearsal.NAME):  # the stand-ins, for check and run
+    with rehearsal.session(profiles.RESULTS / rehearsal.NAME):  # the stand-ins, for check and run
         return _main(parser, args, rehearsal.NAME)
 
 
@@ -1054,14 +450,14 @@ def check_rehearse_options(args: argparse.Namespace) -> None:
         # UsageError: --rehearse rehearses the gpu profile only, not --profile cpu ...
     """
     if args.profile not in (None, rehearsal.SOURCE):
-        raise UsageError(f"--rehearse rehearses the {rehearsal.SOURCE} profile only, not "
+        raise profiles.UsageError(f"--rehearse rehearses the {rehearsal.SOURCE} profile only, not "
                          f"--profile {args.profile} (which runs on this machine as it is): use "
                          f"--profile {rehearsal.SOURCE} --rehearse")
     if args.save_reference or args.reference:
-        raise UsageError("a rehearsal is never a reference run: --rehearse takes no "
+        raise profiles.UsageError("a rehearsal is never a reference run: --rehearse takes no "
                          "--save-reference or --reference")
     if args.runs > 1:
-        raise UsageError("--rehearse runs once (it decides nothing, so repeats decide nothing "
+        raise profiles.UsageError("--rehearse runs once (it decides nothing, so repeats decide nothing "
                          "either): it takes no --runs")
 
 
@@ -1069,30 +465,30 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, profile: st
     """:func:`main` for ``profile`` (``gpu-rehearsal`` with ``--rehearse``)."""
     try:
         claims.load_claims()  # a broken claims.yaml is one line now, not after hours of runs
-        experiments = load_profile(profile, discover())
+        experiments = profiles.load_profile(profile, profiles.discover())
         selected = select(experiments, args.only, profile)
-        overrides = parse_overrides(args.param, selected)
+        overrides = profiles.parse_overrides(args.param, selected)
         if args.list:
             if args.param:  # a refused value is one line, as for a run
-                check_params(selected, overrides)
+                profiles.check_params(selected, overrides)
             print(list_table(selected, profile, overrides))
             return 0
         if args.runs > 1 and args.param:
-            raise UsageError("--runs repeats the profile's own parameters; it takes no -p")
+            raise profiles.UsageError("--runs repeats the profile's own parameters; it takes no -p")
         if args.reference and not args.report:
-            raise UsageError("--reference goes with --report (the reference run's report)")
+            raise profiles.UsageError("--reference goes with --report (the reference run's report)")
         if args.report:
             if args.param or args.only:
-                raise UsageError("--report shows a whole profile; it takes no --only or -p")
-            print(f"wrote {_shown_path(write_report(profile, reference=args.reference))}")
+                raise profiles.UsageError("--report shows a whole profile; it takes no --only or -p")
+            print(f"wrote {profiles.shown_path(write_report(profile, reference=args.reference))}")
             return 0
         if args.save_reference:  # then its report, which the copy replaced
-            print(f"wrote {save_reference(profile).relative_to(ROOT)}")
-            print(f"wrote {_shown_path(write_report(profile, reference=True))}")
+            print(f"wrote {save_reference(profile).relative_to(profiles.ROOT)}")
+            print(f"wrote {profiles.shown_path(write_report(profile, reference=True))}")
             return 0
-        check_profile_host(profile)
-        check_params(selected, overrides)
-    except (UsageError, schema.ConfigError, rehearsal.RehearsalError) as exc:  # one line
+        profiles.check_profile_host(profile)
+        profiles.check_params(selected, overrides)
+    except (profiles.UsageError, schema.ConfigError, rehearsal.RehearsalError) as exc:  # one line
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     return run(profile, selected, overrides, force=args.force,
                timeout_factor=args.timeout_factor, runs=args.runs,
@@ -1110,19 +506,19 @@ def write_report(profile: str, reference: bool = False) -> Path:
 
         write_report("cpu", reference=True)   # artifact/reference/cpu/report/index.html
     """
-    base = (REFERENCE if reference else RESULTS) / profile
+    base = (profiles.REFERENCE if reference else profiles.RESULTS) / profile
     title = f"{'reference run, ' if reference else ''}profile {profile}"
     if rehearsal.is_rehearsal(profile):
         title = f"{rehearsal.BANNER} (results/{profile})"
     try:
         return report.build(base, title=title)
     except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from exc
+        raise profiles.UsageError(str(exc)) from exc
 
-
-# --------------------------------------------------------------------------- failures, Ctrl-C
 
 _UNITS = {"ms": 1e-3, "us": 1e-6, "s": 1.0, "B/s": 1.0, "MB/s": 1e6, "GB/s": 1e9}
+
+
 _ADVICE = re.compile(r"(raise|lower) (\w+) to at (least|most) ([0-9.]+(?:e[+-]?\d+)?) "
                      r"(ms|us|s|B/s|MB/s|GB/s)")
 
@@ -1135,7 +531,7 @@ def _round(value: float, up: bool) -> float:
     return (math.ceil if up else math.floor)(value / scale - 1e-9 * up) * scale
 
 
-def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
+def host_too_slow_advice(exp: profiles.Experiment, text: str, overrides: dict[str, Any],
                          profile: str) -> str:
     """netem's HostTooSlow message in the terms of ``exp``'s parameters (``alpha_s`` of E0's
     network is ``emu_alpha_s``; of E10-E13's, ``intra_alpha_s``), ending with the command that
@@ -1146,7 +542,7 @@ def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
         host_too_slow_advice(discover()["E0"], "...; raise alpha_s to at least 2.48 ms", {},
                              "cpu")   # '...; raise emu_alpha_s ...: ./run_all.sh ... -p emu_alpha_s=0.0025'
     """
-    names = set(exp.defaults) - set(RESERVED)
+    names = set(exp.defaults) - set(profiles.RESERVED)
     fixes: list[str] = []
 
     def rename(match: re.Match) -> str:
@@ -1162,7 +558,7 @@ def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
         return text
     given = [f"-p {shlex.quote(f'{k}={v}')}" for k, v in overrides.items()
              if not fixes[0].startswith(f"-p {k}=")]
-    prof = "" if profile == auto_profile() else f" --profile {profile}"
+    prof = "" if profile == profiles.auto_profile() else f" --profile {profile}"
     load = ""
     with contextlib.suppress(OSError, AttributeError):
         load = f" (load average now {os.getloadavg()[0] / (os.cpu_count() or 1):.1f} per core)"
@@ -1170,7 +566,7 @@ def host_too_slow_advice(exp: Experiment, text: str, overrides: dict[str, Any],
             f"{' '.join([*given, fixes[0]])}")
 
 
-def failure_message(exp: Experiment, exc: BaseException, overrides: dict[str, Any],
+def failure_message(exp: profiles.Experiment, exc: BaseException, overrides: dict[str, Any],
                     profile: str) -> str:
     """One line on why an experiment failed: the notebook's exception (papermill's ``ename``
     and ``evalue``), without its source lines; a HostTooSlow names the experiment's parameter
@@ -1184,23 +580,6 @@ def failure_message(exp: Experiment, exc: BaseException, overrides: dict[str, An
     if ename == "HostTooSlow":
         text = host_too_slow_advice(exp, text, overrides, profile)
     return f"{ename}: {text}"
-
-
-_LIVE_KERNELS: set[Any] = set()
-
-
-def stop_kernels() -> bool:
-    """Kill every kernel this process runs, with its process group (the kernel's ranks and fork
-    server); True when there was one."""
-    stopped = False
-    for km in list(_LIVE_KERNELS):
-        proc = getattr(getattr(km, "provisioner", None), "process", None)
-        pid = getattr(proc, "pid", None)
-        if pid:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)  # the kernel leads its own session
-            stopped = True
-    return stopped
 
 
 class _Interrupt:
@@ -1223,7 +602,7 @@ class _Interrupt:
 
         self.signum = signum
         logging.disable(logging.CRITICAL)  # the notebook's failure is ours: no tracebacks
-        if not stop_kernels():
+        if not execute.stop_kernels():
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
@@ -1306,11 +685,11 @@ def where_result(out: Path) -> str:
 
         where_result(RESULTS / "cpu/E4")   # 'figure results/cpu/E4/figure.png, data results/...'
     """
-    parts = [f"figure {_shown_path(out / 'figure.png')}"] if (out / "figure.png").exists() else []
-    return ", ".join([*parts, f"data {_shown_path(out / 'data.csv')}"])
+    parts = [f"figure {profiles.shown_path(out / 'figure.png')}"] if (out / "figure.png").exists() else []
+    return ", ".join([*parts, f"data {profiles.shown_path(out / 'data.csv')}"])
 
 
-def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
+def run(profile: str, selected: list[profiles.Experiment], overrides: dict[str, dict[str, Any]],
         force: bool = False, timeout_factor: float = 3.0, runs: int = 1,
         report_after: bool = False) -> int:
     """Run ``selected`` (reusing current results) ``runs`` times, independently (run k in
@@ -1321,7 +700,7 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
     Holds ``results/<profile>/.lock`` throughout (:func:`pipecomm.lab.guard.locked`) and first
     removes what killed runs left there; a result that is not current says why in one line
     before it runs again."""
-    base = RESULTS / profile
+    base = profiles.RESULTS / profile
     try:
         guard.check_writable(base)
         with guard.locked(base):
@@ -1335,13 +714,13 @@ def run(profile: str, selected: list[Experiment], overrides: dict[str, dict[str,
         return 2
     if report_after and status in (0, 1):
         try:
-            print(f"report: {_shown_path(write_report(profile))}")
-        except (UsageError, OSError) as exc:
+            print(f"report: {profiles.shown_path(write_report(profile))}")
+        except (profiles.UsageError, OSError) as exc:
             print(f"report not written: {exc}", file=sys.stderr)
     return status
 
 
-def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, dict[str, Any]],
+def _run_locked(profile: str, selected: list[profiles.Experiment], overrides: dict[str, dict[str, Any]],
                 force: bool, timeout_factor: float, runs: int) -> int:
     from tqdm.std import tqdm
 
@@ -1352,12 +731,12 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
     bar = None
     try:
         with guard_.installed():
-            ensure_kernel()
+            execute.ensure_kernel()
             total = sum(e.budget_s for e in selected) * runs
             times = f" x {runs} independent runs" if runs > 1 else ""
             if rehearsal.is_rehearsal(profile):
                 print(rehearsal.BANNER, flush=True)
-                for line in rehearsal.findings(load_profile(profile, discover())):
+                for line in rehearsal.findings(profiles.load_profile(profile, profiles.discover())):
                     print(f"found: {line}", flush=True)
             print(f"profile {profile}: {len(selected)} experiment(s){times}, budget "
                   f"{total / 60:.1f} min", flush=True)
@@ -1365,21 +744,21 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
                 base = run_dir(profile, k)
                 label = f"run {k}/{runs} " if runs > 1 else ""
                 bar = tqdm(selected, desc=f"{label}experiments", unit="exp", file=sys.stdout,
-                           disable=not _is_terminal())
+                           disable=not execute.is_terminal())
                 for exp in bar:
                     if guard_.interrupted:  # Ctrl-C as a notebook finished: it was kept
                         raise KeyboardInterrupt
                     current = f"{label}{exp.id}"
                     bar.set_postfix_str(exp.id)
                     own = overrides.get(exp.id, {})
-                    params = run_params(exp, own)
-                    out = base / override_dirname(exp.id, own)
+                    params = profiles.run_params(exp, own)
+                    out = base / profiles.override_dirname(exp.id, own)
                     if k == 1:
                         dirs[exp.id] = out
-                    calibration = calibration_of(base)
+                    calibration = reuse.calibration_of(base)
                     if calibration is not None:
                         os.environ["PIPECOMM_CALIBRATION"] = str(calibration)
-                    state = result_state(exp, profile, out, params)
+                    state = reuse.result_state(exp, profile, out, params)
                     if not force and state == "current":
                         states[k - 1][exp.id] = "current"
                         tqdm.write(f"{label}{exp.id}: current, reused: {where_result(out)}")
@@ -1387,7 +766,7 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
                     if state.startswith("stale"):
                         tqdm.write(f"{label}{exp.id}: {state}; running it again")
                     try:
-                        wall = run_experiment(exp, profile, params, out, timeout_factor)
+                        wall = execute.run_experiment(exp, profile, params, out, timeout_factor)
                     except Exception as exc:
                         if guard_.interrupted:
                             raise KeyboardInterrupt from None
@@ -1408,14 +787,14 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
             table = claims_table(profile, write=True, runs=runs, states=states)
     except KeyboardInterrupt:
         with _quiet():
-            stop_kernels()
+            execute.stop_kernels()
             if bar is not None:
                 bar.close()
         term = guard_.signum == signal.SIGTERM
         print(f"\n{interrupted_line(current, finished, 'terminated' if term else 'interrupted')}",
               flush=True)
         return 128 + (guard_.signum or signal.SIGINT)
-    base = RESULTS / profile
+    base = profiles.RESULTS / profile
     extra = {k: v for k, v in dirs.items() if v.name != k}
     if extra:  # the runs with overrides are judged on their own directories, and say so
         import pandas as pd
@@ -1424,16 +803,16 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
                               extra, states[0])
         table = pd.concat([table[~table.experiment.isin(list(extra))], *own.values()])
         table = table.fillna("")
-        shown = ", ".join(_shown_path(p) for p in own)
+        shown = ", ".join(profiles.shown_path(p) for p in own)
         print(f"\nclaims of {', '.join(extra)} on the run(s) with -p overrides (with their "
               f"statements, predictions and references: {shown}):")
     print()
     print(claims_report(table, list(dirs), profile), end="")
     over = f", {runs} independent runs" if runs > 1 else ""
     print(f"(all claims of profile {profile}, default parameters{over}: "
-          f"{_shown_path(base / 'claims.md')})")
+          f"{profiles.shown_path(base / 'claims.md')})")
     if rehearsal.is_rehearsal(profile):
-        print(f"{rehearsal.BANNER}; what it replaced: {_shown_path(base / 'claims.md')} and "
+        print(f"{rehearsal.BANNER}; what it replaced: {profiles.shown_path(base / 'claims.md')} and "
               f"each experiment's env.json (rehearsal)")
     if failures:
         print(f"experiments that failed: {', '.join(failures)} (their claims above are "
@@ -1443,16 +822,7 @@ def _run_locked(profile: str, selected: list[Experiment], overrides: dict[str, d
     return 0
 
 
-def _is_terminal() -> bool:
-    """Whether stdout is a terminal: progress bars only there (a log gets one line per
-    experiment, the lines :func:`run` prints)."""
-    try:
-        return sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def budget_note(exp: Experiment, wall: float) -> str:
+def budget_note(exp: profiles.Experiment, wall: float) -> str:
     """A calm note when a run took longer than its budget, with the host's load.
 
     Example::
@@ -1470,3 +840,4 @@ def budget_note(exp: Experiment, wall: float) -> str:
 if __name__ == "__main__":
     with contextlib.suppress(BrokenPipeError):
         sys.exit(main())
+

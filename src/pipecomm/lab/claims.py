@@ -963,16 +963,23 @@ def count_line(table: pd.DataFrame) -> str:
 
         count_line(table)   # '13 PASS, 6 FAIL, 7 INCONCLUSIVE, 1 UNSTABLE, 0 ERROR, ...'
     """
-    counts = table["verdict"].value_counts().to_dict()
-    others = [k for k in counts if k not in VERDICTS]  # a rehearsal's REHEARSED, NOT DECIDED
-    shown = VERDICTS if not others or set(counts) & set(VERDICTS) else ()
-    line = ", ".join([f"{counts.get(k, 0)} {k}" for k in shown] +
-                     [f"{counts[k]} {k}" for k in others])
+    line = _counts(table)
     if "result" in table.columns:
         old = int((~table["result"].isin(["", "current"])).sum())
         if old:
             line += f" ({old} decided on results that are not current: see the result column)"
     return line
+
+
+def _counts(table: pd.DataFrame, leave_out: tuple[str, ...] = ()) -> str:
+    """``"13 PASS, 6 FAIL, ..."``: every verdict of :data:`VERDICTS` but ``leave_out``, or, for
+    a table of other words only (a rehearsal's REHEARSED, NOT DECIDED), those words."""
+    counts = table["verdict"].value_counts().to_dict()
+    others = [k for k in counts if k not in VERDICTS]
+    shown = [k for k in VERDICTS if k not in leave_out] \
+        if not others or set(counts) & set(VERDICTS) else []
+    return ", ".join([f"{counts.get(k, 0)} {k}" for k in shown] +
+                     [f"{counts[k]} {k}" for k in others])
 
 
 def paper_line(table: pd.DataFrame) -> str:
@@ -991,12 +998,11 @@ def paper_line(table: pd.DataFrame) -> str:
     if "kind" not in table.columns or not (table["kind"] == PAPER).any():
         return ""
     sub = table[table["kind"] == PAPER]
-    counts = sub["verdict"].value_counts().to_dict()
     line = (f"papers' claims: {len(sub)} coded check{'s' if len(sub) != 1 else ''}: "
-            + ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS if k != MODEL))
+            + _counts(sub, leave_out=(MODEL,)))
     if "bar" in sub.columns:
         model = [f"{r.claim} ({r.verdict})" for r in sub.itertuples() if r.bar == BAR_MODEL]
-        if model:
+        if model and sub["verdict"].isin(VERDICTS).any():  # not for a rehearsal's table
             line += ("; threshold from pipecomm's own model (a PASS is against its model, not "
                      "the paper's number): " + ", ".join(model))
     return line

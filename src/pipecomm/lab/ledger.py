@@ -87,21 +87,21 @@ def regime_hash(params: dict[str, Any]) -> str:
 def regimes(entries: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Claim id -> {profile: regime hash} for every profile that lists the claim (it runs the
     claim's experiment and the claim's ``profiles`` admit it): the hash of the parameters the
-    experiment runs with there (:func:`pipecomm.lab.artifact.run_params`).
+    experiment runs with there (:func:`pipecomm.lab.profiles.run_params`).
 
     Example::
 
         regimes(claims.load_claims())["C5.4"]   # {'cpu': '...', 'cpu-full': '...', ...}
     """
-    from pipecomm.lab import artifact, results
+    from pipecomm.lab import profiles, results
 
-    found = artifact.discover()
+    found = profiles.discover()
     per_profile: dict[str, dict[str, str]] = {}
-    for name in artifact.PROFILE_NAMES:
-        if not (artifact.PROFILES / f"{name}.yaml").exists():
+    for name in profiles.PROFILE_NAMES:
+        if not (profiles.PROFILES / f"{name}.yaml").exists():
             continue
-        exps = artifact.load_profile(name, copy.deepcopy(found))
-        per_profile[name] = {eid: regime_hash(results.json_roundtrip(artifact.run_params(e)))
+        exps = profiles.load_profile(name, copy.deepcopy(found))
+        per_profile[name] = {eid: regime_hash(results.json_roundtrip(profiles.run_params(e)))
                              for eid, e in exps.items() if eid in found}
     out = {}
     for e in entries:

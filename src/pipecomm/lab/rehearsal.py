@@ -390,14 +390,14 @@ def _special(eid: str, name: str, value: Any, data_root: str) -> Rule | None:
 
 def derive(experiments: Mapping[str, Any], data_root: str = f"results/{NAME}/{DATA}"
            ) -> dict[str, Any]:
-    """The rehearsal's experiments from the profile's (``pipecomm.lab.artifact.Experiment``s):
+    """The rehearsal's experiments from the profile's (``pipecomm.lab.profiles.Experiment``s):
     copies whose ``profile_params`` are :func:`rehearse`'s parameters (``data_root``: where the
     data stand-ins are), whose ``replaced`` records what it replaced and whose budget is
     :data:`BUDGET_S` (or the profile's, when smaller).
 
     Example::
 
-        derive(artifact.load_profile("gpu", artifact.discover()))["E7"].replaced["seeds"]
+        derive(profiles.load_profile("gpu", profiles.discover()))["E7"].replaced["seeds"]
         # {'gpu': [0, 1, 2, 3, 4], 'rehearsal': [0, 1], 'rule': 'the first 2'}
     """
     out = {}
@@ -472,7 +472,7 @@ def findings(experiments: Mapping[str, Any]) -> list[str]:
 
     Example::
 
-        findings(derive(artifact.load_profile("gpu", artifact.discover())))
+        findings(derive(profiles.load_profile("gpu", profiles.discover())))
         # [] (or 'gpu profile, E3: iters=2 gives its timed claims 2 repeats, fewer than ...')
     """
     from pipecomm.lab import claims

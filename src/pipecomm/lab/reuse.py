@@ -20,10 +20,11 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
-from pipecomm.lab import results
+from pipecomm.lab import profiles, results
 
 ROOT = results.REPO_ROOT
 SRC = ROOT / "src"
@@ -256,4 +257,82 @@ def stale_reason(out: Path, params: dict[str, Any], code: str,
         names = ["E0's calibration.json" if k == "calibration" else k for k in changed]
         return f"its input {', '.join(names[:3])} changed since it ran"
     return None
+
+
+# --------------------------------------------------------------------------- a result's state
+
+
+def calibration_of(base: Path) -> Path | None:
+    """E0's calibration in the run directory ``base``, which every later experiment reads."""
+    path = base / "E0" / "calibration.json"
+    return path if path.is_file() else None
+
+
+def why_stale(exp: profiles.Experiment, out: Path, params: dict[str, Any]) -> str | None:
+    """Why ``out`` cannot stand in for a run of ``exp`` with ``params`` (one line), or None when
+    it is current: :func:`stale_reason` with today's code and inputs (E0's
+    calibration beside ``out``)."""
+    used = inputs(exp.id, params, calibration_of(out.parent))
+    return stale_reason(out, params, code_hash(exp.notebook), used)
+
+
+def result_state(exp: profiles.Experiment, profile: str, out: Path | None = None,
+                 params: dict[str, Any] | None = None) -> str:
+    """``current`` (reusable with the profile's parameters, today's code and inputs, its files as
+    written), ``stale: <why>`` (there, but not reusable) or ``none`` -- of ``out`` (default
+    ``results/<profile>/<E>/``).
+
+    Example::
+
+        result_state(discover()["E1"], "cpu")   # 'stale: figure.png is missing'
+    """
+    out = profiles.RESULTS / profile / exp.id if out is None else out
+    if not out.is_dir() or not any(out.iterdir()):
+        return "none"
+    reason = why_stale(exp, out, profiles.run_params(exp) if params is None else params)
+    return "current" if reason is None else f"stale: {reason}"
+
+
+def override_state(exp: profiles.Experiment, profile: str, out: Path) -> tuple[str, dict[str, Any] | None]:
+    """How the override result ``out`` (``results/<profile>/<E>__.../``) stands, and the
+    overrides it was run with: the parameters of its params.json that its name names (a run
+    with ``-p`` of those writes there). Then :func:`result_state` against ``run_params(exp,
+    overrides)`` -- ``current`` when that ``-p`` run would reuse it, ``stale: <why>`` when the
+    profile, the code or a file changed since --; ``stale`` too when its params.json is
+    unreadable, names a parameter the experiment no longer has or does not give its name
+    (the overrides are then those that differ from the profile's, :func:`override_of`).
+
+    Example::
+
+        override_state(exp_e4, "cpu", RESULTS / "cpu/E4__world_size=4")
+        # ('current', {'world_size': 4})
+    """
+    try:
+        params = results.read_json(out / "params.json")
+    except (OSError, ValueError, UnicodeDecodeError):
+        params = None
+    if not isinstance(params, dict):
+        return "stale: params.json is missing or not a JSON object", None
+    named = {k: v for k, v in params.items()
+             if re.search(rf"(?:__|,){re.escape(str(k))}=", out.name)}
+    if named and profiles.override_dirname(exp.id, named) == out.name:
+        gone = sorted(set(named) - set(profiles.run_params(exp)))
+        if gone:
+            return f"stale: made with parameters {exp.id} no longer has ({', '.join(gone)})", named
+        return result_state(exp, profile, out, profiles.run_params(exp, named)), named
+    own = profiles.override_of(exp, params) or {}
+    shown = profiles.override_text(own) or "the profile's own parameters"
+    return (f"stale: its params.json holds {shown}, a run of which goes to "
+            f"{profiles.override_dirname(exp.id, own)}"), own
+
+
+def override_dirs(exp: profiles.Experiment, profile: str) -> list[Path]:
+    """Every override result of ``exp`` in ``results/<profile>/``: its ``<E>__*/`` folders.
+
+    Example::
+
+        override_dirs(exp_e4, "cpu")   # [PosixPath('results/cpu/E4__world_size=4')]
+    """
+    base = profiles.RESULTS / profile
+    return sorted(p for p in base.glob(f"{exp.id}__*") if p.is_dir()) if base.is_dir() else []
 
