@@ -203,3 +203,10 @@ def test_readme_jupyter_command_runs_as_root():
     app.parse_command_line(argv[2:])
     assert app.extra_args == [] and app.config.ServerApp.root_dir == "."
     assert ServerApp(config=app.config).allow_root is True
+
+
+def test_readme_is_a_short_users_guide():
+    """The library's guide first, the lab's in docs/lab.md: README at most 300 lines."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail to docs/"
+    assert lines.index("## The library") < lines.index("## The lab: reproducing the papers")
