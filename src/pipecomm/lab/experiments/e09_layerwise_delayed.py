@@ -307,6 +307,27 @@ def plot(df: pd.DataFrame, **params: Any):
 # --------------------------------------------------------------------------- claims
 
 
+def example_run(layerwise_s: float = 0.032) -> pd.DataFrame:
+    """A synthetic run for the claims' examples: five runs of three iterations of each method at
+    a fixed time per batch (sync 36 ms, delayed-1/-2 24 ms, layer-wise ``layerwise_s``, nocomm
+    20 ms; run r 1% slower per r) and the calibration row of the timing model (layer-wise 32 ms).
+
+    Example::
+
+        >>> sorted(example_run().method.dropna().unique())
+        ['delayed-1', 'delayed-2', 'layerwise', 'nocomm', 'sync']
+    """
+    times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": layerwise_s,
+             "nocomm": 0.020}
+    rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
+             "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
+             "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
+            for m, t in times.items() for r in range(5) for i in range(3)]
+    cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
+           "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
+    return pd.DataFrame(rows + [cal])
+
+
 def _calibrated_model(df: pd.DataFrame, column: str) -> float:
     """The timing model's time per batch ``column`` over sync's, from the run's calibration."""
     claims.require_columns(df, "kind", "model_sync_s", column)
@@ -323,16 +344,7 @@ def predict_delayed_faster(df: pd.DataFrame) -> str:
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> predict_delayed_faster(df)
         "model ratio 0.67 (1.50x faster) from this run's calibrated compute and AllReduce"
     """
@@ -347,16 +359,7 @@ def predict_layerwise_not_slower(df: pd.DataFrame) -> str:
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> predict_layerwise_not_slower(df)                   # doctest: +ELLIPSIS
         "bucket-schedule model ratio 0.89 (communication hidden behind the backward pass only), ..."
     """
@@ -377,16 +380,7 @@ def check_delayed_faster(df: pd.DataFrame, methods: list[str], max_ratio: float,
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> check_delayed_faster(df, ["delayed-1", "delayed-2"], 1.0, "none").verdict
         'PASS'
     """
@@ -412,16 +406,7 @@ def predict_efficiency(df: pd.DataFrame, methods: list[str]) -> str:
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> predict_efficiency(df, ["delayed-1"])
         "model efficiency 0.83 for delayed-1 (sync 0.56) from this run's calibrated compute and AllReduce"
     """
@@ -442,16 +427,7 @@ def check_efficiency(df: pd.DataFrame, methods: list[str], tolerance: float,
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> check_efficiency(df, ["delayed-1", "delayed-2"], 0.25, "none").verdict
         'PASS'
     """
@@ -481,16 +457,7 @@ def check_layerwise_not_slower(df: pd.DataFrame, max_ratio: float) -> claims.Ver
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.032,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> df = pd.DataFrame(rows + [cal])
+        >>> df = example_run()
         >>> check_layerwise_not_slower(df, 1.0)                  # doctest: +ELLIPSIS
         Verdict(measured='layerwise / sync 0.889 [0.863, 0.915]x (5 training runs (seeds))', threshold='<= 1x (95% interval)', verdict='PASS', reason='95% interval [0.863, 0.915] at or below the threshold 1')
     """
@@ -510,10 +477,7 @@ def predict_layerwise_short(df: pd.DataFrame, against: str) -> str:
 
     Example::
 
-        >>> import pandas as pd
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> print(predict_layerwise_short(pd.DataFrame([cal]), "delayed-1"))  # doctest: +ELLIPSIS
+        >>> print(predict_layerwise_short(example_run(), "delayed-1"))  # doctest: +ELLIPSIS
         bucket-schedule model: layer-wise / sync 0.89, so a layer-wise that met it would fail ...
     """
     lw = _calibrated_model(df, "model_layerwise_s")
@@ -536,16 +500,8 @@ def check_layerwise_short(df: pd.DataFrame, tolerance: float, against: str,
 
     Example::
 
-        >>> import pandas as pd
-        >>> times = {"sync": 0.036, "delayed-1": 0.024, "delayed-2": 0.024, "layerwise": 0.038,
-        ...          "nocomm": 0.020}                                   # seconds per batch
-        >>> rows = [{"kind": "iteration", "method": m, "seed": r, "run": r, "iteration": i, "skip": 1,
-        ...          "compute_s": 0.02, "launch_s": 0.0, "comm_s": t - 0.02, "compress_s": 0.0,
-        ...          "update_s": 0.0, "iter_s": t * (1 + 0.01 * r), "loss": 1.0}
-        ...         for m, t in times.items() for r in range(5) for i in range(3)]
-        >>> cal = {"kind": "calibration", "model_sync_s": 0.036, "model_pipe_s": 0.024,
-        ...        "model_layerwise_s": 0.032, "model_nocomm_s": 0.020}
-        >>> check_layerwise_short(pd.DataFrame(rows + [cal]), 0.1, "delayed-1", 1.0).measured
+        >>> df = example_run(layerwise_s=0.038)
+        >>> check_layerwise_short(df, 0.1, "delayed-1", 1.0).measured
         'layerwise / sync 1.06 [1.03, 1.09]x against the model 0.889x: +19% [+15%, +22%]; layerwise / delayed-1 1.58 [1.54, 1.63]x (5 training runs (seeds))'
     """
     claims.require_columns(df, "kind", "method", "seed", "iteration", "iter_s", "comm_s", "run")
