@@ -280,7 +280,7 @@ def test_the_shipped_configuration_passes_its_schemas():
 
 _ORCHESTRATOR = """
 import pathlib, sys
-from pipecomm.lab import artifact
+from pipecomm.lab import artifact, profiles
 profiles.RESULTS = pathlib.Path(sys.argv[1])
 exp = profiles.Experiment("E98", pathlib.Path(sys.argv[2]), {}, budget_s=30)
 sys.exit(artifact.run("cpu", [exp], {}))
