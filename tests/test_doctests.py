@@ -24,6 +24,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.cli",
     "pipecomm.lab.networks.cluster.host",
     "pipecomm.lab.networks.cluster.job",
+    "pipecomm.lab.networks.cluster.probes",
     "pipecomm.lab.networks.cluster.programs",
     "pipecomm.lab.networks.cluster.slurm",
     "pipecomm.lab.networks.cluster.virtual",

@@ -106,6 +106,34 @@ def chain_bandwidth(nbytes: int, iters: int = 3, stride: int = 1, best: bool = F
     return messages * nbytes / (times[0] if best else times[len(times) // 2])
 
 
+def link_model(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A link's ``{"alpha_s", "bandwidth_Bps", "fit", "rows"}`` from :func:`link_bandwidth`'s rows:
+    the alpha-beta fit (``time = alpha + n / B``, alpha clipped at 0, ``fit="alpha-beta"``),
+    or, where noise makes the fitted per-byte time <= 0 (an unshaped loopback link on a loaded
+    host), the fastest measured rate and the smallest message's time as alpha
+    (``fit="fastest-rate"``): a finite, conservative link instead of an infinite bandwidth.
+
+    Args:
+        rows: dicts with ``nbytes``, ``time_s`` and ``bandwidth_Bps``, >= 2 distinct sizes.
+
+    Example:
+        >>> rows = [{"nbytes": 1000, "time_s": 2e-3, "bandwidth_Bps": 5e5},
+        ...         {"nbytes": 9000, "time_s": 1e-3, "bandwidth_Bps": 9e6}]
+        >>> m = link_model(rows)
+        >>> m["fit"], m["bandwidth_Bps"], m["alpha_s"]
+        ('fastest-rate', 9000000.0, 0.002)
+    """
+    from pipecomm.lab.networks import cost
+
+    alpha, beta = cost.fit_alpha_beta([r["nbytes"] for r in rows], [r["time_s"] for r in rows])
+    if beta > 0:
+        return {"alpha_s": max(float(alpha), 0.0), "bandwidth_Bps": float(1.0 / beta),
+                "fit": "alpha-beta", "rows": list(rows)}
+    return {"alpha_s": float(min(rows, key=lambda r: r["nbytes"])["time_s"]),
+            "bandwidth_Bps": float(max(r["bandwidth_Bps"] for r in rows)),
+            "fit": "fastest-rate", "rows": list(rows)}
+
+
 def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,
               host_margin: float = 0.9, configured_Bps: float | None = None) -> dict[str, Any]:
     """Rank function: the cluster's links as the cost models see them, and a check that the
@@ -131,8 +159,6 @@ def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,
     """
     import torch.distributed as dist
 
-    from pipecomm.lab.networks import cost
-
     if len(set(sizes)) < 2:
         raise ValueError(f"sizes must hold >= 2 message sizes to fit alpha and beta, got {sizes!r}")
 
@@ -140,10 +166,7 @@ def calibrate(sizes: Sequence[int], iters: int = 5, ranks_per_node: int = 1,
         rows = link_bandwidth(sizes, iters, src, dst)
         out = [None]
         if dist.get_rank() == src:
-            alpha, beta = cost.fit_alpha_beta([r["nbytes"] for r in rows],
-                                              [r["time_s"] for r in rows])
-            out = [{"alpha_s": float(alpha), "bandwidth_Bps": float(1.0 / beta) if beta > 0
-                    else float("inf"), "rows": rows}]
+            out = [link_model(rows)]
         dist.broadcast_object_list(out, src=src)
         return out[0]
 
