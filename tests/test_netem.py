@@ -708,3 +708,20 @@ def test_pool_probes_again_after_a_failed_probe(monkeypatch):
     with emulated_pool(2, Network(5e-3, 10e6), 64 * KiB, timeout_s=60) as ranks:
         assert ranks.world_size == 2
     assert calls == [False, True]  # the second probe raises if it fails too
+
+
+def test_a_busy_host_skips_a_test_with_the_probes_reason_and_nothing_else():
+    """conftest turns a failure that is the host probe's (raised directly, by a rank, inside a
+    notebook) into a skip naming it; any other failure stays a failure."""
+    from conftest import busy_host_reason
+
+    from pipecomm.lab.networks.netem import HostTooSlow
+
+    assert "relax alpha_s" in busy_host_reason(HostTooSlow("real step 3 ms > 1 ms: relax alpha_s"))
+    rank = RuntimeError("rank 0: ClusterError('this host cannot carry 4 shaped node links at once')")
+    assert "cannot carry 4" in busy_host_reason(rank)
+    notebook = RuntimeError("cell 3 failed")
+    notebook.ename, notebook.evalue = "HostTooSlow", "the real transfer was slower"
+    assert busy_host_reason(notebook)
+    assert busy_host_reason(AssertionError("assert 1.2 < 1.1")) is None
+    assert busy_host_reason(ValueError("bandwidth_Bps must be positive")) is None
