@@ -377,7 +377,7 @@ def _special(eid: str, name: str, value: Any, data_root: str) -> Rule | None:
         if value in STANDINS:
             return Rule("kept; its files are a generated stand-in in the official format "
                         "(checksums, splits, normalisation as for the real one)", lambda v: v)
-        if value != "digits":
+        if value not in ("digits", "teacher"):
             raise RehearsalError(f"{eid}: parameter dataset={value!r} has no stand-in for a "
                                  f"rehearsal (there are stand-ins for {list(STANDINS)}; "
                                  f"'digits' ships with scikit-learn)")

@@ -7,6 +7,11 @@ ratio in that direction, up to ``extend`` times, so that the chosen rate has a w
 side (docs/experiments.md, "Learning rates"). A comparison whose rates were not selected this way
 is undecided (:func:`sweep_gaps`).
 
+Round two (issue 45) also chooses each method's momentum, jointly with its rate
+(:func:`select_rate_momentum`), by a rule robust to divergence (:data:`SELECTION_RULES`): a
+selection run *diverged* when its final validation loss is not finite or not below the loss of
+a uniform guess (:func:`diverged`).
+
 Example::
 
     >>> rate, scores, gap = select_rate(lambda lr: (lr - 0.04) ** 2, [0.005, 0.01, 0.02])
@@ -18,11 +23,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["check_grid", "select_rate", "sweep_gaps", "sweep_table"]
+__all__ = [
+    "SELECTION_RULES",
+    "Selection",
+    "check_grid",
+    "diverged",
+    "rule_score",
+    "select_rate",
+    "select_rate_momentum",
+    "sweep_gaps",
+    "sweep_table",
+]
+
+#: How a rate is chosen from the selection runs' final validation losses (one per selection
+#: seed): ``"mean"`` the lowest mean loss (round one; a NaN loss counts as worse than any);
+#: ``"median"`` the lowest median loss, a diverged run counting as an infinite loss (one seed in
+#: three may diverge without moving it); ``"stable"`` the largest rate that diverges on no
+#: selection seed. Between momenta (:func:`select_rate_momentum`): the lower mean loss
+#: (``"mean"``) or median loss (the others) at each momentum's rate.
+SELECTION_RULES = ("mean", "median", "stable")
 
 
 def check_grid(name: str, grid: Sequence[float]) -> list[float]:
@@ -85,6 +109,100 @@ def select_rate(score: Callable[[float], float], grid: Sequence[float],
         scores[new] = float(score(new))
     return best, scores, (f"best rate {best:g} at the edge of the grid after {extend} "
                           f"extension(s)")
+
+
+def diverged(loss: float, limit: float) -> bool:
+    """Whether a selection run diverged: its final validation loss is NaN, infinite or at least
+    ``limit`` (the loss of a uniform guess, ``log(classes)``: the run learned nothing).
+
+    Example::
+
+        >>> import math
+        >>> diverged(float("nan"), math.log(10)), diverged(2.31, math.log(10)), diverged(1.1, 2.3)
+        (True, True, False)
+    """
+    return not math.isfinite(loss) or loss >= limit
+
+
+def rule_score(losses: Sequence[float], rule: str, limit: float) -> float:
+    """The score (lower is better) of one rate's selection losses (one per selection seed)
+    under ``rule`` (:data:`SELECTION_RULES`), ``limit`` the divergence threshold
+    (:func:`diverged`): ``"mean"`` the mean (NaN -> inf); ``"median"`` the median with a diverged
+    run as inf; ``"stable"`` 0 when no run diverged, else inf (the rate is then compared by
+    size, :func:`select_rate_momentum`).
+
+    Example::
+
+        >>> rule_score([1.0, 1.2, float("nan")], "median", 2.3), rule_score([1.0, 3.0], "stable", 2.3)
+        (1.2, inf)
+    """
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"rule must be one of {SELECTION_RULES}, got {rule!r}")
+    if not len(losses):
+        raise ValueError("no selection losses to score")
+    if rule == "mean":
+        m = float(np.mean(losses))
+        return math.inf if math.isnan(m) else m
+    marked = [math.inf if diverged(v, limit) else float(v) for v in losses]
+    if rule == "median":
+        return float(np.median(marked))
+    return 0.0 if all(math.isfinite(v) for v in marked) else math.inf
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What :func:`select_rate_momentum` chose: ``rate`` and ``momentum``, the selection losses
+    of every (momentum, rate) tried (``losses[(momentum, rate)]``: one per selection seed), and
+    ``gap``: why the choice is not a fair one (None when it is)."""
+
+    rate: float
+    momentum: float
+    losses: dict[tuple[float, float], list[float]]
+    gap: str | None
+
+
+def select_rate_momentum(run: Callable[[float, float], Sequence[float]], grid: Sequence[float],
+                         momenta: Sequence[float], rule: str, extend: int = 3,
+                         limit: float = math.inf) -> Selection:
+    """Each momentum's rate by ``rule`` (:data:`SELECTION_RULES`) over ``grid`` -- extended past
+    an edge that holds the choice, as :func:`select_rate` -- then the momentum whose rate scores
+    best: the lower mean (``"mean"``) or median (else) of its losses, a diverged run as inf;
+    ties go to the smaller momentum, then the smaller rate. ``run(rate, momentum)`` trains the
+    selection seeds and returns their final validation losses; ``limit`` is the divergence
+    threshold (:func:`diverged`). ``"stable"`` takes each momentum's largest rate that diverged
+    on no seed (none: the smallest, with a gap).
+
+    Example::
+
+        >>> table = {(0.0, 0.1): [1.0, 1.1], (0.0, 0.2): [0.9, 0.8], (0.0, 0.4): [0.7, 9.0],
+        ...          (0.0, 0.8): [9.0, 9.0], (0.0, 0.05): [1.5, 1.6]}
+        >>> sel = select_rate_momentum(lambda lr, m: table[(m, lr)], [0.1, 0.2, 0.4], [0.0],
+        ...                            "stable", limit=2.3)
+        >>> sel.rate, sel.momentum, sel.gap
+        (0.2, 0.0, None)
+    """
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"rule must be one of {SELECTION_RULES}, got {rule!r}")
+    moms = list(momenta)
+    if not moms or len(set(moms)) != len(moms):
+        raise ValueError(f"momenta must be a non-empty list of distinct values, got {momenta!r}")
+    losses: dict[tuple[float, float], list[float]] = {}
+    chosen: list[tuple[float, float, float, str | None]] = []  # (score, momentum, rate, gap)
+    for m in sorted(float(v) for v in moms):
+        def score(lr: float, m: float = m) -> float:
+            losses[(m, lr)] = [float(v) for v in run(lr, m)]
+            s = rule_score(losses[(m, lr)], rule, limit)
+            return -lr if rule == "stable" and s == 0.0 else s
+
+        rate, scores, gap = select_rate(score, grid, extend)
+        if rule == "stable" and math.isinf(scores.get(rate, 0.0)):
+            gap = f"momentum {m:g}: every rate tried diverged on a selection seed"
+        summary = "mean" if rule == "mean" else "median"
+        got = losses.get((m, rate))
+        between = (rule_score(got, summary, limit) if got is not None else math.inf)
+        chosen.append((between, m, rate, gap))
+    best = min(chosen, key=lambda c: (c[0], c[1], c[2]))
+    return Selection(rate=best[2], momentum=best[1], losses=losses, gap=best[3])
 
 
 def sweep_gaps(what: str, rates: Sequence[float], chosen: float, min_rates: int) -> list[str]:
