@@ -564,7 +564,7 @@ def _ablation_arms(df: pd.DataFrame, kind: str) -> tuple[pd.DataFrame, pd.DataFr
     sel = df[(df.factor == ABLATION) & (df.kind == kind)]
     if sel.empty:
         raise ValueError(f"no overlap ablation of {kind} in this run (ablation_runs = 0, or "
-                         f"data from before E11 had one)")
+                         f"data from an E11 that had none)")
     claims.require_columns(sel, "overlap")
     overlapped = sel.overlap.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
     on, off = sel[overlapped], sel[~overlapped]
