@@ -77,6 +77,19 @@ def test_two_deciding_claims_must_both_pass():
     assert paper_claims.categorize(item, both, ENTRIES)["category"] == paper_claims.UNDECIDED
 
 
+def test_a_deciding_claim_that_has_not_run_yet_is_named():
+    """LP-1: C3.1 decided on the emulator, C3.4 (shaped only) stated but not run yet: the
+    category is C3.1's until C3.4 runs, and the reason says that C3.4 is to come."""
+    item = _item(claims=["C3.1", "C3.4"])
+    got = paper_claims.categorize(item, _v("PASS", cid="C3.1"), ENTRIES)
+    assert got["category"] == paper_claims.EMULATOR_ONLY
+    assert got["why"] == ("decided on the emulated network only; C3.4 has not run yet in shaped: "
+                          "its first run is the next reference")
+    v = _v("PASS", cid="C3.1")
+    v["shaped"] = {"C3.4": {"verdict": "FAIL", "runs": "2/2 FAIL"}}
+    assert paper_claims.categorize(item, v, ENTRIES)["category"] == paper_claims.CONTRADICTED
+
+
 def test_the_reference_table_lists_every_claim_once_with_its_bar():
     rows = paper_claims.table()
     assert [r["id"] for r in rows] == [p["id"] for p in ITEMS]

@@ -88,12 +88,105 @@ def _speedups(grow=1.5, spread=0.01, runs=5):
     return pd.DataFrame(rows)
 
 
+#: the overlap ablation's model times (cpu profile, ms per iteration): (kind, overlap) -> ms
+ABLATION_MS = {("allreduce", True): 197.0, ("allreduce", False): 219.0,
+               ("decentralized", True): 71.0, ("decentralized", False): 102.0}
+
+
+def _ablation(ar=1.11, de=1.44, spread=0.01, runs=10):
+    """The overlap ablation's rows (E11's columns): each method's non-overlapped arm ``ar`` /
+    ``de`` times its overlapped one, runs spread by ``spread`` around the median (the
+    overlapped arm's in the opposite order); the model's times are ABLATION_MS."""
+    ratio = {"allreduce": ar, "decentralized": de}
+    rows = []
+    for (kind, overlap), ms in ABLATION_MS.items():
+        on = ABLATION_MS[(kind, True)]
+        t0 = on if overlap else on * ratio[kind]
+        for r in range(runs):
+            k = r - (runs - 1) / 2
+            t = t0 * (1 + spread * (k if overlap else -k) / ((runs - 1) / 2)) / 1e3
+            rows.append({"factor": e11.ABLATION, "network_name": "two-level",
+                         "compute_scale": 1.0, "compute_cv": 0.0, "kind": kind,
+                         "overlap": overlap, "run": r,
+                         "method": e11.ablation_method(kind, "alternating-exp-ring", overlap),
+                         "measured_s": t, "times_s": repeats_around(t, 0.001, 2),
+                         "predicted_s": ms / 1e3})
+    return pd.DataFrame(rows)
+
+
 CLAIM_CASES = {
     "e11_prediction_within": (lambda: _rows(0.1), lambda: _rows(-0.3),
                               lambda: _rows(0.19, spread=0.1)),
     "e11_speedup_grows": (lambda: _speedups(1.5), lambda: _speedups(1 / 1.5),
                           lambda: _speedups(1.0, spread=0.2)),
+    # C11.2b: both arms at least 1.05; AllReduce's at 0.98 fails, at 1.05 +- 10% straddles
+    "e11_overlap_hides": (lambda: _ablation(), lambda: _ablation(ar=0.98),
+                          lambda: _ablation(ar=1.05, spread=0.1)),
 }
+
+
+def test_overlap_ablation_decides_each_method():
+    entry = {e["id"]: e for e in claims.load_claims()}["C11.2b"]
+    assert entry["args"] == {"kinds": ["allreduce", "decentralized"], "min_ratio": 1.05}
+    v = claims.run_check(entry, _ablation())
+    assert v.verdict == claims.PASS
+    assert "AllReduce: 218.7 ms after backward vs 197.0 overlapped, x1.11" in v.measured
+    assert "DAdam: 102.2 ms waited vs 71.0 overlapped, x1.44" in v.measured
+    assert "saves 21.7 ms" in v.measured and "(10 and 10 runs)" in v.measured
+    assert claims.predict(entry, _ablation()) == (
+        "model AllReduce 219 ms after backward vs 197 overlapped: x1.11; "
+        "DAdam 102 ms waited vs 71 overlapped: x1.44")
+    # one method failing fails the claim, whatever the other does
+    assert claims.run_check(entry, _ablation(de=0.9)).verdict == claims.FAIL
+    assert claims.run_check(entry, _ablation(de=1.05, spread=0.1)).verdict == \
+        claims.INCONCLUSIVE
+    # a repeat is one run: fewer than MIN_REPEATS runs cannot decide
+    few = _ablation(runs=claims.MIN_REPEATS - 1)
+    assert claims.run_check(entry, few).verdict == claims.INCONCLUSIVE
+    # read back from data.csv, the overlap column may be text
+    text = _ablation().assign(overlap=lambda d: d.overlap.astype(str))
+    assert claims.run_check(entry, text).verdict == claims.PASS
+    with pytest.raises(ValueError, match="ablation"):
+        e11.check_overlap_hides(_rows(), ["allreduce"], 1.05)
+    with pytest.raises(ValueError, match="kinds"):
+        e11.check_overlap_hides(_ablation(), ["ring"], 1.05)
+
+
+def test_the_sweeps_claims_leave_the_ablation_out():
+    """C11.1-C11.4 decide on the sweeps only: the ablation's rows (at the base configuration,
+    the configuration of C11.3's and C11.4's comparisons) change none of their numbers."""
+    entries = {e["id"]: e for e in claims.load_claims()}
+    for cid, make in (("C11.1", lambda: _rows(0.1)), ("C11.3", _speedups),
+                      ("C11.4", _speedups)):
+        alone = claims.run_check(entries[cid], make())
+        both = claims.run_check(entries[cid], pd.concat([make(), _ablation(ar=3.0, de=0.5)]))
+        assert (both.verdict, both.measured) == (alone.verdict, alone.measured), cid
+    assert len(e11.sweeps(pd.concat([_rows(), _ablation()]))) == len(_rows())
+
+
+def test_the_model_of_the_ablation():
+    """``simulate(overlap=False)``: AllReduce's buckets wait for the end of backward, DAdam's
+    iteration for its own gossip."""
+    net = make_network(DEFAULT_NETWORK)
+    intra, inter = link_models(net)
+    kw = dict(fwd_s=0.01, bwd_s=0.02, p=8, ranks_per_node=2, intra=intra, inter=inter,
+              iterations=6, warmup=2)
+    one = dict(kw, bucket_bytes=[1 << 20])  # one bucket: nothing to overlap with backward
+    ar = [runtime_model.simulate("allreduce", overlap=o, **one)["mean_iteration_s"]
+          for o in (True, False)]
+    assert ar[0] == pytest.approx(ar[1])
+    two = dict(kw, bucket_bytes=[1 << 20] * 2)
+    ar = [runtime_model.simulate("allreduce", overlap=o, **two)["mean_iteration_s"]
+          for o in (True, False)]
+    assert ar[1] == pytest.approx(ar[0] + 0.02)  # the second layer's backward no longer hides
+    comm = runtime_model.step_comm_times([tuple(range(8))], [1 << 20], ranks_per_node=2,
+                                         intra=intra, inter=inter)[0][0]
+    de = [runtime_model.simulate("decentralized", topology="complete", overlap=o,
+                                 **one)["mean_iteration_s"] for o in (True, False)]
+    assert de[1] == pytest.approx(0.03 + comm)  # compute, then the whole gossip
+    assert de[0] == pytest.approx(max(0.03, comm))  # the gossip overlaps the next forward
+    with pytest.raises(TypeError, match="overlap"):
+        runtime_model.simulate("allreduce", overlap="no", **one)
 
 
 def test_speedup_grows_compares_per_run_speedups():
@@ -257,13 +350,15 @@ def test_bad_parameters_name_the_parameter(bad, match):
 #: the tiny run: its notebook executes it once (tests/test_notebooks.py shares it)
 TINY = dict(world_size=2, ranks_per_node=1, compute_scales=[1.0], compute_cvs=[0.5],
             networks=["two-level"], width=64, layers=2, fwd_ms=2.0, bwd_ms=4.0, warmup=1,
-            blocks=1, block_iters=2, calib_iters=2, runs=2)
+            blocks=1, block_iters=2, calib_iters=2, runs=2, ablation_runs=2)
 
 
 @pytest.mark.timeout(240)
 def test_tiny_end_to_end_run(notebook_run):
     df = notebook_run(e11, TINY).df
-    assert {"backend", "world_size", "network", "run", "lockstep_s"} <= set(df.columns)
+    assert {"backend", "world_size", "network", "run", "lockstep_s", "overlap"} <= set(df.columns)
+    ablation = df[df.factor == e11.ABLATION]
+    df = df[df.factor != e11.ABLATION]
     assert sorted(df.run.unique()) == [0, 1] and len(df) == 8
     # interleaved rounds: run 0 starts with the base AllReduce, run 1 one place later
     assert list(df.kind[:2]) == ["allreduce", "decentralized"]
@@ -273,4 +368,18 @@ def test_tiny_end_to_end_run(notebook_run):
     assert (df.measured_s > 0.012).all()  # at least the emulated compute of 2 x (2 + 4) ms
     assert (df.predicted_s > 0.012).all()
     assert len(e11.summary(df)) == 4
-    e11.plot(df)
+    # the overlap ablation, after the sweeps: 2 rounds of its 4 arms, the second rotated by one
+    assert len(ablation) == 8 and ablation.index.min() > df.index.max()
+    arms = list(zip(ablation.kind, ablation.overlap.astype(bool)))
+    assert arms[:4] == e11.ABLATION_ARMS and arms[4:] == e11.ABLATION_ARMS[1:] + e11.ABLATION_ARMS[:1]
+    assert set(ablation.method) == {"AllReduce", "AllReduce, after backward", "DAdam (AER)",
+                                    "DAdam (AER), waited"}
+    assert (ablation.measured_s > 0.012).all() and (ablation.predicted_s > 0.012).all()
+    off = ablation[~ablation.overlap.astype(bool)].groupby("kind").predicted_s.median()
+    on = ablation[ablation.overlap.astype(bool)].groupby("kind").predicted_s.median()
+    assert (off >= on - 1e-9).all()  # the model: no overlap is never faster
+    both = pd.concat([df, ablation])
+    assert len(e11.summary(both)) == 8
+    assert "model AllReduce" in e11.predict_overlap_hides(both, ["allreduce", "decentralized"])
+    e11.check_overlap_hides(both, ["allreduce", "decentralized"], 1.05)  # 2 runs: undecided
+    e11.plot(both)

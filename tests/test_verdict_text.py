@@ -102,9 +102,16 @@ REFERENCE = Path(__file__).resolve().parents[1] / "artifact" / "reference" / "cp
                          ids=lambda e: e["id"])
 def test_every_registered_prediction_runs_on_the_reference_run(entry):
     """On the cpu profile's reference run each registered prediction is computed (not the
-    fallback) and names the model."""
+    fallback) and names the model -- except for a claim the reference has never run whose
+    arms its data predates (C11.2b: E11's overlap ablation), until the next reference."""
     df = pd.read_csv(REFERENCE / entry["experiment"] / "data.csv.gz")
     text = claims.predict(entry, df)
+    if text.startswith("for the profile's configuration"):
+        table = pd.read_csv(REFERENCE / "claims.csv", dtype=str, keep_default_na=False)
+        ran = table[(table.claim == entry["id"]) & ~table.verdict.isin(["", claims.NOT_RUN])]
+        if ran.empty:
+            pytest.skip(f"{entry['id']} has not run in the cpu reference, whose data predates "
+                        f"it: {text}")
     assert "model" in text and not text.startswith("for the profile's configuration")
 
 

@@ -137,6 +137,8 @@ OWN: dict[str, str] = {
     "E12.compute_cv": "coefficient of variation of the per-rank compute",
     "E10.runs": "independent runs (every model and topology once per run, rotated order)",
     "E11.runs": "independent short trainings per configuration; a run's median is a repeat",
+    "E11.ablation_runs": "rounds of the overlap ablation (each method with and without its overlap)",
+    "E11.ablation_blocks": "timed blocks per ablation run (shorter repeats, more of them)",
     "E12.runs": "independent short trainings per configuration; a run's median is a repeat",
     # E13 DAdam convergence
     "E13.tasks": "tasks trained: digits (classification), lm (character language model)",

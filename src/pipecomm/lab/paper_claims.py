@@ -169,6 +169,24 @@ def categorize(item: dict[str, Any], verdicts: Verdicts,
         else:
             why = f"not run in {', '.join(item['decided_in'])}"
         return {"category": NOT_TESTED, "why": why, "verdicts": ""}
+    # a deciding claim that has not run yet (a new claim beside decided ones) is said, and the
+    # category is the decided ones' until it runs
+    unrun = [cid for cid in ids if all(c != cid for _, c, _ in rows)]
+    ids = [cid for cid in ids if cid not in unrun]
+    where = [prof for prof in item["decided_in"]
+             if any(entries.get(cid, {}).get("profiles") in (None, [])
+                    or prof in entries[cid]["profiles"] for cid in unrun)]
+    pending = (f"{', '.join(unrun)} has not run yet in {', '.join(where)}: its first run is "
+               f"the next reference") if unrun else ""
+    c = _categorize_rows(item, ids, rows, shown)
+    if pending:
+        c["why"] = f"{c['why']}; {pending}" if c["why"] else pending
+    return c
+
+
+def _categorize_rows(item: dict[str, Any], ids: list[str],
+                     rows: list[tuple[str, str, dict[str, str]]], shown: str) -> dict[str, str]:
+    """:func:`categorize` from the decided verdicts ``rows`` of the claims ``ids``."""
     fails = [(prof, cid, v) for prof, cid, v in rows if v["verdict"] == claims.FAIL]
     if fails:
         where = ", ".join(sorted({prof for prof, _, _ in fails}))

@@ -11,11 +11,17 @@ training iterations, sweeping each factor:
 * overlap: emulated compute per iteration x0.5, x1, x2 (communication-bound to compute-bound);
 * links: the two-level network vs the same network with inter-node links as fast as intra-node;
 * varying compute: every rank's compute of every iteration times a log-normal factor (mean 1,
-  coefficient of variation ``compute_cvs``), drawn per rank per iteration.
+  coefficient of variation ``compute_cvs``), drawn per rank per iteration;
+* the overlap ablation (factor 1 directly, ``ablation_runs`` rounds after the sweeps, base
+  configuration): each method with its overlap against the same method without it --
+  AllReduce's buckets all-reduced during backward against the same buckets after backward,
+  DAdam's gossip overlapping the next forward against the same gossip waited for at the end of
+  its iteration (:func:`pipecomm.lab.training.trainers.make_trainer`, ``overlap=False``).
 
 Measures AllReduce training (layer-wise ``PipeSGD``) and DAdam (AER, ``ring`` gossip) on the
 emulated two-level network, ``runs`` independent short runs per configuration, beside the
-model's prediction from a separate compute-only run. Claims C11.1-C11.4 (artifact/claims.yaml).
+model's prediction from a separate compute-only run. Claims C11.1-C11.4 and C11.2b (the
+ablation; artifact/claims.yaml).
 
 Workload, timing, the model's inputs and the network: docs/experiments.md, "E11: protocol in
 detail".
@@ -59,6 +65,11 @@ from pipecomm.lab.workloads.tasks import timing_spec
 ID = "E11"
 NOTEBOOK = "11_runtime_model"
 NETWORKS = {"two-level": DEFAULT_NETWORK, "flat": FLAT_NETWORK}
+#: the ``factor`` of the overlap ablation's rows (left out of the sweeps' claims C11.1-C11.4)
+ABLATION = "overlap ablation"
+#: the ablation's arms, ``(kind, overlap)``, in the order of its first round
+ABLATION_ARMS = [("allreduce", True), ("allreduce", False),
+                 ("decentralized", True), ("decentralized", False)]
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class Params(experiment.Params):
     block_iters: int = 3
     calib_iters: int = 4
     runs: int = 5
+    ablation_runs: int = 5  # rounds of the overlap ablation (0: none)
+    ablation_blocks: int = 1  # timed blocks per ablation run: shorter repeats, more of them
     seed: int = 0
     timeout_s: float = 300.0
     network: str = "emulated"  # "emulated" or "shaped" (network.ranks_on)
@@ -113,6 +126,8 @@ class Params(experiment.Params):
             raise ValueError(f"parameter inter_bandwidth_Bps must be None or > 0, got {bw!r}")
         check_timing_workload(self)
         check_int("runs", self.runs)
+        check_int("ablation_runs", self.ablation_runs, 0)
+        check_int("ablation_blocks", self.ablation_blocks)
 
 
 DEFAULTS = Params.defaults()
@@ -151,7 +166,8 @@ def cases(params: Params) -> list[dict[str, Any]]:
     return out
 
 
-def _spec(params: Params, case: dict[str, Any], kind: str, run: int = 0) -> dict[str, Any]:
+def _spec(params: Params, case: dict[str, Any], kind: str, run: int = 0,
+          overlap: bool = True, blocks: int | None = None) -> dict[str, Any]:
     return timing_spec(
         params.world_size,
         ranks_per_node=params.ranks_per_node,
@@ -166,15 +182,69 @@ def _spec(params: Params, case: dict[str, Any], kind: str, run: int = 0) -> dict
         topology=params.topology,
         algorithm=params.algorithm,
         warmup=params.warmup,
-        blocks=params.blocks,
+        blocks=params.blocks if blocks is None else blocks,
         block_iters=params.block_iters,
         calib_iters=params.calib_iters,
+        overlap=overlap,
     )
+
+
+def ablation_method(kind: str, topology: str | None, overlap: bool) -> str:
+    """Display name of an arm of the overlap ablation: the method's, marked where it does not
+    overlap.
+
+    Example::
+
+        >>> [ablation_method(k, "alternating-exp-ring", o) for k, o in ABLATION_ARMS]
+        ['AllReduce', 'AllReduce, after backward', 'DAdam (AER)', 'DAdam (AER), waited']
+    """
+    name = method_name(kind, topology)
+    if overlap:
+        return name
+    return f"{name}, {'after backward' if kind == 'allreduce' else 'waited'}"
+
+
+def _measure(params: Params, ranks: Any, net_name: str, calib: dict[float, dict[str, Any]],
+             case: dict[str, Any], kind: str, run_id: int, overlap: bool) -> dict[str, Any]:
+    """One independent run of ``kind`` in ``case`` on ``ranks`` and the model's prediction of
+    it: one row of data.csv."""
+    p, rpn = params.world_size, params.ranks_per_node
+    scale = case["compute_scale"]
+    blocks = params.ablation_blocks if case["factor"] == ABLATION else None
+    spec = _spec(params, case, kind, run_id, overlap, blocks)
+    res = ranks.run(rank_time_training, spec, timeout_s=params.timeout_s)[0]
+    pred = predict_training(spec, calib[scale], ranks.net)
+    return {
+        "factor": case["factor"],
+        "network_name": net_name,
+        "compute_scale": scale,
+        "compute_cv": case["compute_cv"],
+        "kind": kind,
+        "method": ablation_method(kind, params.topology, overlap),
+        "topology": None if kind == "allreduce" else params.topology,
+        "overlap": overlap,
+        "run": run_id,
+        "measured_s": res["iteration_s"],
+        "predicted_s": pred["iteration_s"],
+        "lockstep_s": pred["lockstep_iteration_s"],
+        "calibrated_compute_s": calib[scale]["compute_s"],
+        "model_comm_s": pred["comm_s"],
+        "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
+        "times_s": res["times_s"],
+        "algorithm": params.algorithm,
+        "ranks_per_node": rpn,
+        "world_size": p,
+        "backend": "gloo",
+        "network": ranks.text,
+        "network_kind": ranks.kind,
+    }
 
 
 def run(**params: Any) -> pd.DataFrame:
     """Calibrate compute, then measure (``runs`` interleaved runs) and predict every case for
-    AllReduce and DAdam."""
+    AllReduce and DAdam; then, on the first network, the overlap ablation (``ablation_runs``
+    interleaved rounds of :data:`ABLATION_ARMS` at the base configuration, each run timing
+    ``ablation_blocks`` blocks)."""
     params = Params.make(**params)
     rpn, p = params.ranks_per_node, params.world_size
     todo = cases(params)
@@ -198,36 +268,14 @@ def run(**params: Any) -> pd.DataFrame:
             items = [(i, kind) for i in range(len(mine))
                      for kind in ("allreduce", "decentralized")]
             for run_id, (i, kind) in rounds(items, params.runs):
-                case = mine[i]
-                scale = case["compute_scale"]
-                spec = _spec(params, case, kind, run_id)
-                res = ranks.run(rank_time_training, spec, timeout_s=params.timeout_s)[0]
-                pred = predict_training(spec, calib[scale], ranks.net)
-                rows.append(
-                    {
-                        "factor": case["factor"],
-                        "network_name": net_name,
-                        "compute_scale": scale,
-                        "compute_cv": case["compute_cv"],
-                        "kind": kind,
-                        "method": method_name(kind, params.topology),
-                        "topology": None if kind == "allreduce" else params.topology,
-                        "run": run_id,
-                        "measured_s": res["iteration_s"],
-                        "predicted_s": pred["iteration_s"],
-                        "lockstep_s": pred["lockstep_iteration_s"],
-                        "calibrated_compute_s": calib[scale]["compute_s"],
-                        "model_comm_s": pred["comm_s"],
-                        "block_s": " ".join(f"{b:.4f}" for b in res["block_s"]),
-                        "times_s": res["times_s"],
-                        "algorithm": params.algorithm,
-                        "ranks_per_node": rpn,
-                        "world_size": p,
-                        "backend": "gloo",
-                        "network": ranks.text,
-                        "network_kind": ranks.kind,
-                    }
-                )
+                rows.append(_measure(params, ranks, net_name, calib, mine[i], kind, run_id,
+                                     True))
+            if net_name == todo[0]["net"] and params.ablation_runs:
+                # after this network's sweeps, whose runs and order stay as they were
+                base = {**todo[0], "factor": ABLATION}
+                for run_id, (kind, overlap) in rounds(ABLATION_ARMS, params.ablation_runs):
+                    rows.append(_measure(params, ranks, net_name, calib, base, kind, run_id,
+                                         overlap))
     df = pd.DataFrame(rows)
     df["error"] = stats.model_error(df.measured_s.to_numpy(), df.predicted_s.to_numpy())
     return df
@@ -362,7 +410,22 @@ def _case_label(r: pd.Series) -> str:
         return f"cv {r.compute_cv:g}"
     if r.factor == "links":
         return f"{r.network_name} links"
+    if r.factor == ABLATION:
+        return "ablation"
     return "base"
+
+
+def sweeps(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the three sweeps: ``df`` without the overlap ablation's (claims C11.1-C11.4
+    decide on these only, as before the ablation was added).
+
+    Example::
+
+        >>> import pandas as pd
+        >>> len(sweeps(pd.DataFrame({"factor": ["base", ABLATION, "overlap"]})))
+        2
+    """
+    return df[df.factor != ABLATION] if "factor" in df else df
 
 
 @claims.check("e11_prediction_within")
@@ -384,7 +447,7 @@ def check_prediction_within(df: pd.DataFrame, tolerance: float, may_miss: str | 
         >>> check_prediction_within(df, 0.2, "binomial").threshold
         '|error| <= 20% at all but 1 of 4 points (95% interval)'
     """
-    t = points(df)
+    t = points(sweeps(df))
     if t.empty:
         raise ValueError("no measurements")
     labels = [f"{r.method}, {_case_label(r)}" for _, r in t.iterrows()]
@@ -423,7 +486,7 @@ def speedups(df: pd.DataFrame, case: dict[str, Any], what: str = "case") -> dict
         {0: 1.92, 1: 1.96, 2: 2.0, 3: 2.04, 4: 2.08}
     """
     claims.require_columns(df, "run", "kind", "measured_s")
-    sel = _select(df, case, what)
+    sel = _select(sweeps(df), case, what)
     ar = sel[sel.kind == "allreduce"].groupby("run").measured_s.median()
     de = sel[sel.kind == "decentralized"].groupby("run").measured_s.median()
     runs = sorted(set(ar.index) & set(de.index))
@@ -433,7 +496,7 @@ def speedups(df: pd.DataFrame, case: dict[str, Any], what: str = "case") -> dict
 
 
 def _model_speedup(df: pd.DataFrame, case: dict[str, Any], what: str) -> float:
-    sel = _select(df, case, what)
+    sel = _select(sweeps(df), case, what)
     return float(sel[sel.kind == "allreduce"].predicted_s.median()
                  / sel[sel.kind == "decentralized"].predicted_s.median())
 
@@ -491,6 +554,89 @@ def check_speedup_grows(df: pd.DataFrame, when: dict[str, Any], against: dict[st
 
 def _fmt_case(case: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in case.items())
+
+
+def _ablation_arms(df: pd.DataFrame, kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The overlapped and the non-overlapped rows of ``kind`` in the overlap ablation."""
+    claims.require_columns(df, "factor", "kind", "run", "measured_s")
+    if kind not in ("allreduce", "decentralized"):
+        raise ValueError(f"kinds: 'allreduce' or 'decentralized', got {kind!r}")
+    sel = df[(df.factor == ABLATION) & (df.kind == kind)]
+    if sel.empty:
+        raise ValueError(f"no overlap ablation of {kind} in this run (ablation_runs = 0, or "
+                         f"data from an E11 that had none)")
+    claims.require_columns(sel, "overlap")
+    overlapped = sel.overlap.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
+    on, off = sel[overlapped], sel[~overlapped]
+    if on.empty or off.empty:
+        raise ValueError(f"the overlap ablation of {kind} lacks an arm: it needs both")
+    return on, off
+
+
+@claims.prediction("e11_overlap_hides")
+def predict_overlap_hides(df: pd.DataFrame, kinds: list[str]) -> str:
+    """The runtime model's time per iteration of each ablation arm (overlapped and not) and
+    their ratio, on this run's calibration and network.
+
+    Example::
+
+        >>> import pandas as pd
+        >>> arms = {("allreduce", True): 0.197, ("allreduce", False): 0.219,
+        ...         ("decentralized", True): 0.071, ("decentralized", False): 0.102}
+        >>> df = pd.DataFrame([{"factor": ABLATION, "kind": k, "overlap": o, "run": r,
+        ...                     "measured_s": t * (1 + 0.01 * r), "predicted_s": t}
+        ...                    for (k, o), t in arms.items() for r in range(10)])
+        >>> predict_overlap_hides(df, ["allreduce", "decentralized"])
+        'model AllReduce 219 ms after backward vs 197 overlapped: x1.11; DAdam 102 ms waited vs 71 overlapped: x1.44'
+    """
+    out = []
+    for kind in kinds:
+        on, off = _ablation_arms(df, kind)
+        a, b = float(off.predicted_s.median()), float(on.predicted_s.median())
+        name, how = ("AllReduce", "after backward") if kind == "allreduce" else ("DAdam", "waited")
+        out.append(f"{name} {a * 1e3:.0f} ms {how} vs {b * 1e3:.0f} overlapped: x{a / b:.2f}")
+    return "model " + "; ".join(out)
+
+
+@claims.check("e11_overlap_hides")
+def check_overlap_hides(df: pd.DataFrame, kinds: list[str], min_ratio: float
+                        ) -> claims.Verdict:
+    """The overlap ablation: for each of ``kinds``, the method's time per iteration without
+    its overlap (AllReduce after backward; DAdam waiting for its gossip before the next
+    forward) over its time with it -- the ratio of the medians over independent runs, with its
+    95% interval (:func:`pipecomm.lab.claims.ratio`) -- at least ``min_ratio``. Every kind must
+    hold: FAIL when any interval lies wholly below ``min_ratio``, PASS when every one lies at
+    or above it, INCONCLUSIVE otherwise (an interval straddling it). The measured text gives
+    each arm's median and the time overlap saved.
+
+    Example::
+
+        >>> import pandas as pd
+        >>> arms = {("allreduce", True): 0.197, ("allreduce", False): 0.219,
+        ...         ("decentralized", True): 0.071, ("decentralized", False): 0.102}
+        >>> df = pd.DataFrame([{"factor": ABLATION, "kind": k, "overlap": o, "run": r,
+        ...                     "measured_s": t * (1 + 0.01 * r), "predicted_s": t}
+        ...                    for (k, o), t in arms.items() for r in range(10)])
+        >>> v = check_overlap_hides(df, ["allreduce", "decentralized"], 1.05)
+        >>> v.verdict, v.threshold
+        ('PASS', 'no overlap / overlap >= 1.05 for each of 2 (95% interval)')
+    """
+    if not kinds:
+        raise ValueError("kinds: name at least one of 'allreduce', 'decentralized'")
+    parts, verdicts = [], []
+    for kind in kinds:
+        on, off = _ablation_arms(df, kind)
+        a, b = off.sort_values("run").measured_s.tolist(), on.sort_values("run").measured_s.tolist()
+        r, lo, hi = claims.ratio(a, b)
+        ma, mb = float(np.median(a)), float(np.median(b))
+        name, how = ("AllReduce", "after backward") if kind == "allreduce" else ("DAdam", "waited")
+        parts.append(f"{name}: {ma * 1e3:.1f} ms {how} vs {mb * 1e3:.1f} overlapped, "
+                     f"x{claims.fmt_ci(r, lo, hi)}, saves {(ma - mb) * 1e3:.1f} ms "
+                     f"({len(a)} and {len(b)} runs)")
+        verdicts.append(claims.at_least(lo, hi, min_ratio))
+    return claims.Verdict("; ".join(parts),
+                          f"no overlap / overlap >= {min_ratio:g} for each of {len(kinds)} "
+                          f"(95% interval)", claims.combine(verdicts))
 
 
 if __name__ == "__main__":

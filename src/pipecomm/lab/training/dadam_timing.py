@@ -90,7 +90,9 @@ def rank_time_training(spec: dict[str, Any]) -> dict[str, Any]:
 
     ``spec["kind"]`` ``"allreduce"`` (:class:`~pipecomm.lab.training.trainers.AllReduceTrainer`
     + Adam) or ``"decentralized"`` (:class:`~pipecomm.decentralized.DecentralizedDataParallel` +
-    Adam on ``spec["topology"]``), gossip/allreduce ``spec["algorithm"]``. Iteration ``k`` of
+    Adam on ``spec["topology"]``), gossip/allreduce ``spec["algorithm"]``; ``spec["overlap"]``
+    False is E11's overlap ablation (:func:`pipecomm.lab.training.trainers.make_trainer`:
+    AllReduce after backward, DAdam waiting for its gossip before the next forward). Iteration ``k`` of
     rank ``r`` scales its emulated compute by ``factors[k, r]`` (:func:`_factors`, the same draws
     as the runtime model's). ``warmup`` iterations (iteration 0 included), then ``blocks`` blocks
     of ``block_iters`` iterations timed with :func:`pipecomm.lab.measure.bench.time_fn` (a barrier before
@@ -117,6 +119,7 @@ def rank_time_training(spec: dict[str, Any]) -> dict[str, Any]:
         topology=topo,
         bucket_mb=timing_bucket_mb(spec),
         algorithm=spec["algorithm"],
+        overlap=bool(spec.get("overlap", True)),
     )
     ddp = trainer.ddp if isinstance(trainer, DecentralizedTrainer) else None
     k = 0
@@ -168,7 +171,8 @@ def predict_training(
     ``warmup``, cut into ``blocks`` blocks, median block time / ``block_iters``.
     ``iteration_s`` is the overlapped model's (each group allreduce timed by
     :class:`OverlappedRing`; docs/experiments.md, E11), ``lockstep_iteration_s`` the lock-step
-    closed form's (:func:`pipecomm.lab.training.dadam_runtime_model.group_allreduce_time`).
+    closed form's (:func:`pipecomm.lab.training.dadam_runtime_model.group_allreduce_time`);
+    ``spec["overlap"]`` False models the ablation arm (``simulate(..., overlap=False)``).
 
     Example::
 
@@ -195,6 +199,7 @@ def predict_training(
         seed=spec["seed"],
         algorithm=spec["algorithm"],
         warmup=spec["warmup"],
+        overlap=bool(spec.get("overlap", True)),
     )
     if spec["kind"] == "allreduce":
         steps = [[tuple(range(p))]]

@@ -10,6 +10,10 @@ No paper equation of its own; the update rules are the library's:
 * :class:`DecentralizedTrainer` -- :class:`~pipecomm.decentralized.DecentralizedDataParallel`:
   each bucket gossiped over the topology's group and stepped by its own optimizer from backward
   hooks (DAdam / AccumAdam, docs/update_rules.md).
+* :class:`AfterBackwardTrainer` -- E11's overlap ablation of the AllReduce baseline: the same
+  buckets, all-reduced only after backward (no overlap); ``DecentralizedTrainer(...,
+  overlap=False)`` is DAdam's: ``step()`` waits for the iteration's gossip before the next
+  forward.
 
 Both answer :class:`Trainer`: call ``trainer.module`` forward, ``zero_grad()`` before backward,
 ``step()`` after it, ``averaged()`` for the parameters averaged over the ranks, ``close()`` at
@@ -43,9 +47,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipecomm import collectives
+from pipecomm.bucketing import bucket_indices
 from pipecomm.decentralized.topology import Topology
 
 __all__ = [
+    "AfterBackwardTrainer",
     "AllReduceTrainer",
     "DecentralizedTrainer",
     "OptimizerFactory",
@@ -123,9 +130,78 @@ class AllReduceTrainer:
         self.trainer.remove_hooks()
 
 
+class AfterBackwardTrainer:
+    """AllReduce without overlap, the ablation arm of :class:`AllReduceTrainer` (E11): the same
+    gradient buckets (reverse registration order, closed at ``bucket_mb`` MiB, as
+    DDP), all-reduced (average) only once backward has finished -- launched back to back on
+    the communication thread in ``step()``, all waited for -- then the optimizer's step. Only
+    when the reductions start differs from :class:`AllReduceTrainer`, so the difference of the
+    two is what the overlap with backward hides (``runtime_model.simulate("allreduce",
+    overlap=False)`` models it). The replicas start equal when every rank builds the model
+    from the same seed (the timing workload does); nothing is broadcast.
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> model, loss_fn = nn.Linear(4, 1), nn.functional.mse_loss
+        >>> x, y = torch.ones(8, 4), torch.zeros(8, 1)
+        >>> ab = AfterBackwardTrainer(model, torch.optim.Adam(model.parameters()), 1.0, "ring")
+        >>> ab.zero_grad(); loss_fn(ab.module(x), y).backward(); ab.step()
+        >>> len(ab.buckets), ab.close()
+        (1, None)
+        >>> dist.destroy_process_group()
+    """
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, bucket_mb: float, algorithm: str
+    ) -> None:
+        self.model = self.module = model
+        self.optimizer = optimizer
+        self.algorithm = algorithm
+        self._params = [q for g in optimizer.param_groups for q in g["params"]
+                        if q.requires_grad]
+        #: indices into the optimizer's parameters, one list per bucket, in launch order
+        self.buckets: list[list[int]] = bucket_indices(self._params, bucket_mb * 2**20,
+                                                       order="reverse", kinds="interleaved")
+
+    def zero_grad(self) -> None:
+        """Clear the gradients before the next backward."""
+        self.model.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """All-reduce every bucket (launched back to back, then waited for), then step."""
+        if dist.get_world_size() > 1:
+            flats = []
+            for idx in self.buckets:
+                grads = [self._params[i].grad for i in idx]
+                flats.append(torch.cat([
+                    (torch.zeros_like(self._params[i]) if g is None else g).reshape(-1)
+                    for i, g in zip(idx, grads)]))
+            handles = [collectives.allreduce(f, algorithm=self.algorithm, op="avg",
+                                             async_op=True) for f in flats]
+            for idx, flat, h in zip(self.buckets, flats, handles):
+                h.wait()
+                offset = 0
+                for i in idx:
+                    q = self._params[i]
+                    q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
+                    offset += q.numel()
+        self.optimizer.step()
+
+    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model itself: after every step all ranks hold the same parameters."""
+        return contextlib.nullcontext(self.model)
+
+    def close(self) -> None:
+        """Nothing in flight between steps: nothing to do."""
+
+
 class DecentralizedTrainer:
     """:class:`~pipecomm.decentralized.DecentralizedDataParallel` behind :class:`Trainer`: the
-    wrapper gossips and steps from backward hooks, so ``zero_grad()`` and ``step()`` do nothing.
+    wrapper gossips and steps from backward hooks, so ``zero_grad()`` and ``step()`` do nothing
+    -- except with ``overlap=False`` (E11's overlap ablation), where ``step()`` waits for the
+    gossip launched in this iteration, so that none of it overlaps the next forward.
 
     Example::
 
@@ -148,9 +224,11 @@ class DecentralizedTrainer:
         topology: Topology,
         bucket_mb: float,
         algorithm: str,
+        overlap: bool = True,
     ) -> None:
         from pipecomm.decentralized import DecentralizedDataParallel
 
+        self.overlap = overlap
         self.ddp = self.module = DecentralizedDataParallel(
             model, optimizer, topology=topology, bucket_mb=bucket_mb, algorithm=algorithm
         )
@@ -160,7 +238,10 @@ class DecentralizedTrainer:
         """Nothing: the wrapper consumes the gradients in backward."""
 
     def step(self) -> None:
-        """Nothing: the wrapper steps every bucket in backward."""
+        """Nothing: the wrapper steps every bucket in backward (``overlap=False``: wait for
+        this iteration's gossip)."""
+        if not self.overlap:
+            self.ddp.finish()
 
     def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
         """The model holding the parameters averaged over all ranks (a collective)."""
@@ -178,9 +259,12 @@ def make_trainer(
     topology: Topology | None,
     bucket_mb: float,
     algorithm: str,
-) -> AllReduceTrainer | DecentralizedTrainer:
+    overlap: bool = True,
+) -> AllReduceTrainer | AfterBackwardTrainer | DecentralizedTrainer:
     """:class:`AllReduceTrainer` when ``topology`` is None, else :class:`DecentralizedTrainer`
-    on it; ``optimizer(named_parameters)`` builds the optimizer either way.
+    on it; ``optimizer(named_parameters)`` builds the optimizer either way. ``overlap=False``
+    is E11's ablation: :class:`AfterBackwardTrainer`, or a DecentralizedTrainer that waits for
+    its gossip in ``step()``.
 
     Example::
 
@@ -196,9 +280,11 @@ def make_trainer(
     """
     if topology is None:
         opt = optimizer(list(model.named_parameters()))
-        return AllReduceTrainer(model, opt, bucket_mb=bucket_mb, algorithm=algorithm)
+        cls = AllReduceTrainer if overlap else AfterBackwardTrainer
+        return cls(model, opt, bucket_mb=bucket_mb, algorithm=algorithm)
     return DecentralizedTrainer(
-        model, optimizer, topology=topology, bucket_mb=bucket_mb, algorithm=algorithm
+        model, optimizer, topology=topology, bucket_mb=bucket_mb, algorithm=algorithm,
+        overlap=overlap,
     )
 
 

@@ -443,7 +443,8 @@ def timing_spec(p: int, **overrides: Any) -> dict[str, Any]:
     ``compute_scale`` (multiplies both), ``compute_cv`` (log-normal factor per rank and
     iteration, mean 1), ``seed``, ``kind`` (``"allreduce"`` or ``"decentralized"``),
     ``topology``, ``algorithm``, ``warmup``, ``blocks``, ``block_iters``, ``calib_iters``,
-    ``ranks_per_node``, ``p``.
+    ``ranks_per_node``, ``p``, ``overlap`` (False: E11's overlap ablation -- AllReduce after
+    backward, DAdam waiting for its gossip before the next forward).
 
     Example::
 
@@ -470,6 +471,7 @@ def timing_spec(p: int, **overrides: Any) -> dict[str, Any]:
         "block_iters": 5,
         "calib_iters": 6,
         "lr": 1e-4,
+        "overlap": True,
     }
     unknown = sorted(set(overrides) - set(spec))
     if unknown:
