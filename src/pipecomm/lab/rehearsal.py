@@ -44,6 +44,7 @@ import io
 import json
 import os
 import pickle
+import re
 import tarfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -250,6 +251,7 @@ RULES: dict[str, Rule] = {
     "seeds": first(2),
     "*_seeds": first(2),
     "selection_seeds": first(1),
+    "selection_sets": cap(1),  # one selection seed: one set
     "control_seeds": cap(2),
     "seed": keep("which seed"),
     "lrs": first(3),  # 3: the fewest a claim's rate sweep accepts (claims.yaml min_lrs)
@@ -264,6 +266,8 @@ RULES: dict[str, Rule] = {
     # rates, links, models and times: what is rehearsed, as the profile gives it
     "lr": keep("a rate"),
     "momentum": keep("a rate"),
+    "momenta": keep("the momenta compared"),
+    "control_lr": keep("a rate"),
     "min_lr_ratio": keep("a rate"),
     "warmup_fraction": keep("a fraction"),
     "target_acc": keep("a threshold"),
@@ -496,6 +500,9 @@ def findings(experiments: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- verdicts
 
 
+_VERDICT_WORD = re.compile(r"\b(PASS|FAIL|INCONCLUSIVE|UNSTABLE)\b")
+
+
 def withhold(table: Any, ran: set[str] | None = None) -> Any:
     """A claims table (or a notebook's verdict table) as a rehearsal shows it: REHEARSED where
     the check ran on the rehearsal's data (PASS, FAIL, INCONCLUSIVE, UNSTABLE; an illustration
@@ -520,7 +527,8 @@ def withhold(table: Any, ran: set[str] | None = None) -> Any:
     experiments = t["experiment"] if "experiment" in t.columns else [None] * len(t)
     for v, why, m, eid in zip(t["verdict"], t.get("why", [""] * len(t)),
                               t.get("measured", [""] * len(t)), experiments):
-        v, why, m = str(v), str(why), str(m)
+        v, why = str(v), str(why)
+        m = _VERDICT_WORD.sub("(withheld)", str(m))  # a check's text may give per-part verdicts
         if v in checked or (v == claims.MODEL and (ran is None or eid in ran)):
             verdicts.append(REHEARSED)
             whys.append("the check ran on the rehearsal's data; its verdict is withheld: only "
