@@ -15,6 +15,12 @@ uncompressed) and the seconds this rank spent in them: the call's duration for a
 for an asynchronous one the time its job ran on the communication thread (``"torch"``: the time
 to issue it). No printing, no synchronisation: the counters are plain sums under a lock.
 
+Off by default, :func:`log` keeps the last calls one by one (op, algorithm, bytes, group size,
+seconds; :func:`records` adds nccl-tests' algbw and busbw, :func:`summary` sums them per op,
+algorithm and size bucket, :func:`frame` as a pandas DataFrame), and :func:`flight` the last
+point-to-point messages of the schedules (:func:`flight_records`; the lab dumps them when a
+rank fails, ``python -m pipecomm.lab.networks.launch.flight DIR`` names the rank that hangs).
+
 Example::
 
     >>> import torch, torch.distributed as dist
@@ -36,32 +42,48 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["all_threads", "counters", "on_thread", "profiling", "ranged", "reset", "totals"]
+from pipecomm import checks
+
+__all__ = ["all_threads", "counters", "flight", "flight_records", "frame", "log", "on_thread",
+           "posted", "profiling", "ranged", "records", "reset", "stamp", "summary", "totals"]
 
 _LOCK = threading.Lock()
 _COUNTS: dict[str, list[float]] = {}  # name -> [calls, bytes, seconds]
 
 
-class _Call:
-    """The collective call in progress on this thread: its range name, and whether its work
-    went to the communication thread (which then counts the seconds)."""
+_LOG: collections.deque | None = None  # [op, algorithm, bytes, ranks, seconds] per call
+_FLIGHT: collections.deque | None = None  # one list per message, _FIELDS
+_FIELDS = ("collective", "call", "step", "op", "peer", "block", "bytes", "posted", "waited",
+           "completed")
+_SEQ = itertools.count()
 
-    __slots__ = ("name", "submitted")
+
+class _Call:
+    """The collective call in progress on this thread: its range name, whether its work went to
+    the communication thread (which then counts the seconds), its row of the log, and for the
+    flight recorder its number on this rank and messages posted so far (per op and peer)."""
+
+    __slots__ = ("name", "submitted", "row", "seq", "streams")
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.submitted = False
+        self.name, self.submitted, self.row = name, False, None
+        self.seq = next(_SEQ) if _FLIGHT is not None else -1
+        self.streams: dict[tuple[str, int], int] = {}
 
 
 _CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
@@ -144,6 +166,10 @@ def ranged(kind: str, choose: Callable[..., str] | None = None
             seconds = 0.0 if call.submitted else time.perf_counter() - start
             nbytes = t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
             _add(call.name, 1, nbytes, seconds)
+            if _LOG is not None and (p := dist.get_world_size(kwargs.get("group"))) > 0:
+                call.row = [kind, alg, nbytes, p, seconds]
+                if not call.submitted:  # else on_thread's job logs it, with its seconds
+                    _LOG.append(call.row)
             return result
 
         return wrapper
@@ -171,14 +197,19 @@ def on_thread(job: Callable[[], Any]) -> Callable[[], Any]:
     name = call.name
 
     def run() -> Any:
-        start = time.perf_counter()
+        start, token = time.perf_counter(), _CURRENT.set(call)  # the flight recorder's call
         try:
             if profiling():
                 with torch.profiler.record_function(name):
                     return job()
             return job()
         finally:
-            _add(name, 0, 0, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            _add(name, 0, 0, seconds)
+            _CURRENT.reset(token)
+            if _LOG is not None and call.row is not None:
+                call.row[4] = seconds
+                _LOG.append(call.row)
 
     return run
 
@@ -227,3 +258,157 @@ def reset() -> None:
     """
     with _LOCK:
         _COUNTS.clear()
+    for buf in (_LOG, _FLIGHT):
+        if buf is not None:
+            buf.clear()
+
+
+# --------------------------------------------------------------------------- the communication log
+
+
+def log(capacity: int = 10_000) -> None:
+    """Keep the last ``capacity`` collective calls of this rank (0: none, the default), each
+    logged once it is done: by the caller, or for ``async_op=True`` by the communication thread.
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.log(1000); observe.records()     # [{"op": "allreduce", ...}, ...]
+        []
+        >>> observe.log(0)
+    """
+    global _LOG
+    if capacity != 0:
+        checks.positive_int(capacity, "capacity", "observe.log", "calls kept; 0: off")
+    _LOG = collections.deque(maxlen=capacity) if capacity else None
+
+
+def _busbw(op: str, p: int) -> float:
+    """nccl-tests' bus bandwidth factor (docs/PERFORMANCE.md there): 2(p-1)/p for AllReduce."""
+    return 2 * (p - 1) / p if op == "allreduce" else 1.0
+
+
+def records() -> list[dict[str, Any]]:
+    """The logged calls (:func:`log`), oldest first: ``op``, ``algorithm`` (``auto:<choice>``),
+    ``bytes``, ``ranks`` (group size), ``seconds``, and nccl-tests' ``algbw`` (bytes / seconds)
+    and ``busbw`` (algbw times 2(p-1)/p for AllReduce, 1 for Broadcast and Reduce), in GB/s.
+
+    Example::
+
+        >>> import torch, torch.distributed as dist
+        >>> from pipecomm import collectives, observe
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        >>> observe.log(); _ = collectives.allreduce(torch.ones(1024), algorithm="ring")
+        >>> r = observe.records()[-1]; r["op"], r["algorithm"], r["bytes"], r["ranks"]
+        ('allreduce', 'ring', 4096, 1)
+        >>> observe.log(0); dist.destroy_process_group()
+    """
+    out = []
+    for op, alg, n, p, s in list(_LOG or ()):
+        algbw = n / s / 1e9 if s > 0 else 0.0
+        out.append(dict(op=op, algorithm=alg, bytes=n, ranks=p, seconds=s, algbw=algbw,
+                        busbw=algbw * _busbw(op, p)))
+    return out
+
+
+def summary() -> list[dict[str, Any]]:
+    """:func:`records` per ``(op, algorithm, bucket)`` (``bucket``: bytes rounded up to a power
+    of two): ``calls``, ``ranks``, the median ``seconds``, ``algbw`` and ``busbw`` (GB/s).
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.summary()      # [{"op": "allreduce", "algorithm": "lp", "bucket": 4096, ...}]
+        []
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in records():
+        groups.setdefault((r["op"], r["algorithm"], 1 << max(0, r["bytes"] - 1).bit_length()),
+                          []).append(r)
+    return [dict(op=op, algorithm=alg, bucket=b, calls=len(rs), ranks=max(r["ranks"] for r in rs),
+                 **{k: statistics.median(r[k] for r in rs) for k in ("seconds", "algbw", "busbw")})
+            for (op, alg, b), rs in sorted(groups.items())]
+
+
+def frame(summarised: bool = False) -> Any:
+    """:func:`records` (or, ``summarised``, :func:`summary`) as a pandas DataFrame.
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> list(observe.frame(summarised=True).columns)[:3]   # empty until something is logged
+        []
+    """
+    import pandas  # here: `import pipecomm` must not import pandas
+
+    return pandas.DataFrame(summary() if summarised else records())
+
+
+# --------------------------------------------------------------------------- the flight recorder
+
+
+def flight(steps: int = 1024) -> None:
+    """Keep the last ``steps`` point-to-point messages of this rank's schedules (0: none, the
+    default): per message its collective, that call's number on this rank, the message's step
+    (its number in the call) and block (its number among the call's messages of that op and
+    peer: LP's block), op, peer (global rank), bytes, and when it was posted, waited for and
+    completed (``time.time()``; ``None``: not yet).
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.flight(256); observe.flight_records()   # [{"collective": ..., "step": 3, ...}]
+        []
+        >>> observe.flight(0)
+    """
+    global _FLIGHT
+    if steps != 0:
+        checks.positive_int(steps, "steps", "observe.flight", "messages kept; 0: off")
+    _FLIGHT = collections.deque(maxlen=steps) if steps else None
+
+
+def posted(op: str, peer: int, nbytes: int) -> list | None:
+    """The flight recorder's entry of a message ``op`` (``"send"``/``"recv"``) of ``nbytes`` with
+    global rank ``peer`` posted now (``None`` when it is off); called by the transport.
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.posted("send", 1, 4096) is None        # the recorder is off
+        True
+    """
+    if _FLIGHT is None:
+        return None
+    call = _CURRENT.get()
+    name, seq, step, block = "p2p", -1, -1, -1
+    if call is not None:
+        name, seq, step = call.name, call.seq, sum(call.streams.values())
+        block = call.streams.get((op, peer), 0)
+        call.streams[(op, peer)] = block + 1
+    entry = [name, seq, step, op, peer, block, nbytes, time.time(), None, None]
+    _FLIGHT.append(entry)
+    return entry
+
+
+def stamp(entry: list | None, what: str) -> None:
+    """Mark ``entry`` (:func:`posted`) ``"waited"`` or ``"completed"`` now (``None``: nothing).
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.stamp(None, "waited")
+    """
+    if entry is not None:
+        entry[_FIELDS.index(what)] = time.time()
+
+
+def flight_records() -> list[dict[str, Any]]:
+    """The flight recorder's messages (:func:`flight`), oldest first, as dicts.
+
+    Example::
+
+        >>> from pipecomm import observe
+        >>> observe.flight_records()                       # off: nothing recorded
+        []
+    """
+    return [dict(zip(_FIELDS, e)) for e in list(_FLIGHT or ())]
