@@ -15,11 +15,9 @@ uncompressed) and the seconds this rank spent in them: the call's duration for a
 for an asynchronous one the time its job ran on the communication thread (``"torch"``: the time
 to issue it). No printing, no synchronisation: the counters are plain sums under a lock.
 
-Off by default, :func:`log` keeps the last calls one by one (op, algorithm, bytes, group size,
-seconds; :func:`records` adds nccl-tests' algbw and busbw, :func:`summary` sums them per op,
-algorithm and size bucket, :func:`frame` as a pandas DataFrame), and :func:`flight` the last
-point-to-point messages of the schedules (:func:`flight_records`; the lab dumps them when a
-rank fails, ``python -m pipecomm.lab.networks.launch.flight DIR`` names the rank that hangs).
+Off by default: :func:`log` keeps the last calls (:func:`records`, :func:`summary`,
+:func:`frame`), :func:`flight` the last messages of the schedules (dumped by the lab's ranks
+on failure: ``python -m pipecomm.lab.networks.launch.flight DIR`` names the rank that hangs).
 
 Example::
 
@@ -67,9 +65,9 @@ _COUNTS: dict[str, list[float]] = {}  # name -> [calls, bytes, seconds]
 
 
 _LOG: collections.deque | None = None  # [op, algorithm, bytes, ranks, seconds] per call
-_FLIGHT: collections.deque | None = None  # one list per message, _FIELDS
+_FLIGHT: collections.deque | None = None  # one list per message:
 _FIELDS = ("collective", "call", "step", "op", "peer", "block", "bytes", "posted", "waited",
-           "completed")
+           "completed")  # call: the collective's number on this rank
 _SEQ = itertools.count()
 
 
@@ -263,19 +261,17 @@ def reset() -> None:
             buf.clear()
 
 
-# --------------------------------------------------------------------------- the communication log
+# --------------------------------------------------------------------------- the log, the recorder
 
 
 def log(capacity: int = 10_000) -> None:
-    """Keep the last ``capacity`` collective calls of this rank (0: none, the default), each
-    logged once it is done: by the caller, or for ``async_op=True`` by the communication thread.
+    """Log this rank's last ``capacity`` collective calls (0: off, the default), each once done.
 
     Example::
 
         >>> from pipecomm import observe
-        >>> observe.log(1000); observe.records()     # [{"op": "allreduce", ...}, ...]
+        >>> observe.log(1000); observe.records(); observe.log(0)    # [{"op": ...}, ...]
         []
-        >>> observe.log(0)
     """
     global _LOG
     if capacity != 0:
@@ -283,15 +279,10 @@ def log(capacity: int = 10_000) -> None:
     _LOG = collections.deque(maxlen=capacity) if capacity else None
 
 
-def _busbw(op: str, p: int) -> float:
-    """nccl-tests' bus bandwidth factor (docs/PERFORMANCE.md there): 2(p-1)/p for AllReduce."""
-    return 2 * (p - 1) / p if op == "allreduce" else 1.0
-
-
 def records() -> list[dict[str, Any]]:
-    """The logged calls (:func:`log`), oldest first: ``op``, ``algorithm`` (``auto:<choice>``),
-    ``bytes``, ``ranks`` (group size), ``seconds``, and nccl-tests' ``algbw`` (bytes / seconds)
-    and ``busbw`` (algbw times 2(p-1)/p for AllReduce, 1 for Broadcast and Reduce), in GB/s.
+    """The logged calls, oldest first: ``op``, ``algorithm`` (``auto:<choice>``), ``bytes``,
+    ``ranks`` (group size), ``seconds``, nccl-tests' ``algbw`` (bytes / seconds) and ``busbw``
+    (algbw times 2(p-1)/p for AllReduce, 1 for Broadcast and Reduce), in GB/s.
 
     Example::
 
@@ -299,21 +290,21 @@ def records() -> list[dict[str, Any]]:
         >>> from pipecomm import collectives, observe
         >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
         >>> observe.log(); _ = collectives.allreduce(torch.ones(1024), algorithm="ring")
-        >>> r = observe.records()[-1]; r["op"], r["algorithm"], r["bytes"], r["ranks"]
-        ('allreduce', 'ring', 4096, 1)
+        >>> [observe.records()[-1][k] for k in ("op", "algorithm", "bytes", "ranks")]
+        ['allreduce', 'ring', 4096, 1]
         >>> observe.log(0); dist.destroy_process_group()
     """
     out = []
     for op, alg, n, p, s in list(_LOG or ()):
         algbw = n / s / 1e9 if s > 0 else 0.0
         out.append(dict(op=op, algorithm=alg, bytes=n, ranks=p, seconds=s, algbw=algbw,
-                        busbw=algbw * _busbw(op, p)))
+                        busbw=algbw * (2 * (p - 1) / p if op == "allreduce" else 1.0)))
     return out
 
 
 def summary() -> list[dict[str, Any]]:
-    """:func:`records` per ``(op, algorithm, bucket)`` (``bucket``: bytes rounded up to a power
-    of two): ``calls``, ``ranks``, the median ``seconds``, ``algbw`` and ``busbw`` (GB/s).
+    """:func:`records` per op, algorithm and ``bucket`` (bytes rounded up to a power of two):
+    ``calls``, ``ranks`` and the median ``seconds``, ``algbw`` and ``busbw``.
 
     Example::
 
@@ -323,43 +314,37 @@ def summary() -> list[dict[str, Any]]:
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records():
-        groups.setdefault((r["op"], r["algorithm"], 1 << max(0, r["bytes"] - 1).bit_length()),
-                          []).append(r)
+        key = (r["op"], r["algorithm"], 1 << max(0, r["bytes"] - 1).bit_length())
+        groups.setdefault(key, []).append(r)
     return [dict(op=op, algorithm=alg, bucket=b, calls=len(rs), ranks=max(r["ranks"] for r in rs),
                  **{k: statistics.median(r[k] for r in rs) for k in ("seconds", "algbw", "busbw")})
             for (op, alg, b), rs in sorted(groups.items())]
 
 
 def frame(summarised: bool = False) -> Any:
-    """:func:`records` (or, ``summarised``, :func:`summary`) as a pandas DataFrame.
+    """:func:`records` (``summarised``: :func:`summary`) as a pandas DataFrame.
 
     Example::
 
         >>> from pipecomm import observe
-        >>> list(observe.frame(summarised=True).columns)[:3]   # empty until something is logged
-        []
+        >>> observe.frame(summarised=True).empty
+        True
     """
     import pandas  # here: `import pipecomm` must not import pandas
 
     return pandas.DataFrame(summary() if summarised else records())
 
 
-# --------------------------------------------------------------------------- the flight recorder
-
-
 def flight(steps: int = 1024) -> None:
-    """Keep the last ``steps`` point-to-point messages of this rank's schedules (0: none, the
-    default): per message its collective, that call's number on this rank, the message's step
-    (its number in the call) and block (its number among the call's messages of that op and
-    peer: LP's block), op, peer (global rank), bytes, and when it was posted, waited for and
-    completed (``time.time()``; ``None``: not yet).
+    """Record this rank's last ``steps`` point-to-point messages (0: off, the default): their
+    :data:`_FIELDS` (block: the message's number among its call's of that op and peer, LP's
+    block; step: its number in the call; times ``time.time()``, ``None`` until then).
 
     Example::
 
         >>> from pipecomm import observe
-        >>> observe.flight(256); observe.flight_records()   # [{"collective": ..., "step": 3, ...}]
+        >>> observe.flight(256); observe.flight_records(); observe.flight(0)
         []
-        >>> observe.flight(0)
     """
     global _FLIGHT
     if steps != 0:
@@ -368,47 +353,42 @@ def flight(steps: int = 1024) -> None:
 
 
 def posted(op: str, peer: int, nbytes: int) -> list | None:
-    """The flight recorder's entry of a message ``op`` (``"send"``/``"recv"``) of ``nbytes`` with
-    global rank ``peer`` posted now (``None`` when it is off); called by the transport.
+    """The transport's call: the recorder's entry (``None``: off) of a message ``op``
+    (``"send"``/``"recv"``) of ``nbytes`` to or from global rank ``peer``, posted now.
 
     Example::
 
-        >>> from pipecomm import observe
-        >>> observe.posted("send", 1, 4096) is None        # the recorder is off
+        >>> posted("send", 1, 4096) is None        # the recorder is off
         True
     """
     if _FLIGHT is None:
         return None
-    call = _CURRENT.get()
-    name, seq, step, block = "p2p", -1, -1, -1
+    call, name, seq, step, block = _CURRENT.get(), "p2p", -1, -1, -1
     if call is not None:
         name, seq, step = call.name, call.seq, sum(call.streams.values())
-        block = call.streams.get((op, peer), 0)
-        call.streams[(op, peer)] = block + 1
+        block = call.streams[op, peer] = call.streams.get((op, peer), -1) + 1
     entry = [name, seq, step, op, peer, block, nbytes, time.time(), None, None]
     _FLIGHT.append(entry)
     return entry
 
 
 def stamp(entry: list | None, what: str) -> None:
-    """Mark ``entry`` (:func:`posted`) ``"waited"`` or ``"completed"`` now (``None``: nothing).
+    """Mark ``entry`` (:func:`posted`; ``None``: nothing) ``"waited"`` or ``"completed"`` now.
 
     Example::
 
-        >>> from pipecomm import observe
-        >>> observe.stamp(None, "waited")
+        >>> stamp(None, "waited")
     """
     if entry is not None:
         entry[_FIELDS.index(what)] = time.time()
 
 
 def flight_records() -> list[dict[str, Any]]:
-    """The flight recorder's messages (:func:`flight`), oldest first, as dicts.
+    """The recorded messages (:func:`flight`), oldest first, as dicts of :data:`_FIELDS`.
 
     Example::
 
-        >>> from pipecomm import observe
-        >>> observe.flight_records()                       # off: nothing recorded
+        >>> flight_records()                       # off: nothing recorded
         []
     """
     return [dict(zip(_FIELDS, e)) for e in list(_FLIGHT or ())]
