@@ -6,7 +6,9 @@ Prints microseconds per call, best of ``--repeats`` rounds of ``--calls`` calls,
   a range costs if it is entered unconditionally);
 * ``check``: the check :mod:`pipecomm.observe` does instead when no profiler runs;
 * ``wrapper``: the whole of :func:`pipecomm.observe.ranged` (check, counters, context variable)
-  around a function that does nothing, minus that function called bare;
+  around a function that does nothing, minus that function called bare (the log off);
+* ``flight hooks off``: what the transport calls per message with the flight recorder off
+  (:func:`pipecomm.observe.posted` and two :func:`pipecomm.observe.stamp`);
 
 then, on ``--world`` local gloo ranks, a blocking 4 KiB (1024 float32) AllReduce, LP and the
 built-in (``"torch"``, gloo's; it passes through the same wrapper) (median of ``--repeats``
@@ -140,10 +142,16 @@ def main(argv: list[str] | None = None) -> None:
     wrapped = observe.ranged("allreduce")(_bare)
     bare_us = per_call_us(lambda: _bare(t, algorithm="lp"), args.calls, args.repeats)
     wrapped_us = per_call_us(lambda: wrapped(t, algorithm="lp"), args.calls, args.repeats)
+    def hooks() -> None:  # what the transport calls per message: a post, its wait, completion
+        e = observe.posted("send", 1, 4096)
+        observe.stamp(e, "waited")
+        observe.stamp(e, "completed")
+
     rows = {
         "record_function": per_call_us(rf, args.calls, args.repeats),
         "check": per_call_us(observe.profiling, args.calls, args.repeats),
         "wrapper": wrapped_us - bare_us,
+        "flight hooks off": per_call_us(hooks, args.calls, args.repeats),  # per message
     }
     for name, us in rows.items():
         print(f"{name:16s} {us:8.3f} us per call")

@@ -56,16 +56,16 @@ def comm_log() -> dict:
         collectives.reduce(torch.ones(3 << 20, dtype=torch.uint8).to(torch.int32), 0,
                            algorithm="lp")
         collectives.allreduce(torch.empty(0), algorithm="be")
-        records, summary = observe.records(), observe.summary()
-        frame = observe.frame(summarised=True)
+        records, summary = observe.records(), observe.records(summarised=True)
+        frame = observe.records(summarised=True, frame=True)
     finally:
         observe.log(0)
     pg = pipecomm.backend.new_group(algorithm="lp")
-    pipecomm.backend.monitored_barrier(pg, datetime.timedelta(seconds=30))
+    pg.gloo.monitored_barrier(datetime.timedelta(seconds=30))
     missing = None
     if rank != p - 1:  # the last rank skips the barrier: rank 0 names it
         try:
-            pipecomm.backend.monitored_barrier(pg, datetime.timedelta(seconds=2))
+            pg.gloo.monitored_barrier(datetime.timedelta(seconds=2))
         except RuntimeError as exc:
             missing = str(exc)
     return dict(same=bool(torch.equal(plain, logged)), records=records, summary=summary,

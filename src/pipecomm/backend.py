@@ -49,8 +49,8 @@ from pipecomm.collectives import async_, builtin
 from pipecomm.collectives.async_ import group_timeout
 
 __all__ = ["BACKEND_NAME", "BACKSTOP", "ENV_ALGORITHM", "ENV_BLOCK_BYTES", "ENV_COMPRESSION",
-           "Options", "PipecommProcessGroup", "for_cpp", "future_of", "monitored_barrier",
-           "new_group", "options_from_env", "wait_limit_s"]
+           "Options", "PipecommProcessGroup", "for_cpp", "future_of", "new_group",
+           "options_from_env", "wait_limit_s"]
 
 #: The name ``import pipecomm.backend`` registers with ``torch.distributed.Backend``.
 BACKEND_NAME = vocab.BACKEND_NAME
@@ -341,6 +341,12 @@ class PipecommProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's C++ name)
         return BACKEND_NAME
+
+    @property
+    def gloo(self) -> Any:
+        """The inner gloo backend, e.g. for ``pg.gloo.monitored_barrier(timeout)`` (torch's
+        ``dist.monitored_barrier`` refuses a group whose backend is not named gloo)."""
+        return self._inner["cpu"][1]
 
     @property
     def algorithm(self) -> str:
@@ -658,26 +664,3 @@ def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFA
         async_.comm_group()  # a collective of every rank, so subgroups can run asynchronously
     return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options, timeout=timeout)
 
-
-def monitored_barrier(group: dist.ProcessGroup | None = None,
-                      timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
-    """``dist.monitored_barrier`` for any group, pipecomm's included (torch refuses a group whose
-    backend is not named gloo): on a pipecomm group, its inner gloo backend's. A rank missing
-    past ``timeout`` (``None``: the group's) makes rank 0 raise naming it (``wait_all_ranks``:
-    every one missing).
-
-    Example::
-
-        >>> import pipecomm.backend
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-        >>> pipecomm.backend.monitored_barrier(pipecomm.backend.new_group(),
-        ...                                      datetime.timedelta(seconds=5))
-        >>> dist.destroy_process_group()
-    """
-    pg = dist.group.WORLD if group is None else group
-    if not isinstance(pg, PipecommProcessGroup):
-        return dist.monitored_barrier(group, timeout, wait_all_ranks)
-    if timeout is not None and not isinstance(timeout, datetime.timedelta):
-        raise TypeError(f"monitored_barrier: timeout must be a datetime.timedelta or None, "
-                        f"got {timeout!r}")
-    pg._inner["cpu"][1].monitored_barrier(timeout or pg._timeout, wait_all_ranks=wait_all_ranks)

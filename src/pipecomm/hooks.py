@@ -27,21 +27,8 @@ Example::
     >>> from torch.nn.parallel import DistributedDataParallel as DDP
     >>> from pipecomm import hooks
     >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-    >>> net, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-    >>> batches = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
-
-    >>> model = DDP(net)
+    >>> model = DDP(torch.nn.Linear(2, 1))          # then train as usual (the states' examples)
     >>> hooks.register(model, hooks.CollectiveState(algorithm="lp"), hooks.allreduce_hook)
-
-    >>> model = DDP(net)
-    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> state = hooks.PipelinedState(staleness=1, algorithm="ring", compression="fp16")
-    >>> hooks.register(model, state, hooks.pipelined_hook)
-    >>> for x, y in batches:
-    ...     opt.zero_grad()
-    ...     loss_fn(model(x), y).backward()     # launches this gradient, returns the previous one
-    ...     opt.step()
-    >>> state.wait()                            # before destroying the process group
     >>> dist.destroy_process_group()
 
 The hooks' annotations are evaluated (no ``from __future__ import annotations``): DDP's

@@ -1,23 +1,19 @@
 """What pipecomm's collectives cost this rank: profiler ranges and counters.
 
-Every call of :func:`pipecomm.collectives.allreduce`, ``broadcast`` and ``reduce`` (so also the
-DDP hooks, :class:`pipecomm.pipesgd.PipeSGD`, the ``"pipecomm"`` backend and the decentralized
-trainer, which call them) runs inside a ``torch.profiler.record_function`` range named
-``pipecomm.<operation>.<algorithm>`` (for example ``pipecomm.allreduce.lp``): on the calling
-thread for the call, and on pipecomm's communication thread for the transfers of an
-``async_op=True`` call. A torch profiler trace (``torch.profiler.profile``, Chrome trace
-export) shows them beside the compute; torch's profiler records other threads only when asked,
-so pass :func:`all_threads` as its ``experimental_config`` to see the communication thread.
-With no profiler running a range costs a check of torch's profiler flags.
+Every call of :func:`pipecomm.collectives.allreduce`, ``broadcast`` and ``reduce`` (so of the
+hooks, PipeSGD, the ``"pipecomm"`` backend and the decentralized trainer too) runs inside a
+``torch.profiler.record_function`` range ``pipecomm.<operation>.<algorithm>``, on the calling
+thread and, for ``async_op=True``, on the communication thread (which torch's profiler records
+with :func:`all_threads`). With no profiler running a range costs a check of torch's flags.
 
 :func:`counters` returns, per range name, the calls, the bytes (the tensors' sizes,
 uncompressed) and the seconds this rank spent in them: the call's duration for a blocking call;
 for an asynchronous one the time its job ran on the communication thread (``"torch"``: the time
 to issue it). No printing, no synchronisation: the counters are plain sums under a lock.
 
-Off by default: :func:`log` keeps the last calls (:func:`records`, :func:`summary`,
-:func:`frame`), :func:`flight` the last messages of the schedules (dumped by the lab's ranks
-on failure: ``python -m pipecomm.lab.networks.launch.flight DIR`` names the rank that hangs).
+Off by default: :func:`log` keeps the last calls (:func:`records`), :func:`flight` the last
+messages of the schedules (dumped by the lab's ranks on failure: ``python -m
+pipecomm.lab.networks.launch.flight DIR`` names the rank that hangs).
 
 Example::
 
@@ -57,8 +53,8 @@ import torch.distributed as dist
 
 from pipecomm import checks
 
-__all__ = ["all_threads", "counters", "flight", "flight_records", "frame", "log", "on_thread",
-           "posted", "profiling", "ranged", "records", "reset", "stamp", "summary", "totals"]
+__all__ = ["all_threads", "counters", "flight", "flight_records", "log", "on_thread", "posted",
+           "profiling", "ranged", "records", "reset", "stamp", "totals"]
 
 _LOCK = threading.Lock()
 _COUNTS: dict[str, list[float]] = {}  # name -> [calls, bytes, seconds]
@@ -279,10 +275,12 @@ def log(capacity: int = 10_000) -> None:
     _LOG = collections.deque(maxlen=capacity) if capacity else None
 
 
-def records() -> list[dict[str, Any]]:
+def records(summarised: bool = False, frame: bool = False) -> Any:
     """The logged calls, oldest first: ``op``, ``algorithm`` (``auto:<choice>``), ``bytes``,
     ``ranks`` (group size), ``seconds``, nccl-tests' ``algbw`` (bytes / seconds) and ``busbw``
-    (algbw times 2(p-1)/p for AllReduce, 1 for Broadcast and Reduce), in GB/s.
+    (algbw times 2(p-1)/p for AllReduce, 1 for Broadcast and Reduce), in GB/s; ``summarised``:
+    per op, algorithm and ``bucket`` (bytes rounded up to a power of two), ``calls``, ``ranks``
+    and the median ``seconds``, ``algbw`` and ``busbw``; ``frame``: as a pandas DataFrame.
 
     Example::
 
@@ -292,47 +290,28 @@ def records() -> list[dict[str, Any]]:
         >>> observe.log(); _ = collectives.allreduce(torch.ones(1024), algorithm="ring")
         >>> [observe.records()[-1][k] for k in ("op", "algorithm", "bytes", "ranks")]
         ['allreduce', 'ring', 4096, 1]
+        >>> observe.records(summarised=True, frame=True)[["op", "bucket", "calls"]].values.tolist()
+        [['allreduce', 4096, 1]]
         >>> observe.log(0); dist.destroy_process_group()
     """
-    out = []
+    out: list[dict[str, Any]] = []
     for op, alg, n, p, s in list(_LOG or ()):
         algbw = n / s / 1e9 if s > 0 else 0.0
         out.append(dict(op=op, algorithm=alg, bytes=n, ranks=p, seconds=s, algbw=algbw,
                         busbw=algbw * (2 * (p - 1) / p if op == "allreduce" else 1.0)))
+    if summarised:
+        groups: dict[tuple, list[dict]] = {}
+        for r in out:
+            key = (r["op"], r["algorithm"], 1 << max(0, r["bytes"] - 1).bit_length())
+            groups.setdefault(key, []).append(r)
+        out = [dict(op=op, algorithm=alg, bucket=b, calls=len(rs), ranks=max(r["ranks"] for r in rs),
+                    **{k: statistics.median(r[k] for r in rs) for k in ("seconds", "algbw", "busbw")})
+               for (op, alg, b), rs in sorted(groups.items())]
+    if frame:
+        import pandas  # here: `import pipecomm` must not import pandas
+
+        return pandas.DataFrame(out)
     return out
-
-
-def summary() -> list[dict[str, Any]]:
-    """:func:`records` per op, algorithm and ``bucket`` (bytes rounded up to a power of two):
-    ``calls``, ``ranks`` and the median ``seconds``, ``algbw`` and ``busbw``.
-
-    Example::
-
-        >>> from pipecomm import observe
-        >>> observe.summary()      # [{"op": "allreduce", "algorithm": "lp", "bucket": 4096, ...}]
-        []
-    """
-    groups: dict[tuple, list[dict]] = {}
-    for r in records():
-        key = (r["op"], r["algorithm"], 1 << max(0, r["bytes"] - 1).bit_length())
-        groups.setdefault(key, []).append(r)
-    return [dict(op=op, algorithm=alg, bucket=b, calls=len(rs), ranks=max(r["ranks"] for r in rs),
-                 **{k: statistics.median(r[k] for r in rs) for k in ("seconds", "algbw", "busbw")})
-            for (op, alg, b), rs in sorted(groups.items())]
-
-
-def frame(summarised: bool = False) -> Any:
-    """:func:`records` (``summarised``: :func:`summary`) as a pandas DataFrame.
-
-    Example::
-
-        >>> from pipecomm import observe
-        >>> observe.frame(summarised=True).empty
-        True
-    """
-    import pandas  # here: `import pipecomm` must not import pandas
-
-    return pandas.DataFrame(summary() if summarised else records())
 
 
 def flight(steps: int = 1024) -> None:

@@ -8,11 +8,9 @@ the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
 Example::
 
     >>> import torch
-    >>> from pipecomm.pipesgd import PipeSGD
     >>> model = torch.nn.Linear(2, 1)
-    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
-    >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
-    >>> opt.param_groups[0]["lr"]
+    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> opt.param_groups[0]["lr"]   # shares the wrapped optimizer's (schedulers attach to it)
     0.1
 """
 
