@@ -44,12 +44,12 @@ from pipecomm.collectives import api
 from pipecomm.decentralized.gossip import Bucket, as_one_block, topology_groups
 from pipecomm.decentralized.replicas import NORM_SCOPES as NORM_SCOPES  # re-exported: public API
 from pipecomm.decentralized.replicas import (
+    broadcast_state,
     check_max_norm,
+    check_same,
     check_scaler,
-    describe_mismatch,
     group_members,
     make_optimizer,
-    model_signature,
 )
 from pipecomm.decentralized.topology import Topology, get_topology
 
@@ -212,9 +212,9 @@ class DecentralizedDataParallel(nn.Module):
         self.timing: dict[str, float] = {}
         self.reset_timing()
 
-        self._check_same_model()
+        check_same(model, {}, pg, _NAME)
         if init_sync:
-            self._broadcast_from_rank0()
+            broadcast_state(model, members[0], pg)
         self._groups = topology_groups(topo, members)  # every group a step uses, made once
         self._hooks = [opt.register_state_dict_post_hook(self._optimizer_state_dict_hook),
                        opt.register_load_state_dict_pre_hook(self._optimizer_load_hook)]
@@ -222,26 +222,6 @@ class DecentralizedDataParallel(nn.Module):
             hook = functools.partial(self._grad_ready, i)
             self._hooks.append(p.register_post_accumulate_grad_hook(hook))
             _OWNERS[id(p)] = self
-
-    # ------------------------------------------------------------------ construction helpers
-    def _check_same_model(self) -> None:
-        sig = model_signature(self.module)
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, sig, group=self.process_group)
-        for r, other in enumerate(gathered):
-            if other != gathered[0]:
-                raise ValueError(f"{_NAME}: the models differ across ranks: "
-                                 f"{describe_mismatch(gathered[0], other, r)}. Build the same "
-                                 "model (same names, shapes and dtypes) on every rank")
-
-    @torch.no_grad()
-    def _broadcast_from_rank0(self) -> None:
-        for t in [*self.module.parameters(), *self.module.buffers()]:
-            data = t.detach()
-            buf = data if data.is_contiguous() else data.contiguous()
-            dist.broadcast(buf, src=self._members[0], group=self.process_group)
-            if buf is not data:
-                data.copy_(buf)
 
     # ------------------------------------------------------------------ nn.Module interface
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -28,15 +28,9 @@ from torch import nn
 from pipecomm import compress, vocab
 from pipecomm.compress import ErrorFeedback
 from pipecomm.compress import check_error_feedback as compress_check
+from pipecomm.decentralized.replicas import broadcast_state, check_same, group_members
 from pipecomm.pipesgd.exchange import Exchange, Ready
-from pipecomm.pipesgd.replicas import (
-    broadcast_state,
-    check_arguments,
-    check_replicas,
-    check_staleness,
-    resolve_group,
-    select_params,
-)
+from pipecomm.pipesgd.replicas import check_arguments, check_staleness, select_params
 from pipecomm.pipesgd.strategies import Layerwise, Local, Pipelined, Strategy, Sync
 from pipecomm.pipesgd.timing import NullTimer, StepTimer, TimedCodec
 
@@ -144,21 +138,16 @@ class PipeSGD(torch.optim.Optimizer):
         self.model = model
         self.optimizer = optimizer
         self.group = group
-        members = resolve_group(group)
+        _, members = group_members(group, "PipeSGD", "group")
         self.world_size: int = len(members)
         self._params = select_params(model, optimizer, compression)
         if self.world_size > 1:
-            settings = {
-                "mode": vocab.MODES.index(self.mode),
-                "staleness": self.staleness,
-                "algorithm": vocab.ALGORITHMS.index(self.algorithm),
-                "compression": vocab.COMPRESSIONS.index(self.compression),
-                "error_feedback": int(self.error_feedback),
-                "bucket_mb": int(self.bucket_mb * 1024),
-            }
-            check_replicas(self._params, settings, algorithm, group)
+            settings = {"mode": self.mode, "staleness": self.staleness,
+                        "algorithm": self.algorithm, "compression": self.compression,
+                        "error_feedback": self.error_feedback, "bucket_mb": self.bucket_mb}
+            check_same(model, settings, group, "PipeSGD", params=self._params)
             if broadcast_init:
-                broadcast_state(model, members[0], algorithm, group)
+                broadcast_state(model, members[0], group, algorithm)
 
         codec = None
         if compression is not None and self.world_size > 1:

@@ -1,21 +1,19 @@
-"""Construction of PipeSGD: argument checks, the group, the trained parameters, equal replicas.
+"""Construction of PipeSGD: argument checks, the trained parameters (then, shared with
+DecentralizedDataParallel in :mod:`pipecomm.decentralized.replicas`: the group, equal replicas).
 
 One concept: what must hold before the first iteration of data-parallel training (no paper
 equation: the preconditions of the rule in ``docs/update_rules.md``). Every argument is checked
-before any communication; then the ranks compare their replicas (shapes and settings; a mismatch
-would otherwise hang a collective) and the first member's parameters and buffers are broadcast.
+before any communication.
 
 Example::
 
     >>> import torch
-    >>> from pipecomm.pipesgd.replicas import check_arguments, resolve_group, select_params
+    >>> from pipecomm.pipesgd.replicas import check_arguments, select_params
     >>> model = torch.nn.Linear(2, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> check_arguments(model, optimizer, 25.0, None, False, None)
-    >>> members = resolve_group(None)
-    >>> params = select_params(model, optimizer, None)
-    >>> members, len(params)
-    ((0,), 2)
+    >>> len(select_params(model, optimizer, None))
+    2
 """
 
 from __future__ import annotations
@@ -24,22 +22,17 @@ import operator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from pipecomm import checks, collectives
+from pipecomm import checks
 
 __all__ = [
-    "broadcast_state",
     "check_arguments",
-    "check_replicas",
     "check_staleness",
-    "resolve_group",
     "select_params",
 ]
 
 _PARAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_BUFFER_DTYPES = tuple(collectives.SUPPORTED_DTYPES)
 
 
 def check_arguments(
@@ -97,37 +90,6 @@ def check_staleness(mode: str, staleness: Any) -> int:
     return k
 
 
-def resolve_group(group: Any) -> tuple[int, ...]:
-    """Global ranks of ``group`` (``(0,)`` without torch.distributed); this rank must be one.
-
-    Example::
-
-        >>> resolve_group(None)
-        (0,)
-    """
-    initialized = dist.is_available() and dist.is_initialized()
-    if not initialized:
-        if group is not None:
-            raise ValueError(
-                "group was given but torch.distributed is not initialised; start ranks with "
-                "pipecomm.lab.networks.launch, or pass group=None for single-process training"
-            )
-        return (0,)
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
-        )
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this rank is not a member of group; create PipeSGD on members only")
-    members = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-    if dist.get_rank() not in members:
-        raise ValueError(
-            f"this rank ({dist.get_rank()}) is not a member of group {list(members)}; "
-            "create PipeSGD on members only"
-        )
-    return members
-
-
 def select_params(
     model: nn.Module, optimizer: torch.optim.Optimizer, compression: str | None
 ) -> list[nn.Parameter]:
@@ -165,44 +127,3 @@ def select_params(
         if p.layout != torch.strided:
             raise TypeError(f"parameters must be dense (strided), got layout {p.layout}")
     return params
-
-
-def check_replicas(
-    params: list[nn.Parameter], settings: dict[str, int], algorithm: str, group: Any
-) -> None:
-    device = params[0].device
-    fingerprint = 17
-    for p in params:
-        for v in (p.numel(), p.dim(), _PARAM_DTYPES.index(p.dtype), *p.shape):
-            fingerprint = (fingerprint * 1_000_003 + int(v) + 1) % (2**61 - 1)
-    local = torch.tensor(
-        [len(params), sum(p.numel() for p in params), fingerprint, *settings.values()],
-        dtype=torch.int64,
-        device=device,
-    )
-    both = torch.cat([local, -local])
-    collectives.allreduce(both, algorithm=algorithm, op="max", group=group)
-    hi, lo = both[: local.numel()], -both[local.numel() :]
-    if not torch.equal(hi, lo):
-        names = ["parameter count", "parameter elements", "parameter shapes/dtypes", *settings]
-        bad = [nm for nm, a, b in zip(names, hi.tolist(), lo.tolist()) if a != b]
-        raise ValueError(
-            f"the ranks' PipeSGD replicas differ in {', '.join(bad)}; every rank must build "
-            "the same model and pass the same PipeSGD arguments"
-        )
-
-
-@torch.no_grad()
-def broadcast_state(model: nn.Module, src: int, algorithm: str, group: Any) -> None:
-    tensors = [*model.parameters(), *model.buffers()]
-    tensors = [t for t in tensors if t.dtype in _BUFFER_DTYPES and t.numel() > 0]
-    by_key: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_key.setdefault((t.device, t.dtype), []).append(t)
-    for same in by_key.values():
-        flat = torch.cat([t.detach().reshape(-1) for t in same])
-        collectives.broadcast(flat, src, algorithm=algorithm, group=group)
-        offset = 0
-        for t in same:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
