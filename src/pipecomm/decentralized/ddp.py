@@ -6,9 +6,7 @@ Decentralized Training", ICLR 2025), adapt-while-combine as in the authors' impl
 local optimizer's step from ``y_i^k`` with the gradient computed at ``x_i^k``. Each bucket of
 about ``bucket_mb`` MiB is updated inside backward as soon as its gradients are ready, and its
 next gossip (``collectives.allreduce(..., op="avg", async_op=True)`` on the rank's group) overlaps
-the rest of backward and the next forward. ``no_sync()``, ``max_grad_norm`` /
-``grad_norm_scope``, ``grad_scaler``, ``process_group``, ``global_average()`` and
-``averaged()`` work as in torch's DistributedDataParallel where one exists.
+the rest of backward and the next forward.
 
 Update rule and how it is executed (buckets, iteration 0, resume, clipping scope, fp16):
 docs/update_rules.md, "Decentralized training" and "DecentralizedDataParallel: design notes".
@@ -265,8 +263,7 @@ class DecentralizedDataParallel(nn.Module):
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
             >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> assert ddp.state_dict().keys() == model.state_dict().keys()
-            >>> list(ddp.state_dict())
+            >>> list(ddp.state_dict())                 # model.state_dict()'s keys
             ['weight', 'bias']
             >>> ddp.close(); dist.destroy_process_group()
         """
@@ -346,13 +343,11 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> (x1, x2), (y1, y2) = x.chunk(2), y.chunk(2)
             >>> with ddp.no_sync():
-            ...     loss_fn(ddp(x1), y1).backward()     # accumulates
-            >>> loss_fn(ddp(x2), y2).backward()         # mixes and steps with the sum
+            ...     ddp(torch.ones(2, 2)).sum().backward()     # accumulates
+            >>> ddp(torch.ones(2, 2)).sum().backward()         # mixes and steps with the sum
             >>> ddp.timing["iterations"]
             1
             >>> ddp.close(); dist.destroy_process_group()
@@ -383,11 +378,9 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> train = lambda n: [loss_fn(ddp(x), y).backward() for _ in range(n)]
-            >>> ddp.reset_timing(); _ = train(10); print(ddp.timing["wait_s"] / 10)
+            >>> ddp.reset_timing(); ddp(torch.ones(4, 2)).sum().backward(); ddp.timing["wait_s"]
             0.0
             >>> ddp.close(); dist.destroy_process_group()
         """
@@ -399,10 +392,9 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> loss_fn(ddp(x), y).backward()
+            >>> ddp(torch.ones(4, 2)).sum().backward()
             >>> ddp.finish()   # e.g. before timing something else, or at the end of training
             >>> ddp.close(); dist.destroy_process_group()
         """
@@ -496,13 +488,11 @@ class DecentralizedDataParallel(nn.Module):
         Example::
 
             >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> model, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-            >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+            >>> model = torch.nn.Linear(2, 1)
             >>> ddp = DecentralizedDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> evaluate = lambda m: loss_fn(m(x), y).item()
             >>> with ddp.averaged() as model:
-            ...     accuracy = evaluate(model)
-            >>> isinstance(accuracy, float)
+            ...     loss = model(torch.ones(4, 2)).sum().item()   # evaluate(model)
+            >>> isinstance(loss, float)
             True
             >>> ddp.close(); dist.destroy_process_group()
         """
