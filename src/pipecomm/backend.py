@@ -633,8 +633,7 @@ def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFA
         >>> pg = pipecomm.backend.new_group(algorithm="ring", compression="bf16")
         >>> ddp = DistributedDataParallel(torch.nn.Linear(2, 1), process_group=pg)
         >>> evens = pipecomm.backend.new_group([0], algorithm="mst")    # on every rank
-        >>> t = torch.ones(3)
-        >>> dist.all_reduce(t, group=evens); t
+        >>> t = torch.ones(3); dist.all_reduce(t, group=evens); t
         tensor([1., 1., 1.])
         >>> dist.destroy_process_group()
     """

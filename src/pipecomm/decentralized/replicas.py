@@ -143,8 +143,7 @@ def describe_mismatch(sig0: list, sig: list, rank: int) -> str:
         >>> describe_mismatch(sig0, sig, 1)
         "parameter 'fc.bias' exists on rank 0 but not on rank 1"
     """
-    names0 = {e[1]: e for e in sig0}
-    names = {e[1]: e for e in sig}
+    names0, names = {e[1]: e for e in sig0}, {e[1]: e for e in sig}
     for kind, name, *_ in sig0:
         if name not in names:
             return f"{kind} {name!r} exists on rank 0 but not on rank {rank}"

@@ -49,9 +49,7 @@ def check_arguments(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     checks.positive_number(bucket_mb, "bucket_mb", unit="MiB")
     checks.block_bytes(block_bytes)
     checks.flag(timing, "timing")
@@ -77,16 +75,12 @@ def check_staleness(mode: str, staleness: Any) -> int:
     try:
         k = operator.index(staleness)
     except TypeError:
-        raise TypeError(
-            f"staleness must be an int or None, got {type(staleness).__name__}"
-        ) from None
+        raise TypeError(f"staleness must be an int or None, got {type(staleness).__name__}") from None
     if k < 0:
         raise ValueError(f"staleness must be >= 0 (iterations of delay), got {k}")
     if mode != "pipe" and k != 0:
-        raise ValueError(
-            f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' for "
-            "delayed updates (staleness >= 1), or staleness=None/0"
-        )
+        raise ValueError(f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' "
+                         "for delayed updates (staleness >= 1), or staleness=None/0")
     return k
 
 
@@ -107,23 +101,19 @@ def select_params(
     for g in optimizer.param_groups:
         for p in g["params"]:
             if id(p) not in in_model:
-                raise ValueError(
-                    f"optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
-                    "parameter of model; build the optimizer from model.parameters()"
-                )
+                raise ValueError(f"optimizer holds a parameter of shape {tuple(p.shape)} that is "
+                                 "not a parameter of model; build the optimizer from "
+                                 "model.parameters()")
             in_opt.add(id(p))
     params = [p for p in model.parameters() if p.requires_grad and id(p) in in_opt]
     if not params:
-        raise ValueError(
-            "model has no trainable parameter that optimizer updates; nothing to train"
-        )
+        raise ValueError("model has no trainable parameter that optimizer updates; nothing to train")
     for p in params:
         if p.dtype not in _PARAM_DTYPES:
             what = "compression" if compression is not None else "PipeSGD"
-            raise TypeError(
-                f"{what} needs floating-point parameters (float16, bfloat16, float32, "
-                f"float64); got a parameter of dtype {p.dtype} and shape {tuple(p.shape)}"
-            )
+            raise TypeError(f"{what} needs floating-point parameters (float16, bfloat16, "
+                            f"float32, float64); got a parameter of dtype {p.dtype} and shape "
+                            f"{tuple(p.shape)}")
         if p.layout != torch.strided:
             raise TypeError(f"parameters must be dense (strided), got layout {p.layout}")
     return params
