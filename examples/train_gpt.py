@@ -53,7 +53,9 @@ Usage (CPU, 2 ranks; each rank prints nothing but rank 0's log)::
 gradient (``pipecomm.compress.error_feedback``). ``--trace DIR`` writes a Chrome trace of a few
 steps per rank (``DIR/trace_rank{r}.json``, open in chrome://tracing or Perfetto): pipecomm's
 collectives appear as ``pipecomm.allreduce.<algorithm>`` ranges beside the compute, on the main
-and the communication thread.
+and the communication thread. ``--comm-log FILE`` logs every rank's collective calls of training
+(``pipecomm.observe.log``) and rank 0 writes them to the CSV ``FILE``, one row per call: rank, op,
+algorithm, bytes, ranks, seconds, algbw and busbw (GB/s).
 
 Rank 0 writes ``OUT/log.jsonl`` (one JSON object per step: step, loss, lr, dt_ms; then the
 validation loss -- of the replicas' average for the decentralized strategies -- and this rank's
@@ -75,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import datetime
 import json
 import math
@@ -149,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for any collective")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write a Chrome trace of a few steps per rank to DIR")  # fmt: skip
+    p.add_argument("--comm-log", default=None, metavar="FILE",
+                   help="write every rank's collective calls (pipecomm.observe.records) to the CSV FILE")  # fmt: skip
     args = p.parse_args(argv)
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.max_iters
@@ -427,6 +432,24 @@ def replicas_averaged(model: torch.nn.Module) -> Any:
                 p.copy_(mine)
 
 
+def write_comm_log(path: str, master: bool) -> None:
+    """Every rank's logged calls (``pipecomm.observe.records``), with its rank, to the CSV
+    ``path`` (written by rank 0); the log is turned off."""
+    mine = [{"rank": dist.get_rank(), **r} for r in observe.records()]
+    observe.log(0)
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if master:
+        rows = [r for rank_rows in every for r in rank_rows]
+        fields = ["rank", "op", "algorithm", "bytes", "ranks", "seconds", "algbw", "busbw"]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"comm log: {len(rows)} calls -> {path}")
+
+
 @torch.no_grad()
 def evaluate(fwd: Any, corpus: data.CharCorpus, args: argparse.Namespace, device: Any) -> float:
     """Validation loss (nats per character) over ``--eval-iters`` batches per rank, averaged
@@ -468,6 +491,8 @@ def main(argv: list[str] | None = None) -> None:
         launch.set_threads(launch.local_world_size())
     master = rank == 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.comm_log:
+        observe.log(1_000_000)
 
     corpus = data.CharCorpus.from_name("pydoc")
     torch.manual_seed(args.seed)
@@ -544,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(pipe, hooks.PipelinedState):
         pipe.wait()  # the hook's averages still in flight (not applied)
     comm = observe.counters()  # before evaluation's own collectives
+    if args.comm_log:
+        write_comm_log(args.comm_log, master)
     if args.eval_iters > 0:
         val = evaluate(fwd, corpus, args, device)
         if master:

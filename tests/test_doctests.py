@@ -57,6 +57,7 @@ LAB_WITH_EXAMPLES = [
     "pipecomm.lab.experiments.e14_emulator_vs_shaped",
     "pipecomm.lab.guard",
     "pipecomm.lab.ledger",
+    "pipecomm.lab.networks.launch.flight",
     "pipecomm.lab.networks.launch.rank",
     "pipecomm.lab.networks.launch.torchrun",
     "pipecomm.lab.networks.launch.worker",

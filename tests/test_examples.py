@@ -91,7 +91,8 @@ def drive(out: Path) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     for strategy in train.STRATEGIES:
-        trace = ["--trace", str(out / "trace")] if strategy == "ddp-pipelined-hook" else []
+        trace = (["--trace", str(out / "trace"), "--comm-log", str(out / "comm_log.csv")]
+                 if strategy == "ddp-pipelined-hook" else [])
         train.main([*COMMON, "--strategy", strategy, "--out", str(out / strategy), *trace])
     train.main([*COMMON, *EF, "--out", str(out / "pipesgd-ef")])
     for strategy in EXACT_RESUME:
@@ -287,6 +288,19 @@ def test_trace_and_counters(runs: Path) -> None:
     _, rest = read_log(runs / "ddp-pipelined-hook")
     lp = rest["comm"]["pipecomm.allreduce.lp"]
     assert lp["calls"] >= STEPS and lp["bytes"] > 0 and lp["seconds"] > 0
+
+
+def test_comm_log_holds_every_ranks_calls(runs: Path) -> None:
+    """--comm-log FILE: one CSV row per collective call of every rank, with algbw and busbw."""
+    import csv
+
+    with open(runs / "comm_log.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["rank"] for r in rows} == {"0", "1"}
+    assert len(rows) >= 2 * STEPS and {r["op"] for r in rows} == {"allreduce"}
+    for r in rows:
+        assert r["ranks"] == "2" and int(r["bytes"]) > 0 and float(r["seconds"]) > 0
+        assert float(r["busbw"]) == pytest.approx(float(r["algbw"]))  # 2(p-1)/p = 1 at p = 2
 
 
 def test_bad_arguments_are_refused_before_training() -> None:

@@ -343,6 +343,12 @@ class PipecommProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     @property
+    def gloo(self) -> Any:
+        """The inner gloo backend, e.g. for ``pg.gloo.monitored_barrier(timeout)`` (torch's
+        ``dist.monitored_barrier`` refuses a group whose backend is not named gloo)."""
+        return self._inner["cpu"][1]
+
+    @property
     def algorithm(self) -> str:
         """The group's algorithm: ``"auto"`` or one of :data:`pipecomm.vocab.ALGORITHMS`."""
         return self.options.algorithm
@@ -627,8 +633,7 @@ def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFA
         >>> pg = pipecomm.backend.new_group(algorithm="ring", compression="bf16")
         >>> ddp = DistributedDataParallel(torch.nn.Linear(2, 1), process_group=pg)
         >>> evens = pipecomm.backend.new_group([0], algorithm="mst")    # on every rank
-        >>> t = torch.ones(3)
-        >>> dist.all_reduce(t, group=evens); t
+        >>> t = torch.ones(3); dist.all_reduce(t, group=evens); t
         tensor([1., 1., 1.])
         >>> dist.destroy_process_group()
     """
@@ -657,3 +662,4 @@ def new_group(ranks: Sequence[int] | None = None, *, algorithm: str = vocab.DEFA
     if options.algorithm != "torch":
         async_.comm_group()  # a collective of every rank, so subgroups can run asynchronously
     return dist.new_group(ranks, backend=BACKEND_NAME, pg_options=options, timeout=timeout)
+

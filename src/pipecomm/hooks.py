@@ -27,21 +27,8 @@ Example::
     >>> from torch.nn.parallel import DistributedDataParallel as DDP
     >>> from pipecomm import hooks
     >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-    >>> net, loss_fn = torch.nn.Linear(2, 1), torch.nn.functional.mse_loss
-    >>> batches = [(torch.ones(4, 2), torch.zeros(4, 1))] * 3
-
-    >>> model = DDP(net)
+    >>> model = DDP(torch.nn.Linear(2, 1))          # then train as usual (the states' examples)
     >>> hooks.register(model, hooks.CollectiveState(algorithm="lp"), hooks.allreduce_hook)
-
-    >>> model = DDP(net)
-    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> state = hooks.PipelinedState(staleness=1, algorithm="ring", compression="fp16")
-    >>> hooks.register(model, state, hooks.pipelined_hook)
-    >>> for x, y in batches:
-    ...     opt.zero_grad()
-    ...     loss_fn(model(x), y).backward()     # launches this gradient, returns the previous one
-    ...     opt.step()
-    >>> state.wait()                            # before destroying the process group
     >>> dist.destroy_process_group()
 
 The hooks' annotations are evaluated (no ``from __future__ import annotations``): DDP's
@@ -113,7 +100,8 @@ class CollectiveState:
         >>> state = CollectiveState(algorithm="ring", compression="int8", error_feedback=True)
         >>> hooks.register(ddp_model, state, allreduce_hook)
         >>> ddp_model(torch.ones(1, 2)).sum().backward()
-        >>> torch.save(state.state_dict(), io.BytesIO())     # the residuals, per rank
+        >>> buf = io.BytesIO(); torch.save(state.state_dict(), buf); _ = buf.seek(0)  # per rank
+        >>> state.load_state_dict(torch.load(buf))           # resumed: hook_rank{rank}.pt
         >>> dist.destroy_process_group()
     """
 
@@ -137,23 +125,8 @@ class CollectiveState:
         return _state_dict(self, "CollectiveState", {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` of the same rank into a registered state.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> old = CollectiveState(algorithm="lp")
-            >>> hooks.register(ddp, old, hooks.allreduce_hook)
-            >>> buf = io.BytesIO(); torch.save(old.state_dict(), buf); _ = buf.seek(0)
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))   # resumed
-            >>> state = CollectiveState(algorithm="lp")
-            >>> hooks.register(ddp, state, hooks.allreduce_hook)
-            >>> state.load_state_dict(torch.load(buf))        # hook_rank{dist.get_rank()}.pt
-            >>> dist.destroy_process_group()
-        """
+        """Restore :meth:`state_dict` of the same rank into a registered state (the example
+        of :class:`CollectiveState` restores one)."""
         _load_state_dict(self, "CollectiveState", state_dict)
 
 
@@ -242,8 +215,13 @@ class PipelinedState:
         >>> state.filling                                    # the first k iterations apply nothing
         True
         >>> buf = io.BytesIO(); torch.save(state.state_dict(), buf); _ = buf.seek(0)
-        >>> state.wait()
-        >>> dist.destroy_process_group()
+        >>> resumed = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+        >>> new = PipelinedState(staleness=1, algorithm="ring")
+        >>> hooks.register(resumed, new, pipelined_hook)
+        >>> new.load_state_dict(torch.load(buf))             # hook_rank{dist.get_rank()}.pt
+        >>> new.filling == state.filling
+        True
+        >>> state.wait(); dist.destroy_process_group()
     """
 
     staleness: int = 1
@@ -280,26 +258,8 @@ class PipelinedState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (same staleness, same rank) into a fresh, registered state:
-        the next backward returns the average an uninterrupted run would return.
-
-        Example::
-
-            >>> import io
-            >>> from pipecomm import hooks
-            >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-            >>> old = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, old, hooks.pipelined_hook)
-            >>> ddp(torch.ones(1, 2)).sum().backward()
-            >>> buf = io.BytesIO(); torch.save(old.state_dict(), buf); _ = buf.seek(0)
-            >>> ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))   # resumed
-            >>> state = PipelinedState(staleness=1, algorithm="ring")
-            >>> hooks.register(ddp, state, hooks.pipelined_hook)
-            >>> state.load_state_dict(torch.load(buf))        # hook_rank{dist.get_rank()}.pt
-            >>> state.filling == old.filling
-            True
-            >>> state.wait(); dist.destroy_process_group()
-        """
+        the next backward returns the average an uninterrupted run would return (the example of
+        :class:`PipelinedState` resumes one)."""
         sd = state_dict
         if self._history:
             raise RuntimeError("PipelinedState.load_state_dict needs a fresh state (nothing "

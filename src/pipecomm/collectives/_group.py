@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecomm import observe
 from pipecomm.collectives import async_, p2p
 
 
@@ -94,7 +95,8 @@ class _Batch:
 
     def add(self, fn: Any, t: torch.Tensor, peer: int) -> _Batched:
         self.ops.append(dist.P2POp(fn, t, peer, self.group))
-        item = _Batched(self, "send" if fn is dist.isend else "recv", peer)
+        op = "send" if fn is dist.isend else "recv"
+        item = _Batched(self, op, peer, observe.posted(op, peer, t.nbytes))
         self.pending.append(item)
         return item
 
@@ -109,16 +111,18 @@ class _Batch:
 class _Batched:
     """One NCCL post of a :class:`_Batch` (``op`` with global rank ``peer``)."""
 
-    def __init__(self, batch: _Batch, op: str, peer: int) -> None:
+    def __init__(self, batch: _Batch, op: str, peer: int, entry: list | None) -> None:
         self.batch, self.work = batch, None
-        self.op, self.peer = op, peer
+        self.op, self.peer, self.entry = op, peer, entry  # entry: the flight recorder's
 
     def wait(self) -> None:
         self.batch.flush()  # every wait first issues all that is pending (it may be needed)
+        observe.stamp(self.entry, "waited")
         try:
             self.work.wait()
         except RuntimeError as exc:
             raise p2p.TransferError.of(self.op, self.peer, exc) from exc
+        observe.stamp(self.entry, "completed")
 
 
 _BATCHES: dict[tuple[int, int], _Batch] = {}

@@ -22,6 +22,12 @@ from pipecomm.collectives._chunks import span
 from pipecomm.collectives._engine import Engine
 
 
+def rooted(index: int, root: int, p: int) -> tuple[int, Callable[[int], int]]:
+    """``v = (index - root) mod p``, group index ``index`` relative to ``root``, and
+    ``to_group(u) = (root + u) mod p``, its inverse (e.g. ``rooted(1, 3, 4)[0] == 2``)."""
+    return (index - root) % p, lambda u: (root + u) % p
+
+
 def _rounds(m: int) -> int:
     return (m - 1).bit_length()  # ceil(log2 m), 0 for m = 1
 

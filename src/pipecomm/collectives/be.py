@@ -29,7 +29,7 @@ from pipecomm.collectives._chunks import even_offsets, span
 from pipecomm.collectives._engine import Engine, scratch
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import combine, finish
-from pipecomm.collectives._trees import binomial_gather, binomial_scatter
+from pipecomm.collectives._trees import binomial_gather, binomial_scatter, rooted
 
 
 def _split(p: int) -> tuple[int, int]:
@@ -139,11 +139,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
     if p == 1 or n == 0:
         return
     m, r = _split(p)
-    v = (comm.index - root) % p
-
-    def to_group(u: int) -> int:
-        return (root + u) % p
-
+    v, to_group = rooted(comm.index, root, p)
     eng = Engine(comm)
     if v >= m:
         eng.recv(flat, to_group(v - m)).wait()
@@ -167,11 +163,7 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
     if p == 1 or n == 0:
         return
     m, r = _split(p)
-    v = (comm.index - root) % p
-
-    def to_group(u: int) -> int:
-        return (root + u) % p
-
+    v, to_group = rooted(comm.index, root, p)
     eng = Engine(comm)
     if v >= m:
         eng.send(flat, to_group(v - m))

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipecomm import observe
+
 _HEADER = 8  # bytes: one float64 deadline in front of the payload
 _FRAME_MAX = 64 * 1024  # payloads of this many bytes or more travel unframed, after the header
 
@@ -309,7 +311,7 @@ class Transfer:
     """
 
     __slots__ = ("_works", "_deadline", "_head", "_target", "_sent", "_received", "_done",
-                 "_staged", "_op", "_peer")
+                 "_staged", "_op", "_peer", "_entry")
 
     def __init__(self, works, deadline=None, head=None, target=None, sent=0, received=0,
                  staged=None, op="recv", peer=-1) -> None:
@@ -321,16 +323,19 @@ class Transfer:
         self._target = target  # framed receive: the payload is copied out of ``head``
         self._sent, self._received = sent, received
         self._done = False
+        self._entry = observe.posted(op, peer, sent or received)  # the flight recorder's
 
     def wait(self) -> None:
         """Block until the message is complete (see the class docstring)."""
         if self._done:
             return
+        observe.stamp(self._entry, "waited")
         for work in self._works:
             try:
                 work.wait()
             except RuntimeError as exc:
                 raise TransferError.of(self._op, self._peer, exc) from exc
+        observe.stamp(self._entry, "completed")
         self._done = True
         if self._staged is not None and self._staged[1] is not None:
             host, device_tensor = self._staged
@@ -439,7 +444,8 @@ class Direct:
         self.nbytes += t.nbytes
         self.count += 1
         try:
-            return Posted(self._post([t], self._peer, self._tag), self)
+            return Posted(self._post([t], self._peer, self._tag), self,
+                          observe.posted("send" if self._send else "recv", self.rank, t.nbytes))
         except RuntimeError as exc:
             raise self.failed(exc) from exc
 
@@ -461,17 +467,20 @@ class Posted:
     """One message of a :class:`Direct` poster: the backend's work, whose failure
     :meth:`wait` raises as a :class:`TransferError` naming the peer."""
 
-    __slots__ = ("_work", "_direct")
+    __slots__ = ("_work", "_direct", "_entry")
 
-    def __init__(self, work: Any, direct: Direct) -> None:
-        self._work, self._direct = work, direct
+    def __init__(self, work: Any, direct: Direct, entry: list | None = None) -> None:
+        self._work, self._direct, self._entry = work, direct, entry  # entry: the flight recorder's
 
     def wait(self) -> bool:
         """Block until the backend is done with the message."""
+        observe.stamp(self._entry, "waited")
         try:
-            return self._work.wait()
+            done = self._work.wait()
         except RuntimeError as exc:
             raise self._direct.failed(exc) from exc
+        observe.stamp(self._entry, "completed")
+        return done
 
 
 def direct(like: torch.Tensor, peer: int, group: dist.ProcessGroup | None, tag: int,

@@ -27,7 +27,7 @@ from pipecomm.collectives._chunks import even_offsets
 from pipecomm.collectives._engine import Engine, scratch_slots
 from pipecomm.collectives._group import Comm
 from pipecomm.collectives._reduce import Wire, combine, finish
-from pipecomm.collectives._trees import binomial_gather, binomial_scatter
+from pipecomm.collectives._trees import binomial_gather, binomial_scatter, rooted
 
 #: Largest piece of a chunk on the wire (uncompressed; docs/algorithms.md, "Ring").
 SEGMENT_BYTES = 4 << 20
@@ -246,11 +246,7 @@ def broadcast(flat: torch.Tensor, comm: Comm, root: int) -> None:
     p, n = comm.size, flat.numel()
     if p == 1 or n == 0:
         return
-    v = (comm.index - root) % p
-
-    def to_group(u: int) -> int:
-        return (root + u) % p
-
+    v, to_group = rooted(comm.index, root, p)
     offsets = even_offsets(n, p)
     eng = Engine(comm)
     binomial_scatter(flat, eng, offsets, v, p, to_group)
@@ -269,11 +265,7 @@ def reduce(flat: torch.Tensor, comm: Comm, root: int, op: str) -> None:
     p, n = comm.size, flat.numel()
     if p == 1 or n == 0:
         return
-    v = (comm.index - root) % p
-
-    def to_group(u: int) -> int:
-        return (root + u) % p
-
+    v, to_group = rooted(comm.index, root, p)
     offsets = even_offsets(n, p)
     eng = Engine(comm)
     ring = _EngineRing(eng, to_group((v + 1) % p), to_group((v - 1) % p), Wire(None))

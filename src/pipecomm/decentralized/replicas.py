@@ -1,7 +1,7 @@
 """Construction checks of DecentralizedDataParallel: arguments, group, equal replicas, optimizer.
 
-Every check names the argument and the fix. :func:`model_signature` and
-:func:`describe_mismatch` find how two ranks' models differ; :func:`make_optimizer` builds or
+Every check names the argument and the fix. :func:`check_same` (how ranks' replicas differ) and
+:func:`broadcast_state` (make them equal) also serve PipeSGD; :func:`make_optimizer` builds or
 checks the one optimizer over all parameters.
 
 Example::
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import checks
+from pipecomm import checks, collectives
 
-__all__ = ["NORM_SCOPES", "check_max_norm", "check_scaler", "describe_mismatch", "group_members",
-           "make_optimizer", "model_signature"]
+__all__ = ["NORM_SCOPES", "broadcast_state", "check_max_norm", "check_same", "check_scaler",
+           "describe_mismatch", "group_members", "make_optimizer", "model_signature"]
 
 _NAME = "DecentralizedDataParallel"
 #: values of ``grad_norm_scope``
@@ -78,9 +78,11 @@ def check_scaler(grad_scaler: Any, params: list[nn.Parameter]) -> torch.amp.Grad
     return grad_scaler
 
 
-def group_members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...]]:
+def group_members(process_group: Any, where: str = _NAME, name: str = "process_group"
+                  ) -> tuple[dist.ProcessGroup | None, tuple[int, ...]]:
     """``(process group, its global ranks)`` of ``process_group`` (``None``: the world), refused
-    unless this rank is one of them.
+    unless this rank is one of them; ``(None, (0,))`` without torch.distributed. ``where`` and
+    ``name`` (the argument's) go into the messages.
 
     Example::
 
@@ -90,35 +92,41 @@ def group_members(process_group: Any) -> tuple[dist.ProcessGroup, tuple[int, ...
         (True, (0,))
         >>> dist.destroy_process_group()
     """
+    if not (dist.is_available() and dist.is_initialized()):
+        if process_group is not None:
+            raise ValueError(f"{where}: {name} was given but torch.distributed is not initialised; "
+                             "start ranks with pipecomm.lab.networks.launch, or pass "
+                             f"{name}=None for single-process training")
+        return None, (0,)
     if process_group is None:
         process_group = dist.group.WORLD
     if process_group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"{_NAME}: process_group: rank {dist.get_rank()} is not a member of it; "
-                         "construct the wrapper on the group's ranks only")
+        raise ValueError(f"{where}: {name}: rank {dist.get_rank()} is not a member of it; "
+                         f"construct {where} on the group's ranks only")
     if not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(f"{_NAME}: process_group must be a torch.distributed ProcessGroup or "
-                        f"None, got {type(process_group).__name__}")
+        raise TypeError(f"{where}: {name} must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(process_group).__name__}")
     members = tuple(dist.get_process_group_ranks(process_group))
     if dist.get_rank() not in members:
-        raise ValueError(f"{_NAME}: process_group: rank {dist.get_rank()} is not one of its ranks "
-                         f"{members}")
+        raise ValueError(f"{where}: {name}: rank {dist.get_rank()} is not one of its ranks "
+                         f"{members}; construct {where} on the group's ranks only")
     return process_group, members
 
 
-def model_signature(model: nn.Module) -> list[tuple[str, str, tuple[int, ...], str, bool]]:
-    """``(kind, name, shape, dtype, requires_grad)`` of every parameter and buffer of
-    ``model``, in registration order (compared across ranks).
+def model_signature(model: nn.Module, params: list | None = None) -> list[tuple]:
+    """``(kind, name, shape, dtype, requires_grad)`` of every parameter and buffer of ``model``
+    in registration order (``params`` given: of those parameters only, no buffer).
 
     Example::
 
         >>> model_signature(torch.nn.Linear(2, 1))[0]
         ('parameter', 'weight', (1, 2), 'torch.float32', True)
     """
-    sig = [
-        ("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad)
-        for n, p in model.named_parameters()
-    ]
-    sig += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()]
+    keep = None if params is None else {id(p) for p in params}
+    sig = [("parameter", n, tuple(p.shape), str(p.dtype), p.requires_grad)
+           for n, p in model.named_parameters() if keep is None or id(p) in keep]
+    if keep is None:
+        sig += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in model.named_buffers()]
     return sig
 
 
@@ -135,8 +143,7 @@ def describe_mismatch(sig0: list, sig: list, rank: int) -> str:
         >>> describe_mismatch(sig0, sig, 1)
         "parameter 'fc.bias' exists on rank 0 but not on rank 1"
     """
-    names0 = {e[1]: e for e in sig0}
-    names = {e[1]: e for e in sig}
+    names0, names = {e[1]: e for e in sig0}, {e[1]: e for e in sig}
     for kind, name, *_ in sig0:
         if name not in names:
             return f"{kind} {name!r} exists on rank 0 but not on rank {rank}"
@@ -149,6 +156,60 @@ def describe_mismatch(sig0: list, sig: list, rank: int) -> str:
             if e0[i] != e[i]:
                 return f"{e0[0]} {e0[1]!r} has {what} {e0[i]} on rank 0 and {e[i]} on rank {rank}"
     return f"the parameters and buffers are registered in a different order on rank {rank}"
+
+
+def check_same(model: nn.Module, settings: dict[str, Any], group: Any, where: str,
+               params: list | None = None) -> None:
+    """ValueError on every member of ``group`` unless all have the same
+    :func:`model_signature` (of ``params`` where given) and ``settings``; it names the first
+    difference (a mismatch would otherwise hang a collective or train different models).
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> check_same(torch.nn.Linear(2, 1), {"staleness": 1}, None, "PipeSGD")
+        >>> dist.destroy_process_group()
+    """
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (model_signature(model, params), settings), group=group)
+    sig0, settings0 = gathered[0]
+    for r, (sig, mine) in enumerate(gathered):
+        bad = [f"{k} is {v!r} on rank 0 and {mine.get(k)!r} on rank {r}"
+               for k, v in settings0.items() if mine.get(k) != v]
+        if sig != sig0:
+            bad.append(describe_mismatch(sig0, sig, r))
+        if bad:
+            raise ValueError(f"{where}: the replicas differ across ranks: {'; '.join(bad)}. "
+                             f"Build the same model and pass the same {where} arguments on "
+                             "every rank")
+
+
+@torch.no_grad()
+def broadcast_state(model: nn.Module, src: int, group: Any, algorithm: str | None = None) -> None:
+    """Copy global rank ``src``'s parameters and buffers into every member's ``model``, one
+    message per (device, dtype): ``collectives.broadcast`` with ``algorithm`` (of its dtypes),
+    or ``dist.broadcast`` (every dtype) when ``None``.
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())   # p = 1
+        >>> broadcast_state(torch.nn.Linear(2, 1), 0, None, "ring")
+        >>> dist.destroy_process_group()
+    """
+    by_key: dict[tuple, list[torch.Tensor]] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if t.numel() > 0 and (algorithm is None or t.dtype in collectives.SUPPORTED_DTYPES):
+            by_key.setdefault((t.device, t.dtype), []).append(t)
+    for same in by_key.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in same])
+        if algorithm is None:
+            dist.broadcast(flat, src=src, group=group)
+        else:
+            collectives.broadcast(flat, src, algorithm=algorithm, group=group)
+        offset = 0
+        for t in same:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
 
 
 def make_optimizer(optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:

@@ -8,11 +8,9 @@ the opt-in timings in :mod:`pipecomm.pipesgd.timing`.
 Example::
 
     >>> import torch
-    >>> from pipecomm.pipesgd import PipeSGD
     >>> model = torch.nn.Linear(2, 1)
-    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="pipe")
-    >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
-    >>> opt.param_groups[0]["lr"]
+    >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> opt.param_groups[0]["lr"]   # shares the wrapped optimizer's (schedulers attach to it)
     0.1
 """
 
@@ -30,15 +28,9 @@ from torch import nn
 from pipecomm import compress, vocab
 from pipecomm.compress import ErrorFeedback
 from pipecomm.compress import check_error_feedback as compress_check
+from pipecomm.decentralized.replicas import broadcast_state, check_same, group_members
 from pipecomm.pipesgd.exchange import Exchange, Ready
-from pipecomm.pipesgd.replicas import (
-    broadcast_state,
-    check_arguments,
-    check_replicas,
-    check_staleness,
-    resolve_group,
-    select_params,
-)
+from pipecomm.pipesgd.replicas import check_arguments, check_staleness, select_params
 from pipecomm.pipesgd.strategies import Layerwise, Local, Pipelined, Strategy, Sync
 from pipecomm.pipesgd.timing import NullTimer, StepTimer, TimedCodec
 
@@ -146,34 +138,25 @@ class PipeSGD(torch.optim.Optimizer):
         self.model = model
         self.optimizer = optimizer
         self.group = group
-        members = resolve_group(group)
+        _, members = group_members(group, "PipeSGD", "group")
         self.world_size: int = len(members)
         self._params = select_params(model, optimizer, compression)
         if self.world_size > 1:
-            settings = {
-                "mode": vocab.MODES.index(self.mode),
-                "staleness": self.staleness,
-                "algorithm": vocab.ALGORITHMS.index(self.algorithm),
-                "compression": vocab.COMPRESSIONS.index(self.compression),
-                "error_feedback": int(self.error_feedback),
-                "bucket_mb": int(self.bucket_mb * 1024),
-            }
-            check_replicas(self._params, settings, algorithm, group)
+            settings = {"mode": self.mode, "staleness": self.staleness,
+                        "algorithm": self.algorithm, "compression": self.compression,
+                        "error_feedback": self.error_feedback, "bucket_mb": self.bucket_mb}
+            check_same(model, settings, group, "PipeSGD", params=self._params)
             if broadcast_init:
-                broadcast_state(model, members[0], algorithm, group)
+                broadcast_state(model, members[0], group, algorithm)
 
         codec = None
         if compression is not None and self.world_size > 1:
             codec = compress.get_codec(compression)
             if timing:
                 codec = TimedCodec(codec)
-        if timing:
-            cuda = [p.device for p in self._params if p.is_cuda]
-            self._timer: StepTimer | NullTimer = StepTimer(
-                max_timings, cuda[0] if cuda else None, codec
-            )
-        else:
-            self._timer = NullTimer()
+        cuda = [p.device for p in self._params if p.is_cuda]
+        self._timer: StepTimer | NullTimer = (
+            StepTimer(max_timings, cuda[0] if cuda else None, codec) if timing else NullTimer())
         layerwise = mode == "layerwise" and self.world_size > 1
         self._exchange = Exchange(
             self._params,
@@ -364,15 +347,13 @@ class PipeSGD(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: step counters, the gradients in flight (averaged; waits
         for their reductions without applying them) and the wrapped optimizer's state (a deep
-        copy, under ``"optimizer"``). The model's own ``state_dict()`` is saved separately.
+        copy, under ``"optimizer"``). The model's own ``state_dict()`` is saved separately (as in
+        the example of :meth:`load_state_dict`).
 
         Example::
 
-            >>> import io
             >>> model = torch.nn.Linear(2, 1)
             >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
-            >>> path = io.BytesIO()
-            >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
             >>> sorted(opt.state_dict())
             ['in_flight', 'iteration', 'mode', 'optimizer', 'param_shapes', 'rank', 'residuals',
              'staleness', 'updates']
@@ -406,51 +387,42 @@ class PipeSGD(torch.optim.Optimizer):
             >>> opt = PipeSGD(model, torch.optim.SGD(model.parameters(), lr=0.1))
             >>> path = io.BytesIO()
             >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
-            >>> _ = path.seek(0)
-            >>> ckpt = torch.load(path)
+            >>> _ = path.seek(0); ckpt = torch.load(path)
             >>> model.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["opt"])
             <All keys matched successfully>
         """
         state = state_dict
         if not isinstance(state, dict):
-            raise TypeError(
-                f"state must be a dict from PipeSGD.state_dict(), got {type(state).__name__}"
-            )
+            raise TypeError("state must be a dict from PipeSGD.state_dict(), got "
+                            f"{type(state).__name__}")
         missing = set(_STATE_KEYS) - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}; pass PipeSGD.state_dict()")
         if state["mode"] != self.mode or state["staleness"] != self.staleness:
-            raise ValueError(
-                f"state was saved with mode={state['mode']!r}, staleness={state['staleness']}; "
-                f"this PipeSGD has mode={self.mode!r}, staleness={self.staleness}"
-            )
+            raise ValueError(f"state was saved with mode={state['mode']!r}, staleness="
+                             f"{state['staleness']}; this PipeSGD has mode={self.mode!r}, "
+                             f"staleness={self.staleness}")
         shapes = [tuple(p.shape) for p in self._params]
         if [tuple(s) for s in state["param_shapes"]] != shapes:
             raise ValueError("state was saved for a model with different parameter shapes")
         if len(state["in_flight"]) > self.staleness:
-            raise ValueError(
-                f"state holds {len(state['in_flight'])} gradients in flight, more than "
-                f"staleness={self.staleness}"
-            )
+            raise ValueError(f"state holds {len(state['in_flight'])} gradients in flight, more "
+                             f"than staleness={self.staleness}")
         if self._strategy.pending:
-            raise RuntimeError(
-                "load_state_dict needs a PipeSGD with nothing in flight (a fresh one)"
-            )
+            raise RuntimeError("load_state_dict needs a PipeSGD with nothing in flight (a fresh one)")
         self._strategy.check_between_steps("load_state_dict")
         for grads in state["in_flight"]:
             if len(grads) != len(self._params):
                 raise ValueError("an in-flight gradient list does not match the parameters")
         residuals = state.get("residuals") or {}
         if residuals and self._exchange.feedback is None:
-            raise ValueError(
-                "state holds error-feedback residuals; this PipeSGD has error_feedback=False"
-            )
+            raise ValueError("state holds error-feedback residuals; this PipeSGD has "
+                             "error_feedback=False")
         rank = dist.get_rank() if dist.is_initialized() else 0
         if residuals and state.get("rank", 0) != rank:
-            raise ValueError(
-                f"state holds the error-feedback residuals of rank {state.get('rank')}, loaded "
-                f"on rank {rank}; the residuals differ per rank: load each rank's own state"
-            )
+            raise ValueError(f"state holds the error-feedback residuals of rank {state.get('rank')}, "
+                             f"loaded on rank {rank}; the residuals differ per rank: load each "
+                             "rank's own state")
         self.optimizer.load_state_dict(state["optimizer"])
         self._exchange.load_residuals(residuals)
         for grads in state["in_flight"]:

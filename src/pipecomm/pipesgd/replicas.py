@@ -1,21 +1,19 @@
-"""Construction of PipeSGD: argument checks, the group, the trained parameters, equal replicas.
+"""Construction of PipeSGD: argument checks, the trained parameters (then, shared with
+DecentralizedDataParallel in :mod:`pipecomm.decentralized.replicas`: the group, equal replicas).
 
 One concept: what must hold before the first iteration of data-parallel training (no paper
 equation: the preconditions of the rule in ``docs/update_rules.md``). Every argument is checked
-before any communication; then the ranks compare their replicas (shapes and settings; a mismatch
-would otherwise hang a collective) and the first member's parameters and buffers are broadcast.
+before any communication.
 
 Example::
 
     >>> import torch
-    >>> from pipecomm.pipesgd.replicas import check_arguments, resolve_group, select_params
+    >>> from pipecomm.pipesgd.replicas import check_arguments, select_params
     >>> model = torch.nn.Linear(2, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> check_arguments(model, optimizer, 25.0, None, False, None)
-    >>> members = resolve_group(None)
-    >>> params = select_params(model, optimizer, None)
-    >>> members, len(params)
-    ((0,), 2)
+    >>> len(select_params(model, optimizer, None))
+    2
 """
 
 from __future__ import annotations
@@ -24,22 +22,17 @@ import operator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from pipecomm import checks, collectives
+from pipecomm import checks
 
 __all__ = [
-    "broadcast_state",
     "check_arguments",
-    "check_replicas",
     "check_staleness",
-    "resolve_group",
     "select_params",
 ]
 
 _PARAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_BUFFER_DTYPES = tuple(collectives.SUPPORTED_DTYPES)
 
 
 def check_arguments(
@@ -56,9 +49,7 @@ def check_arguments(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
-        )
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     checks.positive_number(bucket_mb, "bucket_mb", unit="MiB")
     checks.block_bytes(block_bytes)
     checks.flag(timing, "timing")
@@ -84,48 +75,13 @@ def check_staleness(mode: str, staleness: Any) -> int:
     try:
         k = operator.index(staleness)
     except TypeError:
-        raise TypeError(
-            f"staleness must be an int or None, got {type(staleness).__name__}"
-        ) from None
+        raise TypeError(f"staleness must be an int or None, got {type(staleness).__name__}") from None
     if k < 0:
         raise ValueError(f"staleness must be >= 0 (iterations of delay), got {k}")
     if mode != "pipe" and k != 0:
-        raise ValueError(
-            f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' for "
-            "delayed updates (staleness >= 1), or staleness=None/0"
-        )
+        raise ValueError(f"mode={mode!r} has zero staleness; got staleness={k}. Use mode='pipe' "
+                         "for delayed updates (staleness >= 1), or staleness=None/0")
     return k
-
-
-def resolve_group(group: Any) -> tuple[int, ...]:
-    """Global ranks of ``group`` (``(0,)`` without torch.distributed); this rank must be one.
-
-    Example::
-
-        >>> resolve_group(None)
-        (0,)
-    """
-    initialized = dist.is_available() and dist.is_initialized()
-    if not initialized:
-        if group is not None:
-            raise ValueError(
-                "group was given but torch.distributed is not initialised; start ranks with "
-                "pipecomm.lab.networks.launch, or pass group=None for single-process training"
-            )
-        return (0,)
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
-        )
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError("this rank is not a member of group; create PipeSGD on members only")
-    members = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
-    if dist.get_rank() not in members:
-        raise ValueError(
-            f"this rank ({dist.get_rank()}) is not a member of group {list(members)}; "
-            "create PipeSGD on members only"
-        )
-    return members
 
 
 def select_params(
@@ -145,64 +101,19 @@ def select_params(
     for g in optimizer.param_groups:
         for p in g["params"]:
             if id(p) not in in_model:
-                raise ValueError(
-                    f"optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
-                    "parameter of model; build the optimizer from model.parameters()"
-                )
+                raise ValueError(f"optimizer holds a parameter of shape {tuple(p.shape)} that is "
+                                 "not a parameter of model; build the optimizer from "
+                                 "model.parameters()")
             in_opt.add(id(p))
     params = [p for p in model.parameters() if p.requires_grad and id(p) in in_opt]
     if not params:
-        raise ValueError(
-            "model has no trainable parameter that optimizer updates; nothing to train"
-        )
+        raise ValueError("model has no trainable parameter that optimizer updates; nothing to train")
     for p in params:
         if p.dtype not in _PARAM_DTYPES:
             what = "compression" if compression is not None else "PipeSGD"
-            raise TypeError(
-                f"{what} needs floating-point parameters (float16, bfloat16, float32, "
-                f"float64); got a parameter of dtype {p.dtype} and shape {tuple(p.shape)}"
-            )
+            raise TypeError(f"{what} needs floating-point parameters (float16, bfloat16, "
+                            f"float32, float64); got a parameter of dtype {p.dtype} and shape "
+                            f"{tuple(p.shape)}")
         if p.layout != torch.strided:
             raise TypeError(f"parameters must be dense (strided), got layout {p.layout}")
     return params
-
-
-def check_replicas(
-    params: list[nn.Parameter], settings: dict[str, int], algorithm: str, group: Any
-) -> None:
-    device = params[0].device
-    fingerprint = 17
-    for p in params:
-        for v in (p.numel(), p.dim(), _PARAM_DTYPES.index(p.dtype), *p.shape):
-            fingerprint = (fingerprint * 1_000_003 + int(v) + 1) % (2**61 - 1)
-    local = torch.tensor(
-        [len(params), sum(p.numel() for p in params), fingerprint, *settings.values()],
-        dtype=torch.int64,
-        device=device,
-    )
-    both = torch.cat([local, -local])
-    collectives.allreduce(both, algorithm=algorithm, op="max", group=group)
-    hi, lo = both[: local.numel()], -both[local.numel() :]
-    if not torch.equal(hi, lo):
-        names = ["parameter count", "parameter elements", "parameter shapes/dtypes", *settings]
-        bad = [nm for nm, a, b in zip(names, hi.tolist(), lo.tolist()) if a != b]
-        raise ValueError(
-            f"the ranks' PipeSGD replicas differ in {', '.join(bad)}; every rank must build "
-            "the same model and pass the same PipeSGD arguments"
-        )
-
-
-@torch.no_grad()
-def broadcast_state(model: nn.Module, src: int, algorithm: str, group: Any) -> None:
-    tensors = [*model.parameters(), *model.buffers()]
-    tensors = [t for t in tensors if t.dtype in _BUFFER_DTYPES and t.numel() > 0]
-    by_key: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_key.setdefault((t.device, t.dtype), []).append(t)
-    for same in by_key.values():
-        flat = torch.cat([t.detach().reshape(-1) for t in same])
-        collectives.broadcast(flat, src, algorithm=algorithm, group=group)
-        offset = 0
-        for t in same:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()

@@ -53,7 +53,8 @@ __all__ = ["Layerwise", "Local", "Pipelined", "Strategy", "Sync"]
 
 
 class Strategy:
-    """Base class: the queue of pending gradients and the operations every strategy shares.
+    """Base class: the queue of pending gradients (``staleness`` k of them held back) and the
+    operations every strategy shares.
 
     Example::
 
@@ -63,11 +64,9 @@ class Strategy:
         ...
     """
 
-    staleness = 0
-
-    def __init__(self, exchange: Exchange, apply: Callable[[Any], None]) -> None:
-        self.exchange = exchange
-        self.apply = apply
+    def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int = 0
+                 ) -> None:
+        self.exchange, self.apply, self.staleness = exchange, apply, staleness
         self.pending: collections.deque = collections.deque()
 
     def step(self) -> None:
@@ -109,10 +108,6 @@ class Local(Strategy):
         0
     """
 
-    def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int) -> None:
-        super().__init__(exchange, apply)
-        self.staleness = staleness
-
     def step(self) -> None:
         grads = self.exchange.local_gradients()
         if self.staleness == 0:
@@ -149,10 +144,6 @@ class Sync(Strategy):
 class Pipelined(Strategy):
     """Pipe-SGD / delayed GD: launch now on the communication thread, apply k iterations later
     (the example of this module's docstring runs it)."""
-
-    def __init__(self, exchange: Exchange, apply: Callable[[Any], None], staleness: int) -> None:
-        super().__init__(exchange, apply)
-        self.staleness = staleness
 
     def step(self) -> None:
         entry = Launched(len(self.exchange.units))

@@ -29,6 +29,7 @@ from pipecomm.collectives import lp
 from pipecomm.collectives.async_ import comm_group, group_timeout, has_comm_group, reverse_transport
 from pipecomm.decentralized.topology import env_ranks_per_node as ranks_per_node
 from pipecomm.lab.networks import cost
+from pipecomm.lab.networks.launch import flight
 from pipecomm.pipesgd.timing import synchronize
 
 __all__ = [
@@ -162,5 +163,6 @@ def init_distributed(
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     comm_group()  # a new world: the communication thread's groups are made afresh
+    flight.install()  # with PIPECOMM_FLIGHT_DIR: record, dump on failure and on SIGTERM
     calibrated = cost.calibrated_link()  # E0's link (PIPECOMM_CALIBRATION), LP's default blocks
     lp.set_link(calibrated.alpha, 1.0 / calibrated.beta)

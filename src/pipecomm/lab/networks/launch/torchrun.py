@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from pipecomm.lab.networks.launch import flight
 from pipecomm.lab.networks.launch.rank import (
     RankError,
     RankInfo,
@@ -72,10 +73,13 @@ class TorchrunJob:
             mine: tuple[str, Any] = ("ok", to_cpu(fn(*args, **kwargs)))
         except Exception as exc:
             mine = ("error", (repr(exc), traceback.format_exc()))
+            flight.dump(repr(exc))  # with PIPECOMM_FLIGHT_DIR
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
         for rank, (kind, value) in enumerate(gathered):
             if kind == "error":
+                if mine[0] == "ok":
+                    flight.dump(f"rank {rank} failed: {value[0]}")
                 raise RankError(rank, value[0], value[1])
         return [value for _, value in gathered]
 

@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from pipecomm.lab.networks.launch import flight
 from pipecomm.lab.networks.launch.rank import init_distributed, set_threads, to_cpu
 
 __all__ = [
@@ -218,6 +219,8 @@ def run_rank(
             fn, args, kwargs = pickle.loads(payload)
             _reply(conn, "ok", rank, to_cpu(fn(*args, **kwargs)))
         except BaseException as exc:
+            with contextlib.suppress(Exception):  # with PIPECOMM_FLIGHT_DIR: before the reply
+                flight.dump(repr(exc))
             _reply(conn, "error", rank, (repr(exc), traceback.format_exc()))
 
 
