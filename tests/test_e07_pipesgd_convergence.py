@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_convergence_round2 import CLAIM_CASES as ROUND_TWO_CASES
 
 from pipecomm.lab.experiments import e07_pipesgd_convergence as e7
 from pipecomm.lab.networks import cost
@@ -154,6 +155,7 @@ CLAIM_CASES = {
     "e7_stale_hurts": (lambda: _e7(), lambda: _e7(stale_acc={0: 82.2, 1: 80.1, 2: 83.3}),
                        lambda: _e7(stale_acc={0: 80.5, 1: 79.8, 2: 80.5})),
 }
+CLAIM_CASES.update(ROUND_TWO_CASES)  # round two's checks (C7.2b, C7.3b): tests/test_convergence_round2.py
 
 
 def test_accuracy_claims_wait_for_convergence():
