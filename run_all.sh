@@ -27,8 +27,8 @@ usage: ./run_all.sh [--profile cpu|cpu-full|gpu|shaped] [--only E3 [E7 ...]] [-p
   --report            write results/<profile>/report/index.html (claims, figures, rendered
                       notebooks) from the results there, running nothing (a full run writes it
                       too); with --reference: artifact/reference/<profile>/report/
-  --tests             set up, then `ruff check` and `pytest` (arguments after it go to pytest;
-                      no run options with it)
+  --tests             set up, then `ruff check` and `pytest` on two workers (arguments after
+                      it go to pytest instead of -n 2; no run options with it)
   --help              this text
 
 Environment: PYTHON (interpreter used to create .venv, default python3),
@@ -107,6 +107,10 @@ if [ "$mode" = tests ]; then
   echo "run_all.sh: ruff check"
   "$VENV/bin/ruff" check .
   echo "run_all.sh: pytest"
-  exec "$VPY" -m pytest "${args[@]+"${args[@]}"}"
+  # two workers (pytest-xdist), one module or the shaped-network tests each (tests/conftest.py);
+  # arguments of your own choose instead (for example -n 0, or one test file)
+  workers=(-n 2 --dist loadgroup --no-loadscope-reorder)
+  [ ${#args[@]} -gt 0 ] && workers=()
+  exec "$VPY" -m pytest "${workers[@]+"${workers[@]}"}" "${args[@]+"${args[@]}"}"
 fi
 exec "$VPY" -m pipecomm.lab.artifact "${args[@]+"${args[@]}"}"

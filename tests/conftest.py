@@ -46,6 +46,33 @@ def pytest_runtest_makereport(item, call):
                                 f"Skipped: the host is too busy for this test's network: {why}")
 
 
+# --------------------------------------------------------------------------- two workers
+
+#: ``./run_all.sh --tests`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup
+#: --no-loadscope-reorder``): a module is one group, run by one worker (its module fixtures and
+#: session pools built once); the modules that build a shaped virtual cluster form one group, so
+#: two clusters never compete for the host's links (their check would skip them as "this host
+#: cannot carry"); the longest groups go first, so that no worker is left with a long tail.
+SHAPED_MODULES = ("test_cluster", "test_network_kinds", "test_e14_emulator_vs_shaped",
+                  "test_e15_against_builtin", "test_slurm")
+LONGEST_FIRST = ("shaped-network", "test_faults", "test_collectives", "test_artifact",
+                 "test_rehearsal", "test_survives", "test_crosscheck_accumadam", "test_examples",
+                 "test_netem", "test_run", "test_backend")
+
+
+def worker_group(module: str) -> str:
+    """The xdist group of a test module: ``"shaped-network"`` for :data:`SHAPED_MODULES`, else
+    the module's own name."""
+    return "shaped-network" if module in SHAPED_MODULES else module
+
+
+def pytest_collection_modifyitems(config, items):
+    order = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item.module.__name__)))
+    items.sort(key=lambda it: order.get(worker_group(it.module.__name__), len(order)))
+
+
 _POOLS: dict[tuple, launch.Ranks] = {}
 
 

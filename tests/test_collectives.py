@@ -910,11 +910,15 @@ def test_cuda_overlap_benchmark_runs_its_cpu_fallback(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "o.json"
+    bench = _benchmark("bench_cuda_overlap")
     for job in ("reduce", "copy", "lp-allreduce"):
-        proc = subprocess.run([sys.executable, str(root / "benchmarks/bench_cuda_overlap.py"),
-                               "--repeats", "2", "--job", job, "--json", str(out)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        argv = ["--repeats", "2", "--job", job, "--json", str(out)]
+        if job == "lp-allreduce":  # its ranks import the script by name: a process of its own
+            proc = subprocess.run([sys.executable, str(root / "benchmarks/bench_cuda_overlap.py"),
+                                   *argv], capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        else:
+            assert bench.main(argv) == 0
         res = json.loads(out.read_text())
         assert res["correct"] and res["device"] == "cpu"
         assert {"compute_s", "comm_s", "both_s", "serial_s", "overlap"} <= set(res)
@@ -927,7 +931,7 @@ def test_host_staged_transport(pool):
     _check(pool(3).run(fns.staged_transport, 5003, timeout_s=200))
 
 
-def test_collectives_benchmark_quick_run_and_summary(tmp_path):
+def test_collectives_benchmark_quick_run_and_summary(tmp_path, capsys):
     """benchmarks/bench_collectives.py --quick (LP, ring and the built-in, allreduce and
     broadcast, p = 2, with the A/A rows of --aa; every algorithm's #wrong is tested against the
     built-in elsewhere): #wrong 0, the built-in's own ratio 1, the A/A ratio a positive interval
@@ -970,35 +974,42 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path):
         assert float(r["busy"]) > 0 and float(r["cpu_s"]) > 0
         assert 0 < float(r["cpu_ratio_lo"]) <= float(r["cpu_ratio"]) <= float(r["cpu_ratio_hi"])
     assert all(float(r["cpu_ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
-    proc = subprocess.run([sys.executable, script, "--summary", str(out), "--min-size", "1M"],
-                          capture_output=True, text=True, timeout=60)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0
+    bench = _benchmark("bench_collectives")  # the rest reads CSVs or refuses: in this process
+    code, text, err = _in_process(bench.main, ["--summary", str(out), "--min-size", "1M"], capsys)
+    lines = text.splitlines()
+    assert code == 0
     assert lines[0].startswith("| op | p | size | lp | ring | lp/3 | torch-aa | built-in")
-    assert len(lines) == 2 + 2 and "| allreduce | 2 | 1 MiB |" in proc.stdout
-    proc = subprocess.run([sys.executable, script, "--summary", str(out)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no rows of 16M or more" in proc.stderr
-    proc = subprocess.run([sys.executable, script, "--cpu-summary", str(out), "--min-size", "1M"],
-                          capture_output=True, text=True, timeout=60)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0, proc.stderr
+    assert len(lines) == 2 + 2 and "| allreduce | 2 | 1 MiB |" in text
+    code, text, err = _in_process(bench.main, ["--summary", str(out)], capsys)
+    assert code == 2 and "no rows of 16M or more" in err
+    code, text, err = _in_process(bench.main, ["--cpu-summary", str(out), "--min-size", "1M"],
+                                  capsys)
+    lines = text.splitlines()
+    assert code == 0, err
     assert lines[0].startswith("| op | p | size | lp: wall / cpu ratio (busy) | ring: ")
-    assert len(lines) == 2 + 2 and "| broadcast | 2 | 1 MiB |" in proc.stdout
-    proc = subprocess.run([sys.executable, script, "--check-summary", str(out)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2 + 2 * 2, proc.stderr
+    assert len(lines) == 2 + 2 and "| broadcast | 2 | 1 MiB |" in text
+    code, text, err = _in_process(bench.main, ["--check-summary", str(out)], capsys)
+    assert code == 0 and len(text.splitlines()) == 2 + 2 * 2, err
     old_csv = tmp_path / "old.csv"  # written before the CPU columns
     old_csv.write_text("algorithm,op,p,nbytes,ratio\ntorch,allreduce,2,1048576,1.0\n")
-    proc = subprocess.run([sys.executable, script, "--cpu-summary", str(old_csv),
-                           "--min-size", "1M"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no CPU columns" in proc.stderr
-    proc = subprocess.run([sys.executable, script, "--aa", "--algorithms", "lp"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "include torch" in proc.stderr
-    proc = subprocess.run([sys.executable, script, "--lp-blocks", "0"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--lp-blocks" in proc.stderr
+    code, text, err = _in_process(bench.main, ["--cpu-summary", str(old_csv), "--min-size", "1M"],
+                                  capsys)
+    assert code == 2 and "no CPU columns" in err
+    code, text, err = _in_process(bench.main, ["--aa", "--algorithms", "lp"], capsys)
+    assert code == 2 and "include torch" in err
+    code, text, err = _in_process(bench.main, ["--lp-blocks", "0"], capsys)
+    assert code == 2 and "--lp-blocks" in err
+
+
+def _in_process(main, argv: list[str], capsys) -> tuple[int, str, str]:
+    """A benchmark script's ``main(argv)`` called here: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def test_collectives_benchmark_targets_from_the_csv_ratios(tmp_path, capsys):

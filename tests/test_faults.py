@@ -2,8 +2,8 @@
 
 A stuck peer (one rank sleeps from step 5) must fail every healthy rank within twice the world's
 timeout, whatever strategy trains (PipeSGD, the pipelined hook, DecentralizedDataParallel, stock
-DDP over ``pipecomm.backend.new_group``, ``init_process_group("pipecomm")``), under torchrun and
-under pipecomm's own pool; a dead peer (``os._exit(1)``) must make the survivor raise a Python
+DDP over ``pipecomm.backend.new_group``, ``init_process_group("pipecomm")``), under pipecomm's
+own pool, and under torchrun for each way the timeout reaches a strategy; a dead peer (``os._exit(1)``) must make the survivor raise a Python
 error naming it, never crash. The torchrun jobs run all at once in the background (they mostly
 wait for the timeout) while the pool's tests run here, one at a time.
 """
@@ -31,14 +31,17 @@ from pipecomm.lab.networks import launch
 #: the world's timeout in these tests (s): 4 on a quiet host; a loaded one stretches it (at a
 #: load of 4.5 per core a rank's comm-group set-up once took > 4 s, before any fault), up to 10
 T = float(min(10, max(4, round(2 * os.getloadavg()[0] / (os.cpu_count() or 1)))))
-#: the torchrun jobs' world timeout: seven jobs (14 ranks, 7 agents) start at once on the host's
-#: cores, and a starved rank reached DDP's first collective more than 4 s after its peer (a fresh
-#: clone's suite, 2 cores), so their set-up gets twice the pools' time
+#: the torchrun jobs' world timeout: the jobs (2 ranks and an agent each) start at once on
+#: the host's cores, and a starved rank reached DDP's first collective more than 4 s after its
+#: peer (seven jobs on a fresh clone's suite, 2 cores), so their set-up gets twice the pools' time
 TR = max(8.0, T)
 SLACK = 45.0  # the job ending after its error: a healthy rank's Python teardown took 25 s at load 9
 JOB_LIMIT = 150.0  # a torchrun job still running after this is a hang: killed, the test fails
 TESTS = Path(__file__).parent
-TORCHRUN_SLEEP = ["pipesgd", "hook", "decentralized", "ddp-lp", "backend"]
+#: under torchrun: the three ways the world's timeout reaches a strategy (PipeSGD's own thread,
+#: a DDP hook's future, ``init_process_group("pipecomm")``); DDP over an LP group is the dead-peer
+#: jobs' strategy, and every strategy meets a stuck rank in the pool's tests below
+TORCHRUN_SLEEP = ["pipesgd", "hook", "backend"]
 LAUNCH_SLEEP = ["pipesgd", "hook", "decentralized", "ddp-lp", "ddp-pipecomm"]
 EXIT_RUNS = 2  # torchrun jobs of DDP over an LP group whose peer exits
 
@@ -80,7 +83,8 @@ def test_bad_timeouts_are_refused(world):
 
 
 #: DDP over a pipecomm group, and DDP with pipecomm's hooks, whose AllReduce fails as the
-#: communication thread reports a dead peer; run in a subprocess (the bug was a SIGSEGV).
+#: communication thread reports a dead peer; run in a subprocess (the bug was a SIGSEGV), one
+#: model of each kind after the other
 _FAILING_DDP = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -95,28 +99,31 @@ _FAILING_DDP = textwrap.dedent("""
 
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     collectives.allreduce = failing
-    kind = sys.argv[1]
-    if kind == "group":
-        model = DDP(torch.nn.Linear(2, 1), process_group=backend.new_group(algorithm="lp"))
-    else:
-        model = DDP(torch.nn.Linear(2, 1))
-        state = hooks.CollectiveState() if kind == "hook" else hooks.PipelinedState(staleness=0)
-        hook = hooks.allreduce_hook if kind == "hook" else hooks.pipelined_hook
-        hooks.register(model, state, hook)
-    try:
-        model(torch.ones(1, 2)).sum().backward()
-    except RuntimeError as exc:
-        print("RAISED", " ".join(str(exc).split()))
+    for kind in sys.argv[1:]:
+        if kind == "group":
+            model = DDP(torch.nn.Linear(2, 1), process_group=backend.new_group(algorithm="lp"))
+        else:
+            model = DDP(torch.nn.Linear(2, 1))
+            state = hooks.CollectiveState() if kind == "hook" else hooks.PipelinedState(staleness=0)
+            hook = hooks.allreduce_hook if kind == "hook" else hooks.pipelined_hook
+            hooks.register(model, state, hook)
+        try:
+            model(torch.ones(1, 2)).sum().backward()
+        except RuntimeError as exc:
+            print("RAISED", kind, " ".join(str(exc).split()), flush=True)
     """)
+KINDS = ["group", "hook", "pipelined"]
 
 
-@pytest.mark.parametrize("kind", ["group", "hook", "pipelined"])
-def test_a_failed_allreduce_fails_ddp_with_a_python_error(kind):
-    proc = subprocess.run([sys.executable, "-c", _FAILING_DDP, kind], capture_output=True,
+def test_a_failed_allreduce_fails_ddp_with_a_python_error():
+    proc = subprocess.run([sys.executable, "-c", _FAILING_DDP, *KINDS], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
-    assert "RAISED" in proc.stdout, proc.stdout + proc.stderr[-2000:]
-    assert "TransferError: recv from rank 1 failed" in proc.stdout, proc.stdout
+    raised = {line.split()[1]: line for line in proc.stdout.splitlines()
+              if line.startswith("RAISED ")}
+    assert list(raised) == KINDS, proc.stdout + proc.stderr[-2000:]
+    for kind, line in raised.items():
+        assert "TransferError: recv from rank 1 failed" in line, (kind, line)
 
 
 def test_transfers_to_a_peer_that_left_name_it():

@@ -673,11 +673,12 @@ def test_late_wakeups_do_not_accumulate_along_a_chain(pool, virtual):
     emulated = statistics.median(v for _, v in out)
     print(f"virtual={virtual}: model {model * 1e3:.1f} ms, wall {wall * 1e3:.1f} ms, "
           f"emulated {emulated * 1e3:.1f} ms")
-    # the virtual clock's ceiling; without it the chain pays more: a hop whose receiver comes
-    # after the deadline (a loaded host) does not sleep, so not every hop pays the lateness
+    # the virtual clock's ceiling; without it the chain pays the lateness on more than one hop:
+    # all 8 on a quiet host, but a hop whose receiver comes after the deadline (a loaded host)
+    # does not sleep -- 4 of 8 were paid (58.7 ms) with a second test worker beside it
     ceiling = model + late + 0.5 * (hops - 1) * late
     if not virtual:
-        assert wall > ceiling
+        assert wall > model + 2 * late
     else:
         assert emulated >= model - 1e-4
         assert wall <= ceiling

@@ -25,12 +25,28 @@ def test_figures_from_the_reference_csvs(tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bad_input_is_one_line(tmp_path):
-    missing = _run("--training", str(tmp_path / "none.csv"), "--out", str(tmp_path))
-    assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
+def _main(capsys, *args: str) -> tuple[int, str]:
+    """The script's ``main`` in this process (refusals need no process of their own):
+    (exit code, stderr)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot_shaped", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    capsys.readouterr()
+    try:
+        code = mod.main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    code, err = _main(capsys, "--training", str(tmp_path / "none.csv"), "--out", str(tmp_path))
+    assert code == 2 and "none.csv: no such file" in err
     no_ddp = tmp_path / "t.csv"
     no_ddp.write_text("strategy,seed,step_ms,tx_bytes_per_rank_step,error\nlp,0,1.0,5.0,\n")
-    proc = _run("--training", str(no_ddp), "--out", str(tmp_path))
-    assert proc.returncode == 2 and "no stock DDP rows" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    assert _run("--out", str(tmp_path)).returncode == 2
+    code, err = _main(capsys, "--training", str(no_ddp), "--out", str(tmp_path))
+    assert code == 2 and "no stock DDP rows" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _main(capsys, "--out", str(tmp_path))[0] == 2

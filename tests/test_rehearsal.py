@@ -143,12 +143,27 @@ def test_a_rehearsal_shows_no_verdict():
     assert claims.count_line(shown) == "4 REHEARSED, 2 NOT DECIDED"
 
 
+def _gpu_e7_on(world_size: int):
+    """``profiles.read_profile`` whose gpu profile runs E7 on ``world_size`` ranks."""
+    read = profiles.read_profile
+
+    def patched(name: str) -> dict:
+        spec = read(name)
+        if name == "gpu":
+            spec["experiments"]["E7"]["params"]["world_size"] = world_size
+        return spec
+
+    return patched
+
+
 def test_the_rehearsal_of_e7_runs_end_to_end(tmp_path, monkeypatch, capsys):
     """``--rehearse --only E7``: NCCL's code path on gloo ranks, the CIFAR-10 stand-in fetched
     and read, the notebook, figure and claims, all in results/gpu-rehearsal/ and all saying it
     decides nothing; a second run reuses the result (its inputs, the stand-in's files, as it
-    read them)."""
+    read them). On 2 ranks instead of the profile's 8 (a quarter of the time on 2 cores; the
+    rehearsal's cap at the stand-in GPUs is test_every_gpu_experiment_is_rehearsed's)."""
     monkeypatch.setattr(profiles, "RESULTS", tmp_path)
+    monkeypatch.setattr(profiles, "read_profile", _gpu_e7_on(2))
     assert artifact.main(["--profile", "gpu", "--rehearse", "--only", "E7"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(rehearsal.BANNER) and text.rstrip().endswith("(rehearsal)")
