@@ -94,3 +94,17 @@ def lp_hang(stop_rank: int, stop_block: int, block_bytes: int) -> None:
         p2p.Direct.__call__ = hanging
     collectives.allreduce(torch.ones(8 * block_bytes // 4), algorithm="lp",
                           block_bytes=block_bytes)
+
+
+def exchanged(n: int) -> list[dict]:
+    """One :func:`pipecomm.collectives.p2p.exchange` of ``n`` float32 with the next rank (ring
+    order) under the flight recorder: this rank's recorded messages."""
+    from pipecomm.collectives.p2p import exchange
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    observe.flight(64)
+    try:
+        exchange([(torch.ones(n), (rank + 1) % p)], [(torch.empty(n), (rank - 1) % p)])
+        return observe.flight_records()
+    finally:
+        observe.flight(0)

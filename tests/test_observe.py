@@ -127,6 +127,15 @@ def test_importing_pipecomm_loads_no_pandas():
 # --------------------------------------------------------------------------- the flight recorder
 
 
+def test_flight_recorder_sees_exchange(pool):
+    """p2p.exchange's messages (posted together, waited together) are recorded like the
+    schedules' own: op, peer, bytes, and posted <= waited <= completed."""
+    for rank, msgs in enumerate(pool(3).run(fns.exchanged, 1001)):
+        assert [(m["op"], m["peer"], m["bytes"]) for m in msgs] == [
+            ("send", (rank + 1) % 3, 4004), ("recv", (rank - 1) % 3, 4004)], msgs
+        assert all(m["posted"] <= m["waited"] <= m["completed"] for m in msgs), msgs
+
+
 def test_flight_recorder_names_the_rank_that_stopped(tmp_path, monkeypatch):
     """p = 3, LP AllReduce of 8 blocks: rank 1 stops before block 3 to rank 2; with a 3 s
     timeout every rank dumps and the tool names rank 1 and that block."""

@@ -140,20 +140,32 @@ def _done(sent: int, nsent: int, received: int, nreceived: int, waited: float) -
         _INTERPOSER.on_done(sent, nsent, received, nreceived, waited)
 
 
-def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]]) -> None:
+def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]],
+             entries: Sequence[list | None] = ()) -> None:
     """Wait for each backend work, posted as ``ops[i] = ("send" | "recv", global rank)``; the
-    first that fails raises :class:`TransferError` naming its operation and peer.
+    first that fails raises :class:`TransferError` naming its operation and peer. ``entries``:
+    the flight recorder's entries of the posts (:func:`pipecomm.observe.posted`), stamped
+    waited and completed here.
 
     Example::
 
         works = [pg.recv([buf], 1, tag), pg.send([mine], 1, tag)]
         wait_all(works, [("recv", 1), ("send", 1)])
     """
-    for work, (op, peer) in zip(works, ops):
+    entries = list(entries) or [None] * len(ops)
+    for work, (op, peer), entry in zip(works, ops, entries):
+        observe.stamp(entry, "waited")
         try:
             work.wait()
         except RuntimeError as exc:
             raise TransferError.of(op, peer, exc) from exc
+        observe.stamp(entry, "completed")
+
+
+def _post_batch(ops: list, names: list[tuple[str, int]]) -> None:
+    """Post ``ops`` (``dist.P2POp``) together, each recorded by the flight recorder, and wait."""
+    entries = [observe.posted(op, peer, o.tensor.nbytes) for o, (op, peer) in zip(ops, names)]
+    wait_all(dist.batch_isend_irecv(ops), names, entries)
 
 
 def _check(t: torch.Tensor, what: str, i: int) -> torch.Tensor:
@@ -227,7 +239,7 @@ def exchange(sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[to
         if not ops:
             return
         names = [("send", peer) for _, peer in sends] + [("recv", peer) for _, peer in recvs]
-        wait_all(dist.batch_isend_irecv(ops), names)
+        _post_batch(ops, names)
         for (t, _), (h, _) in zip(recvs, host_recvs):
             if h is not t:
                 t.copy_(h)
@@ -286,7 +298,7 @@ def _emulated_exchange(emu, sends, recvs, group) -> None:
         for buf in bufs:
             ops.append(dist.P2POp(dist.irecv, buf, src, group))
             names.append(("recv", src))
-    wait_all(dist.batch_isend_irecv(ops), names)
+    _post_batch(ops, names)
     deadlines += [_unframe(head, framed) for head, framed in heads]
     waited = _sleep_until(max(deadlines))
     _done(sum(p.numel() for p in payloads), len(payloads), sum(t.numel() for t in targets),

@@ -3,7 +3,8 @@ and the verdicts of its experiment's claims. Public and small, so that a noteboo
 science: parameters, plan, table, figure, verdicts.
 
 Importing it sets the inline figure resolution of the notebook (:data:`INLINE_DPI`): the figure
-shows in the executed notebook at a modest size; ``figure.png`` beside it keeps its own.
+shows in the executed notebook at a modest size; ``figure.png`` beside it keeps its own, and a
+saved figure shows as that file (:func:`show_saved`), drawn once for both.
 
 Example (the cells of every notebook under notebooks/)::
 
@@ -32,7 +33,8 @@ import pandas as pd
 from pipecomm.lab import claims, cli, results
 from pipecomm.lab.cli import notebook_params
 
-__all__ = ["load_or_run", "parameters", "per_task", "save", "table", "titled", "verdicts"]
+__all__ = ["load_or_run", "parameters", "per_task", "save", "show_saved", "table", "titled",
+           "verdicts"]
 
 NOTEBOOKS = results.REPO_ROOT / "notebooks"
 #: Resolution of the figure a notebook shows inline (figure.png is saved at its own, 120 dpi).
@@ -122,7 +124,37 @@ def save(module: ModuleType, out_dir: Any, df: pd.DataFrame, fig: Any = None,
         from pipecomm.lab import rehearsal
 
         fig = rehearsal.mark_figure(fig)
-    return cli.save(module, out_dir, df, fig, params, extra)
+    out = cli.save(module, out_dir, df, fig, params, extra)
+    if out is not None and fig is not None:
+        show_saved(fig, Path(out) / "figure.png")
+    return out
+
+
+def show_saved(fig: Any, png: Path) -> bool:
+    """In a notebook kernel, show ``fig`` as the ``png`` just saved, at the inline size
+    (:data:`INLINE_DPI`), and close it: the inline backend would draw it once more. Elsewhere
+    (a script, a test) nothing; returns whether it showed.
+
+    Example::
+
+        >>> import matplotlib.pyplot as plt
+        >>> show_saved(plt.figure(), Path("figure.png"))   # not in a kernel
+        False
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    if get_ipython() is None or not png.is_file():
+        return False
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    data = png.read_bytes()
+    pixels = int.from_bytes(data[16:20], "big")  # the PNG header's width
+    plt.close(fig)
+    display(Image(data=data, format="png", width=round(pixels * INLINE_DPI / results.FIGURE_DPI)))
+    return True
 
 
 class Note:

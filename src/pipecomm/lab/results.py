@@ -365,6 +365,10 @@ def describe_runs(df: pd.DataFrame) -> dict[str, Any]:
 # --------------------------------------------------------------------------- one experiment
 
 
+#: Resolution of figure.png (a notebook shows it at :data:`pipecomm.lab.notebook.INLINE_DPI`).
+FIGURE_DPI = 120
+
+
 def save(
     out_dir: str | os.PathLike | None,
     df: pd.DataFrame,
@@ -396,7 +400,7 @@ def save(
     if fig is not None:
         for ext in ("png", "pdf"):
             with atomic_path(out / f"figure.{ext}") as tmp:
-                fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")
+                fig.savefig(tmp, format=ext, dpi=FIGURE_DPI, bbox_inches="tight")
     if params is not None:
         write_json(out / "params.json", dict(params))
     env = environment() | describe_runs(df)
