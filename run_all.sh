@@ -108,9 +108,12 @@ if [ "$mode" = tests ]; then
   "$VENV/bin/ruff" check .
   echo "run_all.sh: pytest"
   # two workers (pytest-xdist), one module or the shaped-network tests each (tests/conftest.py);
-  # arguments of your own choose instead (for example -n 0, or one test file)
-  workers=(-n 2 --dist loadgroup --no-loadscope-reorder)
-  [ ${#args[@]} -gt 0 ] && workers=()
+  # arguments of your own choose instead (for example -n 0, or one test file); one worker in a
+  # .venv without xdist (PIPECOMM_SKIP_INSTALL=1 over an older one)
+  workers=()
+  if [ ${#args[@]} -eq 0 ] && "$VPY" -c "import xdist" 2>/dev/null; then
+    workers=(-n 2 --dist loadgroup --no-loadscope-reorder)
+  fi
   exec "$VPY" -m pytest "${workers[@]+"${workers[@]}"}" "${args[@]+"${args[@]}"}"
 fi
 exec "$VPY" -m pipecomm.lab.artifact "${args[@]+"${args[@]}"}"
