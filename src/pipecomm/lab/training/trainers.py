@@ -81,7 +81,22 @@ class Trainer(Protocol):
     def close(self) -> None: ...
 
 
-class AllReduceTrainer:
+class _Replicated:
+    """What the two AllReduce trainers share: gradients cleared to None, and every rank holding
+    the same parameters after a step."""
+
+    model: nn.Module
+
+    def zero_grad(self) -> None:
+        """Clear the gradients before the next backward."""
+        self.model.zero_grad(set_to_none=True)
+
+    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model itself: after every step all ranks hold the same parameters."""
+        return contextlib.nullcontext(self.model)
+
+
+class AllReduceTrainer(_Replicated):
     """The AllReduce baseline: :class:`pipecomm.pipesgd.PipeSGD` in ``"layerwise"`` mode.
 
     Gradient buckets (reverse registration order, closed at ``bucket_mb`` MiB, as DDP) are
@@ -112,17 +127,9 @@ class AllReduceTrainer:
             model, optimizer, mode="layerwise", algorithm=algorithm, bucket_mb=bucket_mb
         )
 
-    def zero_grad(self) -> None:
-        """Clear the gradients before the next backward."""
-        self.model.zero_grad(set_to_none=True)
-
     def step(self) -> None:
         """Wait for the bucket allreduces and step."""
         self.trainer.step()
-
-    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
-        """The model itself: after every step all ranks hold the same parameters."""
-        return contextlib.nullcontext(self.model)
 
     def close(self) -> None:
         """Apply anything in flight and detach the hooks."""
@@ -130,7 +137,7 @@ class AllReduceTrainer:
         self.trainer.remove_hooks()
 
 
-class AfterBackwardTrainer:
+class AfterBackwardTrainer(_Replicated):
     """AllReduce without overlap, the ablation arm of :class:`AllReduceTrainer` (E11): the same
     gradient buckets (reverse registration order, closed at ``bucket_mb`` MiB, as
     DDP), all-reduced (average) only once backward has finished -- launched back to back on
@@ -164,10 +171,6 @@ class AfterBackwardTrainer:
         self.buckets: list[list[int]] = bucket_indices(self._params, bucket_mb * 2**20,
                                                        order="reverse", kinds="interleaved")
 
-    def zero_grad(self) -> None:
-        """Clear the gradients before the next backward."""
-        self.model.zero_grad(set_to_none=True)
-
     @torch.no_grad()
     def step(self) -> None:
         """All-reduce every bucket (launched back to back, then waited for), then step."""
@@ -188,10 +191,6 @@ class AfterBackwardTrainer:
                     q.grad = flat[offset:offset + q.numel()].view_as(q).clone()
                     offset += q.numel()
         self.optimizer.step()
-
-    def averaged(self) -> contextlib.AbstractContextManager[nn.Module]:
-        """The model itself: after every step all ranks hold the same parameters."""
-        return contextlib.nullcontext(self.model)
 
     def close(self) -> None:
         """Nothing in flight between steps: nothing to do."""
