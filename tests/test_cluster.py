@@ -152,6 +152,9 @@ def test_a_job_keeps_its_ranks_across_calls_and_stops_on_failure():
             assert job.run(rf.count_calls) == [1, 1]
             assert job.run(rf.count_calls) == [2, 2]
             assert job.run(rf.allreduce_sum, 3) == [[1.0, 3.0, 5.0]] * 2
+            with pytest.raises(ValueError, match="timeout_s"):  # refused; the job stays up
+                job.run(rf.count_calls, timeout_s=0)
+            assert job.run(rf.count_calls) == [3, 3]
             with pytest.raises(launch.RankError, match="on purpose") as err:
                 job.run(rf.fail_on, 1, timeout_s=60)
             assert err.value.rank == 1
@@ -159,8 +162,8 @@ def test_a_job_keeps_its_ranks_across_calls_and_stops_on_failure():
                 job.run(rf.count_calls)
         with c.job() as job, pytest.raises(TimeoutError, match="still running"):
             job.run(rf.sleep_s, 30.0, timeout_s=2.0)
-        with pytest.raises(ValueError, match="timeout_s"), c.job() as job:
-            job.run(rf.count_calls, timeout_s=0)
+        with pytest.raises(ValueError, match="timeout_s"):  # refused before any rank starts
+            c.run(rf.count_calls, timeout_s=0)
         assert c.run(rf.count_calls) == [1, 1]  # a new job: new rank processes
     assert _ours() == []
 

@@ -473,6 +473,9 @@ class VirtualCluster:
 
             out = c.run(mymodule.measure, 1 << 20)
         """
+        # refused before any rank starts (ClusterJob.run checks them again, per call)
+        checks.positive_number(self.timeout_s if timeout_s is None else timeout_s, "timeout_s",
+                               "VirtualCluster.run", "seconds")
         with self.job(backend) as job:
             return job.run(fn, *args, timeout_s=timeout_s, **kwargs)
 
