@@ -117,12 +117,7 @@ class _Batched:
 
     def wait(self) -> None:
         self.batch.flush()  # every wait first issues all that is pending (it may be needed)
-        observe.stamp(self.entry, "waited")
-        try:
-            self.work.wait()
-        except RuntimeError as exc:
-            raise p2p.TransferError.of(self.op, self.peer, exc) from exc
-        observe.stamp(self.entry, "completed")
+        p2p.wait_message([self.work], self.op, self.peer, self.entry)
 
 
 _BATCHES: dict[tuple[int, int], _Batch] = {}

@@ -142,10 +142,9 @@ def _done(sent: int, nsent: int, received: int, nreceived: int, waited: float) -
 
 def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]],
              entries: Sequence[list | None] = ()) -> None:
-    """Wait for each backend work, posted as ``ops[i] = ("send" | "recv", global rank)``; the
-    first that fails raises :class:`TransferError` naming its operation and peer. ``entries``:
-    the flight recorder's entries of the posts (:func:`pipecomm.observe.posted`), stamped
-    waited and completed here.
+    """Wait for each backend work, posted as ``ops[i] = ("send" | "recv", global rank)``, with
+    its flight recorder entry ``entries[i]`` (:func:`pipecomm.observe.posted`), as
+    :func:`wait_message` waits for one message.
 
     Example::
 
@@ -154,12 +153,24 @@ def wait_all(works: Sequence[Any], ops: Sequence[tuple[str, int]],
     """
     entries = list(entries) or [None] * len(ops)
     for work, (op, peer), entry in zip(works, ops, entries):
-        observe.stamp(entry, "waited")
+        wait_message([work], op, peer, entry)
+
+
+def wait_message(works: Sequence[Any], op: str, peer: int, entry: list | None) -> None:
+    """Wait for the backend ``works`` of one message (``op`` with global rank ``peer``), its
+    flight recorder ``entry`` stamped waited, then completed; a failure is a :class:`TransferError`.
+
+    Example::
+
+        wait_message([pg.recv([buf], 1, tag)], "recv", 1, observe.posted("recv", 1, buf.nbytes))
+    """
+    observe.stamp(entry, "waited")
+    for work in works:
         try:
             work.wait()
         except RuntimeError as exc:
             raise TransferError.of(op, peer, exc) from exc
-        observe.stamp(entry, "completed")
+    observe.stamp(entry, "completed")
 
 
 def _post_batch(ops: list, names: list[tuple[str, int]]) -> None:
@@ -341,13 +352,7 @@ class Transfer:
         """Block until the message is complete (see the class docstring)."""
         if self._done:
             return
-        observe.stamp(self._entry, "waited")
-        for work in self._works:
-            try:
-                work.wait()
-            except RuntimeError as exc:
-                raise TransferError.of(self._op, self._peer, exc) from exc
-        observe.stamp(self._entry, "completed")
+        wait_message(self._works, self._op, self._peer, self._entry)
         self._done = True
         if self._staged is not None and self._staged[1] is not None:
             host, device_tensor = self._staged
