@@ -205,7 +205,10 @@ def report(directory: str | os.PathLike) -> str:
         >>> print(report(tempfile.mkdtemp()))
         no flight recorder dumps (flight_rank<r>.json) in ...
     """
-    dumps = load(directory)
+    return _report(directory, load(directory))
+
+
+def _report(directory: str | os.PathLike, dumps: dict[int, dict[str, Any]]) -> str:
     if not dumps:
         return f"no flight recorder dumps (flight_rank<r>.json) in {directory}"
     world = max([b.get("world_size") or 0 for b in dumps.values()] + [max(dumps) + 1])
@@ -246,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Line up pipecomm's flight recorder dumps.")
     p.add_argument("directory", help="where the ranks wrote flight_rank<r>.json")
     args = p.parse_args(argv)
-    print(report(args.directory))
     dumps = load(args.directory)
+    print(_report(args.directory, dumps))
     return 2 if not dumps else (1 if diagnose(dumps) else 0)
 
 
