@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import rankfns_cluster as rf
+import scripts
 
 from pipecomm.lab.experiments import e13_dadam_convergence as e13
 from pipecomm.lab.networks import cluster, launch
@@ -339,17 +340,6 @@ def test_e13_through_torchrun_on_two_nodes_matches_a_local_pool(tmp_path):
     np.testing.assert_allclose(s.loss.to_numpy(), b.loss.to_numpy(), rtol=1e-5)
 
 
-def _bench_training():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks/bench_training.py"
-    spec = importlib.util.spec_from_file_location("bench_training", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_training_benchmark_strategies_and_summary(tmp_path):
     """bench_training.py: strategy specs to train_gpt.py arguments, the summary's paired ratio to
     stock DDP and the loss spread over seeds, and bad arguments refused before any cluster."""
@@ -357,7 +347,7 @@ def test_training_benchmark_strategies_and_summary(tmp_path):
 
     from pipecomm.lab.training import shaped_training
 
-    bt = _bench_training()
+    bt = scripts.load("benchmarks/bench_training.py")
     assert shaped_training.strategy_args("ddp") == ["--strategy", "ddp"]
     assert shaped_training.strategy_args("ddp-pipecomm:lp+int8") == [
         "--strategy", "ddp-pipecomm", "--algorithm", "lp", "--compression", "int8"]
@@ -383,7 +373,7 @@ def test_training_benchmark_strategies_and_summary(tmp_path):
 def test_training_benchmark_runs_on_a_shaped_cluster(tmp_path):
     """Two strategies, one seed, a tiny model on 2 shaped nodes: the same losses (DDP over
     pipecomm's ring trains as DDP over gloo), step times and bytes sent recorded."""
-    bt = _bench_training()
+    bt = scripts.load("benchmarks/bench_training.py")
     out = tmp_path / "t.csv"
     assert bt.main(["--cluster", "50e6", "--nodes", "2", "--strategies", "ddp",
                     "ddp-pipecomm:ring", "--seeds", "0", "--steps", "4", "--warmup-steps", "1",

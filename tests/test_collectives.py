@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import rankfns_collectives as fns
+import scripts
 import torch
 
 from pipecomm import collectives as C
@@ -975,41 +976,30 @@ def test_collectives_benchmark_quick_run_and_summary(tmp_path, capsys):
         assert 0 < float(r["cpu_ratio_lo"]) <= float(r["cpu_ratio"]) <= float(r["cpu_ratio_hi"])
     assert all(float(r["cpu_ratio"]) == 1.0 for r in rows if r["algorithm"] == "torch")
     bench = _benchmark("bench_collectives")  # the rest reads CSVs or refuses: in this process
-    code, text, err = _in_process(bench.main, ["--summary", str(out), "--min-size", "1M"], capsys)
+    code, text, err = scripts.call_main(bench.main, ["--summary", str(out), "--min-size", "1M"], capsys)
     lines = text.splitlines()
     assert code == 0
     assert lines[0].startswith("| op | p | size | lp | ring | lp/3 | torch-aa | built-in")
     assert len(lines) == 2 + 2 and "| allreduce | 2 | 1 MiB |" in text
-    code, text, err = _in_process(bench.main, ["--summary", str(out)], capsys)
+    code, text, err = scripts.call_main(bench.main, ["--summary", str(out)], capsys)
     assert code == 2 and "no rows of 16M or more" in err
-    code, text, err = _in_process(bench.main, ["--cpu-summary", str(out), "--min-size", "1M"],
+    code, text, err = scripts.call_main(bench.main, ["--cpu-summary", str(out), "--min-size", "1M"],
                                   capsys)
     lines = text.splitlines()
     assert code == 0, err
     assert lines[0].startswith("| op | p | size | lp: wall / cpu ratio (busy) | ring: ")
     assert len(lines) == 2 + 2 and "| broadcast | 2 | 1 MiB |" in text
-    code, text, err = _in_process(bench.main, ["--check-summary", str(out)], capsys)
+    code, text, err = scripts.call_main(bench.main, ["--check-summary", str(out)], capsys)
     assert code == 0 and len(text.splitlines()) == 2 + 2 * 2, err
     old_csv = tmp_path / "old.csv"  # written before the CPU columns
     old_csv.write_text("algorithm,op,p,nbytes,ratio\ntorch,allreduce,2,1048576,1.0\n")
-    code, text, err = _in_process(bench.main, ["--cpu-summary", str(old_csv), "--min-size", "1M"],
+    code, text, err = scripts.call_main(bench.main, ["--cpu-summary", str(old_csv), "--min-size", "1M"],
                                   capsys)
     assert code == 2 and "no CPU columns" in err
-    code, text, err = _in_process(bench.main, ["--aa", "--algorithms", "lp"], capsys)
+    code, text, err = scripts.call_main(bench.main, ["--aa", "--algorithms", "lp"], capsys)
     assert code == 2 and "include torch" in err
-    code, text, err = _in_process(bench.main, ["--lp-blocks", "0"], capsys)
+    code, text, err = scripts.call_main(bench.main, ["--lp-blocks", "0"], capsys)
     assert code == 2 and "--lp-blocks" in err
-
-
-def _in_process(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    """A benchmark script's ``main(argv)`` called here: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_collectives_benchmark_targets_from_the_csv_ratios(tmp_path, capsys):
@@ -1140,14 +1130,7 @@ def test_loopback_lean_ring_matches_builtin_and_reports(capsys):
 
 def _benchmark(name: str):
     """benchmarks/<name>.py as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / f"benchmarks/{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return scripts.load(f"benchmarks/{name}.py")
 
 
 def _loopback_flows():

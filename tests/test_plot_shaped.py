@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "plot_shaped.py"
 BENCH = ROOT / "artifact" / "reference" / "shaped-bench"
@@ -26,19 +28,10 @@ def test_figures_from_the_reference_csvs(tmp_path):
 
 
 def _main(capsys, *args: str) -> tuple[int, str]:
-    """The script's ``main`` in this process (refusals need no process of their own):
-    (exit code, stderr)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("plot_shaped", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    capsys.readouterr()
-    try:
-        code = mod.main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
+    """The script's ``main`` in this process: (exit code, stderr)."""
+    code, _, err = scripts.call_main(scripts.load("benchmarks/plot_shaped.py").main, list(args),
+                                     capsys)
+    return code, err
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
