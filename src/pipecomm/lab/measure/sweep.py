@@ -191,12 +191,14 @@ def rotated(items: Sequence[T], i: int) -> list[T]:
     return [*items[j:], *items[:j]]
 
 
-def _row(pt: dict[str, Any], q: int, result: dict[str, Any], block: int | None) -> dict:
+def _row(pt: dict[str, Any], q: int, result: dict[str, Any], block: int | None,
+         chose: str | None = None) -> dict:
     return {
         **{k: pt[k] for k in ("op", "algorithm", "nbytes", "warmup", "iters")},
         "world_size": q,
         **bench.columns(result),
         "block_bytes": block,
+        "chose": chose,
     }
 
 
@@ -225,7 +227,8 @@ def measure_points(
     Points run in the given order; a point with ``p`` < world size runs on the subgroup of global
     ranks ``0..p-1`` (the other ranks wait at a world barrier after each run of points with the
     same ``p``). Rank 0 returns one row per point (median, min, max over iterations of the max
-    over ranks, and the LP block size used); the others return ``[]``.
+    over ranks, the LP block size used and, for ``auto``, what it ran: ``chose``); the others
+    return ``[]``.
 
     ``interleave``: consecutive points with the same ``p``, ``op`` and ``nbytes`` (the algorithms
     of one comparison) are timed round-robin -- each takes its warm-up calls, then repeat ``i``
@@ -245,7 +248,8 @@ def measure_points(
               "warmup": 1, "iters": 3}
         rows = ranks.run(measure_points, [pt])[0]
     """
-    from pipecomm.collectives import lp
+    from pipecomm import vocab
+    from pipecomm.collectives import api, lp
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device(device) if device else torch.device("cpu")
@@ -307,7 +311,8 @@ def measure_points(
                 block = pt.get("block_bytes")
                 if pt["algorithm"] == "lp" and block is None:
                     block = lp.default_block_bytes(op, t.numel() * 4, q)
-                rows.append(_row(pt, q, res, block if pt["algorithm"] == "lp" else None))
+                chose = api._auto(op, t, group=g) if pt["algorithm"] == vocab.AUTO else None
+                rows.append(_row(pt, q, res, block if pt["algorithm"] == "lp" else None, chose))
     dist.barrier()
     return rows
 
