@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (tiny defaults: a few seconds on two CPU ranks)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=_DefaultsHelp)
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
-    p.add_argument("--algorithm", choices=vocab.ALGORITHMS, default=vocab.DEFAULT_ALGORITHM,
+    p.add_argument("--algorithm", choices=vocab.ALGORITHM_CHOICES, default=vocab.DEFAULT_ALGORITHM,
                    help="pipecomm's AllReduce (not used by --strategy ddp)")  # fmt: skip
     p.add_argument("--compression", choices=vocab.CODECS, default=None, help="pipecomm's codec (lp / ring); with --strategy ddp, fp16 is torch's own hook")
     p.add_argument("--staleness", type=int, default=1, help="k of Pipe-SGD")

@@ -194,8 +194,8 @@ def test_an_emulated_network_is_another_network_without_the_builtin(monkeypatch,
         t = torch.ones(1 << 22)  # 16 MiB
         link(1e-3, 15e6)  # what the emulator sets
         monkeypatch.setattr(api, "members_of", lambda group: tuple(range(8)))
-        assert api._auto("broadcast", t, group=None) == "lp"  # never the built-in here
-        assert api._auto("allreduce", t, group=None) in ("be", "ring")
+        assert api.auto_choice("broadcast", t, group=None) == "lp"  # never the built-in here
+        assert api.auto_choice("allreduce", t, group=None) in ("be", "ring")
         assert builtin.choose("broadcast", 16 << 20, 8, allowed=("lp", "mst", "be", "ring")) == "lp"
     finally:
         p2p.set_interposer(None)

@@ -101,6 +101,27 @@ def test_step_table_leaves_failed_runs_out():
     assert "FAILED: node 1 died" in text and "vs ddp" in text
 
 
+def test_auto_is_read_against_each_algorithm_beside_it_and_the_fastest():
+    vs = e15.versus_auto(_auto_rows(1.0, 0.3))
+    assert set(vs.vs) == {"lp", "ring", "torch", "best"} and (vs.chose != "").all()
+    best = vs[(vs.vs == "best") & (vs.op == "broadcast")]
+    assert (best.against == "lp").all() and np.allclose(best.ratio, 1.0, atol=0.02)
+    bc = vs[(vs.vs == "torch") & (vs.op == "broadcast")]
+    assert np.allclose(bc.ratio, 0.3, atol=0.01)
+    with pytest.raises(ValueError, match="no auto broadcast point"):
+        e15.check_auto_vs(_auto_rows(1.0, 0.3), "broadcast", "be", [8], M16, 1.05, "none")
+    with pytest.raises(ValueError, match="need >= 2 seeds"):
+        e15.check_step_within_spread(_spread([450.0]), "comm-bound", "ddp-pipecomm:auto", "ddp")
+
+
+def test_table_rows_mark_what_auto_picks():
+    doc = {"points": {"allreduce:cpu:4:float32": {"1048576": {"ring": 0.9, "torch": 1.0},
+                                                  "4194304": {"ring": 0.97, "torch": 1.0}}}}
+    rows = pd.DataFrame(e15.table_rows(doc))
+    fastest = rows[rows.fastest].set_index("nbytes").algorithm.to_dict()
+    assert fastest == {1048576: "ring", 4194304: "torch"}  # 0.97 is not below 0.95 of torch
+
+
 def test_plan_pairs_the_algorithms_of_a_point():
     params = e15.Params.make(world_sizes=[8, 4], sizes=[1 << 20, 4 << 20], iters=6,
                              cases={"broadcast": ["lp", "torch"], "allreduce": ["ring", "lp",
@@ -157,7 +178,37 @@ def _both_configs(ratio, spread=0.0):
                                           "ddp-pipelined-hook:ring": fast})], ignore_index=True)
 
 
+def _auto_rows(auto, lp_bc, spread=0.01, n=6):
+    """The auto section every auto claim reads: at p = 4 and 8, 16 MiB, broadcast (LP ``lp_bc``
+    of the built-in), allreduce (ring at parity) and reduce (LP 0.9 of the built-in) with auto
+    taking ``auto`` times the fastest; auto's noise runs against the others'."""
+    rows, shape = [], np.linspace(-1, 1, n)
+    for p in (4, 8):
+        for op, alg, rel in (("broadcast", "lp", lp_bc), ("allreduce", "ring", 1.0),
+                             ("reduce", "lp", 0.9)):
+            for a, t, chose in ((alg, rel, None), ("torch", 1.0, None),
+                                ("auto", auto * min(rel, 1.0), alg)):
+                reps = t * (1 + spread * (shape[::-1] if a == "auto" else shape))
+                mid, lo, hi = stats.median_ci(reps.tolist())
+                rows.append({"section": "auto", "op": op, "algorithm": a, "nbytes": M16,
+                             "world_size": p, "time_s": mid, "ci_lo_s": lo, "ci_hi_s": hi,
+                             "times_s": stats.join_repeats(reps), "chose": chose})
+    return pd.DataFrame(rows)
+
+
+def _spread(ms):
+    """Stock DDP at 440-460 ms over 3 seeds and ddp-pipecomm:auto at ``ms``."""
+    return _train("comm-bound", {"ddp": [(440.0, 2.9), (450.0, 2.9), (460.0, 2.9)],
+                                 "ddp-pipecomm:auto": [(m, 2.9) for m in ms]})
+
+
 CLAIM_CASES = {
+    # auto 1.0x the fastest and 0.3x the built-in's broadcast; 1.3x; 1.05x with 10% noise
+    "e15_auto_vs": (lambda: _auto_rows(1.0, 0.3), lambda: _auto_rows(1.3, 0.3),
+                    lambda: _auto_rows(1.05, 1 / 3, spread=0.1)),
+    "e15_step_within_spread": (lambda: _spread([445.0, 450.0, 455.0]),
+                               lambda: _spread([470.0, 480.0, 490.0]),
+                               lambda: _spread([450.0, 458.0, 466.0])),
     # LP broadcast 0.3x the built-in and 1.8x the limit (C15.2 FAILs on it, so its passing case
     # is the same data at 1.1x the limit: see e15_collective_vs_link)
     "e15_collective_vs_builtin": (lambda: _both_collectives(0.3, 1.0),

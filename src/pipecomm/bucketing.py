@@ -74,16 +74,12 @@ def _nbytes(t: torch.Tensor) -> int:
 def _visit_order(n: int, order: Any) -> list[int]:
     if isinstance(order, str):
         if order not in ORDERS:
-            raise ValueError(
-                f"bucket_indices: order must be one of {ORDERS} or a permutation of the "
-                f"parameter indices, got {order!r}"
-            )
+            raise ValueError(f"bucket_indices: order must be one of {ORDERS} or a permutation "
+                             f"of the parameter indices, got {order!r}")
         return list(reversed(range(n))) if order == "reverse" else list(range(n))
     if not isinstance(order, Sequence):
-        raise TypeError(
-            f"bucket_indices: order must be one of {ORDERS} or a sequence of parameter "
-            f"indices, got {type(order).__name__}"
-        )
+        raise TypeError(f"bucket_indices: order must be one of {ORDERS} or a sequence of "
+                        f"parameter indices, got {type(order).__name__}")
     visit = []
     for i in order:
         if isinstance(i, bool):
@@ -96,13 +92,10 @@ def _visit_order(n: int, order: Any) -> list[int]:
             ) from None
     if sorted(visit) != list(range(n)):
         missing = sorted(set(range(n)) - set(visit))
-        extra = sorted(
-            {i for i in visit if not 0 <= i < n} | {i for i in visit if visit.count(i) > 1}
-        )
-        raise ValueError(
-            f"bucket_indices: order must be a permutation of range({n}) (every parameter "
-            f"exactly once); missing {missing}, out of range or repeated {extra}"
-        )
+        extra = sorted({i for i in visit if not 0 <= i < n or visit.count(i) > 1})
+        raise ValueError(f"bucket_indices: order must be a permutation of range({n}) (every "
+                         f"parameter exactly once); missing {missing}, out of range or repeated "
+                         f"{extra}")
     return visit
 
 

@@ -129,11 +129,17 @@ def _root_index(fn: str, name: str, root: Any, members: tuple[int, ...]) -> int:
 _AGREED: set[tuple] = set()  # (members, tuning) of groups whose ranks were found to agree
 
 
-def _auto(kind: str, t: torch.Tensor, *_: Any, group: Any = None, compression: Any = None,
-          **__: Any) -> str:
-    """What ``algorithm="auto"`` runs: :func:`.builtin.choose` of values alike on every member
-    (op, bytes, group size, dtype, device; a codec needs LP or ring, an emulated network
-    pipecomm's own algorithms)."""
+def auto_choice(kind: str, t: torch.Tensor, *_: Any, group: Any = None,
+                compression: Any = None, **__: Any) -> str:
+    """What ``algorithm="auto"`` runs for ``kind`` of ``t`` on ``group``: :func:`.builtin.choose`
+    of values alike on every member (a codec needs LP or ring, an emulated network pipecomm's).
+
+    Example::
+
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        >>> auto_choice("allreduce", torch.ones(4)); dist.destroy_process_group()   # p = 1
+        'torch'
+    """
     p = len(members_of(group) or ())
     allowed = ALGORITHMS if compression is None else vocab.COMPRESSING_ALGORITHMS
     if p2p.delaying() is not None:
@@ -196,7 +202,7 @@ def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGrou
     on the communication thread); ``root`` is ``("src" | "dst", global rank)`` of a rooted op."""
     _check_call(kind, t, algorithm, op, block_bytes, async_op)
     auto = algorithm == vocab.AUTO
-    algorithm = _auto(kind, t, group=group, compression=compression) if auto else algorithm
+    algorithm = auto_choice(kind, t, group=group, compression=compression) if auto else algorithm
     codec = _codec(kind, compression, algorithm, t)
     members = members_of(group)
     transport = _transport(group, async_op)
@@ -266,7 +272,7 @@ def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGrou
 # --------------------------------------------------------------------------- public API
 
 
-@observe.ranged("allreduce", choose=functools.partial(_auto, "allreduce"))
+@observe.ranged("allreduce", choose=functools.partial(auto_choice, "allreduce"))
 def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
               group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
               async_op: bool = False, compression: str | None = None) -> Result:
@@ -300,7 +306,7 @@ def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
     return _execute("allreduce", t, algorithm, op, group, block_bytes, async_op, compression)
 
 
-@observe.ranged("broadcast", choose=functools.partial(_auto, "broadcast"))
+@observe.ranged("broadcast", choose=functools.partial(auto_choice, "broadcast"))
 def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
               group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
               async_op: bool = False) -> Result:
@@ -322,7 +328,7 @@ def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
                     root=("src", src))
 
 
-@observe.ranged("reduce", choose=functools.partial(_auto, "reduce"))
+@observe.ranged("reduce", choose=functools.partial(auto_choice, "reduce"))
 def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = "lp", op: str = "sum",
            group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
            async_op: bool = False) -> Result:

@@ -13,14 +13,24 @@ tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this
    repeat i of two algorithms is a pair. Beside each point its link limit
    (:func:`pipecomm.lab.measure.bench.link_limit_s`: ``n / B`` for broadcast and reduce, ``2 (p - 1) / p
    * n / B`` for allreduce).
-2. **Training steps** (``section="training"``): ``examples/train_gpt.py`` (:mod:`pipecomm.lab.
+2. **auto** (``section="auto"``), when ``auto_cases`` names any: on the same ranks, first
+   auto's table (:func:`pipecomm.lab.measure.autotune.rank_tune`: every algorithm at each op of
+   ``auto_cases``, p and size of ``auto_sizes``, ``tune_iters`` repeats; ``section="tune"``),
+   then ``algorithm="auto"`` timed round-robin with the algorithms it is compared with, each row
+   saying what auto ran (``chose``).
+3. **Training steps** (``section="training"``): ``examples/train_gpt.py`` (:mod:`pipecomm.lab.
    shaped_training`) on a cluster of ``train_nodes`` nodes for each configuration of
    ``train_batch`` (name -> sequences per rank per step; the model is fixed: ``n_layer`` x
    ``n_embd``) and each of its ``train_strategies``, every strategy once per seed, the order
    rotated from seed to seed. A run's step time is rank 0's median after ``warmup_steps``; the
    seeds are the independent repeats.
 
-Claims: C15.1-C15.3 on the collectives, C15.4-C15.5 on the training steps (artifact/claims.yaml).
+A training strategy with ``:auto`` first has auto's table measured on the training cluster
+(allreduce at p = ``train_nodes`` and the sizes of ``train_tune_sizes``), which its runs read
+(``PIPECOMM_TUNE_FILE``).
+
+Claims: C15.1-C15.3 on the collectives, C15.6-C15.7 on auto, C15.4, C15.5 and C15.8 on the
+training steps (artifact/claims.yaml).
 Needs root, iproute2 and tc tbf (:func:`pipecomm.lab.networks.cluster.available`); profile ``shaped``.
 
 Run::
@@ -30,16 +40,21 @@ Run::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from pipecomm.collectives import builtin
 from pipecomm.lab import checks, claims, experiment, results
 from pipecomm.lab.cli import main
-from pipecomm.lab.measure import bench, stats, sweep
+from pipecomm.lab.measure import autotune, bench, stats, sweep
 from pipecomm.lab.networks import cluster, netem
 from pipecomm.lab.networks.kinds import ranks_on
 from pipecomm.lab.training import shaped_training
@@ -48,6 +63,7 @@ ID = "E15"
 NOTEBOOK = "15_against_builtin"
 OPS = ("broadcast", "reduce", "allreduce")
 ALGORITHMS = ("lp", "mst", "be", "ring", "torch")
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,11 @@ class Params(experiment.Params):
         "broadcast": ["lp", "torch"], "allreduce": ["ring", "torch"]})
     iters: int = 3
     warmup: int = 1
+    auto_cases: dict[str, list[str]] = field(default_factory=lambda: {
+        "allreduce": ["ring", "torch", "auto"]})
+    auto_sizes: list[int] = field(default_factory=lambda: [1 << 20])
+    tune_iters: int = 1
+    train_tune_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
     link_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
     link_iters: int = 5
     train_nodes: int = 2
@@ -83,7 +104,7 @@ class Params(experiment.Params):
         if not self.world_sizes or any(not 2 <= q <= cluster.MAX_NODES for q in self.world_sizes):
             raise ValueError(f"parameter world_sizes must list p in [2, {cluster.MAX_NODES}] "
                              f"(one node per rank), got {self.world_sizes!r}")
-        for name in ("sizes", "link_sizes"):
+        for name in ("sizes", "link_sizes", "auto_sizes", "train_tune_sizes"):
             vals = getattr(self, name)
             if not vals or any(n < 1024 or n % 4 for n in vals):
                 raise ValueError(f"parameter {name} must list message sizes >= 1024 bytes, "
@@ -95,6 +116,12 @@ class Params(experiment.Params):
                 not algs or any(a not in ALGORITHMS for a in algs) for algs in self.cases.values()):
             raise ValueError(f"parameter cases must map ops from {OPS} to algorithms from "
                              f"{ALGORITHMS}, got {self.cases!r}")
+        if any(op not in OPS for op in self.auto_cases) or any(
+                AUTO not in algs or any(a not in (*ALGORITHMS, AUTO) for a in algs)
+                for algs in self.auto_cases.values()):
+            raise ValueError(f"parameter auto_cases must map ops from {OPS} to lists with "
+                             f"{AUTO!r} and algorithms from {ALGORITHMS}, got "
+                             f"{self.auto_cases!r}")
         if not 2 <= self.train_nodes <= cluster.MAX_NODES:
             raise ValueError(f"parameter train_nodes must be in [2, {cluster.MAX_NODES}], got "
                              f"{self.train_nodes!r}")
@@ -116,7 +143,8 @@ class Params(experiment.Params):
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"parameter steps ({self.steps!r}) must exceed warmup_steps "
                              f"({self.warmup_steps!r}) >= 0")
-        for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1), ("n_layer", 1),
+        for name, minimum in (("iters", 1), ("warmup", 0), ("link_iters", 1), ("tune_iters", 1),
+                              ("n_layer", 1),
                               ("n_embd", 4), ("block_size", 1)):
             if getattr(self, name) < minimum:
                 raise ValueError(f"parameter {name} must be >= {minimum}, got "
@@ -127,19 +155,76 @@ class Params(experiment.Params):
 DEFAULTS = Params.defaults()
 
 
-def plan(params: Params) -> list[dict[str, Any]]:
+def plan(params: Params, auto: bool = False) -> list[dict[str, Any]]:
     """The timed collective points: per p, op and size, every algorithm of ``cases`` (the
-    algorithms of one comparison consecutive, so that they are timed round-robin).
+    algorithms of one comparison consecutive, so that they are timed round-robin); ``auto``:
+    those of ``auto_cases`` at ``auto_sizes``.
 
     Example::
 
         >>> [(pt["op"], pt["algorithm"], pt["p"]) for pt in plan(Params.make())]
         [('broadcast', 'lp', 2), ('broadcast', 'torch', 2), ('allreduce', 'ring', 2), ('allreduce', 'torch', 2)]
+        >>> [pt["algorithm"] for pt in plan(Params.make(), auto=True)]
+        ['ring', 'torch', 'auto']
     """
+    cases, sizes = (params.auto_cases, params.auto_sizes) if auto else (params.cases,
+                                                                        params.sizes)
     return [{"op": op, "algorithm": alg, "nbytes": n, "p": q, "warmup": params.warmup,
              "iters": params.iters, "first_warmup": True}
-            for q in sorted(params.world_sizes) for op, algs in params.cases.items()
-            for n in params.sizes for alg in algs]
+            for q in sorted(params.world_sizes) for op, algs in cases.items()
+            for n in sizes for alg in algs]
+
+
+def tune_and_measure(cfg: dict[str, Any], points: list[dict[str, Any]],
+                     path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """On every rank: auto's table for ``cfg`` (:func:`pipecomm.lab.measure.autotune.rank_tune`)
+    written to ``path``, which the rank then reads as ``PIPECOMM_TUNE_FILE``, and ``points``
+    timed round-robin. Rank 0 returns (the table's rows, the timed rows); the others ``([], [])``.
+
+    Example::
+
+        ranks.run(tune_and_measure, {"ops": ["allreduce"], "p": [4], "sizes": [1 << 20],
+                  "algorithms": list(ALGORITHMS), "repeats": 3, "warmup": 1, "link": None},
+                  plan(params, auto=True), "/tmp/tune.json")
+    """
+    os.environ[builtin.ENV_TUNE_FILE] = path  # before this process's first auto call
+    tuned = autotune.rank_tune({**cfg, "out": path})
+    rows = sweep.measure_points(points, None, True)
+    return ([] if tuned is None else table_rows(tuned["doc"])), rows
+
+
+def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tuning table's points as rows (``op``, ``world_size``, ``nbytes``, ``algorithm``,
+    ``time_s``, ``fastest``: what auto picks there).
+
+    Example::
+
+        >>> doc = {"points": {"broadcast:cpu:8:float32": {"16": {"lp": 1.0, "torch": 4.0}}}}
+        >>> [(r["algorithm"], r["fastest"]) for r in table_rows(doc)]
+        [('lp', True), ('torch', False)]
+    """
+    best = {(op, q, n): b for op, q, n, b, _ in autotune.choices(doc)}
+    return [{"op": op, "world_size": int(q), "nbytes": int(n), "algorithm": a, "time_s": t,
+             "fastest": best[(op, int(q), int(n))] == a}
+            for key, sizes in sorted(doc["points"].items())
+            for op, _, q, _ in [key.split(":")]
+            for n, times in sorted(sizes.items(), key=lambda kv: int(kv[0]))
+            for a, t in times.items()]
+
+
+@contextlib.contextmanager
+def _tune_file(path: str | None) -> Iterator[None]:
+    """``PIPECOMM_TUNE_FILE=path`` in this process (inherited by the clusters it starts)."""
+    old = os.environ.get(builtin.ENV_TUNE_FILE)
+    if path is not None:
+        os.environ[builtin.ENV_TUNE_FILE] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(builtin.ENV_TUNE_FILE, None)
+        else:
+            os.environ[builtin.ENV_TUNE_FILE] = old
 
 
 def run(**params: Any) -> pd.DataFrame:
@@ -155,7 +240,19 @@ def run(**params: Any) -> pd.DataFrame:
         rows = ranks.run(sweep.measure_points, plan(params), None, True,  # interleaved
                          timeout_s=params.timeout_s)[0]
         where = ranks.text
-    coll = pd.DataFrame(rows).assign(section="collective", network=where)
+        tune, auto = [], []
+        if params.auto_cases:
+            cfg = {"ops": list(params.auto_cases), "p": sorted(params.world_sizes),
+                   "sizes": params.auto_sizes, "algorithms": list(ALGORITHMS),
+                   "repeats": params.tune_iters, "warmup": 1, "link": None}
+            with tempfile.TemporaryDirectory(prefix="e15-tune") as tmp:
+                tune, auto = ranks.run(tune_and_measure, cfg, plan(params, auto=True),
+                                       os.path.join(tmp, "tune.json"),
+                                       timeout_s=params.timeout_s)[0]
+    frames = [pd.DataFrame(rows).assign(section="collective"),
+              pd.DataFrame(auto).assign(section="auto"),
+              pd.DataFrame(tune).assign(section="tune", config="collective")]
+    coll = pd.concat([f for f in frames if len(f)], ignore_index=True).assign(network=where)
     coll["link_s"] = [bench.link_limit_s(r.op, int(r.nbytes), int(r.world_size),
                                          params.bandwidth_Bps) for r in coll.itertuples()]
     train = []
@@ -163,18 +260,30 @@ def run(**params: Any) -> pd.DataFrame:
                                  timeout_s=params.timeout_s)
     total = len(params.seeds) * sum(map(len, params.train_strategies.values()))
     runs = results.Runs(total=total, desc="E15 training runs")
-    with net:
+    with net, tempfile.TemporaryDirectory(prefix="e15-tune") as tmp:
+        path = None
+        if any(spec.partition("+")[0].endswith(":" + AUTO)
+               for specs in params.train_strategies.values() for spec in specs):
+            path = os.path.join(tmp, "tune.json")
+            cfg = {"ops": ["allreduce"], "p": [params.train_nodes],
+                   "sizes": params.train_tune_sizes, "algorithms": list(ALGORITHMS),
+                   "repeats": params.tune_iters, "warmup": 1, "link": None, "out": path}
+            with net.job() as job:
+                tuned = job.run(autotune.rank_tune, cfg, timeout_s=params.timeout_s)[0]
+            train.append(pd.DataFrame(table_rows(tuned["doc"])).assign(
+                section="tune", config="training", network=net.describe()))
         for name, specs in params.train_strategies.items():
             config = {"steps": params.steps, "warmup_steps": params.warmup_steps,
                       "n_layer": params.n_layer, "n_embd": params.n_embd,
                       "batch_size": params.train_batch[name], "block_size": params.block_size,
                       "timeout_s": params.timeout_s}
-            rows = shaped_training.run_rounds(net, specs, params.seeds, config, runs=runs)
-            train.append(pd.DataFrame(rows).assign(config=name, batch_size=config["batch_size"],
-                                                   network=net.describe()))
+            with _tune_file(path):
+                rows = shaped_training.run_rounds(net, specs, params.seeds, config, runs=runs)
+            train.append(pd.DataFrame(rows).assign(
+                section="training", config=name, batch_size=config["batch_size"],
+                network=net.describe()))
     runs.close()
-    frames = [coll, *(t.assign(section="training") for t in train)]
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([coll, *train], ignore_index=True)
 
 
 def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
@@ -215,6 +324,42 @@ def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
+def versus_auto(df: pd.DataFrame) -> pd.DataFrame:
+    """Per point of the auto section: what auto ran (``chose``), its median time, and its paired
+    ratio (median of the repeats' ratios, bootstrap 95% interval) to each algorithm timed beside
+    it (``vs``), to the built-in and to ``best``, the one of them with the lowest median.
+
+    Example::
+
+        >>> df = pd.DataFrame([{"section": "auto", "op": "broadcast", "algorithm": a,
+        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "chose": c,
+        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
+        ...                    for a, t, c in (("lp", 2.0, None), ("torch", 6.0, None),
+        ...                                    ("auto", 2.1, "lp"))])
+        >>> versus_auto(df)[["vs", "chose", "ratio"]].round(2)
+              vs chose  ratio
+        0     lp    lp   1.05
+        1  torch    lp   0.35
+        2   best    lp   1.05
+    """
+    col = df[df.section == "auto"] if "section" in df else df.iloc[:0]
+    keys = ["op", "nbytes", "world_size"]
+    cols = [*keys, "vs", "against", "chose", "time_s", "ratio", "ratio_lo", "ratio_hi"]
+    out = []
+    for key, g in (col.groupby(keys, sort=True) if len(col) else ()):
+        auto, others = g[g.algorithm == AUTO], g[g.algorithm != AUTO]
+        if auto.empty or others.empty:
+            continue
+        a = auto.iloc[0]
+        best = others.loc[others.time_s.idxmin()]
+        for vs, r in [*((o.algorithm, o) for _, o in others.iterrows()), ("best", best)]:
+            ratio = stats.paired_ratio_ci(stats.repeats(a.times_s), stats.repeats(r.times_s))
+            out.append({**dict(zip(keys, key)), "vs": vs, "against": r.algorithm,
+                        "chose": a.chose, "time_s": a.time_s, "ratio": ratio[0],
+                        "ratio_lo": ratio[1], "ratio_hi": ratio[2]})
+    return pd.DataFrame(out, columns=cols)
+
+
 def step_tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per training configuration: :func:`pipecomm.lab.training.shaped_training.step_table` (ratios to
     stock DDP, ``ddp``)."""
@@ -234,6 +379,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                                f"{claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.2f')}x "
                                f"({r.builtin_s * 1e3:.0f} ms); "
                                f"{r.over_limit:.2f}x the link limit"})
+    for r in versus_auto(df).itertuples():
+        lines.append({"what": f"auto {r.op}, {r.nbytes / (1 << 20):g} MiB, p={int(r.world_size)}"
+                              f" vs {r.vs}" + (f" ({r.against})" if r.vs == "best" else ""),
+                      "value": f"ran {r.chose}; {r.time_s * 1e3:.0f} ms; "
+                               f"{claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.2f')}x"})
     for name, t in step_tables(df).items():
         for r in t.itertuples():
             lines.append({"what": f"{name}: {r.strategy}",
@@ -275,6 +425,13 @@ def plot(df: pd.DataFrame, **params: Any):
             label = "built-in (gloo)" if alg == "torch" else f"pipecomm {alg}"
             ax.errorbar(h.nbytes, h.time_s, yerr=err, fmt="-o", ms=4, capsize=2,
                         color=sweep.ALG_COLORS.get(alg, "k"), label=label)
+        a = df[(df.section == "auto") & (df.op == op) & (df.world_size == q)
+               & (df.algorithm == AUTO)] if "section" in df else df.iloc[:0]
+        if len(a):
+            ax.errorbar(a.nbytes, a.time_s, yerr=np.vstack([a.time_s - a.ci_lo_s,
+                                                            a.ci_hi_s - a.time_s]),
+                        fmt="*", ms=10, capsize=2, color="k",
+                        label=f"auto (ran {', '.join(sorted(set(a.chose.dropna())))})")
         lim = g.drop_duplicates("nbytes").sort_values("nbytes")
         ax.plot(lim.nbytes, lim.link_s, "k--", marker="_", ms=14, label="link limit")
         ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (s)",
@@ -367,6 +524,83 @@ def _bound(df: pd.DataFrame, op: str, algorithm: str, world_sizes: list[int], mi
         measured += f"; {claims.missed(verdicts, allowed)}"
     return claims.Verdict(measured, f"{what} <= {at_most:g} {where} (95% interval)",
                           claims.combine(verdicts, allowed))
+
+
+@claims.check("e15_auto_vs")
+def check_auto_vs(df: pd.DataFrame, op: str, vs: str, world_sizes: list[int], min_bytes: int,
+                  at_most: float, may_miss: str | int) -> claims.Verdict:
+    """``algorithm="auto"``'s ``op`` takes at most ``at_most`` times ``vs`` (an algorithm timed
+    beside it, ``"torch"`` the built-in, or ``"best"``: the fastest of them by median) at every p
+    of ``world_sizes`` and size of at least ``min_bytes`` of the auto section, decided on the 95%
+    interval of the paired ratio (:func:`versus_auto`), except for ``may_miss`` points.
+
+    Example::
+
+        >>> df = pd.DataFrame([{"section": "auto", "op": "broadcast", "algorithm": a,
+        ...                     "nbytes": 1 << 24, "world_size": 8, "time_s": t, "chose": c,
+        ...                     "times_s": stats.join_repeats([t, 1.02 * t, 0.98 * t])}
+        ...                    for a, t, c in (("lp", 2.0, None), ("torch", 6.0, None),
+        ...                                    ("auto", 2.0, "lp"))])
+        >>> check_auto_vs(df, "broadcast", "torch", [8], 1 << 24, 0.35, "none").verdict
+        'PASS'
+    """
+    claims.require_columns(df, "section", "op", "algorithm", "nbytes", "world_size", "time_s",
+                           "times_s", "chose")
+    vs_ = versus_auto(df)
+    vs_ = vs_[(vs_.op == op) & (vs_.vs == vs) & vs_.world_size.isin(world_sizes)
+              & (vs_.nbytes >= min_bytes)].dropna(subset=["ratio"])
+    if vs_.empty:
+        raise ValueError(f"no auto {op} point of >= {min_bytes} bytes at p in {world_sizes} "
+                         f"timed beside {vs!r}")
+    verdicts = [claims.at_most(lo, hi, at_most) for lo, hi in zip(vs_.ratio_lo, vs_.ratio_hi)]
+    measured = "; ".join(f"p={int(r.world_size)}, {r.nbytes / (1 << 20):g} MiB: auto ran "
+                         f"{r.chose}, / {r.against} "
+                         + claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, ".2f") + "x"
+                         for r in vs_.itertuples())
+    allowed = claims.allowance(len(verdicts), may_miss)
+    where = "at every point" if not allowed else f"at all but {allowed} of {len(verdicts)} points"
+    if allowed:
+        measured += f"; {claims.missed(verdicts, allowed)}"
+    return claims.Verdict(measured, f"auto {op} / {vs} {op} <= {at_most:g} {where} (95% "
+                          "interval)", claims.combine(verdicts, allowed))
+
+
+@claims.check("e15_step_within_spread")
+def check_step_within_spread(df: pd.DataFrame, config: str, strategy: str,
+                             baseline: str) -> claims.Verdict:
+    """In training configuration ``config``, ``strategy``'s step time (median over seeds) is at
+    most the slowest seed of ``baseline``'s -- within the baseline's seed spread or below it --
+    decided on the median's 95% interval (PASS: its upper bound at or below; FAIL: its lower bound
+    above; else INCONCLUSIVE); the paired ratio is reported beside.
+
+    Example::
+
+        >>> df = pd.DataFrame({"section": "training", "config": "c", "seed": [0, 1, 2] * 2,
+        ...                    "strategy": ["a"] * 3 + ["b"] * 3,
+        ...                    "step_ms": [400.0, 410.0, 420.0, 405.0, 415.0, 425.0],
+        ...                    "loss": 2.0, "val_loss": 2.5, "tx_bytes_per_rank_step": 5e6,
+        ...                    "error": ""})
+        >>> check_step_within_spread(df, "c", "b", "a").verdict
+        'PASS'
+    """
+    claims.require_columns(df, "section", "config", "strategy", "seed", "step_ms")
+    tr = df[(df.section == "training") & (df.config == config)]
+    ok = tr[tr.get("error", pd.Series("", index=tr.index)).astype(object).fillna("").eq("")]
+    t = shaped_training.step_table(tr, base=baseline).set_index("strategy")
+    if strategy not in t.index or baseline not in t.index:
+        raise ValueError(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
+    base = ok[ok.strategy == baseline].step_ms
+    r = t.loc[strategy]
+    if r.seeds < 2 or len(base) < 2:
+        raise ValueError(f"{strategy!r} and {baseline!r} in {config!r} need >= 2 seeds each "
+                         "for a spread")
+    verdict = claims.at_most(r.step_lo, r.step_hi, base.max())
+    measured = (f"{strategy} {claims.fmt_ci(r.step_ms, r.step_lo, r.step_hi, '.0f')} ms/step "
+                f"(median of {int(r.seeds)} seeds) against "
+                f"{baseline}'s seeds {base.min():.0f}-{base.max():.0f} ms; paired ratio "
+                f"{claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.3f')}")
+    return claims.Verdict(measured, f"median step time <= the slowest of {baseline}'s seeds "
+                          "(95% interval)", verdict)
 
 
 @claims.check("e15_step_ratio")

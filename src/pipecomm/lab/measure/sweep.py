@@ -311,7 +311,7 @@ def measure_points(
                 block = pt.get("block_bytes")
                 if pt["algorithm"] == "lp" and block is None:
                     block = lp.default_block_bytes(op, t.numel() * 4, q)
-                chose = api._auto(op, t, group=g) if pt["algorithm"] == vocab.AUTO else None
+                chose = api.auto_choice(op, t, group=g) if pt["algorithm"] == vocab.AUTO else None
                 rows.append(_row(pt, q, res, block if pt["algorithm"] == "lp" else None, chose))
     dist.barrier()
     return rows
