@@ -66,16 +66,16 @@ def test_a_reworded_statement_or_prediction(state):
 
 def test_a_definition_changed_before_its_first_run_is_restated(state):
     entries, book = copy.deepcopy(state["entries"]), copy.deepcopy(state["ledger"])
-    new = {**_entry(entries, "C15.3"), "id": "C15.9", "args": {}}   # no reference holds it
+    new = {**_entry(entries, "C15.3"), "id": "C15.99", "args": {}}   # no reference holds it
     entries.append(new)
-    book["C15.9"] = {**book["C15.3"], "definition": "0" * 16, "commit": None}
-    regimes = {**state["regimes"], "C15.9": state["regimes"]["C15.3"]}
+    book["C15.99"] = {**book["C15.3"], "definition": "0" * 16, "commit": None}
+    regimes = {**state["regimes"], "C15.99": state["regimes"]["C15.3"]}
     found = _problems(state, entries=entries, ledger=book, regimes=regimes)
-    assert found == ["C15.9: its definition changed since it was stated, before any run: record "
+    assert found == ["C15.99: its definition changed since it was stated, before any run: record "
                      "it again with tools/claims_ledger.py update"]
-    del book["C15.9"]
+    del book["C15.99"]
     found = _problems(state, entries=entries, ledger=book, regimes=regimes)
-    assert found and found[0].startswith("C15.9: no record in artifact/claims-ledger.yaml")
+    assert found and found[0].startswith("C15.99: no record in artifact/claims-ledger.yaml")
 
 
 def test_a_regime_or_kind_change_needs_an_amendment(state):
