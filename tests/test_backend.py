@@ -22,7 +22,7 @@ ALGORITHMS = ("lp", "mst", "be", "ring")
 
 
 def test_options_checked_without_communication():
-    assert backend.Options() == backend.Options("lp", None, None)
+    assert backend.Options() == backend.Options("auto", None, None)
     with pytest.raises(ValueError, match="algorithm"):
         backend.Options("fancy")
     with pytest.raises(ValueError, match="compression"):
@@ -31,7 +31,7 @@ def test_options_checked_without_communication():
         backend.Options("lp", block_bytes=-1)
     env = {backend.ENV_ALGORITHM: "ring", backend.ENV_COMPRESSION: "bf16"}
     assert backend.options_from_env(env) == backend.Options("ring", "bf16")
-    assert backend.options_from_env({}) == backend.Options("lp")
+    assert backend.options_from_env({}) == backend.Options("auto")
     assert backend.options_from_env({backend.ENV_BLOCK_BYTES: "4096"}).block_bytes == 4096
     with pytest.raises(ValueError, match="PIPECOMM_BLOCK_BYTES"):
         backend.options_from_env({backend.ENV_BLOCK_BYTES: "big"})

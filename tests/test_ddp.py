@@ -420,15 +420,6 @@ def test_process_group_trains_a_subset(pool, members, algorithm):
     check_against_rule(c, results)
 
 
-def test_default_algorithm_is_lp():
-    import inspect
-
-    from pipecomm.decentralized.ddp import DecentralizedDataParallel
-
-    sig = inspect.signature(DecentralizedDataParallel)
-    assert sig.parameters["algorithm"].default == "lp"
-
-
 def test_emulated_network(pool):
     ranks = pool(2, network=netem.Network(1e-3, 400e6))
     for m in ranks.run(fns.torch_under_emulation, timeout_s=TIMEOUT):

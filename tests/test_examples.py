@@ -9,6 +9,7 @@ configuration on the same process group; the tests read the logs and checkpoints
 
 from __future__ import annotations
 
+import csv
 import datetime
 import importlib.util
 import json
@@ -82,6 +83,17 @@ def refused(train: ModuleType, argv: list[str], out: Path, rank: int) -> None:
         (out / f"refused_rank{rank}.txt").write_text(str(e.code))
 
 
+def write_ring_table(path: Path) -> None:
+    """An autotune table for the allreduce of 2 ranks in which the ring is fastest."""
+    from pipecomm.collectives import builtin, lp
+    from pipecomm.lab.measure import autotune
+
+    times = {"ring": 1.0, "torch": 1.5, "lp": 2.0, "mst": 2.0, "be": 2.0}
+    rows = [{"op": "allreduce", "world_size": 2, "nbytes": 1 << 20, "algorithm": a, "time_s": t}
+            for a, t in times.items()]
+    autotune.write_table(autotune.table_of(rows, builtin.fingerprint(), lp.DEFAULT_LINK), path)
+
+
 def drive(out: Path) -> None:
     """Run on every rank under torchrun: each strategy, then save at step 2 and resume; then
     resume after an interruption and from damaged copies."""
@@ -93,7 +105,15 @@ def drive(out: Path) -> None:
     for strategy in train.STRATEGIES:
         trace = (["--trace", str(out / "trace"), "--comm-log", str(out / "comm_log.csv")]
                  if strategy == "ddp-pipelined-hook" else [])
-        train.main([*COMMON, "--strategy", strategy, "--out", str(out / strategy), *trace])
+        train.main([*COMMON, "--strategy", strategy, "--algorithm", "lp", "--out",
+                    str(out / strategy), *trace])
+    if rank == 0:  # the default, auto, inside DDP: reading a table that crowns the ring
+        write_ring_table(out / "tune.json")
+    dist.barrier()
+    os.environ["PIPECOMM_TUNE_FILE"] = str(out / "tune.json")
+    train.main([*COMMON, "--strategy", "ddp-pipecomm", "--out", str(out / "ddp-pipecomm-auto"),
+                "--comm-log", str(out / "comm_log_auto.csv")])
+    os.environ["PIPECOMM_TUNE_FILE"] = "off"
     train.main([*COMMON, *EF, "--out", str(out / "pipesgd-ef")])
     for strategy in EXACT_RESUME:
         run = [*COMMON, "--strategy", strategy, "--out", str(out / f"{strategy}-resumed")]
@@ -190,6 +210,15 @@ def test_pipecomm_backend_trains_like_gloo(runs: Path) -> None:
     gloo, _ = read_log(runs / "ddp")
     lp, _ = read_log(runs / "ddp-pipecomm")
     assert [r["loss"] for r in lp] == pytest.approx([r["loss"] for r in gloo], rel=1e-4)
+
+
+def test_the_default_auto_runs_the_tables_choice_inside_ddp(runs: Path) -> None:
+    gloo, _ = read_log(runs / "ddp")
+    auto, _ = read_log(runs / "ddp-pipecomm-auto")
+    assert [r["loss"] for r in auto] == pytest.approx([r["loss"] for r in gloo], rel=1e-4)
+    with open(runs / "comm_log_auto.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and {r["algorithm"] for r in rows if r["op"] == "allreduce"} == {"auto:ring"}
 
 
 def test_pipelined_hook_trains_like_pipesgd(runs: Path) -> None:
@@ -292,8 +321,6 @@ def test_trace_and_counters(runs: Path) -> None:
 
 def test_comm_log_holds_every_ranks_calls(runs: Path) -> None:
     """--comm-log FILE: one CSV row per collective call of every rank, with algbw and busbw."""
-    import csv
-
     with open(runs / "comm_log.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["rank"] for r in rows} == {"0", "1"}

@@ -68,6 +68,8 @@ def test_every_group_pipecomm_makes_takes_the_worlds_timeout(world):
     assert pg._timeout == seven and launch.group_timeout(pg) == seven  # and its inner gloo
     assert launch.group_timeout(gossip.subgroup((0,), whole_world=True)) == seven
     assert launch.group_timeout(gossip.subgroup((0,), whole_world=False)) == seven
+    unasked = dist.new_group(backend="pipecomm")  # torch passes its 30 minutes
+    assert launch.group_timeout(unasked) == seven
     explicit = backend.new_group(algorithm="ring", timeout=datetime.timedelta(seconds=3))
     assert explicit._timeout == datetime.timedelta(seconds=3)
     assert backend.wait_limit_s() == backend.BACKSTOP * 7
@@ -213,10 +215,10 @@ def _torchrun_jobs(request, tmp_path_factory):
     _JOBS.clear()
 
 
-def _one(records: dict[int, str], kind: str) -> tuple[int, list[str]]:
+def _one(records: dict[int, str], kind: str, log: str = "") -> tuple[int, list[str]]:
     found = [(rank, line.split(" ", 3)) for rank, line in records.items()
              if line.startswith(kind)]
-    assert len(found) == 1, f"expected one {kind} record, got {records}"
+    assert len(found) == 1, f"expected one {kind} record, got {records}\n{log[-4000:]}"
     return found[0]
 
 
@@ -226,8 +228,8 @@ def test_torchrun_job_with_a_stuck_rank_fails_within_twice_the_timeout(strategy)
     seen = f"records {records}\n--- torchrun's output ---\n{log[-4000:]}"
     assert code is not None and code != 0, f"torchrun exit {code}; {seen}"
     assert "Fatal Python error" not in log, seen
-    _, (_, fault, at) = _one(records, "FAULT")
-    rank, (_, _, waited, error) = _one(records, "FAILED")
+    _, (_, fault, at) = _one(records, "FAULT", log)
+    rank, (_, _, waited, error) = _one(records, "FAILED", log)
     assert fault == "sleep" and rank == 0, seen
     assert TR - 0.5 <= float(waited) <= 2 * TR, seen  # the world's timeout, not torch's 30 min
     assert ended - float(at) <= 2 * TR + SLACK, f"{ended - float(at):.1f} s after the fault; {seen}"
@@ -243,8 +245,8 @@ def test_torchrun_survivor_of_a_dead_peer_raises_a_python_error():
     for code, _, records, log in _exit_runs():
         assert code is not None and code != 0, log[-3000:]
         assert "Fatal Python error" not in log and "SIGSEGV" not in log, log[-4000:]
-        _one(records, "FAULT")
-        rank, (_, _, _, error) = _one(records, "FAILED")
+        _one(records, "FAULT", log)
+        rank, (_, _, _, error) = _one(records, "FAILED", log)
         assert rank == 0 and error.startswith("RuntimeError: "), records
 
 

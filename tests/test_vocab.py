@@ -12,7 +12,7 @@ def test_vocabularies() -> None:
     assert vocab.ALGORITHMS[-1] == "torch"  # collectives.api relies on "torch" being last
     assert set(vocab.MODELLED_ALGORITHMS) == set(vocab.ALGORITHMS) - {"torch"}
     assert set(vocab.COMPRESSING_ALGORITHMS) <= set(vocab.ALGORITHMS)
-    assert vocab.DEFAULT_ALGORITHM == "lp" and vocab.DEFAULT_ALGORITHM in vocab.ALGORITHMS
+    assert vocab.DEFAULT_ALGORITHM == "auto" and vocab.DEFAULT_ALGORITHM in vocab.ALGORITHM_CHOICES
     assert vocab.CODECS == ("fp16", "bf16", "int8")
     assert vocab.COMPRESSIONS == (None, "fp16", "bf16", "int8")
     assert vocab.MODES == ("sync", "layerwise", "pipe")
@@ -66,3 +66,19 @@ def test_modules_share_the_vocabulary() -> None:
     assert timing_model.MODES is vocab.TIMING_MODES
     assert pipesgd.MODES is vocab.MODES
     assert pipesgd.COMPRESSIONS is vocab.COMPRESSIONS
+
+
+def test_every_entry_point_defaults_to_auto() -> None:
+    import inspect
+
+    from pipecomm import backend, collectives, hooks
+    from pipecomm.decentralized import DecentralizedDataParallel
+    from pipecomm.pipesgd import PipeSGD
+
+    entry_points = (collectives.allreduce, collectives.broadcast, collectives.reduce,
+                    backend.new_group, backend.Options, hooks.CollectiveState,
+                    hooks.PipelinedState, hooks.GossipState, PipeSGD, DecentralizedDataParallel)
+    for fn in entry_points:
+        default = inspect.signature(fn).parameters["algorithm"].default
+        assert default == vocab.AUTO, f"{fn.__qualname__}: algorithm={default!r}"
+    assert backend.options_from_env({}).algorithm == vocab.AUTO

@@ -11,7 +11,7 @@ group's *inner* gloo backend (NCCL for CUDA tensors). Two ways in, both for
 ``DistributedDataParallel(process_group=...)``: :func:`new_group`, on every rank as
 ``dist.new_group``; or ``import pipecomm.backend``, which registers the backend ``"pipecomm"``
 for ``dist.init_process_group(backend="pipecomm")`` and ``dist.new_group(ranks,
-backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"lp"``),
+backend="pipecomm")``, with the options of ``PIPECOMM_ALGORITHM`` (default ``"auto"``),
 ``PIPECOMM_COMPRESSION`` (none), ``PIPECOMM_BLOCK_BYTES`` (the cost model's optimum). What torch
 2.13 allows here and where it stops: docs/algorithms.md, "What torch 2.13 allows
 `pipecomm.backend` to do, and where it stops".
@@ -101,7 +101,7 @@ class Options:
 
 def options_from_env(environ: dict[str, str] | None = None) -> Options:
     """The :class:`Options` of ``PIPECOMM_ALGORITHM`` / ``PIPECOMM_COMPRESSION`` /
-    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"lp"``, no codec, the cost model's block).
+    ``PIPECOMM_BLOCK_BYTES`` (unset or empty: ``"auto"``, no codec, the cost model's block).
 
     Example::
 
@@ -594,6 +594,8 @@ def _create(backend_opts: Any, pg_options: Any) -> PipecommProcessGroup:
             f"pg_options for backend 'pipecomm' must be a pipecomm.backend.Options or None, got "
             f"{type(pg_options).__name__}")
     timeout = backend_opts.timeout or _DEFAULT_TIMEOUT
+    if dist.is_initialized():  # a subgroup made without timeout= waits no longer than the world
+        timeout = min(timeout, group_timeout())
     rank, size = backend_opts.group_rank, backend_opts.group_size
     ranks = list(backend_opts.global_ranks_in_group)
     inner = _inner_backends(backend_opts.store, rank, size, timeout, ranks, backend_opts.group_id)

@@ -6,8 +6,8 @@ One concept: the vocabularies, defined once; the library and the lab import them
   et al., "Efficient Communications in Training Large Scale Neural Networks", arXiv 1611.04255),
   the baselines ``"mst"`` (minimum spanning tree), ``"be"`` (bidirectional exchange) and
   ``"ring"`` of that paper's Table 1, and ``"torch"`` (the backend's built-in, which has no cost
-  model and cannot run over the emulated network). :data:`DEFAULT_ALGORITHM` is ``"lp"``;
-  ``"auto"`` chooses one per call (:func:`pipecomm.collectives.builtin.choose`).
+  model and cannot run over the emulated network); :data:`DEFAULT_ALGORITHM` ``"auto"`` chooses
+  one per call (:func:`pipecomm.collectives.builtin.choose`: fastest measured, else modelled).
 * Codecs — Pipe-SGD's light-weight gradient compression (Li et al., NeurIPS 2018, Sec. 3.3):
   ``"fp16"``, ``"bf16"`` (16-bit truncation) and ``"int8"`` (8-bit quantization with per-chunk
   scales); only ``"lp"`` and ``"ring"`` carry them (compression happens inside their transfers).
@@ -49,7 +49,7 @@ MODELLED_ALGORITHMS: tuple[str, ...] = ("lp", "mst", "be", "ring")
 #: The algorithms that carry a codec (compression happens inside their transfers).
 COMPRESSING_ALGORITHMS: tuple[str, ...] = ("lp", "ring")
 #: The default wherever an algorithm is a default argument.
-DEFAULT_ALGORITHM: str = "lp"
+DEFAULT_ALGORITHM: str = AUTO
 
 #: Gradient codecs by name (:func:`pipecomm.compress.get_codec`).
 CODECS: tuple[str, ...] = ("fp16", "bf16", "int8")

@@ -146,8 +146,7 @@ def auto_choice(kind: str, t: torch.Tensor, *_: Any, group: Any = None,
         allowed = tuple(a for a in allowed if a != "torch")
     if p < 2:  # nothing to move
         return allowed[-1]
-    return builtin.choose(kind, t.numel() * t.element_size(), p, t.dtype, t.device.type,
-                          allowed)
+    return builtin.choose(kind, t.numel() * t.element_size(), p, t.dtype, t.device.type, allowed)
 
 
 def tuning() -> int:
@@ -273,14 +272,15 @@ def _execute(kind: str, t: Any, algorithm: Any, op: Any, group: dist.ProcessGrou
 
 
 @observe.ranged("allreduce", choose=functools.partial(auto_choice, "allreduce"))
-def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
+def allreduce(t: torch.Tensor, *, algorithm: str = vocab.DEFAULT_ALGORITHM, op: str = "sum",
               group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
               async_op: bool = False, compression: str | None = None) -> Result:
     """Reduce ``t`` over the ranks of ``group`` in place; every member ends with the result.
 
     Args:
         t: the tensor (float16/bfloat16/float32/float64/int32/int64, any shape, may be empty).
-        algorithm: ``"lp"`` (linear pipelining), ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"``.
+        algorithm: ``"auto"`` (default: per call the fastest, :func:`auto_choice`), ``"lp"``
+            (linear pipelining), ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"`` (the built-in).
         op: ``"sum"``, ``"avg"`` (floating tensors only), ``"max"`` or ``"min"``.
         group: process group (``None``: all ranks).
         block_bytes: LP block size, rounded down to whole elements (at least one); ``None``
@@ -307,7 +307,7 @@ def allreduce(t: torch.Tensor, *, algorithm: str = "lp", op: str = "sum",
 
 
 @observe.ranged("broadcast", choose=functools.partial(auto_choice, "broadcast"))
-def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
+def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = vocab.DEFAULT_ALGORITHM,
               group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
               async_op: bool = False) -> Result:
     """Copy ``t`` of global rank ``src`` into ``t`` of every member of ``group``, in place.
@@ -329,8 +329,8 @@ def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = "lp",
 
 
 @observe.ranged("reduce", choose=functools.partial(auto_choice, "reduce"))
-def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = "lp", op: str = "sum",
-           group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
+def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = vocab.DEFAULT_ALGORITHM,
+           op: str = "sum", group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
            async_op: bool = False) -> Result:
     """Reduce ``t`` over ``group`` into ``t`` of global rank ``dst``; other ranks' ``t`` is
     left with unspecified values (it serves as the working buffer).

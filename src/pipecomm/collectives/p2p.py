@@ -418,8 +418,7 @@ def post_recv(t: torch.Tensor, src: int, group: dist.ProcessGroup | None = None,
                 host = torch.empty_like(t, device="cpu")
                 return Transfer([pg.recv([_backend_view(host)], peer, tag)], received=received,
                                 staged=(host, t.detach()), peer=src)
-            return Transfer([pg.recv([_backend_view(t)], peer, tag)], received=received,
-                            peer=src)
+            return Transfer([pg.recv([_backend_view(t)], peer, tag)], received=received, peer=src)
         except RuntimeError as exc:
             raise TransferError.of("recv", src, exc) from exc
     target = _as_bytes(t, "recvs", 0)

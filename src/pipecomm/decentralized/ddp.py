@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipecomm import checks, collectives
+from pipecomm import checks, collectives, vocab
 from pipecomm.bucketing import bucket_bytes, bucket_indices
 from pipecomm.collectives import api
 from pipecomm.decentralized.gossip import Bucket, as_one_block, topology_groups
@@ -79,8 +79,8 @@ class DecentralizedDataParallel(nn.Module):
             :class:`~pipecomm.decentralized.topology.Topology` over group ranks.
         bucket_mb: bucket size in MiB (a bucket closes once it reaches it; a tiny value gives one
             parameter per bucket).
-        algorithm: collective of the gossip: ``"lp"`` (default), ``"mst"``, ``"be"``, ``"ring"``
-            or ``"torch"`` (the backend's built-in allreduce; refused under emulation).
+        algorithm: the gossip's allreduce: ``"auto"`` (default: per call the fastest), ``"lp"``,
+            ``"mst"``, ``"be"``, ``"ring"`` or ``"torch"`` (the built-in; not under emulation).
         process_group: the ranks that train (``None``: all); construct on those ranks only.
         max_grad_norm: clip this rank's gradient to this 2-norm (``None``: no clipping).
         grad_norm_scope: ``"bucket"`` (default: each bucket by its own norm, keeps the overlap
@@ -133,7 +133,7 @@ class DecentralizedDataParallel(nn.Module):
         optimizer: torch.optim.Optimizer | OptimFn,
         topology: str | Topology = "complete",
         bucket_mb: float = 25.0,
-        algorithm: str = "lp",
+        algorithm: str = vocab.DEFAULT_ALGORITHM,
         *,
         process_group: dist.ProcessGroup | None = None,
         max_grad_norm: float | None = None,

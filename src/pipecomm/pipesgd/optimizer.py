@@ -62,7 +62,7 @@ class PipeSGD(torch.optim.Optimizer):
         staleness: k; ``None`` means 0 for ``"sync"``/``"layerwise"`` (which accept only 0) and
             1 for ``"pipe"`` (any k >= 0; k = 0 is sync through the communication thread).
         algorithm: AllReduce algorithm of :func:`pipecomm.collectives.allreduce`
-            (:data:`pipecomm.vocab.ALGORITHMS`; default ``"lp"``).
+            (:data:`pipecomm.vocab.ALGORITHM_CHOICES`; default ``"auto"``, per call the fastest).
         compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"int8"``; ``"lp"``/``"ring"`` only.
         bucket_mb: bucket size of ``"layerwise"`` in MiB (DDP's default 25); a bucket closes once
             it holds at least this much (:mod:`pipecomm.bucketing`). Unused by the other modes
@@ -129,7 +129,7 @@ class PipeSGD(torch.optim.Optimizer):
         check_arguments(model, optimizer, bucket_mb, block_bytes, timing, max_timings)
         self.mode: str = vocab.check_mode(mode)
         self.staleness: int = check_staleness(mode, staleness)
-        self.algorithm: str = vocab.check_algorithm(algorithm)
+        self.algorithm: str = vocab.check_algorithm(algorithm, allowed=vocab.ALGORITHM_CHOICES)
         self.compression: str | None = vocab.check_compression(compression, algorithm=algorithm)
         self.error_feedback: bool = compress_check(error_feedback, compression, "PipeSGD")
         self.bucket_mb = float(bucket_mb)

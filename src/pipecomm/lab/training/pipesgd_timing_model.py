@@ -147,7 +147,7 @@ def breakdown(
     a codec name (see :func:`compression_ratio`, ``chunk`` passed on) or a ratio;
     ``codec_s_per_byte`` only counts with compression. ``algorithm`` and ``block_bytes`` go to
     :func:`pipecomm.lab.networks.cost.allreduce_time` (compression needs ``"lp"`` or ``"ring"``). The default
-    algorithm is ``"ring"``, not pipecomm's default ``"lp"``: this models Pipe-SGD as its paper
+    algorithm is ``"ring"``, not pipecomm's default ``"auto"``: this models Pipe-SGD as its paper
     analyses it (ring AllReduce, Li et al. 2018), and the E6 experiment compares against that.
 
     Example::
