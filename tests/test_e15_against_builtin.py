@@ -280,6 +280,12 @@ def test_small_run_on_a_shaped_cluster(notebook_run):
     assert col.network.str.startswith("shaped: Linux tc tbf").all()
     # nothing beats the shaped link: each point at least 0.9 of its link-limited time
     assert (col.time_s >= 0.9 * col.link_s).all() and (col.link_s > 0).all()
+    # auto's table (one job per op, written in its own job), then auto beside what it is read
+    # against, running what the table crowns
+    auto, tune = df[df.section == "auto"], df[df.section == "tune"]
+    assert sorted(auto.algorithm) == ["auto", "ring", "torch"]
+    assert sorted(tune.algorithm) == sorted(e15.ALGORITHMS) and tune.fastest.sum() == 1
+    assert auto[auto.algorithm == "auto"].chose.tolist() == tune[tune.fastest].algorithm.tolist()
     assert sorted(train.strategy) == ["ddp", "ddp-pipecomm:ring"]
     assert (train.step_ms > 0).all() and train.error.isna().all()
     # the same seed and data: pipecomm's ring and gloo's allreduce train to the same loss

@@ -15,9 +15,9 @@ tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this
    * n / B`` for allreduce).
 2. **auto** (``section="auto"``), when ``auto_cases`` names any: on the same ranks, first
    auto's table (:func:`pipecomm.lab.measure.autotune.rank_tune`: every algorithm at each op of
-   ``auto_cases``, p and size of ``auto_sizes``, ``tune_iters`` repeats; ``section="tune"``),
-   then ``algorithm="auto"`` timed round-robin with the algorithms it is compared with, each row
-   saying what auto ran (``chose``).
+   ``auto_cases``, p and size of ``auto_sizes``, ``tune_iters`` repeats, one job per op;
+   ``section="tune"``), then ``algorithm="auto"`` timed round-robin (one job per op) with the
+   algorithms it is compared with, each row saying what auto ran (``chose``).
 3. **Training steps** (``section="training"``): ``examples/train_gpt.py`` (:mod:`pipecomm.lab.
    shaped_training`) on a cluster of ``train_nodes`` nodes for each configuration of
    ``train_batch`` (name -> sequences per rank per step; the model is fixed: ``n_layer`` x
@@ -44,6 +44,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,22 +176,49 @@ def plan(params: Params, auto: bool = False) -> list[dict[str, Any]]:
             for n in sizes for alg in algs]
 
 
-def tune_and_measure(cfg: dict[str, Any], points: list[dict[str, Any]],
-                     path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """On every rank: auto's table for ``cfg`` (:func:`pipecomm.lab.measure.autotune.rank_tune`)
-    written to ``path``, which the rank then reads as ``PIPECOMM_TUNE_FILE``, and ``points``
-    timed round-robin. Rank 0 returns (the table's rows, the timed rows); the others ``([], [])``.
+def write_tuned(rows: list[dict[str, Any]], cfg: dict[str, Any],
+                seconds: float) -> list[dict[str, Any]]:
+    """On every rank: auto's table of the tuning ``rows`` (rank 0's, timed in earlier jobs)
+    written to ``cfg["out"]`` (:func:`pipecomm.lab.measure.autotune.rank_write`); rank 0 returns
+    its rows (:func:`table_rows`), the others ``[]``.
 
     Example::
 
-        ranks.run(tune_and_measure, {"ops": ["allreduce"], "p": [4], "sizes": [1 << 20],
-                  "algorithms": list(ALGORITHMS), "repeats": 3, "warmup": 1, "link": None},
-                  plan(params, auto=True), "/tmp/tune.json")
+        ranks.run(write_tuned, rows, {"repeats": 3, "link": None, "out": "/tmp/tune.json"}, 60.0)
     """
-    os.environ[builtin.ENV_TUNE_FILE] = path  # before this process's first auto call
-    tuned = autotune.rank_tune({**cfg, "out": path})
-    rows = sweep.measure_points(points, None, True)
-    return ([] if tuned is None else table_rows(tuned["doc"])), rows
+    tuned = autotune.rank_write(rows, cfg, seconds)
+    return [] if tuned is None else table_rows(tuned["doc"])
+
+
+def measure_tuned(points: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """On every rank: ``points`` timed round-robin with auto's table at ``path``
+    (``PIPECOMM_TUNE_FILE``); rank 0 returns the rows, the others ``[]``.
+
+    Example::
+
+        ranks.run(measure_tuned, plan(params, auto=True), "/tmp/tune.json")
+    """
+    os.environ[builtin.ENV_TUNE_FILE] = path
+    return sweep.measure_points(points, None, True)
+
+
+def _tune_and_measure(ranks: Any, params: Params, path: str) -> tuple[list, list]:
+    """auto's table on ``ranks`` (one job per op of ``auto_cases``: each within the job
+    timeout on a slow link), then auto's points (one job per op): (table rows, timed rows)."""
+    cfg = {"ops": list(params.auto_cases), "p": sorted(params.world_sizes),
+           "sizes": params.auto_sizes, "algorithms": list(ALGORITHMS),
+           "repeats": params.tune_iters, "warmup": 1, "link": None, "out": path}
+    start, rows = time.monotonic(), []
+    for op in params.auto_cases:
+        rows += ranks.run(sweep.measure_points, autotune.points_of({**cfg, "ops": [op]}), None,
+                          True, timeout_s=params.timeout_s)[0]
+    tune = ranks.run(write_tuned, rows, cfg, time.monotonic() - start,
+                     timeout_s=params.timeout_s)[0]
+    auto = [row for op in params.auto_cases
+            for row in ranks.run(measure_tuned, [pt for pt in plan(params, auto=True)
+                                                 if pt["op"] == op], path,
+                                 timeout_s=params.timeout_s)[0]]
+    return tune, auto
 
 
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -242,13 +270,8 @@ def run(**params: Any) -> pd.DataFrame:
         where = ranks.text
         tune, auto = [], []
         if params.auto_cases:
-            cfg = {"ops": list(params.auto_cases), "p": sorted(params.world_sizes),
-                   "sizes": params.auto_sizes, "algorithms": list(ALGORITHMS),
-                   "repeats": params.tune_iters, "warmup": 1, "link": None}
             with tempfile.TemporaryDirectory(prefix="e15-tune") as tmp:
-                tune, auto = ranks.run(tune_and_measure, cfg, plan(params, auto=True),
-                                       os.path.join(tmp, "tune.json"),
-                                       timeout_s=params.timeout_s)[0]
+                tune, auto = _tune_and_measure(ranks, params, os.path.join(tmp, "tune.json"))
     frames = [pd.DataFrame(rows).assign(section="collective"),
               pd.DataFrame(auto).assign(section="auto"),
               pd.DataFrame(tune).assign(section="tune", config="collective")]

@@ -105,9 +105,8 @@ def write_table(doc: dict[str, Any], path: str | os.PathLike) -> Path:
 
 def rank_tune(cfg: dict[str, Any]) -> dict[str, Any] | None:
     """On every rank of a pool of ``max(cfg["p"])`` ranks: time the points of ``cfg``
-    (:func:`points_of`) with LP planned on ``cfg["link"]`` (``None``: the rank's link); rank 0
-    writes the table to ``cfg["out"]`` (``None``: its :func:`~pipecomm.collectives.builtin.
-    tune_path`), reads it back and returns where and what; the other ranks return ``None``.
+    (:func:`points_of`) with LP planned on ``cfg["link"]`` (``None``: the rank's link), then
+    :func:`rank_write` the table.
 
     Example::
 
@@ -119,19 +118,39 @@ def rank_tune(cfg: dict[str, Any]) -> dict[str, Any] | None:
         lp.set_link(*cfg["link"])
     start = time.monotonic()
     rows = sweep.measure_points(points_of(cfg), interleave=True)
-    if dist.get_rank() != 0:
-        return None
-    path = cfg.get("out") or builtin.tune_path()
-    if path is None:
-        raise ValueError(f"{builtin.ENV_TUNE_FILE}=off: nowhere to write the table; pass --out")
-    about = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-             "host": socket.gethostname(), "repeats": cfg["repeats"],
-             "seconds": round(time.monotonic() - start, 1)}
-    doc = table_of(rows, builtin.fingerprint(), lp.link(), **about)
-    write_table(doc, path)
-    if builtin.read_table(path) is None:
-        raise RuntimeError(f"the table written to {path} does not read back")
-    return {"path": str(path), "doc": doc, "choices": choices(doc)}
+    return rank_write(rows, cfg, time.monotonic() - start)
+
+
+def rank_write(rows: list[dict[str, Any]], cfg: dict[str, Any],
+               seconds: float) -> dict[str, Any] | None:
+    """On every rank, once the points of ``cfg`` took ``seconds`` and rank 0 holds their
+    ``rows``: rank 0 writes the table to ``cfg["out"]`` (``None``: its
+    :func:`~pipecomm.collectives.builtin.tune_path`), reads it back and returns where and what;
+    the other ranks return ``None``, after a barrier, so that no rank reads it before it exists.
+
+    Example::
+
+        rows = ranks.run(sweep.measure_points, points_of(cfg), None, True)[0]   # one job
+        ranks.run(rank_write, rows, cfg, 60.0)                                   # the next
+    """
+    if cfg.get("link") is not None:
+        lp.set_link(*cfg["link"])
+    out = None
+    if dist.get_rank() == 0:
+        path = cfg.get("out") or builtin.tune_path()
+        if path is None:
+            raise ValueError(f"{builtin.ENV_TUNE_FILE}=off: nowhere to write the table; pass "
+                             f"--out")
+        about = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                 "host": socket.gethostname(), "repeats": cfg["repeats"],
+                 "seconds": round(seconds, 1)}
+        doc = table_of(rows, builtin.fingerprint(), lp.link(), **about)
+        write_table(doc, path)
+        if builtin.read_table(path) is None:
+            raise RuntimeError(f"the table written to {path} does not read back")
+        out = {"path": str(path), "doc": doc, "choices": choices(doc)}
+    dist.barrier()
+    return out
 
 
 def choices(doc: dict[str, Any]) -> list[tuple[str, int, int, str, float]]:

@@ -3,7 +3,9 @@
 Each run is one ``torchrun`` job of ``examples/train_gpt.py`` (a nanoGPT-style GPT on pydoc
 text) with one agent per node of a :class:`pipecomm.lab.networks.cluster.VirtualCluster`. A strategy is
 ``NAME[:ALGORITHM][+CODEC]`` (:func:`strategy_args`): ``ddp`` is torch's DDP on gloo, ``ddp+fp16``
-the same with torch's own ``fp16_compress_hook``; ``ddp-pipecomm:ring`` DDP over pipecomm's
+the same with torch's own ``fp16_compress_hook``, ``ddp+int8`` with the algorithm of its
+experimental ``quantization_pertensor_hook`` (uint8 allgathered; train_gpt.py's port, as torch
+2.13's fails on gloo); ``ddp-pipecomm:ring`` DDP over pipecomm's
 process group; ``ddp-pipelined-hook:ring`` Pipe-SGD inside DDP; ``pipesgd:ring``;
 ``decentralized`` (DecentralizedDataParallel); ``ddp-gossip-hook`` (its rule inside DDP, with
 ``pipecomm.hooks.gossip_hook``).
@@ -63,8 +65,8 @@ def strategy_args(spec: str) -> list[str]:
 
 
 def is_stock(spec: str) -> bool:
-    """Whether ``spec`` is torch's own DDP (``ddp``, ``ddp+fp16`` with torch's fp16 hook): the
-    baselines, drawn apart from pipecomm's strategies.
+    """Whether ``spec`` is torch's own DDP (``ddp``; ``ddp+fp16``, ``ddp+int8`` with torch's fp16
+    and uint8 quantization hooks): the baselines, drawn apart from pipecomm's strategies.
 
     Example::
 
