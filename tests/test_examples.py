@@ -255,6 +255,18 @@ def test_torchs_own_quantization_hook_fails_on_gloo_the_port_does_not() -> None:
         dist.destroy_process_group()
 
 
+def test_the_uint8_hook_does_not_deadlock_several_buckets(tmp_path: Path) -> None:
+    """4 ranks, several buckets in flight: a hook that waited inside its callback (as torch's
+    does) hung at step 1 here, every gloo worker thread blocked."""
+    argv = ["--strategy", "ddp", "--compression", "int8", "--max-iters", "3", "--n-layer", "4",
+            "--n-embd", "128", "--batch-size", "8", "--eval-iters", "1", "--timeout", "60",
+            "--out", str(tmp_path)]
+    for code, err in launch_ranks(argv, 120, world=4):
+        assert code == 0, err[-3000:]
+    steps, _ = read_log(tmp_path)
+    assert [r["step"] for r in steps] == [0, 1, 2]
+
+
 def test_pipelined_hook_trains_like_pipesgd(runs: Path) -> None:
     hook, _ = read_log(runs / "ddp-pipelined-hook")
     pipe, _ = read_log(runs / "pipesgd")
