@@ -221,7 +221,7 @@ def uint8_allgather_hook(group, bucket):
     scale = ((hi - lo) / 255).clamp(min=torch.finfo(torch.float32).eps)
     zero = (-lo / scale).round().clamp(0, 255)
     codes = ((t / scale).round() + zero).clamp(0, 255).to(torch.uint8)
-    mine = torch.cat([torch.stack([scale, zero]).view(torch.uint8), codes])
+    mine = torch.cat([torch.stack([scale, zero]).float().view(torch.uint8), codes])  # 8 bytes
     every = [torch.empty_like(mine) for _ in range(p)]
 
     def average(_: Any) -> torch.Tensor:

@@ -330,8 +330,8 @@ def broadcast(t: torch.Tensor, src: int = 0, *, algorithm: str = vocab.DEFAULT_A
 
 @observe.ranged("reduce", choose=functools.partial(auto_choice, "reduce"))
 def reduce(t: torch.Tensor, dst: int = 0, *, algorithm: str = vocab.DEFAULT_ALGORITHM,
-           op: str = "sum", group: dist.ProcessGroup | None = None, block_bytes: int | None = None,
-           async_op: bool = False) -> Result:
+           op: str = "sum", group: dist.ProcessGroup | None = None,
+           block_bytes: int | None = None, async_op: bool = False) -> Result:
     """Reduce ``t`` over ``group`` into ``t`` of global rank ``dst``; other ranks' ``t`` is
     left with unspecified values (it serves as the working buffer).
 
