@@ -114,6 +114,17 @@ def test_auto_is_read_against_each_algorithm_beside_it_and_the_fastest():
         e15.check_step_within_spread(_spread([450.0]), "comm-bound", "ddp-pipecomm:auto", "ddp")
 
 
+def test_pipeline_link_fits_the_step_and_refuses_a_flat_one():
+    rows = [{"nbytes": 1 << 24, "world_size": 8, "block_bytes": b,
+             "time_s": (-(-(1 << 24) // b) + 6) * (110e-6 + b / 13e6)} for b in (4096, 1 << 16)]
+    alpha, bandwidth = e15.pipeline_link(rows)
+    assert alpha == pytest.approx(110e-6) and bandwidth == pytest.approx(13e6)
+    for r in rows:  # a step that does not grow with its block is no link
+        r["time_s"] = (-(-(1 << 24) // r["block_bytes"]) + 6) * 1e-3
+    with pytest.raises(ValueError, match="does not grow with its block"):
+        e15.pipeline_link(rows)
+
+
 def test_table_rows_mark_what_auto_picks():
     doc = {"points": {"allreduce:cpu:4:float32": {"1048576": {"ring": 0.9, "torch": 1.0},
                                                   "4194304": {"ring": 0.97, "torch": 1.0}}}}
@@ -147,6 +158,10 @@ def test_strategies_and_their_arguments():
     ({"seeds": [0, 0]}, "seeds"),
     ({"steps": 2, "warmup_steps": 2}, "warmup_steps"),
     ({"bandwidth_Bps": 0.0}, "bandwidth_Bps"),
+    ({"lp_plan_blocks": [65536]}, "lp_plan_blocks"),
+    ({"lp_plan_blocks": [65536, 65536]}, "lp_plan_blocks"),
+    ({"lp_plan_blocks": [4096, 8 << 20]}, "lp_plan_blocks"),
+    ({"lp_plan_bytes": 1000}, "lp_plan_bytes"),
 ])
 def test_bad_parameters_name_the_parameter(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -264,7 +279,8 @@ def test_a_run_gloo_aborts_is_kept_when_finished_else_run_again():
 
 #: the tiny run: its notebook executes it once (tests/test_notebooks.py shares the run)
 TINY = dict(world_sizes=[2], sizes=[1 << 20], iters=2, warmup=1, link_sizes=[1 << 20, 2 << 20],
-            link_iters=3, steps=4, warmup_steps=1, n_layer=2, n_embd=64, block_size=32)
+            link_iters=3, lp_plan_blocks=[1 << 16, 1 << 18], lp_plan_bytes=1 << 20, steps=4,
+            warmup_steps=1, n_layer=2, n_embd=64, block_size=32)
 
 
 def test_small_run_on_a_shaped_cluster(notebook_run):
@@ -280,6 +296,11 @@ def test_small_run_on_a_shaped_cluster(notebook_run):
     assert col.network.str.startswith("shaped: Linux tc tbf").all()
     # nothing beats the shaped link: each point at least 0.9 of its link-limited time
     assert (col.time_s >= 0.9 * col.link_s).all() and (col.link_s > 0).all()
+    # LP's blocks planned on its own pipeline first: a finite link below the shaped rate
+    planned = df[df.section == "lp-plan"]
+    assert sorted(planned.block_bytes) == [1 << 16, 1 << 18]
+    assert planned.alpha_s.nunique() == 1 and (planned.alpha_s >= 0).all()
+    assert (planned.bandwidth_Bps > 0).all() and (planned.bandwidth_Bps < 1.1 * 20e6).all()
     # auto's table (one job per op, written in its own job), then auto beside what it is read
     # against, running what the table crowns
     auto, tune = df[df.section == "auto"], df[df.section == "tune"]

@@ -5,6 +5,10 @@ Everything runs on :class:`pipecomm.lab.networks.cluster.VirtualCluster` s of si
 per Linux network namespace, each node's link shaped both ways to ``bandwidth_Bps`` by ``tc
 tbf``, real TCP through gloo, one torchrun agent per node); the nodes share this host's cores.
 
+0. **LP's blocks** (``section="lp-plan"``), when ``lp_plan_blocks`` lists any: LP broadcasts of
+   ``lp_plan_bytes`` at p = max(``world_sizes``) with each of those blocks, whose step times fit
+   the link LP's default blocks are planned on from then on (:func:`pipeline_link`); without
+   them LP plans on the link calibration (a ping-pong of ``link_sizes``).
 1. **Collectives** (``section="collective"``): every op of ``cases`` with pipecomm's algorithm
    and gloo's own (``"torch"``: ``dist.broadcast`` / ``reduce`` / ``all_reduce`` on a gloo group),
    at each p of ``world_sizes`` (ranks 0..p-1 of one cluster of max(p) nodes) and each size of
@@ -29,8 +33,8 @@ A training strategy with ``:auto`` first has auto's table measured on the traini
 (allreduce at p = ``train_nodes`` and the sizes of ``train_tune_sizes``), which its runs read
 (``PIPECOMM_TUNE_FILE``).
 
-Claims: C15.1-C15.3 on the collectives, C15.6-C15.7 on auto, C15.4, C15.5 and C15.8 on the
-training steps (artifact/claims.yaml).
+Claims: C15.1-C15.3 and C15.2b on the collectives, C15.6-C15.9 on auto, C15.4, C15.5 and
+C15.10 on the training steps (artifact/claims.yaml).
 Needs root, iproute2 and tc tbf (:func:`pipecomm.lab.networks.cluster.available`); profile ``shaped``.
 
 Run::
@@ -52,11 +56,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipecomm.collectives import builtin
+from pipecomm.collectives import builtin, lp
 from pipecomm.lab import checks, claims, experiment, results
 from pipecomm.lab.cli import main
 from pipecomm.lab.measure import autotune, bench, stats, sweep
-from pipecomm.lab.networks import cluster, netem
+from pipecomm.lab.networks import cluster, cost, netem
 from pipecomm.lab.networks.kinds import ranks_on
 from pipecomm.lab.training import shaped_training
 
@@ -86,6 +90,8 @@ class Params(experiment.Params):
     train_tune_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
     link_sizes: list[int] = field(default_factory=lambda: [1 << 20, 4 << 20])
     link_iters: int = 5
+    lp_plan_blocks: list[int] = field(default_factory=list)
+    lp_plan_bytes: int = 4 << 20
     train_nodes: int = 2
     train_batch: dict[str, int] = field(default_factory=lambda: {"comm-bound": 8})
     train_strategies: dict[str, list[str]] = field(default_factory=lambda: {
@@ -110,6 +116,14 @@ class Params(experiment.Params):
             if not vals or any(n < 1024 or n % 4 for n in vals):
                 raise ValueError(f"parameter {name} must list message sizes >= 1024 bytes, "
                                  f"multiples of 4 (float32), got {vals!r}")
+        if self.lp_plan_bytes < 1024 or self.lp_plan_bytes % 4:
+            raise ValueError(f"parameter lp_plan_bytes must be a message size >= 1024 bytes, a "
+                             f"multiple of 4 (float32), got {self.lp_plan_bytes!r}")
+        if self.lp_plan_blocks and (len(set(self.lp_plan_blocks)) < 2 or any(
+                b < 8 or b % 4 or b > self.lp_plan_bytes for b in self.lp_plan_blocks)):
+            raise ValueError(f"parameter lp_plan_blocks must list >= 2 distinct block sizes, "
+                             f"multiples of 4 in [8, lp_plan_bytes={self.lp_plan_bytes}], got "
+                             f"{self.lp_plan_blocks!r}")
         if len(self.link_sizes) < 2:
             raise ValueError(f"parameter link_sizes needs >= 2 sizes to fit alpha and beta, got "
                              f"{self.link_sizes!r}")
@@ -221,6 +235,48 @@ def _tune_and_measure(ranks: Any, params: Params, path: str) -> tuple[list, list
     return tune, auto
 
 
+def pipeline_link(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """LP's pipeline step as a link ``(alpha_s, bandwidth_Bps)``: the alpha-beta fit
+    (:func:`pipecomm.lab.networks.cost.fit_alpha_beta`) of the time per step, ``time_s / (k + p -
+    2)`` with ``k = ceil(n / b)``, against the block ``b`` of LP broadcasts of one message at
+    several blocks -- the model :func:`pipecomm.collectives.lp.default_block_bytes` plans on,
+    fitted on the pipeline itself (docs/algorithms.md, "Block size of LP").
+
+    Example::
+
+        >>> rows = [{"nbytes": 1 << 22, "world_size": 8, "block_bytes": b,
+        ...          "time_s": (-(-(1 << 22) // b) + 6) * (1e-4 + b / 13e6)} for b in (16384, 65536)]
+        >>> a, bw = pipeline_link(rows); round(a * 1e6, 1), round(bw / 1e6, 1)
+        (100.0, 13.0)
+    """
+    blocks = [int(r["block_bytes"]) for r in rows]
+    steps = [r["time_s"] / (-(-int(r["nbytes"]) // b) + int(r["world_size"]) - 2)
+             for r, b in zip(rows, blocks)]
+    alpha, beta = cost.fit_alpha_beta(blocks, steps)
+    if beta <= 0:
+        raise ValueError(f"LP's step time does not grow with its block ({blocks} bytes: "
+                         f"{[round(s * 1e3, 3) for s in steps]} ms): no link to plan on")
+    return float(alpha), float(1.0 / beta)
+
+
+def _plan_lp_blocks(ranks: Any, params: Params) -> list[dict[str, Any]]:
+    """With ``lp_plan_blocks``: LP broadcasts of ``lp_plan_bytes`` at p = max(``world_sizes``)
+    and each of those blocks (round-robin, ``tune_iters`` repeats), their :func:`pipeline_link`
+    set on every rank for LP's default blocks (:func:`pipecomm.collectives.lp.set_link`);
+    the rows (``alpha_s``, ``bandwidth_Bps`` of the fit beside each), else ``[]`` (LP plans on
+    the link calibration)."""
+    if not params.lp_plan_blocks:
+        return []
+    q = max(params.world_sizes)
+    points = [{"op": "broadcast", "algorithm": "lp", "nbytes": params.lp_plan_bytes, "p": q,
+               "warmup": 1, "iters": params.tune_iters, "first_warmup": True, "block_bytes": b}
+              for b in params.lp_plan_blocks]
+    rows = ranks.run(sweep.measure_points, points, None, True, timeout_s=params.timeout_s)[0]
+    alpha, bandwidth = pipeline_link(rows)
+    ranks.run(lp.set_link, alpha, bandwidth, timeout_s=params.timeout_s)
+    return [{**r, "alpha_s": alpha, "bandwidth_Bps": bandwidth} for r in rows]
+
+
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """A tuning table's points as rows (``op``, ``world_size``, ``nbytes``, ``algorithm``,
     ``time_s``, ``fastest``: what auto picks there).
@@ -265,6 +321,7 @@ def run(**params: Any) -> pd.DataFrame:
     with ranks_on("shaped", nodes, netem.Network(0.0, params.bandwidth_Bps), None,
                   timeout_s=params.timeout_s, calibration_sizes=params.link_sizes,
                   calibration_iters=params.link_iters) as ranks:
+        planned = _plan_lp_blocks(ranks, params)
         rows = ranks.run(sweep.measure_points, plan(params), None, True,  # interleaved
                          timeout_s=params.timeout_s)[0]
         where = ranks.text
@@ -272,7 +329,8 @@ def run(**params: Any) -> pd.DataFrame:
         if params.auto_cases:
             with tempfile.TemporaryDirectory(prefix="e15-tune") as tmp:
                 tune, auto = _tune_and_measure(ranks, params, os.path.join(tmp, "tune.json"))
-    frames = [pd.DataFrame(rows).assign(section="collective"),
+    frames = [pd.DataFrame(planned).assign(section="lp-plan"),
+              pd.DataFrame(rows).assign(section="collective"),
               pd.DataFrame(auto).assign(section="auto"),
               pd.DataFrame(tune).assign(section="tune", config="collective")]
     coll = pd.concat([f for f in frames if len(f)], ignore_index=True).assign(network=where)
@@ -329,7 +387,7 @@ def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
     col = df[df.section == "collective"]
     keys = ["op", "nbytes", "world_size"]
     cols = [*keys, "algorithm", "time_s", "builtin_s", "ratio", "ratio_lo", "ratio_hi", "link_s",
-            "over_limit", "over_limit_lo", "over_limit_hi"]
+            "over_limit", "over_limit_lo", "over_limit_hi", "block_bytes"]
     out = []
     for key, g in (col.groupby(keys, sort=True) if len(col) else ()):
         base = g[g.algorithm == "torch"]
@@ -343,7 +401,8 @@ def versus_builtin(df: pd.DataFrame) -> pd.DataFrame:
                         "ratio": ratio[0], "ratio_lo": ratio[1], "ratio_hi": ratio[2],
                         "link_s": r.link_s, "over_limit": r.time_s / r.link_s,
                         "over_limit_lo": r.ci_lo_s / r.link_s,
-                        "over_limit_hi": r.ci_hi_s / r.link_s})
+                        "over_limit_hi": r.ci_hi_s / r.link_s,
+                        "block_bytes": getattr(r, "block_bytes", float("nan"))})
     return pd.DataFrame(out, columns=cols)
 
 
@@ -395,13 +454,24 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     and per training strategy (ms per step, ratio to stock DDP, MB per rank per step, losses);
     failed training runs are listed with their error."""
     lines = []
+    planned = df[df.section == "lp-plan"] if "section" in df else df.iloc[:0]
+    if len(planned):
+        r = planned.iloc[0]
+        steps = ", ".join(f"{b / 1024:g} KiB {t * 1e3:.0f} ms" for b, t in
+                          zip(planned.block_bytes, planned.time_s))
+        lines.append({"what": f"LP's blocks planned on its pipeline (broadcast, "
+                              f"{r.nbytes / (1 << 20):g} MiB, p={int(r.world_size)})",
+                      "value": f"{steps}: alpha {r.alpha_s * 1e6:.0f} us, "
+                               f"{r.bandwidth_Bps / 1e6:.1f} MB/s"})
     for r in versus_builtin(df).itertuples():
+        block = (f"; {r.block_bytes / 1024:g} KiB blocks" if pd.notna(r.block_bytes)
+                 and r.block_bytes > 0 else "")
         lines.append({"what": f"{r.op} {r.algorithm}, {r.nbytes / (1 << 20):g} MiB, "
                               f"p={int(r.world_size)}",
                       "value": f"{r.time_s * 1e3:.0f} ms; vs built-in "
                                f"{claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.2f')}x "
                                f"({r.builtin_s * 1e3:.0f} ms); "
-                               f"{r.over_limit:.2f}x the link limit"})
+                               f"{r.over_limit:.2f}x the link limit{block}"})
     for r in versus_auto(df).itertuples():
         lines.append({"what": f"auto {r.op}, {r.nbytes / (1 << 20):g} MiB, p={int(r.world_size)}"
                               f" vs {r.vs}" + (f" ({r.against})" if r.vs == "best" else ""),
