@@ -301,6 +301,7 @@ def test_small_run_on_a_shaped_cluster(notebook_run):
     assert sorted(planned.block_bytes) == [1 << 16, 1 << 18]
     assert planned.alpha_s.nunique() == 1 and (planned.alpha_s >= 0).all()
     assert (planned.bandwidth_Bps > 0).all() and (planned.bandwidth_Bps < 1.1 * 20e6).all()
+    assert e15.summary(df).what.iloc[0] == "LP's blocks planned on its pipeline (broadcast, 1 MiB, p=2)"
     # auto's table (one job per op, written in its own job), then auto beside what it is read
     # against, running what the table crowns
     auto, tune = df[df.section == "auto"], df[df.section == "tune"]

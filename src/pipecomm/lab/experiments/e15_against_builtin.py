@@ -456,15 +456,15 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     lines = []
     planned = df[df.section == "lp-plan"] if "section" in df else df.iloc[:0]
     if len(planned):
-        r = planned.iloc[0]
+        r = planned.iloc[0].to_dict()  # a Series' .nbytes is its own memory size
         steps = ", ".join(f"{b / 1024:g} KiB {t * 1e3:.0f} ms" for b, t in
                           zip(planned.block_bytes, planned.time_s))
         lines.append({"what": f"LP's blocks planned on its pipeline (broadcast, "
-                              f"{r.nbytes / (1 << 20):g} MiB, p={int(r.world_size)})",
-                      "value": f"{steps}: alpha {r.alpha_s * 1e6:.0f} us, "
-                               f"{r.bandwidth_Bps / 1e6:.1f} MB/s"})
+                              f"{r['nbytes'] / (1 << 20):g} MiB, p={int(r['world_size'])})",
+                      "value": f"{steps}: alpha {r['alpha_s'] * 1e6:.0f} us, "
+                               f"{r['bandwidth_Bps'] / 1e6:.1f} MB/s"})
     for r in versus_builtin(df).itertuples():
-        block = (f"; {r.block_bytes / 1024:g} KiB blocks" if pd.notna(r.block_bytes)
+        block = (f"; {r.block_bytes / 1024:.0f} KiB blocks" if pd.notna(r.block_bytes)
                  and r.block_bytes > 0 else "")
         lines.append({"what": f"{r.op} {r.algorithm}, {r.nbytes / (1 << 20):g} MiB, "
                               f"p={int(r.world_size)}",
