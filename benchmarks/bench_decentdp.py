@@ -4,8 +4,9 @@ Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing High-performanc
 Training" (ICLR 2025) ship their implementation as the PyPI package ``decent-dp``. This script
 trains the same model with the same topology, world size, bucket size and optimizer (torch Adam)
 under both wrappers, on the real gloo backend (no emulation; both use the backend's built-in
-subgroup allreduce: pipecomm ``algorithm="torch"``; ``--algorithm`` gives pipecomm one of its own
-collectives instead), in one pool of ranks, alternating the two
+subgroup allreduce; pipecomm runs its default, ``algorithm="auto"``, which picks per call what its
+table or cost model crowns, and the script prints which collectives its gossip ran;
+``--algorithm torch`` pins the built-in), in one pool of ranks, alternating the two
 ``--repeats`` times, and prints pipecomm's per-iteration time divided by decent-dp's: the ratio
 of the medians over the repeats with its bootstrap 95% interval (:func:`pipecomm.lab.measure.stats.ratio_ci`;
 the target: at most 1), and the ratio of the best repeats. ``--aa`` runs decent-dp a second time
@@ -38,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pipecomm import vocab
 
 DEFAULT_TARGET = Path(tempfile.gettempdir()) / "pipecomm-decent-dp"
 
@@ -104,6 +107,7 @@ def rank_bench(cfg: dict) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from pipecomm import observe
     from pipecomm.lab.measure import bench
     from pipecomm.lab.workloads.tasks import build_task_model, corpus
 
@@ -114,6 +118,8 @@ def rank_bench(cfg: dict) -> dict:
     optim_fn = functools.partial(_adam, lr=cfg["lr"])
     if cfg["impl"] == "pipecomm":
         from pipecomm.decentralized import DecentralizedDataParallel
+
+        observe.reset()
 
         ddp = DecentralizedDataParallel(
             model,
@@ -159,15 +165,17 @@ def rank_bench(cfg: dict) -> dict:
             one()
 
     stats = bench.time_fn(block, warmup=0, repeats=cfg["blocks"])
+    ran = ""
     if cfg["impl"] == "pipecomm":
         ddp.close()
+        ran = ", ".join(f"{name} x{c['calls']}" for name, c in observe.counters().items())
     else:
         for op in ddp._comm_ops:  # let decent-dp's in-flight gossip finish before the next run
             if op is not None:
                 op.wait()
         for h in ddp._ddp_hooks:
             h.remove()
-    return {"iteration_s": stats["median_s"] / cfg["iters"], "k": k}
+    return {"iteration_s": stats["median_s"] / cfg["iters"], "k": k, "ran": ran}
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -192,10 +200,10 @@ def main(argv: list[str] | None = None) -> float:
     )
     parser.add_argument("--aa", action="store_true",
                         help="also run decent-dp a second time per alternation (A/A noise floor)")
-    parser.add_argument("--algorithm", default="torch", choices=["torch", "lp", "ring", "be",
-                                                                 "mst"],
-                        help="pipecomm's gossip collective (default torch: the built-in, as "
-                             "decent-dp uses)")
+    parser.add_argument("--algorithm", default=vocab.DEFAULT_ALGORITHM,
+                        choices=vocab.ALGORITHM_CHOICES,
+                        help=f"pipecomm's gossip collective (default {vocab.DEFAULT_ALGORITHM}; "
+                             "torch: the built-in, as decent-dp uses)")
     args = parser.parse_args(argv)
     if args.world_size % args.ranks_per_node:
         parser.error("--ranks-per-node must divide --world-size")
@@ -222,6 +230,7 @@ def main(argv: list[str] | None = None) -> float:
     }
     runs = ["pipecomm", "decent-dp", *(["decent-dp (A/A)"] if args.aa else [])]
     times: dict[str, list[float]] = {name: [] for name in runs}
+    ran = ""
     start = time.perf_counter()
     with launch.Ranks(args.world_size, ranks_per_node=args.ranks_per_node) as ranks:
         for i in range(args.repeats):
@@ -229,6 +238,7 @@ def main(argv: list[str] | None = None) -> float:
                 impl = "decent-dp" if name.startswith("decent-dp") else name
                 res = ranks.run(rank_bench, {**cfg, "impl": impl}, timeout_s=600)
                 times[name].append(res[0]["iteration_s"])
+                ran = res[0]["ran"] or ran
     best = {k: min(v) for k, v in times.items()}
     ratio, lo, hi = stats.ratio_ci(times["pipecomm"], times["decent-dp"])
     print(
@@ -237,6 +247,7 @@ def main(argv: list[str] | None = None) -> float:
         f"pipecomm's gossip {args.algorithm!r}, "
         f"{time.perf_counter() - start:.0f} s"
     )
+    print(f"  pipecomm's gossip ran (rank 0, one run): {ran or 'nothing counted'}")
     for k, v in times.items():
         print(f"  {k:9}: " + ", ".join(f"{t * 1e3:.2f}" for t in v) + " ms/iteration")
     verdict = "at most 1" if hi <= 1 else "above 1" if lo > 1 else "straddles 1"
