@@ -210,3 +210,15 @@ def test_readme_is_a_short_users_guide():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail to docs/"
     assert lines.index("## The library") < lines.index("## The lab: reproducing the papers")
+
+
+def test_readers_pages_name_no_internal_issue_numbers():
+    """A reader cannot open the project's issue tracker: ARTIFACT.md, README.md, docs/ and the
+    claims' texts they are generated from say what changed, not which issue asked for it."""
+    pages = [ROOT / "README.md", ROOT / "artifact" / "ARTIFACT.md", *sorted(
+        (ROOT / "docs").glob("*.md")), ROOT / "artifact" / "claims.yaml",
+        ROOT / "artifact" / "claims-ledger.yaml", ROOT / "artifact" / "paper-claims.yaml"]
+    found = [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+             for p in pages for text in [p.read_text(encoding="utf-8")]
+             for m in re.finditer(r"\bissues?\s+#?\d+", text)]  # wrapped across lines too
+    assert not found, "\n".join(found)

@@ -53,7 +53,7 @@ LOOK_FOR = re.compile(
     r"the paper|paper's|claims that|verdicts?|decides?|decided|"
     r"if|would|can|cannot|may|might|whichever)\b", re.IGNORECASE)
 VERDICT_WORD = re.compile(r"\b(PASS|FAIL|INCONCLUSIVE|UNSTABLE)\b")
-CLAIM_ID = re.compile(r"\bC\d+\.\d+\b")
+CLAIM_ID = re.compile(r"\bC\d+\.\d+[b-z]?\b")  # a version letter too: C7.2b
 DROPPED = re.compile(r"`[^`]*`|\$[^$]*\$|\bPASS / FAIL / INCONCLUSIVE\b|\*\*[^*]*\.\*\*")
 
 #: The two known cases, as notebooks 07 and 04 had them at commit f413638.
