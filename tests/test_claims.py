@@ -284,3 +284,28 @@ def test_the_terminal_table_is_plain_text():
     assert "| C7.2 | E7 | +0.2 [-0.6, +1.0] | |difference| <= 1 point | PASS | inside +-1 |" in text
     assert "\\|" not in text and "|---|" not in text and "## " not in text
     assert text.startswith("The papers' claims:\n")
+
+
+def test_a_point_the_run_lacks_is_not_run_and_a_broken_check_an_error(monkeypatch, tmp_path):
+    """A run whose parameters leave out the claim's point (``-p world_sizes=[2,4]``) reads NOT
+    RUN, "not decidable on this data", in both tables; any other exception is a broken check:
+    ERROR with the exception."""
+    def lacks(df):
+        raise claims.NotDecidable("no mst broadcast measured at p=16")
+
+    def broken(df):
+        return df["no such column"]
+
+    monkeypatch.setitem(claims.CHECKS, "t_lacks", lacks)
+    monkeypatch.setitem(claims.CHECKS, "t_broken", broken)
+    entries = [{"id": cid, "kind": "method", "experiment": "E3", "statement": "s", "check": chk}
+               for cid, chk in (("C3.8", "t_lacks"), ("C3.9", "t_broken"))]
+    (tmp_path / "E3").mkdir()
+    pd.DataFrame({"x": [1]}).to_csv(tmp_path / "E3" / "data.csv", index=False)
+    for table in (claims.evaluate(entries, tmp_path),
+                  claims.experiment_verdicts("E3", pd.DataFrame({"x": [1]}), entries)):
+        t = pd.DataFrame(table).set_index("claim")
+        assert t.loc["C3.8", "verdict"] == claims.NOT_RUN
+        assert t.loc["C3.8", "why"] == "not decidable on this data: no mst broadcast measured " \
+                                       "at p=16"
+        assert t.loc["C3.9", "verdict"] == claims.ERROR and "KeyError" in t.loc["C3.9", "why"]

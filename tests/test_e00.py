@@ -138,7 +138,10 @@ def test_e0_through_papermill(notebook_run):
         cal["per_size"]["nbytes"])  # the calibration record (C0.1 is no longer a claim)
     table = claims.evaluate(claims.load_claims(), run.out.parent)
     verdicts = dict(zip(table.claim, table.verdict))
-    assert verdicts["C0.2"] == "ERROR"  # only p=2 was measured here; the claim needs 2 and 8
+    # only p=2 was measured here; the claim needs 2 and 8: not decidable, nothing failed
+    assert verdicts["C0.2"] == claims.NOT_RUN
+    assert "not decidable on this data: no emulated measurements for world sizes [8]" in \
+        dict(zip(table.claim, table.why))["C0.2"]
     host = run.df[run.df.section == "host"]
     assert list(host.flows) == [1, 2] and (host.bandwidth_Bps > 0).all()
     assert list(host.messages) == [1, 4]  # the chain streams host_messages per link

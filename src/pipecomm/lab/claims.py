@@ -131,6 +131,33 @@ class Verdict:
         return self.verdict == PASS
 
 
+class NotDecidable(ValueError):
+    """Raised by a check whose data lacks the point its claim decides on (a run with
+    ``-p world_sizes=[2,4]`` has no p = 16): the claims table shows NOT RUN with the reason
+    (:func:`check_failed`), not ERROR, since nothing failed.
+
+    Example::
+
+        >>> check_failed(NotDecidable("no MST broadcast measured at p=16"))["verdict"]
+        'NOT RUN'
+    """
+
+
+def check_failed(exc: BaseException) -> dict[str, str]:
+    """The ``verdict`` and ``why`` of a claim whose check raised ``exc``: NOT RUN, "not decidable
+    on this data", for :class:`NotDecidable`; ERROR with the exception (:func:`error_reason`)
+    for anything else, a broken check.
+
+    Example::
+
+        >>> check_failed(KeyError("time_s"))["verdict"]
+        'ERROR'
+    """
+    if isinstance(exc, NotDecidable):
+        return {"verdict": NOT_RUN, "why": f"not decidable on this data: {exc}"}
+    return {"verdict": ERROR, "why": error_reason(exc)}
+
+
 def _span(lo: float, hi: float) -> str:
     return f"[{lo:.3g}, {hi:.3g}]"
 
@@ -201,7 +228,7 @@ def combine(verdicts: list[str], may_miss: int = 0) -> Decision:
         combine([PASS] * 19 + [FAIL], may_miss=1)   # PASS
     """
     if not verdicts:
-        raise ValueError("no points to decide")
+        raise NotDecidable("no points to decide")
     if isinstance(may_miss, bool) or not isinstance(may_miss, (int, np.integer)) or may_miss < 0:
         raise ValueError(f"may_miss must be an int >= 0, got {may_miss!r}")
     n, fails = len(verdicts), [v for v in verdicts if v == FAIL]
@@ -768,7 +795,7 @@ def evaluate(
                 row.update(measured=verdict.measured, threshold=verdict.threshold,
                            verdict=verdict.verdict, why=verdict.reason)
             except Exception as exc:  # a broken check must show, not vanish
-                row.update(verdict=ERROR, why=error_reason(exc))
+                row.update(check_failed(exc))
         if reference is not None:
             row["reference"] = reference.get(entry["id"], "")
         if states is not None:
@@ -831,8 +858,9 @@ def experiment_verdicts(experiment: str, df: pd.DataFrame,
     them: the model's prediction for the parameters that ran (:func:`predict`), what was
     measured with its interval, the threshold, PASS / FAIL / INCONCLUSIVE and ``why`` (the
     rule that decided or did not: an interval straddling its threshold, a closed gate, too few
-    repeats); an illustration shows no verdict; a check that cannot run on this data (for
-    example a quick configuration without the claim's world size) shows ERROR with its reason.
+    repeats); an illustration shows no verdict; a check whose point is not in this data (for
+    example a quick configuration without the claim's world size) shows NOT RUN with its reason,
+    a check that breaks ERROR (:func:`check_failed`).
     Every cell is shown in full (:class:`VerdictTable`).
 
     Example::
@@ -852,7 +880,7 @@ def experiment_verdicts(experiment: str, df: pd.DataFrame,
                 row.update(measured=v.measured, threshold=v.threshold, verdict=v.verdict,
                            why=v.reason)
             except Exception as exc:  # shown, not hidden: the table says why
-                row.update(verdict=ERROR, why=error_reason(exc))
+                row.update(check_failed(exc))
         rows.append(row)
     return VerdictTable(rows, columns=["claim", "prediction", "measured", "threshold", "verdict",
                                        "why"])

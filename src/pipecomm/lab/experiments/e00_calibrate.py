@@ -377,7 +377,7 @@ def check_emulated_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     emu = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     missing = sorted(set(world_sizes) - set(emu.world_size.tolist()))
     if missing:
-        raise ValueError(f"no emulated measurements for world sizes {missing}")
+        raise claims.NotDecidable(f"no emulated measurements for world sizes {missing}")
     emu = emu[emu.world_size.isin(world_sizes)]
     model = emu.emu_alpha_s + emu.nbytes / emu.emu_bandwidth_Bps
     labels = [f"p={int(r.world_size)}, pair {r.pair}, {int(r.nbytes) >> 10} KiB"

@@ -433,7 +433,7 @@ def _emulated(df: pd.DataFrame, op: str, ports: str) -> pd.DataFrame:
     claims.require_columns(df, "section", "ports", "op", "algorithm", "nbytes", "time_s")
     d = df[df.section.isin(NETWORK_KINDS) & (df.ports == ports) & (df.op == op)]
     if d.empty:
-        raise ValueError(f"no emulated {op} measurements with {ports!r} ports")
+        raise claims.NotDecidable(f"no emulated {op} measurements with {ports!r} ports")
     return d
 
 
@@ -441,7 +441,7 @@ def _times_at(d: pd.DataFrame, nbytes: int, algorithms: tuple[str, ...]) -> dict
     at = d[d.nbytes == nbytes].groupby("algorithm").time_s.median()
     missing = [a for a in algorithms if a not in at.index]
     if missing:
-        raise ValueError(f"no measurement of {missing} at {nbytes} B (the largest message)")
+        raise claims.NotDecidable(f"no measurement of {missing} at {nbytes} B (the largest message)")
     return {a: float(at[a]) for a in at.index}
 
 
@@ -639,7 +639,7 @@ def _samples(d: pd.DataFrame, nbytes: int, alg: str) -> list[float]:
     claims.require_columns(d, "times_s")
     rows = d[(d.nbytes == nbytes) & (d.algorithm == alg)]
     if rows.empty:
-        raise ValueError(f"no measurement of {alg!r} at {nbytes} B")
+        raise claims.NotDecidable(f"no measurement of {alg!r} at {nbytes} B")
     return [t for cell in rows.times_s for t in stats.repeats(cell)]
 
 
@@ -891,7 +891,7 @@ def check_crossover(df: pd.DataFrame, ports: str, other: str, factor: float) -> 
     d = _emulated(df, "broadcast", ports)
     sizes = sorted(set(d[d.algorithm == "lp"].nbytes) & set(d[d.algorithm == other].nbytes))
     if len(sizes) < 2:
-        raise ValueError(f"need emulated lp and {other} broadcasts at >= 2 sizes")
+        raise claims.NotDecidable(f"need emulated lp and {other} broadcasts at >= 2 sizes")
     ci = {a: [claims.interval(_samples(d, n, a)) for n in sizes] for a in ("lp", other)}
     med = measured_crossover_bytes(sizes, [c[0] for c in ci["lp"]], [c[0] for c in ci[other]])
     early = measured_crossover_bytes(sizes, [c[1] for c in ci["lp"]], [c[2] for c in ci[other]])
@@ -969,7 +969,7 @@ def check_model_within(df: pd.DataFrame, min_bytes: int, tolerance: float,
     claims.require_columns(df, "section", "nbytes", "time_s", "model_s", "times_s")
     d = df[df.section.isin(NETWORK_KINDS) & (df.nbytes >= min_bytes)]
     if d.empty:
-        raise ValueError(f"no emulated measurements >= {min_bytes} B")
+        raise claims.NotDecidable(f"no emulated measurements >= {min_bytes} B")
     labels = [f"{r.op} {r.algorithm}, {r.ports}, {_mib(r.nbytes)}" for r in d.itertuples()]
     return claims.model_points([stats.repeats(c) for c in d.times_s], d.model_s.tolist(),
                                labels, tolerance, may_miss=may_miss)
@@ -1001,7 +1001,7 @@ def check_real_host_model(df: pd.DataFrame, op: str, world_size: int,
     d = df[(df.section == "real") & (df.op == op) & (df.algorithm == "lp")
            & (df.world_size == world_size) & df.model_s.notna()]
     if d.empty:
-        raise ValueError(f"no real LP {op} at p = {world_size} with a host model (gloo only)")
+        raise claims.NotDecidable(f"no real LP {op} at p = {world_size} with a host model (gloo only)")
     r = d[d.nbytes == d.nbytes.max()].iloc[0]  # a Series: r.nbytes would be its memory size
     label = f"LP {op}, p={world_size}, {_mib(r['nbytes'])}, block {_mib(r['block_bytes'])}"
     v = claims.model_points([stats.repeats(r["times_s"])], [float(r["model_s"])], [label],

@@ -317,7 +317,7 @@ def _growth_samples(df: pd.DataFrame, alg: str, op: str, p: int) -> list[float]:
     d = df[(df.op == op) & (df.nbytes == df.nbytes.max()) & (df.algorithm == alg)
            & (df.world_size == p)]
     if d.empty:
-        raise ValueError(f"no {alg} {op} measured at p={p}")
+        raise claims.NotDecidable(f"no {alg} {op} measured at p={p}")
     return [t for c in d.times_s for t in stats.repeats(c)]
 
 
@@ -410,7 +410,7 @@ def check_mst_log(df: pd.DataFrame, op: str, p_lo: int, tolerance: float,
     claims.require_columns(df, "world_size")
     ps = sorted(int(p) for p in set(df[df.algorithm == "mst"].world_size) if p > p_lo)
     if not ps:
-        raise ValueError(f"no MST {op} measured above p={p_lo}")
+        raise claims.NotDecidable(f"no MST {op} measured above p={p_lo}")
     base = _growth_samples(df, "mst", op, p_lo)
     verdicts, parts = [], []
     for p in ps:
@@ -460,7 +460,7 @@ def _shape_ranks(df: pd.DataFrame, alg: str, op: str, p_lo: int) -> list[int]:
     d = df[(df.op == op) & (df.algorithm == alg)]
     ps = sorted(int(p) for p in set(d.world_size) if p >= p_lo)
     if len(ps) < 3 or ps[0] != p_lo or len({math.ceil(math.log2(p)) for p in ps}) < 2:
-        raise ValueError(f"a shape needs {alg} {op} at p={p_lo} and at >= 2 larger p spanning "
+        raise claims.NotDecidable(f"a shape needs {alg} {op} at p={p_lo} and at >= 2 larger p spanning "
                          f">= 2 values of ceil(log2 p); measured p={ps}")
     return ps
 
@@ -521,7 +521,7 @@ def check_mst_log_shape(df: pd.DataFrame, op: str, p_lo: int,
     samples = [np.array([t for c in d[d.world_size == p].times_s for t in stats.repeats(c)])
                for p in ps]
     if any(s.size == 0 for s in samples):
-        raise ValueError(f"no MST {op} repeats at some p of {ps} at the largest message")
+        raise claims.NotDecidable(f"no MST {op} repeats at some p of {ps} at the largest message")
     medians = np.array([claims.interval(list(s))[0] for s in samples])
     est = fit_residuals(ps, medians / medians[0])
     if min(s.size for s in samples) < claims.MIN_REPEATS:
@@ -610,7 +610,7 @@ def check_lp_flat(df: pd.DataFrame, p_lo: int, p_hi: int, op: str,
     def at(alg: str, p: int) -> pd.DataFrame:
         v = d[(d.algorithm == alg) & (d.world_size == p)]
         if v.empty:
-            raise ValueError(f"no {alg} {op} measured at p={p}")
+            raise claims.NotDecidable(f"no {alg} {op} measured at p={p}")
         return v
 
     parts, verdicts = [], []

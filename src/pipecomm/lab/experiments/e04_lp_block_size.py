@@ -407,7 +407,7 @@ def _block_samples(df: pd.DataFrame, op: str) -> pd.DataFrame:
                            "times_s", "model_s")
     g = df[df.op == op].sort_values("block_bytes")
     if g.empty:
-        raise ValueError(f"no LP {op} measurements over block sizes")
+        raise claims.NotDecidable(f"no LP {op} measurements over block sizes")
     return g
 
 
@@ -417,7 +417,7 @@ def _run_model(df: pd.DataFrame, op: str) -> tuple[int, int, int, cost.LinkModel
                            "emu_alpha_s", "emu_bandwidth_Bps")
     g = df[df.op == op]
     if g.empty:
-        raise ValueError(f"no LP {op} measurements over block sizes")
+        raise claims.NotDecidable(f"no LP {op} measurements over block sizes")
     r = g.iloc[0]
     gamma = float(r["model_gamma_s_per_byte"]) if "model_gamma_s_per_byte" in g else 0.0
     ports = str(r["ports"]) if "ports" in g else "single"
@@ -540,7 +540,7 @@ def check_penalty(df: pd.DataFrame, op: str, tolerance: float) -> claims.Verdict
     for f in (0.125, 1.0, 8.0):
         m = g[np.isclose(g.block_factor, f, rtol=1e-6)]
         if m.empty:
-            raise ValueError("the block grid lacks b*/8, b* or 8 b*: use block_range >= 8 and "
+            raise claims.NotDecidable("the block grid lacks b*/8, b* or 8 b*: use block_range >= 8 and "
                              "an integer steps_per_octave")
         at[f] = m.iloc[0]
     parts, verdicts = [], []

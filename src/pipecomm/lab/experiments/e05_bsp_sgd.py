@@ -447,7 +447,7 @@ def check_comm_within_model(df: pd.DataFrame, tolerance: float,
 def _ratio(samples: dict, port: str, other: str) -> tuple[float, float, float]:
     for key in ((port, other), (port, "lp")):
         if key not in samples:
-            raise ValueError(f"no measurements of {key[1]} on {key[0]} links")
+            raise claims.NotDecidable(f"no measurements of {key[1]} on {key[0]} links")
     return claims.ratio(samples[port, other], samples[port, "lp"])
 
 

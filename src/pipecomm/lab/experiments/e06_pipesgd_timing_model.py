@@ -400,7 +400,7 @@ def check_model_within(df: pd.DataFrame, tolerance: float, max_p: int,
     pts = points(df)
     pts = pts[pts["world_size"] <= max_p]
     if pts.empty:
-        raise ValueError(f"no measured points with p <= {max_p}")
+        raise claims.NotDecidable(f"no measured points with p <= {max_p}")
     labels = [f"{r.mode}, p={int(r.world_size)}, {r.bandwidth_Bps / 1e6:g} MB/s, batch "
               f"{int(r.batch_size)}" for r in pts.itertuples()]
     return claims.model_points([stats.repeats(c) for c in pts.times_s],

@@ -159,7 +159,7 @@ def overlap_bound(df: pd.DataFrame, method: str = "pipe", tolerance: float = 0.2
     med = run_medians(df, ["method"]).groupby("method")[["T", "C", "M"]].median()
     for m in ("sync", method):
         if m not in med.index:
-            raise ValueError(f"no steady iterations of {m!r} in the data")
+            raise claims.NotDecidable(f"no steady iterations of {m!r} in the data")
     c, m_ = float(med.loc["sync", "C"]), float(med.loc["sync", "M"])
     return {
         "C": c,

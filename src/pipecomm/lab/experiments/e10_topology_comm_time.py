@@ -334,7 +334,7 @@ def predict_aer_below_complete(df: pd.DataFrame, world_size: int) -> str:
              for m in dict.fromkeys(t.index.get_level_values(0))
              if (m, "alternating-exp-ring") in t and (m, "complete") in t]
     if not parts:
-        raise ValueError(f"this run has no AER and complete at p = {world_size}")
+        raise claims.NotDecidable(f"this run has no AER and complete at p = {world_size}")
     return f"model AER/complete at p = {world_size}: " + ", ".join(parts)
 
 
@@ -368,7 +368,7 @@ def check_aer_below_complete(df: pd.DataFrame, world_size: int,
         verdicts.append(claims.at_most(lo, hi, max_ratio))
         parts.append(f"{model}: AER/complete {claims.fmt_ci(r, lo, hi)}")
     if not verdicts:
-        raise ValueError(f"need measurements of both 'alternating-exp-ring' and 'complete' at "
+        raise claims.NotDecidable(f"need measurements of both 'alternating-exp-ring' and 'complete' at "
                          f"p={world_size}")
     return claims.Verdict(f"p={world_size}: " + "; ".join(parts),
                           f"AER / complete < {max_ratio:g} for every model (95% interval)",
@@ -399,7 +399,7 @@ def predict_aer_below(df: pd.DataFrame, world_size: int, other: str) -> str:
              for m in dict.fromkeys(t.index.get_level_values(0))
              if (m, "alternating-exp-ring") in t and (m, other) in t]
     if not parts:
-        raise ValueError(f"this run has no AER and {other} at p = {world_size}")
+        raise claims.NotDecidable(f"this run has no AER and {other} at p = {world_size}")
     return f"model AER/{name} at p = {world_size}: " + ", ".join(parts)
 
 
@@ -434,7 +434,7 @@ def check_aer_below(df: pd.DataFrame, world_size: int, other: str,
         verdicts.append(claims.at_most(lo, hi, max_ratio))
         parts.append(f"{model}: AER/{name} {claims.fmt_ci(r, lo, hi)}")
     if not verdicts:
-        raise ValueError(f"need measurements of both 'alternating-exp-ring' and {other!r} at "
+        raise claims.NotDecidable(f"need measurements of both 'alternating-exp-ring' and {other!r} at "
                          f"p={world_size}")
     return claims.Verdict(f"p={world_size}: " + "; ".join(parts),
                           f"AER / {name} < {max_ratio:g} for every model (95% interval)",

@@ -463,7 +463,7 @@ def _select(df: pd.DataFrame, case: dict[str, Any], what: str) -> pd.DataFrame:
     for col, value in case.items():
         sel = sel[sel[col] == value]
     if sel.empty:
-        raise ValueError(f"{what}: no measurement with {case}")
+        raise claims.NotDecidable(f"{what}: no measurement with {case}")
     return sel
 
 
@@ -491,7 +491,7 @@ def speedups(df: pd.DataFrame, case: dict[str, Any], what: str = "case") -> dict
     de = sel[sel.kind == "decentralized"].groupby("run").measured_s.median()
     runs = sorted(set(ar.index) & set(de.index))
     if not runs:
-        raise ValueError(f"{what}: no run with both AllReduce and DAdam for {case}")
+        raise claims.NotDecidable(f"{what}: no run with both AllReduce and DAdam for {case}")
     return {int(r): float(ar[r] / de[r]) for r in runs}
 
 
@@ -563,13 +563,13 @@ def _ablation_arms(df: pd.DataFrame, kind: str) -> tuple[pd.DataFrame, pd.DataFr
         raise ValueError(f"kinds: 'allreduce' or 'decentralized', got {kind!r}")
     sel = df[(df.factor == ABLATION) & (df.kind == kind)]
     if sel.empty:
-        raise ValueError(f"no overlap ablation of {kind} in this run (ablation_runs = 0, or "
+        raise claims.NotDecidable(f"no overlap ablation of {kind} in this run (ablation_runs = 0, or "
                          f"data from an E11 that had none)")
     claims.require_columns(sel, "overlap")
     overlapped = sel.overlap.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
     on, off = sel[overlapped], sel[~overlapped]
     if on.empty or off.empty:
-        raise ValueError(f"the overlap ablation of {kind} lacks an arm: it needs both")
+        raise claims.NotDecidable(f"the overlap ablation of {kind} lacks an arm: it needs both")
     return on, off
 
 

@@ -240,7 +240,7 @@ def _pair(df: pd.DataFrame, world_size: int) -> tuple[pd.Series, pd.Series]:
     ar = at[at.kind == "allreduce"]
     aer = at[(at.kind == "decentralized") & (at.topology == "alternating-exp-ring")]
     if ar.empty or aer.empty:
-        raise ValueError(f"need AllReduce and AER measurements at p={world_size}")
+        raise claims.NotDecidable(f"need AllReduce and AER measurements at p={world_size}")
     return ar.loc[ar.iteration_s.idxmin()], aer.iloc[0]  # the best AllReduce measured
 
 

@@ -693,7 +693,7 @@ def check_paired(df: pd.DataFrame, pairs: list[list[str]], accum_iter: int,
         if confs:
             reasons += protocol_gaps(df, task, confs, refs, min_lrs, tail, level_frac)
     if not verdicts:
-        raise ValueError(f"none of the pairs {pairs} ran (AccumAdam K={accum_iter})")
+        raise claims.NotDecidable(f"none of the pairs {pairs} ran (AccumAdam K={accum_iter})")
     allowed = claims.allowance(len(verdicts), may_miss)
     measured = "; ".join(parts) + f" -- {claims.missed(verdicts, allowed)}"
     if reasons:

@@ -288,7 +288,7 @@ def check_emulator_matches_shaped(df: pd.DataFrame, min_bytes: int, tolerance: f
                            "world_size", "time_s", "times_s")
     cmp = compare(df, min_bytes)
     if cmp.empty:
-        raise ValueError(f"no point of >= {min_bytes} bytes was measured on both networks")
+        raise claims.NotDecidable(f"no point of >= {min_bytes} bytes was measured on both networks")
     spans = list(zip(cmp.error_lo, cmp.error_hi))
     verdicts = [claims.within(lo, hi, tolerance) for lo, hi in spans]
     labels = [f"{r.op} {r.algorithm}, {size_text(r.nbytes)}, p={int(r.world_size)}"

@@ -603,7 +603,7 @@ def _bound(df: pd.DataFrame, op: str, algorithm: str, world_sizes: list[int], mi
     vs = vs[(vs.op == op) & (vs.algorithm == algorithm) & vs.world_size.isin(world_sizes)
             & (vs.nbytes >= min_bytes)].dropna(subset=[col])
     if vs.empty:
-        raise ValueError(f"no {algorithm} {op} point of >= {min_bytes} bytes at p in "
+        raise claims.NotDecidable(f"no {algorithm} {op} point of >= {min_bytes} bytes at p in "
                          f"{world_sizes} with its comparison")
     verdicts = [claims.at_most(lo, hi, at_most)
                 for lo, hi in zip(vs[f"{col}_lo"], vs[f"{col}_hi"])]
@@ -649,7 +649,7 @@ def check_auto_vs(df: pd.DataFrame, op: str, vs: str, world_sizes: list[int], mi
     vs_ = vs_[(vs_.op == op) & (vs_.vs == vs) & vs_.world_size.isin(world_sizes)
               & (vs_.nbytes >= min_bytes)].dropna(subset=["ratio"])
     if vs_.empty:
-        raise ValueError(f"no auto {op} point of >= {min_bytes} bytes at p in {world_sizes} "
+        raise claims.NotDecidable(f"no auto {op} point of >= {min_bytes} bytes at p in {world_sizes} "
                          f"timed beside {vs!r}")
     verdicts = [claims.at_most(lo, hi, at_most) for lo, hi in zip(vs_.ratio_lo, vs_.ratio_hi)]
     measured = "; ".join(f"p={int(r.world_size)}, {r.nbytes / (1 << 20):g} MiB: auto ran "
@@ -682,11 +682,11 @@ def check_step_within_spread(df: pd.DataFrame, config: str, strategy: str,
     ok = tr[tr.get("error", pd.Series("", index=tr.index)).astype(object).fillna("").eq("")]
     t = shaped_training.step_table(tr, base=baseline).set_index("strategy")
     if strategy not in t.index or baseline not in t.index:
-        raise ValueError(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
+        raise claims.NotDecidable(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
     base = ok[ok.strategy == baseline].step_ms
     r = t.loc[strategy]
     if r.seeds < 2 or len(base) < 2:
-        raise ValueError(f"{strategy!r} and {baseline!r} in {config!r} need >= 2 seeds each "
+        raise claims.NotDecidable(f"{strategy!r} and {baseline!r} in {config!r} need >= 2 seeds each "
                          "for a spread")
     verdict = claims.at_most(r.step_lo, r.step_hi, base.max())
     measured = (f"{strategy} {claims.fmt_ci(r.step_ms, r.step_lo, r.step_hi, '.0f')} ms/step "
@@ -719,10 +719,10 @@ def check_step_ratio(df: pd.DataFrame, config: str, strategy: str, baseline: str
     tr = df[(df.section == "training") & (df.config == config)]
     t = shaped_training.step_table(tr, base=baseline).set_index("strategy")
     if strategy not in t.index or baseline not in t.index:
-        raise ValueError(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
+        raise claims.NotDecidable(f"configuration {config!r} lacks {strategy!r} or {baseline!r}")
     r = t.loc[strategy]
     if r.seeds < 2:
-        raise ValueError(f"{strategy!r} in {config!r} has {r.seeds} seed(s): a ratio's interval "
+        raise claims.NotDecidable(f"{strategy!r} in {config!r} has {r.seeds} seed(s): a ratio's interval "
                          "needs >= 2 independent runs")
     verdict = claims.at_most(r.ratio_lo, r.ratio_hi, at_most)
     measured = (f"{strategy} / {baseline} = {claims.fmt_ci(r.ratio, r.ratio_lo, r.ratio_hi, '.3f')}"

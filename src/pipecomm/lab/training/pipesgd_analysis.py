@@ -119,7 +119,7 @@ def run_samples(df: pd.DataFrame, method: str, column: str = "T", key: str = "me
     med = run_medians(df, [key])
     med = med[med[key] == method]
     if med.empty:
-        raise ValueError(f"no steady iterations of {method!r} in the data")
+        raise claims.NotDecidable(f"no steady iterations of {method!r} in the data")
     return med[column].tolist()
 
 
@@ -170,7 +170,7 @@ def paired_accuracy(df: pd.DataFrame, method: str, reference: str = "sync"
     other = fin[fin["method"] == method].set_index("seed")["accuracy"]
     seeds = sorted(set(ref.index) & set(other.index))
     if not seeds:
-        raise ValueError(f"no paired seeds with both {reference!r} and {method!r}")
+        raise claims.NotDecidable(f"no paired seeds with both {reference!r} and {method!r}")
     d, lo, hi = stats.paired_diff_ci(other.loc[seeds].to_numpy(), ref.loc[seeds].to_numpy())
     return d, lo, hi, len(seeds)
 
