@@ -65,7 +65,8 @@ def summary(csv_path: Path) -> str:
     rows = pd.read_csv(csv_path, keep_default_na=False, na_values=[""])
     if rows.empty:
         raise ValueError(f"{csv_path}: no rows")
-    rows["error"] = rows.get("error", pd.Series(dtype=str)).fillna("")
+    # an all-empty column reads as float64 NaN: as text, so that "" fills it
+    rows["error"] = rows.get("error", pd.Series(dtype=object)).astype(object).fillna("")
     out = ["| strategy | step (ms), median over seeds [95%] | vs stock DDP [95%] | "
            "sent per rank per step (MB) | loss (mean, spread) | val loss |",
            "|---|---|---|---|---|---|"]
