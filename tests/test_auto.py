@@ -1,5 +1,5 @@
 """algorithm="auto": the choice (a measured table, else the alpha-beta model on a set link, else
-the built-in), the table file (nearest size, damaged or foreign files ignored with one warning,
+the built-in), the table file (its sizes and between them, damaged or foreign files ignored with one warning,
 atomic writes), and on real ranks: results against the built-in's at p = 2 and 3, every member
 choosing alike (and all raising when their tables differ), the counters, the profiler's range,
 the debug line, a pipecomm process group with ``"auto"`` and a DDP hook with its default."""
@@ -91,17 +91,17 @@ def test_the_model_is_the_lab_lockstep_model(link):
                             abs_tol=1e-15), (kind, alg, p, n)
 
 
-def test_the_table_at_the_nearest_size(table, link):
+def test_the_table_at_its_sizes_and_between(table, link):
     table(_doc(fns.FASTEST))
     for (op, p), n in itertools.product(fns.FASTEST, (0, 1, 16, 100, 2000, 3000, 4096, 60_000,
                                                      70_000, 1 << 20, 1 << 28)):
         assert builtin.choose(op, n, p) == fns.expected(op, p, n), (op, p, n)
-    assert builtin.choose("allreduce", 3000, 3, dtype=torch.float16) == "lp"  # float32's rows
+    assert builtin.choose("allreduce", 4096, 3, dtype=torch.float16) == "lp"  # float32's rows
     assert builtin.choose("allreduce", 3000, 5) == "torch"  # no rows for p = 5
     assert builtin.choose("allreduce", 3000, 3, device="cuda") == "torch"
     assert builtin.choose("allreduce", 1 << 20, 3, allowed=("lp", "ring")) in ("lp", "ring")
     link(1e-3, 15e6)  # LP's times were measured with other blocks: not used
-    assert builtin.choose("allreduce", 3000, 3) == "torch"
+    assert builtin.choose("allreduce", 4096, 3) == "torch"  # LP's size
     assert builtin.choose("broadcast", 1 << 20, 3) == "torch"  # the next fastest after LP
 
 
@@ -268,11 +268,31 @@ def test_the_choice_shows_in_the_profiler_and_the_debug_log(pool, tables):
         ranges = dict(res)
         assert ranges.get("pipecomm.allreduce.auto:lp") == 2, res  # caller and comm thread
     for lines in pool(3).run(fns.debug_lines, path, timeout_s=100):
-        assert len(lines) == 2, lines  # 4 KiB twice and 3000 floats: one choice; 1 MiB: another
-        assert "allreduce of 13332 B over 3 ranks (float32) -> lp (measured at 4096 B)" in lines[0]
+        # 13332 B twice and 12000 B: one choice (between 4 KiB and 1 MiB, which crown lp and be:
+        # the built-in); 1.2 MB, past the last size: another
+        assert len(lines) == 2, lines
+        assert ("allreduce of 13332 B over 3 ranks (float32) -> torch (measured at 4096 B and "
+                "1048576 B)") in lines[0]
         assert "-> be (measured at 1048576 B)" in lines[1]
 
 
 @pytest.mark.timeout(180)
 def test_a_process_group_with_auto_and_the_hook_default(pool, tables):
     _check(pool(3).run(fns.process_group, tables(1)[0], timeout_s=150))
+
+
+def test_between_two_sizes_the_least_worst_ratio_to_the_builtin(table):
+    """LP is crowned at 64 KiB (half the built-in's time) and loses at 1 MiB (1.5x): between the
+    two it could be slower than the built-in, so auto takes what is below 0.95 of the built-in at
+    both (ring, 0.9 and 0.8), though it is crowned at neither; past an end, that end's fastest."""
+    times = {1 << 16: {"lp": 0.5, "ring": 0.9, "torch": 1.0, "mst": 2.0},
+             1 << 20: {"lp": 1.5, "ring": 0.8, "torch": 1.0, "mst": 0.7}}
+    rows = [{"op": "allreduce", "world_size": 4, "nbytes": n, "algorithm": a, "time_s": s}
+            for n, ts in times.items() for a, s in ts.items()]
+    table(autotune.table_of(rows, builtin.fingerprint(), lp.DEFAULT_LINK))
+    pick = {n: builtin.choose("allreduce", n, 4) for n in (1 << 10, 1 << 16, 1 << 18, 1 << 20,
+                                                          1 << 24)}
+    assert pick == {1 << 10: "lp", 1 << 16: "lp", 1 << 18: "ring", 1 << 20: "mst",
+                    1 << 24: "mst"}
+    assert builtin.choose("allreduce", 1 << 18, 4, allowed=("lp", "torch")) == "torch"
+    assert builtin.choose("allreduce", 1 << 18, 4, allowed=("lp", "mst")) == "lp"  # 1.5 vs 2.0

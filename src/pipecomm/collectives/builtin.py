@@ -1,10 +1,9 @@
 """``algorithm="torch"``: the backend's own collectives (gloo, NCCL); and ``algorithm="auto"``.
 
 No paper equation for the built-in; it is the "built-in" line of the LP paper's comparisons and
-the oracle of the tests. ``op="avg"`` is a sum followed by a division by p (gloo has no AVG), done
-by every rank (allreduce) or by ``dst`` (reduce). ``auto`` (:func:`choose`) picks per call the
-fastest of a measured table (``python -m pipecomm.lab.measure.autotune``), else of the alpha-beta model
-on a set link (:func:`pipecomm.collectives.lp.set_link`), else the built-in.
+the oracle of the tests. ``op="avg"`` is a sum, then a division by p (gloo has no AVG) by every
+rank (allreduce) or by ``dst`` (reduce). ``auto`` (:func:`choose`) picks per call from a measured
+table (``python -m pipecomm.lab.measure.autotune``), else the model on a set link, else the built-in.
 """
 
 from __future__ import annotations
@@ -206,12 +205,11 @@ def model_s(kind: str, algorithm: str, nbytes: int, p: int) -> float:
 
 def choose(kind: str, nbytes: int, p: int, dtype: torch.dtype = torch.float32,
            device: str = "cpu", allowed: tuple[str, ...] = vocab.ALGORITHMS) -> str:
-    """``algorithm="auto"``'s pick of ``allowed`` for ``kind`` of ``nbytes`` over ``p`` ranks:
-    the fastest in :func:`tune_table` at the nearest size (log scale) of this op, device, p and
-    dtype (else float32; LP only if measured on this LP link; the built-in unless another is
-    below :data:`TABLE_MARGIN` of it), else by :func:`model_s` if a link was set or the built-in
-    is not allowed (the built-in as :data:`BUILTIN_AS`), else ``"torch"``. Each new pick is a
-    debug line of the ``"pipecomm"`` logger.
+    """``algorithm="auto"``'s pick of ``allowed`` for ``kind`` of ``nbytes`` over ``p`` ranks: in
+    :func:`tune_table` (this op, device, p, dtype or float32; LP only if timed on this LP link) the
+    least worst ratio to the built-in over the sizes either side of ``nbytes`` (the built-in unless
+    another is below :data:`TABLE_MARGIN` of it at both), else by :func:`model_s` if a link was set
+    or the built-in is not allowed (as :data:`BUILTIN_AS`), else ``"torch"``; logged when new.
 
     Example::
 
@@ -234,10 +232,13 @@ def _pick(kind: str, nbytes: int, p: int, dt: str, device: str, allowed: tuple[s
     table, why, times = _first_look(*where), "cost model", {}
     if rows := table and (table["rows"].get(f"{kind}:{device}:{p}:{dt}")
                           or table["rows"].get(f"{kind}:{device}:{p}:float32")):
-        size, got = min(rows, key=lambda r: abs(math.log2(max(nbytes, 1) / r[0])))
-        why = f"measured at {size} B"
-        times = {a: s * (TABLE_MARGIN if a == "torch" else 1) for a, s in got.items()
-                 if a in allowed and (a != "lp" or table["link"] == link)}
+        # the sizes either side (one at or past an end), each algorithm scored by its worse ratio
+        # to the built-in (the fastest, if untimed): one crowned at one size only may lose between
+        near = [r for r in rows if r[0] <= nbytes][-1:] + [r for r in rows if r[0] >= nbytes][:1]
+        why = "measured at " + " and ".join(dict.fromkeys(f"{n} B" for n, _ in near))
+        times = {a: max(ts[a] / ts.get("torch", min(ts.values())) for _, ts in near) * (
+            TABLE_MARGIN if a == "torch" else 1) for a in near[0][1] if a in allowed and all(
+            a in ts for _, ts in near) and (a != "lp" or table["link"] == link)}
     if not times and "torch" in allowed and link == lp.DEFAULT_LINK:
         times, why = {"torch": 0.0}, "nothing measured"
     elif not times:
