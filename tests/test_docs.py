@@ -217,7 +217,8 @@ def test_readers_pages_name_no_internal_issue_numbers():
     claims' texts they are generated from say what changed, not which issue asked for it."""
     pages = [ROOT / "README.md", ROOT / "artifact" / "ARTIFACT.md", *sorted(
         (ROOT / "docs").glob("*.md")), ROOT / "artifact" / "claims.yaml",
-        ROOT / "artifact" / "claims-ledger.yaml", ROOT / "artifact" / "paper-claims.yaml"]
+        ROOT / "artifact" / "claims-ledger.yaml", ROOT / "artifact" / "paper-claims.yaml",
+        *sorted((ROOT / "artifact" / "profiles").glob("*.yaml"))]
     found = [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
              for p in pages for text in [p.read_text(encoding="utf-8")]
              for m in re.finditer(r"\bissues?\s+#?\d+", text)]  # wrapped across lines too
